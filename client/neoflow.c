@@ -1,1 +1,562 @@
-int main(void) { return 0; }
+/* neoflow.c - the user's command-line tool.
+ *
+ *   neoflow check FILE.nf [DEF [--shape ...] [--param ...]]
+ *   neoflow print FILE.nf [DEF [--shape ...] [--param ...]]
+ *   neoflow hash  FILE.nf DEF [--shape ...] [--param ...]
+ *   neoflow eval  FILE.nf DEF [--in NAME=x.npy ...] [--shape NAME=d1,d2,...]
+ *                 [--param NAME=V ...] [--seed S] [--precision f32|f64]
+ *                 [--out DIR]
+ *
+ * Exit status: 0 success, 1 an error in the user's input (messages on
+ * stderr, located where possible), 2 a usage error.  Later issues add
+ * grad, partition, tune, status, cache and bench. */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "nf_config.h"
+#include "nf_diag.h"
+#include "nf_interp.h"
+#include "nf_ir.h"
+#include "nf_lang.h"
+#include "nf_npy.h"
+
+#define MAX_ARGS 64
+
+static const char usage_text[] =
+    "usage: neoflow COMMAND FILE.nf [DEF] [options]\n"
+    "\n"
+    "commands:\n"
+    "  check FILE.nf [DEF]   parse and check; print each def's signature; with\n"
+    "                        DEF (and shapes), also instantiate it\n"
+    "  print FILE.nf [DEF]   canonical text of the file, or of DEF's instantiated\n"
+    "                        graph (constant shapes, explicit ranges)\n"
+    "  hash FILE.nf DEF      canonical SHA-256 of DEF's instantiated graph\n"
+    "  eval FILE.nf DEF      evaluate DEF with the reference interpreter\n"
+    "  version               print the version\n"
+    "\n"
+    "options:\n"
+    "  --shape NAME=d1,d2,...  shape of an input (NAME= for a scalar)\n"
+    "  --param NAME=V          integer parameter\n"
+    "  --in NAME=FILE.npy      input values (eval); the shape comes from the file\n"
+    "  --seed S                seed for random inputs (eval; default 1)\n"
+    "  --precision f32|f64     interpreter precision (eval; default f32)\n"
+    "  --out DIR               write outputs as DIR/<output>.npy and generated\n"
+    "                          inputs as DIR/inputs/<input>.npy (eval)\n";
+
+typedef struct opts {
+  const char *cmd, *file, *def;
+  int n_shapes;
+  nf_arg_shape shapes[MAX_ARGS];
+  int n_params;
+  const char *param_names[MAX_ARGS];
+  int64_t param_values[MAX_ARGS];
+  int n_in;
+  const char *in_names[MAX_ARGS];
+  const char *in_files[MAX_ARGS];
+  uint64_t seed;
+  nf_precision precision;
+  const char *out_dir;
+} opts;
+
+static int usage_error(const char *fmt, const char *arg) {
+  fprintf(stderr, "neoflow: ");
+  fprintf(stderr, fmt, arg);
+  fprintf(stderr, "\n(run 'neoflow --help' for usage)\n");
+  return 2;
+}
+
+static int parse_i64(const char *s, int64_t *v) {
+  if (!*s) return 0;
+  errno = 0;
+  char *end;
+  long long x = strtoll(s, &end, 10);
+  if (errno || *end) return 0;
+  *v = x;
+  return 1;
+}
+
+/* Splits "NAME=REST"; returns REST or NULL. */
+static const char *split_eq(char *arg) {
+  char *eq = strchr(arg, '=');
+  if (!eq || eq == arg) return NULL;
+  *eq = 0;
+  return eq + 1;
+}
+
+static int parse_args(int argc, char **argv, opts *o) {
+  memset(o, 0, sizeof *o);
+  o->seed = 1;
+  int pos = 0;
+  for (int k = 1; k < argc; k++) {
+    char *a = argv[k];
+    if (a[0] == '-' && a[1] == '-' && a[2]) {
+      char *val = NULL;
+      char *eq = strchr(a, '=');
+      /* --opt=value or --opt value */
+      const char *flag = a;
+      char flagbuf[32];
+      if (eq && (size_t)(eq - a) < sizeof flagbuf) {
+        memcpy(flagbuf, a, (size_t)(eq - a));
+        flagbuf[eq - a] = 0;
+        flag = flagbuf;
+        val = eq + 1;
+      }
+      int takes = strcmp(flag, "--shape") == 0 || strcmp(flag, "--param") == 0 ||
+                  strcmp(flag, "--in") == 0 || strcmp(flag, "--seed") == 0 ||
+                  strcmp(flag, "--precision") == 0 || strcmp(flag, "--out") == 0;
+      if (!takes) {
+        if (strcmp(a, "--help") == 0) return 3;
+        return usage_error("unknown option '%s'", a);
+      }
+      if (!val) {
+        if (k + 1 >= argc) return usage_error("option '%s' needs a value", a);
+        val = argv[++k];
+      }
+      if (strcmp(flag, "--shape") == 0) {
+        if (o->n_shapes >= MAX_ARGS) return usage_error("too many %s options", flag);
+        const char *dims = split_eq(val);
+        if (!dims) return usage_error("--shape wants NAME=d1,d2,..., got '%s'", val);
+        nf_arg_shape *s = &o->shapes[o->n_shapes++];
+        s->name = val;
+        s->rank = 0;
+        char *p = (char *)dims;
+        while (*p) {
+          char *comma = strchr(p, ',');
+          if (comma) *comma = 0;
+          int64_t d;
+          if (!parse_i64(p, &d) || d < 0)
+            return usage_error("--shape: '%s' is not a dimension (a non-negative integer)", p);
+          if (s->rank >= NF_MAX_RANK)
+            return usage_error("--shape: more than 8 dimensions for '%s'", s->name);
+          s->dims[s->rank++] = d;
+          if (!comma) break;
+          p = comma + 1;
+        }
+      } else if (strcmp(flag, "--param") == 0) {
+        if (o->n_params >= MAX_ARGS) return usage_error("too many %s options", flag);
+        const char *v = split_eq(val);
+        int64_t x;
+        if (!v || !parse_i64(v, &x))
+          return usage_error("--param wants NAME=INTEGER, got '%s'", val);
+        o->param_names[o->n_params] = val;
+        o->param_values[o->n_params++] = x;
+      } else if (strcmp(flag, "--in") == 0) {
+        if (o->n_in >= MAX_ARGS) return usage_error("too many %s options", flag);
+        const char *f = split_eq(val);
+        if (!f || !*f) return usage_error("--in wants NAME=FILE.npy, got '%s'", val);
+        o->in_names[o->n_in] = val;
+        o->in_files[o->n_in++] = f;
+      } else if (strcmp(flag, "--seed") == 0) {
+        int64_t x;
+        if (!parse_i64(val, &x)) return usage_error("--seed wants an integer, got '%s'", val);
+        o->seed = (uint64_t)x;
+      } else if (strcmp(flag, "--precision") == 0) {
+        if (strcmp(val, "f32") == 0)
+          o->precision = NF_INTERP_F32;
+        else if (strcmp(val, "f64") == 0)
+          o->precision = NF_INTERP_F64;
+        else
+          return usage_error("--precision is f32 or f64, got '%s'", val);
+      } else {
+        o->out_dir = val;
+      }
+      continue;
+    }
+    if (strcmp(a, "-h") == 0) return 3;
+    if (pos == 0)
+      o->cmd = a;
+    else if (pos == 1)
+      o->file = a;
+    else if (pos == 2)
+      o->def = a;
+    else
+      return usage_error("unexpected argument '%s'", a);
+    pos++;
+  }
+  return 0;
+}
+
+/* Loads the module, printing diagnostics; NULL on failure. */
+static nf_module *load(const char *file) {
+  nf_module *m = nf_module_new();
+  nf_diag *d = nf_diag_new();
+  if (!m || !d) {
+    fprintf(stderr, "neoflow: out of memory\n");
+    nf_module_free(m);
+    nf_diag_free(d);
+    return NULL;
+  }
+  int rc = nf_module_load_file(m, file, d);
+  if (rc) {
+    fputs(nf_diag_text(d), stderr);
+    if (nf_diag_count(d) == 0)
+      fprintf(stderr, "%s: error: %s\n", file, nf_strerror(rc));
+    nf_module_free(m);
+    m = NULL;
+  }
+  nf_diag_free(d);
+  return m;
+}
+
+static int instantiate(nf_module *m, const opts *o, nf_ir_ctx *ctx,
+                       nf_graph **g) {
+  if (!nf_module_has_def(m, o->def)) {
+    fprintf(stderr, "%s: error: no def named '%s'", o->file, o->def);
+    int n = nf_module_n_defs(m);
+    if (n > 0) {
+      fprintf(stderr, " (defined here:");
+      for (int k = 0; k < n; k++) fprintf(stderr, " %s", nf_module_def_name(m, k));
+      fprintf(stderr, ")");
+    }
+    fprintf(stderr, "\n");
+    return 1;
+  }
+  nf_inst_opts io = {
+      .n_shapes = o->n_shapes,
+      .shapes = o->shapes,
+      .n_params = o->n_params,
+      .param_names = o->param_names,
+      .param_values = o->param_values,
+  };
+  nf_diag *d = nf_diag_new();
+  if (!d) return 1;
+  int rc = nf_module_instantiate(m, o->def, &io, ctx, g, d);
+  if (rc) {
+    fputs(nf_diag_text(d), stderr);
+    if (nf_diag_count(d) == 0)
+      fprintf(stderr, "%s: error: %s\n", o->file, nf_strerror(rc));
+  }
+  nf_diag_free(d);
+  return rc ? 1 : 0;
+}
+
+static int cmd_check(const opts *o) {
+  nf_module *m = load(o->file);
+  if (!m) return 1;
+  nf_buf b = NF_BUF_INIT;
+  int n = nf_module_n_defs(m);
+  for (int k = 0; k < n; k++) {
+    nf_buf_reset(&b);
+    nf_module_def_signature(m, nf_module_def_name(m, k), &b);
+    printf("%s\n", nf_buf_str(&b));
+  }
+  nf_buf_free(&b);
+  int rc = 0;
+  if (o->def) {
+    nf_ir_ctx *ctx = nf_ir_ctx_new();
+    nf_graph *g;
+    rc = ctx ? instantiate(m, o, ctx, &g) : 1;
+    if (!rc)
+      printf("%s: %u tensors, %u statements: ok\n", o->def, g->n_tensors, g->n_stmts);
+    nf_ir_ctx_free(ctx);
+  }
+  if (!rc) printf("%s: %d def%s ok\n", o->file, n, n == 1 ? "" : "s");
+  nf_module_free(m);
+  return rc;
+}
+
+static int cmd_print(const opts *o) {
+  nf_module *m = load(o->file);
+  if (!m) return 1;
+  nf_buf b = NF_BUF_INIT;
+  int rc = 0;
+  if (!o->def) {
+    nf_module_print(m, &b);
+  } else {
+    nf_ir_ctx *ctx = nf_ir_ctx_new();
+    nf_graph *g;
+    rc = ctx ? instantiate(m, o, ctx, &g) : 1;
+    if (!rc && nf_graph_print(g, &b)) {
+      fprintf(stderr, "neoflow: cannot print the graph\n");
+      rc = 1;
+    }
+    nf_ir_ctx_free(ctx);
+  }
+  if (!rc) fputs(nf_buf_str(&b), stdout);
+  nf_buf_free(&b);
+  nf_module_free(m);
+  return rc;
+}
+
+static int cmd_hash(const opts *o) {
+  if (!o->def) return usage_error("%s needs a DEF", "hash");
+  nf_module *m = load(o->file);
+  if (!m) return 1;
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  nf_graph *g;
+  int rc = ctx ? instantiate(m, o, ctx, &g) : 1;
+  if (!rc) {
+    uint8_t dig[32];
+    char hex[65];
+    if (nf_graph_hash(g, dig)) {
+      fprintf(stderr, "neoflow: cannot hash the graph\n");
+      rc = 1;
+    } else {
+      nf_hash_hex(dig, hex);
+      printf("%s\n", hex);
+    }
+  }
+  nf_ir_ctx_free(ctx);
+  nf_module_free(m);
+  return rc;
+}
+
+/* ---- eval ---- */
+
+static uint64_t rng_next(uint64_t *s) {
+  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+static double rng_unit(uint64_t *s) { /* [0, 1) */
+  return (double)(rng_next(s) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+/* The smallest extent of a tensor dimension that input `in` indexes, so
+ * that random integer inputs used as indices stay in bounds. */
+typedef struct ibound {
+  uint32_t in;
+  int64_t bound;
+  const nf_graph *g;
+} ibound;
+
+static void find_bound(const nf_expr *e, void *user) {
+  ibound *b = user;
+  if (e->op != NF_OP_ACCESS) return;
+  for (int k = 0; k < e->n_args; k++) {
+    const nf_expr *ix = e->args[k];
+    /* The index is the input's value, possibly cast. */
+    while (ix->op == NF_OP_CAST) ix = ix->args[0];
+    if (ix->op == NF_OP_ACCESS && ix->u.tensor == b->in) {
+      int64_t ext = b->g->tensors[e->u.tensor].shape[k];
+      if (b->bound < 0 || ext < b->bound) b->bound = ext;
+    }
+  }
+}
+
+static int64_t int_bound(const nf_graph *g, uint32_t in) {
+  ibound b = {in, -1, g};
+  for (uint32_t s = 0; s < g->n_stmts; s++) nf_expr_visit(g->stmts[s].rhs, find_bound, &b);
+  return b.bound > 0 ? b.bound : 10;
+}
+
+static void random_fill(const nf_graph *g, uint32_t id, nf_array *a, uint64_t *rng) {
+  const nf_tensor *t = &g->tensors[id];
+  if (nf_dtype_is_float((nf_dtype)t->dtype)) {
+    for (int64_t k = 0; k < a->numel; k++) {
+      /* uniform in [-1, -0.05) U [0.05, 1): never zero or tiny */
+      double u = 0.05 + 0.95 * rng_unit(rng);
+      double v = (rng_next(rng) & 1) ? u : -u;
+      if (a->dtype == NF_F32)
+        ((float *)a->data)[k] = (float)v;
+      else
+        ((double *)a->data)[k] = v;
+    }
+  } else if (t->dtype == NF_BOOL) {
+    for (int64_t k = 0; k < a->numel; k++)
+      ((uint8_t *)a->data)[k] = (uint8_t)(rng_next(rng) & 1);
+  } else {
+    int64_t bound = int_bound(g, id);
+    for (int64_t k = 0; k < a->numel; k++) {
+      int64_t v = (int64_t)(rng_next(rng) % (uint64_t)bound);
+      if (a->dtype == NF_I32)
+        ((int32_t *)a->data)[k] = (int32_t)v;
+      else
+        ((int64_t *)a->data)[k] = v;
+    }
+  }
+}
+
+static double elem(const nf_array *a, int64_t k) {
+  switch (a->dtype) {
+    case NF_F32: return ((const float *)a->data)[k];
+    case NF_F64: return ((const double *)a->data)[k];
+    case NF_I32: return ((const int32_t *)a->data)[k];
+    case NF_I64: return (double)((const int64_t *)a->data)[k];
+    case NF_BOOL: return ((const uint8_t *)a->data)[k];
+    default: return 0;
+  }
+}
+
+static void summary(const char *name, const nf_array *a) {
+  double s = 0;
+  for (int64_t k = 0; k < a->numel; k++) s += elem(a, k) * elem(a, k);
+  printf("%s: %s[", name, nf_dtype_name(a->dtype));
+  for (int k = 0; k < a->rank; k++) printf("%s%" PRId64, k ? ", " : "", a->shape[k]);
+  printf("] l2=%.9g first=[", sqrt(s));
+  for (int64_t k = 0; k < a->numel && k < 6; k++) printf("%s%.9g", k ? ", " : "", elem(a, k));
+  printf("%s]\n", a->numel > 6 ? ", ..." : "");
+}
+
+static int make_dir(const char *dir) {
+  if (mkdir(dir, 0777) == 0 || errno == EEXIST) {
+    struct stat st;
+    if (stat(dir, &st) == 0 && S_ISDIR(st.st_mode)) return 0;
+  }
+  fprintf(stderr, "neoflow: cannot create directory '%s': %s\n", dir,
+          strerror(errno == EEXIST ? ENOTDIR : errno));
+  return 1;
+}
+
+static int write_npy(const char *dir, const char *name, const nf_array *a) {
+  nf_buf path = NF_BUF_INIT, err = NF_BUF_INIT;
+  nf_buf_printf(&path, "%s/", dir);
+  /* Tensor names may hold '[' ']' '.' (families, calls): keep them
+   * readable but safe as file names. */
+  for (const char *p = name; *p; p++) nf_buf_putc(&path, *p == '/' ? '_' : *p);
+  nf_buf_puts(&path, ".npy");
+  int rc = nf_npy_write(nf_buf_str(&path), a, &err);
+  if (rc) fprintf(stderr, "neoflow: %s\n", nf_buf_str(&err));
+  nf_buf_free(&path);
+  nf_buf_free(&err);
+  return rc ? 1 : 0;
+}
+
+static int cmd_eval(opts *o) {
+  if (!o->def) return usage_error("%s needs a DEF", "eval");
+  nf_module *m = load(o->file);
+  if (!m) return 1;
+  int rc = 1;
+  nf_ir_ctx *ctx = NULL;
+  nf_array files[MAX_ARGS];
+  nf_array *ins = NULL, *outs = NULL;
+  nf_graph *g = NULL;
+  memset(files, 0, sizeof files);
+  /* Read the input files first: their shapes bind the sizes. */
+  for (int k = 0; k < o->n_in; k++) {
+    nf_buf err = NF_BUF_INIT;
+    if (nf_npy_read(o->in_files[k], &files[k], &err)) {
+      fprintf(stderr, "neoflow: error: %s\n", nf_buf_str(&err));
+      nf_buf_free(&err);
+      goto done;
+    }
+    nf_buf_free(&err);
+    for (int j = 0; j < o->n_shapes; j++)
+      if (strcmp(o->shapes[j].name, o->in_names[k]) == 0) {
+        fprintf(stderr, "neoflow: error: input '%s' has both --in and --shape\n",
+                o->in_names[k]);
+        goto done;
+      }
+    if (o->n_shapes >= MAX_ARGS) {
+      fprintf(stderr, "neoflow: too many inputs\n");
+      goto done;
+    }
+    nf_arg_shape *s = &o->shapes[o->n_shapes++];
+    s->name = o->in_names[k];
+    s->rank = files[k].rank;
+    memcpy(s->dims, files[k].shape, sizeof(int64_t) * (size_t)files[k].rank);
+  }
+  ctx = nf_ir_ctx_new();
+  if (!ctx || instantiate(m, o, ctx, &g)) goto done;
+  ins = calloc(g->n_inputs + 1, sizeof(nf_array));
+  outs = calloc(g->n_outputs + 1, sizeof(nf_array));
+  if (!ins || !outs) goto done;
+  uint64_t rng = o->seed;
+  int wrote_inputs_dir = 0;
+  for (uint32_t k = 0; k < g->n_inputs; k++) {
+    const nf_tensor *t = &g->tensors[g->inputs[k]];
+    int from = -1;
+    for (int j = 0; j < o->n_in; j++)
+      if (strcmp(o->in_names[j], t->name) == 0) from = j;
+    if (from >= 0) {
+      ins[k] = files[from];
+      memset(&files[from], 0, sizeof files[from]);
+      continue;
+    }
+    nf_dtype at = nf_dtype_is_float((nf_dtype)t->dtype)
+                      ? (t->dtype == NF_F64 ? NF_F64 : NF_F32)
+                      : (nf_dtype)t->dtype;
+    if (nf_array_alloc(&ins[k], at, t->rank, t->shape)) {
+      fprintf(stderr, "neoflow: error: cannot allocate input '%s'\n", t->name);
+      goto done;
+    }
+    random_fill(g, g->inputs[k], &ins[k], &rng);
+    if (o->out_dir) {
+      if (!wrote_inputs_dir) {
+        if (make_dir(o->out_dir)) goto done;
+        nf_buf p = NF_BUF_INIT;
+        nf_buf_printf(&p, "%s/inputs", o->out_dir);
+        int bad = make_dir(nf_buf_str(&p));
+        nf_buf_free(&p);
+        if (bad) goto done;
+        wrote_inputs_dir = 1;
+      }
+      nf_buf p = NF_BUF_INIT;
+      nf_buf_printf(&p, "%s/inputs", o->out_dir);
+      int bad = write_npy(nf_buf_str(&p), t->name, &ins[k]);
+      nf_buf_free(&p);
+      if (bad) goto done;
+    }
+  }
+  for (int j = 0; j < o->n_in; j++) {
+    int used = 0;
+    for (uint32_t k = 0; k < g->n_inputs; k++)
+      if (strcmp(o->in_names[j], g->tensors[g->inputs[k]].name) == 0) used = 1;
+    if (!used) {
+      fprintf(stderr, "neoflow: error: %s has no input named '%s'\n", o->def,
+              o->in_names[j]);
+      goto done;
+    }
+  }
+  nf_buf err = NF_BUF_INIT;
+  int irc = nf_interp_run(g, ins, o->precision, outs, &err);
+  if (irc) {
+    fprintf(stderr, "neoflow: error: evaluation failed: %s\n", nf_buf_str(&err));
+    nf_buf_free(&err);
+    goto done;
+  }
+  nf_buf_free(&err);
+  if (o->out_dir && make_dir(o->out_dir)) goto done;
+  rc = 0;
+  for (uint32_t k = 0; k < g->n_outputs; k++) {
+    const char *name = g->tensors[g->outputs[k]].name;
+    summary(name, &outs[k]);
+    if (o->out_dir && write_npy(o->out_dir, name, &outs[k])) rc = 1;
+  }
+done:
+  for (int k = 0; k < MAX_ARGS; k++) nf_array_free(&files[k]);
+  if (g) {
+    if (ins)
+      for (uint32_t k = 0; k < g->n_inputs; k++) nf_array_free(&ins[k]);
+    if (outs)
+      for (uint32_t k = 0; k < g->n_outputs; k++) nf_array_free(&outs[k]);
+  }
+  free(ins);
+  free(outs);
+  nf_ir_ctx_free(ctx);
+  nf_module_free(m);
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  opts o;
+  int rc = parse_args(argc, argv, &o);
+  if (rc == 3 || (rc == 0 && !o.cmd)) {
+    fputs(usage_text, rc == 3 ? stdout : stderr);
+    return rc == 3 ? 0 : 2;
+  }
+  if (rc) return rc;
+  if (strcmp(o.cmd, "version") == 0) {
+    printf("neoflow %s\n", NF_VERSION);
+    return 0;
+  }
+  if (strcmp(o.cmd, "help") == 0) {
+    fputs(usage_text, stdout);
+    return 0;
+  }
+  int known = strcmp(o.cmd, "check") == 0 || strcmp(o.cmd, "print") == 0 ||
+              strcmp(o.cmd, "hash") == 0 || strcmp(o.cmd, "eval") == 0;
+  if (!known) return usage_error("unknown command '%s'", o.cmd);
+  if (!o.file) return usage_error("%s needs a FILE.nf", o.cmd);
+  if (strcmp(o.cmd, "check") == 0) return cmd_check(&o);
+  if (strcmp(o.cmd, "print") == 0) return cmd_print(&o);
+  if (strcmp(o.cmd, "hash") == 0) return cmd_hash(&o);
+  return cmd_eval(&o);
+}

@@ -1,2 +1,595 @@
-/* lang/module.c - placeholder until its module lands in this work. */
-typedef int nf__empty_tu_module;
+/* module.c - loading `.nf` files with their imports, and the static checks
+ * that need no sizes: unique def names, known callees with the right
+ * arity and parameter names, no recursion among defs, known tensors,
+ * outputs that are defined.  Everything else (sizes, ranges, types,
+ * bounds) is checked when a def is instantiated (elab.c).
+ *
+ * A module owns its file texts, ASTs and names in one arena. */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "nf_config.h"
+#include "nf_lang_int.h"
+
+#define MAX_FILE_BYTES (64u << 20)
+#define MAX_IMPORT_DEPTH 32
+
+static const struct {
+  const char *name;
+  nf_op op;
+  int arity;
+} math_fns[] = {
+    {"exp", NF_OP_EXP, 1},     {"log", NF_OP_LOG, 1},
+    {"sqrt", NF_OP_SQRT, 1},   {"rsqrt", NF_OP_RSQRT, 1},
+    {"tanh", NF_OP_TANH, 1},   {"sigmoid", NF_OP_SIGMOID, 1},
+    {"erf", NF_OP_ERF, 1},     {"abs", NF_OP_ABS, 1},
+    {"floor", NF_OP_FLOOR, 1}, {"ceil", NF_OP_CEIL, 1},
+    {"pow", NF_OP_POW, 2},     {"min", NF_OP_MIN, 2},
+    {"max", NF_OP_MAX, 2},
+};
+
+int nf__lang_math_fn(const char *name, nf_op *op, int *arity) {
+  for (size_t k = 0; k < sizeof math_fns / sizeof math_fns[0]; k++)
+    if (strcmp(math_fns[k].name, name) == 0) {
+      *op = math_fns[k].op;
+      *arity = math_fns[k].arity;
+      return 1;
+    }
+  return 0;
+}
+
+nf_module *nf_module_new(void) {
+  nf_module *m = calloc(1, sizeof *m);
+  if (!m) return NULL;
+  m->arena = nf_arena_new();
+  if (!m->arena) {
+    free(m);
+    return NULL;
+  }
+  return m;
+}
+
+void nf_module_free(nf_module *m) {
+  if (!m) return;
+  for (int k = 0; k < m->n_files; k++) {
+    free(m->files[k]->path);
+    free(m->files[k]->real);
+    free((char *)m->files[k]->src.text);
+    free(m->files[k]);
+  }
+  free(m->files);
+  free(m->defs);
+  free(m->lib_dir);
+  nf_arena_free(m->arena);
+  free(m);
+}
+
+int nf_module_set_lib_dir(nf_module *m, const char *dir) {
+  char *d = strdup(dir);
+  if (!d) return NF_ENOMEM;
+  free(m->lib_dir);
+  m->lib_dir = d;
+  return NF_OK;
+}
+
+const nf_ast_def *nf__module_find(const nf_module *m, const char *name) {
+  for (int k = 0; k < m->n_defs; k++)
+    if (strcmp(m->defs[k]->name, name) == 0) return m->defs[k];
+  return NULL;
+}
+
+/* Reads a whole file (bounded) into a malloc'ed NUL-terminated buffer. */
+static int read_file(const char *path, char **text, size_t *len, nf_buf *why) {
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    nf_buf_printf(why, "cannot open '%s': %s", path, strerror(errno));
+    return NF_EIO;
+  }
+  struct stat st;
+  if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
+    fclose(f);
+    nf_buf_printf(why, "cannot read '%s': it is a directory", path);
+    return NF_EIO;
+  }
+  nf_buf b = NF_BUF_INIT;
+  char chunk[65536];
+  size_t n;
+  while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) {
+    if (b.len + n > MAX_FILE_BYTES) {
+      fclose(f);
+      nf_buf_free(&b);
+      nf_buf_printf(why, "'%s' is larger than %u MiB", path, MAX_FILE_BYTES >> 20);
+      return NF_ELIMIT;
+    }
+    nf_buf_add(&b, chunk, n);
+  }
+  int err = ferror(f);
+  fclose(f);
+  if (err) {
+    nf_buf_free(&b);
+    nf_buf_printf(why, "cannot read '%s': I/O error", path);
+    return NF_EIO;
+  }
+  if (b.oom) {
+    nf_buf_free(&b);
+    return NF_ENOMEM;
+  }
+  if (!b.data) {
+    b.data = calloc(1, 1);
+    if (!b.data) return NF_ENOMEM;
+  }
+  *text = b.data;
+  *len = b.len;
+  return NF_OK;
+}
+
+static int add_def(nf_module *m, const nf_ast_def *d) {
+  if (m->n_defs == m->cap_defs) {
+    int nc = m->cap_defs ? m->cap_defs * 2 : 32;
+    const nf_ast_def **n = realloc(m->defs, sizeof(*n) * (size_t)nc);
+    if (!n) return NF_ENOMEM;
+    m->defs = n;
+    m->cap_defs = nc;
+  }
+  m->defs[m->n_defs++] = d;
+  return NF_OK;
+}
+
+static int load_text(nf_module *m, const char *path, char *text, size_t len,
+                     int direct, int depth, nf_diag *d);
+
+static char *dir_of(const char *path) {
+  const char *slash = strrchr(path, '/');
+  if (!slash) return strdup(".");
+  if (slash == path) return strdup("/");
+  return strndup(path, (size_t)(slash - path));
+}
+
+static const char *lib_dir(const nf_module *m) {
+  if (m->lib_dir) return m->lib_dir;
+  const char *env = getenv("NEOFLOW_LIB");
+  if (env && *env) return env;
+  struct stat st;
+  if (stat(NF_DATA_LIBDIR "/nn.nf", &st) == 0) return NF_DATA_LIBDIR;
+  return NF_SOURCE_LIBDIR;
+}
+
+static int load_path(nf_module *m, const char *path, int direct, int depth,
+                     nf_loc from, nf_diag *d) {
+  char real[PATH_MAX];
+  if (realpath(path, real)) {
+    for (int k = 0; k < m->n_files; k++)
+      if (m->files[k]->real && strcmp(m->files[k]->real, real) == 0) {
+        if (direct) m->files[k]->direct = 1;
+        return NF_OK; /* already loaded (imports form a set) */
+      }
+  }
+  if (depth > MAX_IMPORT_DEPTH) {
+    nf_diag_error(d, from, "imports nested more than %d deep", MAX_IMPORT_DEPTH);
+    return NF_ELIMIT;
+  }
+  char *text = NULL;
+  size_t len = 0;
+  nf_buf why = NF_BUF_INIT;
+  int rc = read_file(path, &text, &len, &why);
+  if (rc) {
+    if (rc == NF_ENOMEM)
+      nf_diag_error(d, from, "out of memory reading '%s'", path);
+    else
+      nf_diag_error(d, from, "%s", nf_buf_str(&why));
+    nf_buf_free(&why);
+    return rc;
+  }
+  nf_buf_free(&why);
+  return load_text(m, path, text, len, direct, depth, d);
+}
+
+/* Takes ownership of text. */
+static int load_text(nf_module *m, const char *path, char *text, size_t len,
+                     int direct, int depth, nf_diag *d) {
+  nf__lfile *f = calloc(1, sizeof *f);
+  if (!f) {
+    free(text);
+    return NF_ENOMEM;
+  }
+  f->path = strdup(path);
+  char real[PATH_MAX];
+  f->real = realpath(path, real) ? strdup(real) : NULL;
+  f->src.name = f->path;
+  f->src.text = text;
+  f->src.len = len;
+  f->direct = direct;
+  if (!f->path) {
+    free(text);
+    free(f->real);
+    free(f);
+    return NF_ENOMEM;
+  }
+  if (m->n_files == m->cap_files) {
+    int nc = m->cap_files ? m->cap_files * 2 : 8;
+    nf__lfile **n = realloc(m->files, sizeof(*n) * (size_t)nc);
+    if (!n) {
+      free(f->path);
+      free(f->real);
+      free(text);
+      free(f);
+      return NF_ENOMEM;
+    }
+    m->files = n;
+    m->cap_files = nc;
+  }
+  m->files[m->n_files++] = f;
+  int rc = nf__parse(m->arena, &f->src, d, &f->ast);
+  if (rc) return rc;
+  /* Imports first, so their defs precede ours. */
+  char *dir = dir_of(path);
+  if (!dir) return NF_ENOMEM;
+  for (int k = 0; k < f->ast->n_imports; k++) {
+    const nf_ast_import *im = &f->ast->imports[k];
+    nf_buf p = NF_BUF_INIT;
+    if (im->lib)
+      nf_buf_printf(&p, "%s/%s.nf", lib_dir(m), im->lib);
+    else if (im->path[0] == '/')
+      nf_buf_puts(&p, im->path);
+    else
+      nf_buf_printf(&p, "%s/%s", dir, im->path);
+    if (p.oom) {
+      free(dir);
+      nf_buf_free(&p);
+      return NF_ENOMEM;
+    }
+    rc = load_path(m, nf_buf_str(&p), 0, depth + 1, im->loc, d);
+    nf_buf_free(&p);
+    if (rc) {
+      free(dir);
+      return rc;
+    }
+  }
+  free(dir);
+  for (int k = 0; k < f->ast->n_defs; k++) {
+    const nf_ast_def *def = f->ast->defs[k];
+    const nf_ast_def *prev = nf__module_find(m, def->name);
+    if (prev) {
+      nf_diag_error(d, def->loc, "def '%s' is defined twice", def->name);
+      nf_diag_note(d, prev->loc, "first defined here");
+      return NF_ETYPE;
+    }
+    if (add_def(m, def)) return NF_ENOMEM;
+  }
+  return NF_OK;
+}
+
+/* ---- static checks ---- */
+
+typedef struct names {
+  const char **v;
+  int n, cap;
+} names;
+
+static int names_has(const names *s, const char *x) {
+  for (int k = 0; k < s->n; k++)
+    if (strcmp(s->v[k], x) == 0) return 1;
+  return 0;
+}
+
+static int names_add(names *s, const char *x) {
+  if (names_has(s, x)) return NF_OK;
+  if (s->n == s->cap) {
+    int nc = s->cap ? s->cap * 2 : 16;
+    const char **n = realloc(s->v, sizeof(*n) * (size_t)nc);
+    if (!n) return NF_ENOMEM;
+    s->v = n;
+    s->cap = nc;
+  }
+  s->v[s->n++] = x;
+  return NF_OK;
+}
+
+static int collect_defined(nf_ast_stmt *const *body, int n, names *s) {
+  for (int k = 0; k < n; k++) {
+    const nf_ast_stmt *st = body[k];
+    int rc = NF_OK;
+    if (st->kind == NF_S_ELEM) rc = names_add(s, st->lhs.name);
+    if (st->kind == NF_S_CALL)
+      for (int j = 0; j < st->n_results && !rc; j++)
+        rc = names_add(s, st->results[j].name);
+    if (st->kind == NF_S_FOR) rc = collect_defined(st->body, st->n_body, s);
+    if (rc) return rc;
+  }
+  return NF_OK;
+}
+
+static int check_expr(const nf_ast_expr *e, const names *tensors, nf_diag *d) {
+  if (!e) return 0;
+  int bad = 0;
+  if (e->kind == NF_A_APPLY) {
+    nf_op op;
+    int ar;
+    nf_dtype dt;
+    int known = names_has(tensors, e->name) ||
+                (!e->sub && (nf__lang_math_fn(e->name, &op, &ar) ||
+                             nf_dtype_parse(e->name, strlen(e->name), &dt)));
+    if (!known) {
+      nf_diag_error(d, e->loc, "unknown tensor or function '%s'", e->name);
+      bad = 1;
+    }
+  }
+  for (int k = 0; k < e->n_args; k++) bad |= check_expr(e->args[k], tensors, d);
+  return bad;
+}
+
+static int check_body(const nf_module *m, const nf_ast_def *def,
+                      nf_ast_stmt *const *body, int n, const names *tensors,
+                      nf_diag *d) {
+  int bad = 0;
+  for (int k = 0; k < n; k++) {
+    const nf_ast_stmt *st = body[k];
+    if (st->kind == NF_S_FOR) {
+      bad |= check_body(m, def, st->body, st->n_body, tensors, d);
+      continue;
+    }
+    if (st->kind == NF_S_ELEM) {
+      bad |= check_expr(st->rhs, tensors, d);
+      continue;
+    }
+    for (int j = 0; j < st->n_args; j++)
+      if (!names_has(tensors, st->args[j].name)) {
+        nf_diag_error(d, st->args[j].loc, "unknown tensor '%s'", st->args[j].name);
+        bad = 1;
+      }
+    if (!st->callee) continue;
+    const nf_ast_def *cd = nf__module_find(m, st->callee);
+    if (!cd) {
+      nf_diag_error(d, st->callee_loc, "unknown def '%s'", st->callee);
+      bad = 1;
+      continue;
+    }
+    if (st->n_args != cd->n_inputs) {
+      nf_diag_error(d, st->callee_loc, "%s takes %d input%s, got %d", cd->name,
+                    cd->n_inputs, cd->n_inputs == 1 ? "" : "s", st->n_args);
+      nf_diag_note(d, cd->loc, "%s is defined here", cd->name);
+      bad = 1;
+    }
+    if (st->n_results != cd->n_outputs) {
+      nf_diag_error(d, st->loc, "%s returns %d output%s, but %d %s named",
+                    cd->name, cd->n_outputs, cd->n_outputs == 1 ? "" : "s",
+                    st->n_results, st->n_results == 1 ? "is" : "are");
+      bad = 1;
+    }
+    for (int j = 0; j < st->n_params; j++) {
+      int found = 0;
+      for (int p = 0; p < cd->n_params; p++)
+        if (strcmp(cd->params[p].name, st->params[j].name) == 0) found = 1;
+      if (!found) {
+        nf_diag_error(d, st->params[j].loc, "%s has no parameter '%s'",
+                      cd->name, st->params[j].name);
+        bad = 1;
+      }
+    }
+  }
+  return bad;
+}
+
+static int check_def(const nf_module *m, const nf_ast_def *def, nf_diag *d) {
+  int bad = 0;
+  names all = {0}, tensors = {0};
+  /* Unique names among params, inputs and outputs. */
+  for (int k = 0; k < def->n_params; k++) {
+    if (names_has(&all, def->params[k].name)) {
+      nf_diag_error(d, def->params[k].loc, "'%s' is declared twice", def->params[k].name);
+      bad = 1;
+    }
+    if (names_add(&all, def->params[k].name)) goto oom;
+  }
+  for (int io = 0; io < 2; io++) {
+    const nf_ast_tdecl *ts = io ? def->outputs : def->inputs;
+    int n = io ? def->n_outputs : def->n_inputs;
+    for (int k = 0; k < n; k++) {
+      if (names_has(&all, ts[k].name)) {
+        nf_diag_error(d, ts[k].loc, "'%s' is declared twice", ts[k].name);
+        bad = 1;
+      }
+      if (names_add(&all, ts[k].name) || names_add(&tensors, ts[k].name)) goto oom;
+    }
+  }
+  names defined = {0};
+  if (collect_defined(def->body, def->n_body, &defined)) goto oom;
+  for (int k = 0; k < def->n_inputs; k++)
+    if (names_has(&defined, def->inputs[k].name)) {
+      nf_diag_error(d, def->inputs[k].loc,
+                    "input '%s' is assigned in the body (inputs are read-only)",
+                    def->inputs[k].name);
+      bad = 1;
+    }
+  for (int k = 0; k < def->n_outputs; k++)
+    if (!names_has(&defined, def->outputs[k].name)) {
+      nf_diag_error(d, def->outputs[k].loc, "output '%s' of %s is never defined",
+                    def->outputs[k].name, def->name);
+      bad = 1;
+    }
+  for (int k = 0; k < defined.n; k++)
+    if (names_add(&tensors, defined.v[k])) goto oom;
+  free(defined.v);
+  bad |= check_body(m, def, def->body, def->n_body, &tensors, d);
+  free(all.v);
+  free(tensors.v);
+  return bad;
+oom:
+  free(all.v);
+  free(tensors.v);
+  nf_diag_error(d, def->loc, "out of memory");
+  return 1;
+}
+
+/* Callees of a def (indices into m->defs), recursively through loops. */
+static void callees(const nf_module *m, nf_ast_stmt *const *body, int n,
+                    char *mark) {
+  for (int k = 0; k < n; k++) {
+    const nf_ast_stmt *st = body[k];
+    if (st->kind == NF_S_FOR) callees(m, st->body, st->n_body, mark);
+    if (st->kind != NF_S_CALL || !st->callee) continue;
+    for (int j = 0; j < m->n_defs; j++)
+      if (strcmp(m->defs[j]->name, st->callee) == 0) mark[j] = 1;
+  }
+}
+
+static int check_recursion(const nf_module *m, nf_diag *d) {
+  int n = m->n_defs;
+  if (n == 0) return 0;
+  char *adj = calloc((size_t)n * (size_t)n, 1);
+  int *state = calloc((size_t)n, sizeof(int)); /* 0 new, 1 on stack, 2 done */
+  int *stack = calloc((size_t)n, sizeof(int));
+  int *iter = calloc((size_t)n, sizeof(int));
+  int bad = 0;
+  if (!adj || !state || !stack || !iter) {
+    nf_diag_error(d, (nf_loc){0}, "out of memory");
+    bad = 1;
+    goto out;
+  }
+  for (int k = 0; k < n; k++)
+    callees(m, m->defs[k]->body, m->defs[k]->n_body, adj + (size_t)k * (size_t)n);
+  for (int s = 0; s < n && !bad; s++) {
+    if (state[s]) continue;
+    int sp = 0;
+    stack[sp++] = s;
+    state[s] = 1;
+    iter[s] = 0;
+    while (sp > 0 && !bad) {
+      int u = stack[sp - 1];
+      if (iter[u] >= n) {
+        state[u] = 2;
+        sp--;
+        continue;
+      }
+      int v = iter[u]++;
+      if (!adj[(size_t)u * (size_t)n + (size_t)v]) continue;
+      if (state[v] == 1) {
+        nf_buf b = NF_BUF_INIT;
+        int from = 0;
+        while (stack[from] != v) from++;
+        for (int k = from; k < sp; k++)
+          nf_buf_printf(&b, "%s -> ", m->defs[stack[k]]->name);
+        nf_buf_puts(&b, m->defs[v]->name);
+        nf_diag_error(d, m->defs[v]->loc, "recursion among defs: %s",
+                      nf_buf_str(&b));
+        nf_buf_free(&b);
+        bad = 1;
+      } else if (state[v] == 0) {
+        state[v] = 1;
+        iter[v] = 0;
+        stack[sp++] = v;
+      }
+    }
+  }
+out:
+  free(adj);
+  free(state);
+  free(stack);
+  free(iter);
+  return bad;
+}
+
+static int finish_load(nf_module *m, int rc, nf_diag *d) {
+  if (!rc) {
+    int bad = 0;
+    for (int k = 0; k < m->n_defs; k++) bad |= check_def(m, m->defs[k], d);
+    if (!bad) bad = check_recursion(m, d);
+    if (bad) rc = NF_ETYPE;
+  }
+  if (rc == NF_ENOMEM && nf_diag_count(d) == 0)
+    nf_diag_error(d, (nf_loc){0}, "out of memory");
+  if (rc) m->failed = 1;
+  return rc;
+}
+
+int nf_module_load_file(nf_module *m, const char *path, nf_diag *d) {
+  if (m->failed) return NF_EINVAL;
+  int rc = load_path(m, path, 1, 0, (nf_loc){0}, d);
+  return finish_load(m, rc, d);
+}
+
+int nf_module_load_source(nf_module *m, const char *name, const char *text,
+                          nf_diag *d) {
+  if (m->failed) return NF_EINVAL;
+  size_t len = strlen(text);
+  char *copy = malloc(len + 1);
+  if (!copy) return NF_ENOMEM;
+  memcpy(copy, text, len + 1);
+  int rc = load_text(m, name, copy, len, 1, 0, d);
+  return finish_load(m, rc, d);
+}
+
+int nf_module_n_defs(const nf_module *m) {
+  int n = 0;
+  for (int k = 0; k < m->n_files; k++)
+    if (m->files[k]->direct && m->files[k]->ast) n += m->files[k]->ast->n_defs;
+  return n;
+}
+
+const char *nf_module_def_name(const nf_module *m, int i) {
+  for (int k = 0; k < m->n_files; k++) {
+    const nf__lfile *f = m->files[k];
+    if (!f->direct || !f->ast) continue;
+    if (i < f->ast->n_defs) return f->ast->defs[i]->name;
+    i -= f->ast->n_defs;
+  }
+  return NULL;
+}
+
+int nf_module_has_def(const nf_module *m, const char *name) {
+  return nf__module_find(m, name) != NULL;
+}
+
+int nf_module_def_signature(const nf_module *m, const char *def, nf_buf *out) {
+  const nf_ast_def *d = nf__module_find(m, def);
+  if (!d) return NF_ENOENT;
+  nf__ast_print_signature(d, out);
+  return out->oom ? NF_ENOMEM : NF_OK;
+}
+
+int nf_module_print(const nf_module *m, nf_buf *out) {
+  int first = 1;
+  for (int k = 0; k < m->n_files; k++) {
+    const nf__lfile *f = m->files[k];
+    if (!f->direct || !f->ast) continue;
+    if (!first) nf_buf_putc(out, '\n');
+    first = 0;
+    nf__ast_print_file(f->ast, out);
+  }
+  return out->oom ? NF_ENOMEM : NF_OK;
+}
+
+int nf_module_def_inputs(const nf_module *m, const char *def,
+                         const char **names, int max) {
+  const nf_ast_def *d = nf__module_find(m, def);
+  if (!d) return -1;
+  for (int k = 0; k < d->n_inputs && k < max; k++) names[k] = d->inputs[k].name;
+  return d->n_inputs;
+}
+
+int nf_module_def_params(const nf_module *m, const char *def,
+                         const char **names, int max) {
+  const nf_ast_def *d = nf__module_find(m, def);
+  if (!d) return -1;
+  for (int k = 0; k < d->n_params && k < max; k++) names[k] = d->params[k].name;
+  return d->n_params;
+}
+
+int nf_module_instantiate(nf_module *m, const char *def,
+                          const nf_inst_opts *opts, nf_ir_ctx *ctx,
+                          nf_graph **out, nf_diag *d) {
+  if (m->failed) {
+    nf_diag_error(d, (nf_loc){0}, "the module failed to load");
+    return NF_EINVAL;
+  }
+  const nf_ast_def *dd = nf__module_find(m, def);
+  if (!dd) {
+    nf_diag_error(d, (nf_loc){0}, "no def named '%s'", def);
+    return NF_ENOENT;
+  }
+  return nf__elab_instantiate(m, dd, opts, ctx, out, d);
+}

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# deploy/demo.sh - set up, build, and run the main job: check the standard
+# library and the example operators, then evaluate the examples with the
+# reference interpreter.  (Later issues make this train a model.)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./deploy/setup.sh
+ninja -C build >/dev/null
+NF=build/client/neoflow
+export NEOFLOW_LIB="$PWD/lib"
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+
+echo "== neoflow check lib/nn.nf"
+$NF check lib/nn.nf
+echo
+echo "== neoflow check examples/models.nf"
+$NF check examples/models.nf
+echo
+run() { echo "\$ neoflow $*"; $NF "$@"; echo; }
+run eval lib/nn.nf conv2d --shape I=2,6,11,11 --shape W=6,2,3,3 \
+    --param stride=2 --param pad=1 --param dilation=2 --param groups=3 --out "$out/conv"
+run eval examples/models.nf lltm_8 --seed 7
+run eval examples/models.nf capsule_routing --seed 7
+run eval examples/models.nf mobilenet_block --seed 7
+run hash examples/models.nf capsule_routing
+echo "== the instantiated LLTM cell as a flat graph (first lines)"
+$NF print examples/models.nf lltm_cell | head -n 12
+echo "demo: done"

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# deploy/test.sh - set up, build and run every test, showing Check's
+# summary lines.  Also runs the suite under ASan/UBSan (NF_ASAN=0 skips it)
+# and the parser's libFuzzer target briefly when clang can build it
+# (NF_FUZZ_SECONDS, default 30; 0 skips).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export NF_WERROR=${NF_WERROR:-1}
+./deploy/setup.sh
+ninja -C build
+meson test -C build -v --num-processes 2 2>&1 | tee build/test-output.log | \
+  grep -E '^[0-9]+%: Checks|^ *[0-9]+/[0-9]+ |^(Ok|Fail|Expected Fail|Unexpected Pass|Skipped|Timeout):|^numpy|FAIL|ERROR|error:' || true
+status=${PIPESTATUS[0]}
+if [ "$status" -ne 0 ]; then
+  echo "test.sh: tests failed; full log in build/test-output.log" >&2
+  exit "$status"
+fi
+
+if [ "${NF_ASAN:-1}" = 1 ]; then
+  echo "== ASan/UBSan build"
+  if [ ! -f build-asan/build.ninja ]; then
+    meson setup build-asan -Db_sanitize=address,undefined -Db_lundef=false \
+      -Dwerror=true >/dev/null
+  fi
+  ninja -C build-asan
+  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+    meson test -C build-asan --num-processes 2 --no-suite numpy \
+    --print-errorlogs 2>&1 | tail -n 15
+  [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "test.sh: ASan/UBSan tests failed" >&2; exit 1; }
+fi
+
+secs=${NF_FUZZ_SECONDS:-30}
+if [ "$secs" != 0 ] && command -v clang >/dev/null 2>&1; then
+  echo "== parser fuzzing (${secs}s)"
+  if [ ! -f build-fuzz/build.ninja ]; then
+    CC=clang CXX=clang++ meson setup build-fuzz -Dfuzz=true -Dtests=false >/dev/null 2>&1 || true
+  fi
+  if [ -f build-fuzz/build.ninja ] && ninja -C build-fuzz tests/fuzz/fuzz_parse >/dev/null 2>&1; then
+    mkdir -p build-fuzz/corpus
+    cp -f lib/*.nf examples/*.nf build-fuzz/corpus/ 2>/dev/null || true
+    build-fuzz/tests/fuzz/fuzz_parse -max_total_time="$secs" -max_len=4096 \
+      -print_final_stats=1 build-fuzz/corpus 2>&1 | tail -n 5
+    [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "test.sh: the parser fuzzer found a crash" >&2; exit 1; }
+  else
+    echo "(libFuzzer not available here: skipped)"
+  fi
+fi
+echo "test.sh: all tests passed"

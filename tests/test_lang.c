@@ -1,0 +1,461 @@
+/* test_lang.c - the module loader and the elaborator: located errors for
+ * every kind of bad use, typing of literals, packs, loops, families and
+ * calls, canonical-hash invariance and sensitivity through the language,
+ * and the graph printer's round trip on the standard library and the
+ * examples. */
+#include <check.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nf_interp.h"
+#include "nf_ir.h"
+#include "nf_lang.h"
+
+/* Parses "A=7,13;B=13,5" into shapes (names point into a static copy). */
+typedef struct spec {
+  char buf[512];
+  nf_arg_shape shapes[8];
+  int n_shapes;
+  const char *pnames[8];
+  int64_t pvals[8];
+  int n_params;
+} spec;
+
+static void parse_spec(spec *s, const char *shapes, const char *params) {
+  memset(s, 0, sizeof *s);
+  snprintf(s->buf, sizeof s->buf, "%s|%s", shapes ? shapes : "", params ? params : "");
+  char *bar = strchr(s->buf, '|');
+  *bar = 0;
+  char *save = NULL;
+  for (char *tok = strtok_r(s->buf, ";", &save); tok; tok = strtok_r(NULL, ";", &save)) {
+    char *eq = strchr(tok, '=');
+    ck_assert_ptr_nonnull(eq);
+    *eq = 0;
+    nf_arg_shape *a = &s->shapes[s->n_shapes++];
+    a->name = tok;
+    char *p = eq + 1;
+    while (*p) {
+      a->dims[a->rank++] = strtoll(p, &p, 10);
+      if (*p == ',') p++;
+    }
+  }
+  for (char *tok = strtok_r(bar + 1, ";", &save); tok; tok = strtok_r(NULL, ";", &save)) {
+    char *eq = strchr(tok, '=');
+    ck_assert_ptr_nonnull(eq);
+    *eq = 0;
+    s->pnames[s->n_params] = tok;
+    s->pvals[s->n_params++] = strtoll(eq + 1, NULL, 10);
+  }
+}
+
+/* Loads src as "t.nf" and instantiates def; returns the status and the
+ * diagnostic text in *msg (malloc'ed). */
+static int try_inst(const char *src, const char *def, const char *shapes,
+                    const char *params, char **msg, uint8_t digest[32]) {
+  nf_module *m = nf_module_new();
+  nf_diag *d = nf_diag_new();
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  int rc = nf_module_load_source(m, "t.nf", src, d);
+  if (!rc && def) {
+    spec s;
+    parse_spec(&s, shapes, params);
+    nf_inst_opts o = {s.n_shapes, s.shapes, s.n_params, s.pnames, s.pvals};
+    nf_graph *g = NULL;
+    rc = nf_module_instantiate(m, def, &o, ctx, &g, d);
+    if (!rc && digest) ck_assert_int_eq(nf_graph_hash(g, digest), NF_OK);
+  }
+  *msg = strdup(nf_diag_text(d));
+  nf_ir_ctx_free(ctx);
+  nf_diag_free(d);
+  nf_module_free(m);
+  return rc;
+}
+
+typedef struct bad_case {
+  const char *src, *def, *shapes, *params;
+  int status;
+  const char *where; /* "t.nf:L:C: error: " prefix expected */
+  const char *msg;   /* substring expected */
+} bad_case;
+
+#define MATMUL "def matmul(A: f32[M, K], B: f32[K, N]) -> (C: f32[M, N]) {\n  C(i, j) +=! A(i, k) * B(k, j)\n}\n"
+
+static const bad_case bad[] = {
+    {MATMUL, "matmul", "A=7,13;B=12,5", NULL, NF_ETYPE, "t.nf:1:1: error: ",
+     "sizes disagree: 'K' is 13 from input A, dimension 1 but 12 from input B, dimension 0"},
+    {MATMUL, "matmul", "A=7;B=13,5", NULL, NF_ETYPE, "t.nf:1:1: error: ",
+     "input 'A' of matmul has rank 1, but the def declares A: f32[M, K]"},
+    {"def f(X: f32[N]) -> (Y: f32[N]) {\n  Y(i) = X(i + 1)\n}\n", "f", "X=5", NULL,
+     NF_EBOUNDS, "t.nf:2:10: error: ",
+     "X(i + 1) may be out of bounds: index 0 takes values in [1, 5] but 'X' has size 5 in dimension 0"},
+    {"def f(X: f32[N]) -> (Y: f32[N]) {\n  Y(i) = X(i // 2 + 3)\n}\n", "f", "X=5", NULL,
+     NF_EBOUNDS, "t.nf:2:10: error: ", "index 0 takes values in [3, 5] but 'X' has size 5"},
+    {"def f(X: f32[N, M]) -> (Y: f32[N]) {\n  Y(i) +=! X(i, k + 1)\n}\n", "f", "X=3,4", NULL,
+     NF_ETYPE, "t.nf:2:17: error: ",
+     "cannot infer the range of 'k': it never appears alone as an index; give it with 'where k in LO:HI'"},
+    {"def f(X: f32[N, M]) -> (Y: f32[N]) {\n  Y(i) +=! X(i, k) where j in 0:3\n}\n", "f", "X=3,4",
+     NULL, NF_ETYPE, "t.nf:2:26: error: ",
+     "unused reduction variable 'j': it does not appear in the statement"},
+    {"def f(X: f32[N, M]) -> (Y: f32[N]) {\n  Y(i) = X(i, k)\n}\n", "f", "X=3,4", NULL, NF_ETYPE,
+     "t.nf:2:15: error: ",
+     "'k' is not an index of 'Y'; to reduce over it use a reduction operator such as '+=!'"},
+    {"def f(X: f32[N]) -> (Y: f32[N * 4611686018427387904]) {\n  Y(i) = 1.0\n}\n", "f", "X=5",
+     NULL, NF_EOVERFLOW, "t.nf:1:29: error: ",
+     "overflow in size arithmetic: 5 * 4611686018427387904 does not fit in 64 bits"},
+    {"def a(X: f32[N]) -> (Y: f32[N]) {\n  Y = b(X)\n}\ndef b(X: f32[N]) -> (Y: f32[N]) {\n  Y = a(X)\n}\n",
+     NULL, NULL, NULL, NF_ETYPE, "t.nf:1:1: error: ", "recursion among defs: a -> b -> a"},
+    {"def f(X: f32[N]) -> (Y: f32[N]) {\n  Y(i) = Z(i)\n}\n", NULL, NULL, NULL, NF_ETYPE,
+     "t.nf:2:10: error: ", "unknown tensor or function 'Z'"},
+    {"def f(X: f32[N]) -> (Y: f32[N]) {\n  Y = foo(X)\n}\n", NULL, NULL, NULL, NF_ETYPE,
+     "t.nf:2:7: error: ", "unknown def 'foo'"},
+    {"def r(X: f32[N]) -> (Y: f32[N]) {\n  Y(i) = X(i)\n}\ndef f(X: f32[N]) -> (Y: f32[N]) {\n  Y = r(X, X)\n}\n",
+     NULL, NULL, NULL, NF_ETYPE, "t.nf:5:7: error: ", "r takes 1 input, got 2"},
+    {"def c<groups = 1>(I: f32[C], W: f32[CG]) -> (O: f32[C])\n    require C == CG * groups\n{\n  O(i) = I(i)\n}\n",
+     "c", "I=6;W=4", NULL, NF_ETYPE, "t.nf:1:1: error: ",
+     "c: requirement 'C == CG * groups' fails (C = 6, CG = 4, groups = 1)"},
+    {"def f(X: f32[N]) -> (Y: i64[N]) {\n  Y(i) = X(i)\n}\n", "f", "X=3", NULL, NF_ETYPE,
+     "t.nf:2:10: error: ", "cannot store f32 in 'Y' of type i64 without a cast (write i64(...))"},
+    {"def f(X: f32[N]) -> (Y: f32[N]) {\n  Y(i) = X(i) * (i / 2)\n}\n", "f", "X=3", NULL, NF_ETYPE,
+     "t.nf:2:18: error: ", "'/' needs a float operand; use '//' for integer division"},
+    {"def f(X: f32[N]) -> (Y: f32[N], Z: f32[N]) {\n  Y(i) = X(i)\n}\n", NULL, NULL, NULL,
+     NF_ETYPE, "t.nf:1:33: error: ", "output 'Z' of f is never defined"},
+    {"def f(X: f32[N]) -> (Y: f32[N]) {\n  T(i) = X(i)\n  T(i) = X(i)\n  Y = T\n}\n", "f", "X=3",
+     NULL, NF_ETYPE, "t.nf:3:3: error: ", "tensor 'T' is already defined (each tensor is defined once)"},
+    {"def f(X: f32[N]) -> (Y: f32[N]) {\n  T(i) = U(i)\n  U(i) = X(i)\n  Y = T\n}\n", "f", "X=3",
+     NULL, NF_ETYPE, "t.nf:2:10: error: ", "tensor 'U' is used before it is defined"},
+    {"def f<k>(X: f32[N]) -> (Y: f32[N]) {\n  Y(i) = X(i)\n}\n", "f", "X=3", NULL, NF_EINVAL,
+     "t.nf:1:1: error: ", "f needs a value for its parameter 'k'"},
+    {"def r<a = 1>(X: f32[N]) -> (Y: f32[N]) {\n  Y(i) = X(i)\n}\ndef f(X: f32[N]) -> (Y: f32[N]) {\n  Y = r<b = 2>(X)\n}\n",
+     NULL, NULL, NULL, NF_ETYPE, "t.nf:5:9: error: ", "r has no parameter 'b'"},
+    {"def f(X: f32[N]) -> (Y: f32[N]) {\n  Y(i) = X(0.5)\n}\n", "f", "X=3", NULL, NF_ETYPE,
+     "t.nf:2:12: error: ", "an index must be an integer, not a float"},
+    {"def f(A: f32[M, K], B: f32[L]) -> (Y: f32[M]) {\n  Y(i) +=! A(i, k) * B(k)\n}\n", "f",
+     "A=3,5;B=4", NULL, NF_ETYPE, "t.nf:2:22: error: ",
+     "the range of 'k' is inferred as 0:5 from A (dimension 1) but B has size 4 in dimension 0"},
+    {"def g(X: i64[N]) -> (Y: i64[N]) {\n  Y(i) = X(i)\n}\ndef f(X: f32[N]) -> (Y: i64[N]) {\n  Y = g(X)\n}\n",
+     "f", "X=3", NULL, NF_ETYPE, "t.nf:5:9: error: ", "input 'X' of g is i64 but 'X' is f32"},
+    {MATMUL, "matmul", "A=7,13", NULL, NF_EINVAL, "t.nf:1:26: error: ",
+     "no shape given for input 'B' of matmul (declared B: f32[K, N])"},
+    {"def r(X: f32[N]) -> (Y: f32[N]) {\n  Y(i) = X(i)\n}\ndef f(X: f32[N]) -> (Y: f32[3]) {\n  Y = r(X)\n}\n",
+     "f", "X=4", NULL, NF_ETYPE, "t.nf:5:3: error: ", "'Y' is declared f32[3] but receives f32[4]"},
+    {"def r(X: f32[N]) -> (Y: f32[N]) {\n  Y(i) = X(i + 1)\n}\ndef f(X: f32[N]) -> (Y: f32[N]) {\n  Y = r(X)\n}\n",
+     "f", "X=4", NULL, NF_EBOUNDS, "t.nf:2:10: error: ", "note: in the call to r here"},
+    {"def r(X: f32[N]) -> (Y: f32[N]) {\n  Y(i) = X(i)\n}\ndef r(X: f32[N]) -> (Y: f32[N]) {\n  Y(i) = X(i)\n}\n",
+     NULL, NULL, NULL, NF_ETYPE, "t.nf:4:1: error: ", "def 'r' is defined twice"},
+    {"def f(X: f32[N]) -> (Y: f32[N]) {\n  Y(i, j) = X(i)\n}\n", "f", "X=3", NULL, NF_ETYPE,
+     "t.nf:2:3: error: ", "'Y' has 1 dimension [3] but the left side has 2 indexes"},
+    {"def f(X: f32[N]) -> (Y: f32[N]) {\n  Y(i) = X(i, i)\n}\n", "f", "X=3", NULL, NF_ETYPE,
+     "t.nf:2:10: error: ", "'X' has 1 dimension [3] but is indexed with 2"},
+    {"def f(X: f32[N]) -> (Y: f32[N]) {\n  Y(i) = !X(i)\n}\n", "f", "X=3", NULL, NF_ETYPE,
+     "t.nf:2:10: error: ", "'!' needs a condition (bool)"},
+    {"def f(X: f32[N]) -> (Y: f32[N]) {\n  Y(i) = X(i) && X(i)\n}\n", "f", "X=3", NULL, NF_ETYPE,
+     "t.nf:2:10: error: ", "the operands of '&&' must be conditions (bool), not f32"},
+    {"def f(X: f32[N]) -> (Y: f32[N // 0]) {\n  Y(i) = 1.0\n}\n", "f", "X=3", NULL, NF_ERANGE,
+     "t.nf:1:29: error: ", "division by zero in a size expression"},
+    {"def f(X: f32[N]) -> (Y: f32[N]) {\n  for t in 0:2 {\n    Y(i) = X(i)\n  }\n}\n", "f", "X=3",
+     NULL, NF_ETYPE, "t.nf:3:5: error: ", "tensor 'Y' is already defined"},
+    {"def f(X: f32[N]) -> (Y: f32[N]) {\n  X(i) = 1.0\n  Y = X\n}\n", NULL, NULL, NULL, NF_ETYPE,
+     "t.nf:1:7: error: ", "input 'X' is assigned in the body (inputs are read-only)"},
+};
+
+START_TEST(lang_bad_uses) {
+  const bad_case *c = &bad[_i];
+  char *msg = NULL;
+  int rc = try_inst(c->src, c->def, c->shapes, c->params, &msg, NULL);
+  if (rc != c->status || strncmp(msg, c->where, strlen(c->where)) != 0 ||
+      !strstr(msg, c->msg))
+    ck_abort_msg("case %d: status %s, message:\n%s\nexpected %s at '%s' with '%s'", _i,
+                 nf_status_name(rc), msg, nf_status_name(c->status), c->where, c->msg);
+  /* Every located error shows the source line and a caret. */
+  ck_assert_ptr_nonnull(strstr(msg, "\n  ^") ? strstr(msg, "\n  ^") : strstr(msg, "^\n"));
+  free(msg);
+}
+END_TEST
+
+static nf_graph *inst_ok(nf_module *m, nf_ir_ctx *ctx, const char *def,
+                         const char *shapes, const char *params) {
+  spec s;
+  parse_spec(&s, shapes, params);
+  nf_inst_opts o = {s.n_shapes, s.shapes, s.n_params, s.pnames, s.pvals};
+  nf_diag *d = nf_diag_new();
+  nf_graph *g = NULL;
+  int rc = nf_module_instantiate(m, def, &o, ctx, &g, d);
+  if (rc) ck_abort_msg("instantiating %s: %s", def, nf_diag_text(d));
+  nf_diag_free(d);
+  return g;
+}
+
+static nf_module *load_src(const char *src) {
+  nf_module *m = nf_module_new();
+  nf_diag *d = nf_diag_new();
+  int rc = nf_module_load_source(m, "t.nf", src, d);
+  if (rc) ck_abort_msg("load: %s", nf_diag_text(d));
+  nf_diag_free(d);
+  return m;
+}
+
+START_TEST(lang_weak_literals_take_context_type) {
+  nf_module *m = load_src(
+      "def f(X: f64[N]) -> (Y: f64[N]) {\n  Y(i) = X(i) * 0.1 + 1.0 / 3.0\n}\n"
+      "def g(X: f32[N]) -> (Y: f32[N]) {\n  Y(i) = exp(X(i)) * 2\n}\n"
+      "def h(X: i32[N]) -> (Y: f32[N]) {\n  Y(i) = X(i) * 0.5\n}\n");
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  nf_graph *g = inst_ok(m, ctx, "f", "X=3", NULL);
+  const nf_expr *r = g->stmts[0].rhs;
+  ck_assert_int_eq(r->op, NF_OP_ADD);
+  ck_assert_int_eq(r->dtype, NF_F64);
+  ck_assert_int_eq(r->args[0]->args[1]->op, NF_OP_CONST);
+  ck_assert(r->args[0]->args[1]->u.f == 0.1);      /* exactly the double */
+  ck_assert(r->args[1]->u.f == 1.0 / 3.0);         /* folded in double */
+  g = inst_ok(m, ctx, "g", "X=3", NULL);
+  ck_assert_int_eq(g->stmts[0].rhs->dtype, NF_F32);
+  ck_assert_int_eq(g->stmts[0].rhs->args[1]->dtype, NF_F32);
+  ck_assert(g->stmts[0].rhs->args[1]->u.f == 2.0);
+  g = inst_ok(m, ctx, "h", "X=3", NULL);
+  /* i32 * weak float -> f32 multiply of a cast */
+  ck_assert_int_eq(g->stmts[0].rhs->op, NF_OP_MUL);
+  ck_assert_int_eq(g->stmts[0].rhs->args[0]->op, NF_OP_CAST);
+  nf_ir_ctx_free(ctx);
+  nf_module_free(m);
+}
+END_TEST
+
+START_TEST(lang_packs_bind_and_expand) {
+  nf_module *m = load_src(
+      "def sum_all(X: f32[*S]) -> (L: f32[]) {\n  L() +=! X(*i)\n}\n"
+      "def badd(X: f32[*B, *S], Y: f32[*S]) -> (Z: f32[*B, *S]) {\n"
+      "  Z(*b, *s) = X(*b, *s) + Y(*s)\n}\n");
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  nf_graph *g = inst_ok(m, ctx, "sum_all", "X=2,3,4", NULL);
+  ck_assert_int_eq(g->n_stmts, 1);
+  ck_assert_int_eq(g->stmts[0].n_red, 3);
+  ck_assert_int_eq(g->stmts[0].red_ext[2], 4);
+  g = inst_ok(m, ctx, "badd", "X=2,3,4;Y=3,4", NULL);
+  const nf_tensor *z = &g->tensors[g->outputs[0]];
+  ck_assert_int_eq(z->rank, 3);
+  ck_assert_int_eq(z->shape[0], 2);
+  ck_assert_int_eq(z->shape[2], 4);
+  g = inst_ok(m, ctx, "badd", "X=2,3,4;Y=4", NULL);
+  ck_assert_int_eq(g->stmts[0].rhs->args[1]->n_args, 1);
+  nf_ir_ctx_free(ctx);
+  nf_module_free(m);
+}
+END_TEST
+
+START_TEST(lang_loops_families_and_calls_expand) {
+  nf_module *m = load_src(
+      "def step(H: f32[N], X: f32[N]) -> (H2: f32[N]) {\n"
+      "  T(i) = H(i) * 0.5 + X(i)\n"
+      "  H2(i) = tanh(T(i))\n}\n"
+      "def run<steps = 3>(H0: f32[N], X: f32[N]) -> (H: f32[N]) {\n"
+      "  S[0] = H0\n"
+      "  for t in 0:steps {\n"
+      "    S[t + 1] = step(S[t], X)\n"
+      "  }\n"
+      "  H = S[steps]\n}\n");
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  nf_graph *g = inst_ok(m, ctx, "run", "H0=5;X=5", "steps=4");
+  /* copy + 4 x (T, H2) + final copy */
+  ck_assert_int_eq(g->n_stmts, 1 + 4 * 2 + 1);
+  nf_array in[2], out[1];
+  int64_t shape[1] = {5};
+  for (int k = 0; k < 2; k++) {
+    ck_assert_int_eq(nf_array_alloc(&in[k], NF_F64, 1, shape), NF_OK);
+    for (int j = 0; j < 5; j++) ((double *)in[k].data)[j] = 0.1 * (j + 1) * (k ? -1 : 1);
+  }
+  nf_buf err = NF_BUF_INIT;
+  ck_assert_int_eq(nf_interp_run(g, in, NF_INTERP_F64, out, &err), NF_OK);
+  for (int j = 0; j < 5; j++) {
+    double h = 0.1 * (j + 1), x = -0.1 * (j + 1);
+    for (int t = 0; t < 4; t++) h = tanh(h * 0.5 + x);
+    ck_assert_double_eq_tol(((double *)out[0].data)[j], h, 1e-12);
+  }
+  nf_buf_free(&err);
+  nf_array_free(&in[0]);
+  nf_array_free(&in[1]);
+  nf_array_free(&out[0]);
+  nf_ir_ctx_free(ctx);
+  nf_module_free(m);
+}
+END_TEST
+
+START_TEST(lang_guards_allow_padded_access) {
+  char *msg;
+  int rc = try_inst(
+      "def pad<p = 1>(X: f32[N]) -> (Y: f32[N + 2 * p]) {\n"
+      "  Y(i) = i - p >= 0 && i - p < N ? X(i - p) : 0.0\n}\n"
+      "def shift(X: f32[N]) -> (Y: f32[N]) {\n"
+      "  Y(i) = i > 0 ? X(i - 1) : X(i)\n}\n",
+      "pad", "X=4", "p=2", &msg, NULL);
+  ck_assert_msg(rc == NF_OK, "%s", msg);
+  free(msg);
+  rc = try_inst(
+      "def shift(X: f32[N]) -> (Y: f32[N]) {\n  Y(i) = i > 0 ? X(i - 1) : X(i)\n}\n",
+      "shift", "X=4", NULL, &msg, NULL);
+  ck_assert_msg(rc == NF_OK, "%s", msg);
+  free(msg);
+  /* The wrong branch is still checked. */
+  rc = try_inst(
+      "def shift(X: f32[N]) -> (Y: f32[N]) {\n  Y(i) = i > 0 ? X(i) : X(i - 1)\n}\n",
+      "shift", "X=4", NULL, &msg, NULL);
+  ck_assert_int_eq(rc, NF_EBOUNDS);
+  free(msg);
+}
+END_TEST
+
+START_TEST(lang_hash_ignores_names_and_sees_structure) {
+  uint8_t h1[32], h2[32], h3[32], h4[32], h5[32];
+  char *msg;
+  ck_assert_int_eq(try_inst(MATMUL, "matmul", "A=7,13;B=13,5", NULL, &msg, h1), NF_OK);
+  free(msg);
+  ck_assert_int_eq(
+      try_inst("def mm(P: f32[R, Q], Z: f32[Q, T]) -> (Out: f32[R, T]) {\n"
+               "  Out(a, b) +=! P(a, r) * Z(r, b)\n}\n",
+               "mm", "P=7,13;Z=13,5", NULL, &msg, h2),
+      NF_OK);
+  free(msg);
+  ck_assert_mem_eq(h1, h2, 32);
+  ck_assert_int_eq(try_inst(MATMUL, "matmul", "A=7,13;B=13,6", NULL, &msg, h3), NF_OK);
+  free(msg);
+  ck_assert(memcmp(h1, h3, 32) != 0);
+  ck_assert_int_eq(
+      try_inst("def matmul(A: f32[M, K], B: f32[K, N]) -> (C: f32[M, N]) {\n"
+               "  C(i, j) max=! A(i, k) * B(k, j)\n}\n",
+               "matmul", "A=7,13;B=13,5", NULL, &msg, h4),
+      NF_OK);
+  free(msg);
+  ck_assert(memcmp(h1, h4, 32) != 0);
+  ck_assert_int_eq(
+      try_inst("def matmul(A: f64[M, K], B: f64[K, N]) -> (C: f64[M, N]) {\n"
+               "  C(i, j) +=! A(i, k) * B(k, j)\n}\n",
+               "matmul", "A=7,13;B=13,5", NULL, &msg, h5),
+      NF_OK);
+  free(msg);
+  ck_assert(memcmp(h1, h5, 32) != 0);
+}
+END_TEST
+
+/* Instantiates def, prints the graph, parses and instantiates the print,
+ * and compares hashes. */
+static void round_trip(nf_module *m, const char *def, const char *shapes,
+                       const char *params) {
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  nf_graph *g = inst_ok(m, ctx, def, shapes, params);
+  nf_buf text = NF_BUF_INIT;
+  ck_assert_int_eq(nf_graph_print(g, &text), NF_OK);
+  uint8_t h1[32], h2[32];
+  ck_assert_int_eq(nf_graph_hash(g, h1), NF_OK);
+  nf_module *m2 = nf_module_new();
+  nf_diag *d = nf_diag_new();
+  int rc = nf_module_load_source(m2, "printed.nf", nf_buf_str(&text), d);
+  if (rc) ck_abort_msg("%s: printed graph does not load:\n%s\n%s", def, nf_diag_text(d),
+                       nf_buf_str(&text));
+  nf_ir_ctx *ctx2 = nf_ir_ctx_new();
+  nf_graph *g2 = NULL;
+  rc = nf_module_instantiate(m2, nf_module_def_name(m2, 0), NULL, ctx2, &g2, d);
+  if (rc) ck_abort_msg("%s: printed graph does not instantiate:\n%s\n%s", def,
+                       nf_diag_text(d), nf_buf_str(&text));
+  ck_assert_int_eq(nf_graph_hash(g2, h2), NF_OK);
+  if (memcmp(h1, h2, 32) != 0) {
+    nf_buf t2 = NF_BUF_INIT;
+    nf_graph_print(g2, &t2);
+    ck_abort_msg("%s: hash changed through printing:\n%s\n--- reprinted:\n%s", def,
+                 nf_buf_str(&text), nf_buf_str(&t2));
+  }
+  nf_buf_free(&text);
+  nf_diag_free(d);
+  nf_ir_ctx_free(ctx2);
+  nf_module_free(m2);
+  nf_ir_ctx_free(ctx);
+}
+
+static nf_module *load_path(const char *dir, const char *file) {
+  char path[1024];
+  snprintf(path, sizeof path, "%s/%s", dir, file);
+  nf_module *m = nf_module_new();
+  nf_diag *d = nf_diag_new();
+  int rc = nf_module_load_file(m, path, d);
+  if (rc) ck_abort_msg("load %s: %s", path, nf_diag_text(d));
+  nf_diag_free(d);
+  return m;
+}
+
+static const char *lib_dir(void) {
+  const char *l = getenv("NEOFLOW_LIB");
+  return l ? l : "lib";
+}
+
+START_TEST(lang_graph_print_round_trips_library) {
+  nf_module *m = load_path(lib_dir(), "nn.nf");
+  round_trip(m, "matmul", "A=7,13;B=13,5", NULL);
+  round_trip(m, "conv2d", "I=2,6,11,11;W=6,2,3,3", "stride=2;pad=2;dilation=2;groups=3");
+  round_trip(m, "max_pool2d", "X=2,3,9,9", "kernel=3;stride=2;pad=1");
+  round_trip(m, "avg_pool2d", "X=2,3,9,9", "kernel=3;stride=2;pad=1");
+  round_trip(m, "softmax", "X=3,7", NULL);
+  round_trip(m, "log_softmax", "X=3,7", NULL);
+  round_trip(m, "cross_entropy", "logits=4,7;labels=4", NULL);
+  round_trip(m, "layer_norm", "X=3,5,7;gamma=7;beta=7", NULL);
+  round_trip(m, "batch_norm", "X=2,3,4,5;gamma=3;beta=3", NULL);
+  round_trip(m, "gelu", "X=3,5", NULL);
+  round_trip(m, "squash", "S=3,5,7", NULL);
+  round_trip(m, "permute", "X=2,3,4,5", "p0=2;p1=0;p2=3;p3=1");
+  round_trip(m, "embedding", "table=9,4;idx=3,5", NULL);
+  round_trip(m, "linear", "X=3,5;W=4,5;b=4", NULL);
+  nf_module_free(m);
+}
+END_TEST
+
+START_TEST(lang_graph_print_round_trips_examples) {
+  char dir[1024];
+  snprintf(dir, sizeof dir, "%s/../examples", lib_dir());
+  nf_module *m = load_path(dir, "models.nf");
+  round_trip(m, "lltm_8", NULL, NULL);
+  round_trip(m, "capsule_routing", NULL, NULL);
+  round_trip(m, "mobilenet_block", NULL, NULL);
+  nf_module_free(m);
+}
+END_TEST
+
+START_TEST(lang_signatures_and_imports) {
+  char dir[1024];
+  snprintf(dir, sizeof dir, "%s/../examples", lib_dir());
+  nf_module *m = load_path(dir, "models.nf");
+  ck_assert_int_eq(nf_module_n_defs(m), 4); /* imports are not listed */
+  ck_assert(nf_module_has_def(m, "conv2d"));
+  nf_buf b = NF_BUF_INIT;
+  ck_assert_int_eq(nf_module_def_signature(m, "conv2d", &b), NF_OK);
+  ck_assert_str_eq(nf_buf_str(&b),
+                   "conv2d<stride = 1, pad = 0, dilation = 1, groups = 1>(I: f32[N, C, H, Wd], "
+                   "W: f32[K, CG, R, S]) -> (O: f32[N, K, OH, OW])");
+  nf_buf_free(&b);
+  nf_module_free(m);
+}
+END_TEST
+
+static Suite *suite(void) {
+  Suite *s = suite_create("lang");
+  TCase *tc = tcase_create("core");
+  tcase_set_timeout(tc, 120);
+  tcase_add_loop_test(tc, lang_bad_uses, 0, (int)(sizeof bad / sizeof bad[0]));
+  tcase_add_test(tc, lang_weak_literals_take_context_type);
+  tcase_add_test(tc, lang_packs_bind_and_expand);
+  tcase_add_test(tc, lang_loops_families_and_calls_expand);
+  tcase_add_test(tc, lang_guards_allow_padded_access);
+  tcase_add_test(tc, lang_hash_ignores_names_and_sees_structure);
+  tcase_add_test(tc, lang_graph_print_round_trips_library);
+  tcase_add_test(tc, lang_graph_print_round_trips_examples);
+  tcase_add_test(tc, lang_signatures_and_imports);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) {
+  SRunner *r = srunner_create(suite());
+  srunner_run_all(r, CK_NORMAL);
+  int failed = srunner_ntests_failed(r);
+  srunner_free(r);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
