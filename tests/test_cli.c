@@ -1,0 +1,260 @@
+/* test_cli.c - the `neoflow` tool as a user runs it: exit statuses, the
+ * located messages for bad input (source files, options, .npy files),
+ * outputs written as .npy, hashes independent of names. */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "nf_npy.h"
+
+static char tmpdir[256];
+
+static const char *tool(void) {
+  const char *t = getenv("NF_NEOFLOW");
+  return t ? t : "client/neoflow";
+}
+
+static void write_file(const char *name, const void *data, size_t n) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/%s", tmpdir, name);
+  FILE *f = fopen(path, "wb");
+  ck_assert_ptr_nonnull(f);
+  ck_assert_uint_eq(fwrite(data, 1, n, f), n);
+  fclose(f);
+}
+
+static void write_text(const char *name, const char *text) {
+  write_file(name, text, strlen(text));
+}
+
+/* Runs `neoflow ARGS` in tmpdir; returns the exit status and the combined
+ * output in *out (malloc'ed). */
+static int run(char **out, const char *args) {
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd, "cd '%s' && '%s' %s 2>&1", tmpdir, tool(), args);
+  FILE *p = popen(cmd, "r");
+  ck_assert_ptr_nonnull(p);
+  size_t cap = 1 << 16, len = 0;
+  char *buf = malloc(cap);
+  size_t n;
+  while ((n = fread(buf + len, 1, cap - len - 1, p)) > 0) {
+    len += n;
+    if (len + 1 >= cap) {
+      cap *= 2;
+      buf = realloc(buf, cap);
+    }
+  }
+  buf[len] = 0;
+  int st = pclose(p);
+  *out = buf;
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+static void setup(void) {
+  snprintf(tmpdir, sizeof tmpdir, "/tmp/nf_cli_XXXXXX");
+  ck_assert_ptr_nonnull(mkdtemp(tmpdir));
+  write_text("mm.nf",
+             "# matmul with a relu epilogue\n"
+             "def mm(A: f32[M, K], B: f32[K, N]) -> (C: f32[M, N]) {\n"
+             "  T(i, j) +=! A(i, k) * B(k, j)\n"
+             "  C(i, j) = max(T(i, j), 0.0)\n"
+             "}\n");
+}
+
+static void teardown(void) {
+  char cmd[512];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+  ck_assert_int_eq(system(cmd), 0);
+}
+
+static void expect(const char *args, int status, const char *needle) {
+  char *out;
+  int rc = run(&out, args);
+  if (rc != status || !strstr(out, needle))
+    ck_abort_msg("neoflow %s: exit %d (want %d), output:\n%s\n(wanted '%s')", args, rc,
+                 status, out, needle);
+  free(out);
+}
+
+START_TEST(cli_check_prints_signatures) {
+  expect("check mm.nf", 0, "mm(A: f32[M, K], B: f32[K, N]) -> (C: f32[M, N])\nmm.nf: 1 def ok");
+  expect("check mm.nf mm --shape A=3,4 --shape B=4,5", 0, "mm: 4 tensors, 2 statements: ok");
+}
+END_TEST
+
+START_TEST(cli_syntax_error_is_located) {
+  write_text("bad.nf", "def f(X: f32[N]) -> (Y: f32[N]) {\n  Y(i) = X(i +)\n}\n");
+  char *out;
+  ck_assert_int_eq(run(&out, "check bad.nf"), 1);
+  ck_assert_msg(strstr(out, "bad.nf:2:15: error: "), "%s", out);
+  ck_assert_msg(strstr(out, "    Y(i) = X(i +)\n                ^"), "%s", out);
+  free(out);
+}
+END_TEST
+
+START_TEST(cli_bad_uses_fail_cleanly) {
+  expect("check nothere.nf", 1, "cannot open 'nothere.nf': No such file or directory");
+  expect("hash mm.nf nope --shape A=1,2", 1, "mm.nf: error: no def named 'nope' (defined here: mm)");
+  expect("hash mm.nf mm --shape A=3,4 --shape B=5,6", 1,
+         "sizes disagree: 'K' is 4 from input A, dimension 1 but 5 from input B, dimension 0");
+  expect("hash mm.nf mm --shape A=3,4", 1, "no shape given for input 'B' of mm");
+  expect("hash mm.nf mm --shape A=3,x", 2, "--shape: 'x' is not a dimension");
+  expect("eval mm.nf mm --param 3", 2, "--param wants NAME=INTEGER");
+  expect("frobnicate mm.nf", 2, "unknown command 'frobnicate'");
+  expect("eval mm.nf mm --bogus", 2, "unknown option '--bogus'");
+  expect("eval mm.nf mm --shape A=3,4 --shape B=4,5 --shape Z=1", 1, "mm has no input named 'Z'");
+  expect("eval", 2, "usage");
+}
+END_TEST
+
+/* A minimal .npy writer for fixtures (independent of nf_npy_write). */
+static void npy_fixture(const char *name, const char *descr, const char *shape,
+                        const void *data, size_t n, size_t cut) {
+  char hdr[128];
+  int hl = snprintf(hdr, sizeof hdr, "{'descr': '%s', 'fortran_order': False, 'shape': %s, }",
+                    descr, shape);
+  int total = 10 + hl + 1;
+  int pad = (64 - total % 64) % 64;
+  unsigned char buf[4096];
+  size_t len = 0;
+  memcpy(buf, "\x93NUMPY\x01\x00", 8);
+  len = 8;
+  unsigned short hlen = (unsigned short)(hl + pad + 1);
+  buf[len++] = (unsigned char)(hlen & 0xff);
+  buf[len++] = (unsigned char)(hlen >> 8);
+  memcpy(buf + len, hdr, (size_t)hl);
+  len += (size_t)hl;
+  memset(buf + len, ' ', (size_t)pad);
+  len += (size_t)pad;
+  buf[len++] = '\n';
+  memcpy(buf + len, data, n);
+  len += n;
+  write_file(name, buf, len - cut);
+}
+
+START_TEST(cli_bad_npy_is_reported) {
+  float a[6] = {1, 2, 3, 4, 5, 6};
+  npy_fixture("trunc.npy", "<f4", "(2, 3)", a, sizeof a, 8);
+  expect("eval mm.nf mm --in A=trunc.npy --shape B=3,2", 1, "trunc.npy");
+  expect("eval mm.nf mm --in A=trunc.npy --shape B=3,2", 1, "truncated");
+  write_text("garbage.npy", "this is not numpy");
+  expect("eval mm.nf mm --in A=garbage.npy --shape B=3,2", 1, "garbage.npy");
+  npy_fixture("fort.npy", "<f4", "(2, 3)", a, sizeof a, 0);
+  expect("eval mm.nf mm --in A=missing.npy --shape B=3,2", 1, "missing.npy");
+  /* A float array for an integer tensor needs a cast: refused. */
+  write_text("lab.nf",
+             "def pick(X: f32[N, C], L: i64[N]) -> (Y: f32[N]) {\n"
+             "  Y(n) = X(n, L(n))\n}\n");
+  float l[2] = {0, 1};
+  npy_fixture("lab.npy", "<f4", "(2,)", l, sizeof l, 0);
+  expect("eval lab.nf pick --shape X=2,3 --in L=lab.npy", 1, "");
+  /* An index out of range in the data is a run-time error, not a crash. */
+  long long bad[2] = {0, 7};
+  npy_fixture("labbad.npy", "<i8", "(2,)", bad, sizeof bad, 0);
+  expect("eval lab.nf pick --shape X=2,3 --in L=labbad.npy", 1, "out of bounds");
+}
+END_TEST
+
+START_TEST(cli_eval_writes_outputs) {
+  float a[6] = {1, -2, 3, 4, 5, -6}, b[6] = {0.5f, -1, 2, 0.25f, -0.5f, 1};
+  npy_fixture("a.npy", "<f4", "(2, 3)", a, sizeof a, 0);
+  npy_fixture("b.npy", "<f4", "(3, 2)", b, sizeof b, 0);
+  char *out;
+  ck_assert_int_eq(run(&out, "eval mm.nf mm --in A=a.npy --in B=b.npy --out res"), 0);
+  ck_assert_msg(strstr(out, "C: f32[2, 2] l2="), "%s", out);
+  free(out);
+  char path[512];
+  snprintf(path, sizeof path, "%s/res/C.npy", tmpdir);
+  nf_array c;
+  nf_buf err = NF_BUF_INIT;
+  ck_assert_int_eq(nf_npy_read(path, &c, &err), 0);
+  ck_assert_int_eq(c.dtype, NF_F32);
+  ck_assert_int_eq(c.rank, 2);
+  for (int i = 0; i < 2; i++)
+    for (int j = 0; j < 2; j++) {
+      float s = 0;
+      for (int k = 0; k < 3; k++) s += a[i * 3 + k] * b[k * 2 + j];
+      if (s < 0) s = 0;
+      ck_assert_float_eq_tol(((float *)c.data)[i * 2 + j], s, 1e-6);
+    }
+  nf_array_free(&c);
+  nf_buf_free(&err);
+  /* Random inputs are reproducible by seed and saved for reuse. */
+  char *o1, *o2, *o3;
+  ck_assert_int_eq(run(&o1, "eval mm.nf mm --shape A=5,7 --shape B=7,3 --seed 9 --out r2"), 0);
+  ck_assert_int_eq(run(&o2, "eval mm.nf mm --shape A=5,7 --shape B=7,3 --seed 9"), 0);
+  ck_assert_int_eq(run(&o3, "eval mm.nf mm --in A=r2/inputs/A.npy --in B=r2/inputs/B.npy"), 0);
+  ck_assert_str_eq(o1, o2);
+  ck_assert_str_eq(o1, o3);
+  free(o1);
+  free(o2);
+  free(o3);
+}
+END_TEST
+
+START_TEST(cli_hash_ignores_names) {
+  write_text("mm2.nf",
+             "def other(P: f32[R, Q], Z: f32[Q, S]) -> (Out: f32[R, S]) {\n"
+             "  acc(a, b) +=! P(a, r) * Z(r, b)\n"
+             "  Out(a, b) = max(acc(a, b), 0.0)\n"
+             "}\n");
+  char *h1, *h2, *h3;
+  ck_assert_int_eq(run(&h1, "hash mm.nf mm --shape A=3,4 --shape B=4,5"), 0);
+  ck_assert_int_eq(run(&h2, "hash mm2.nf other --shape P=3,4 --shape Z=4,5"), 0);
+  ck_assert_int_eq(run(&h3, "hash mm.nf mm --shape A=3,4 --shape B=4,6"), 0);
+  ck_assert_uint_eq(strlen(h1), 65);
+  ck_assert_str_eq(h1, h2);
+  ck_assert_str_ne(h1, h3);
+  free(h1);
+  free(h2);
+  free(h3);
+}
+END_TEST
+
+START_TEST(cli_print_reparses) {
+  char *out, *again;
+  ck_assert_int_eq(run(&out, "print mm.nf"), 0);
+  write_text("printed.nf", out);
+  ck_assert_int_eq(run(&again, "print printed.nf"), 0);
+  ck_assert_str_eq(out, again);
+  free(out);
+  free(again);
+  char *g, *h1, *h2;
+  ck_assert_int_eq(run(&g, "print mm.nf mm --shape A=3,4 --shape B=4,5"), 0);
+  write_text("flat.nf", g);
+  ck_assert_int_eq(run(&h1, "hash flat.nf mm"), 0);
+  ck_assert_int_eq(run(&h2, "hash mm.nf mm --shape A=3,4 --shape B=4,5"), 0);
+  ck_assert_str_eq(h1, h2);
+  free(g);
+  free(h1);
+  free(h2);
+}
+END_TEST
+
+static Suite *suite(void) {
+  Suite *s = suite_create("cli");
+  TCase *tc = tcase_create("core");
+  tcase_add_checked_fixture(tc, setup, teardown);
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, cli_check_prints_signatures);
+  tcase_add_test(tc, cli_syntax_error_is_located);
+  tcase_add_test(tc, cli_bad_uses_fail_cleanly);
+  tcase_add_test(tc, cli_bad_npy_is_reported);
+  tcase_add_test(tc, cli_eval_writes_outputs);
+  tcase_add_test(tc, cli_hash_ignores_names);
+  tcase_add_test(tc, cli_print_reparses);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) {
+  SRunner *r = srunner_create(suite());
+  srunner_run_all(r, CK_NORMAL);
+  int failed = srunner_ntests_failed(r);
+  srunner_free(r);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
