@@ -140,8 +140,11 @@ int nf_ir_ctx_oom(const nf_ir_ctx *ctx);
 
 /* Constructors.  All return the unique (hash-consed) node, or NULL only on
  * allocation failure.  Typing rules are NF_ASSERTed (see above). */
-const nf_expr *nf_e_const_i(nf_ir_ctx *ctx, nf_dtype t, int64_t v); /* bool/int */
-const nf_expr *nf_e_const_f(nf_ir_ctx *ctx, nf_dtype t, double v);  /* floats */
+/* Integer or bool constant: bools normalise to 0/1; an i32 value must fit
+ * in 32 bits (asserted). */
+const nf_expr *nf_e_const_i(nf_ir_ctx *ctx, nf_dtype t, int64_t v);
+/* Float constant, rounded to its dtype (f16/bf16 round to nearest even). */
+const nf_expr *nf_e_const_f(nf_ir_ctx *ctx, nf_dtype t, double v);
 const nf_expr *nf_e_var(nf_ir_ctx *ctx, uint32_t var);              /* i64 */
 const nf_expr *nf_e_access(nf_ir_ctx *ctx, uint32_t tensor, nf_dtype t,
                            int n_idx, const nf_expr *const *idx);
@@ -225,8 +228,10 @@ int64_t nf_tensor_numel(const nf_tensor *t);
 /* ---- canonical encoding and hashing ---- */
 
 /* Appends the canonical binary encoding of g to out: versioned, names
- * excluded, tensors and variables by position, expressions as a DAG in
- * first-visit order.  Equal encodings <=> structurally equal graphs. */
+ * excluded, variables by position, tensors numbered canonically (inputs in
+ * input order, then each statement's output in statement order, whatever
+ * their ids), expressions as a DAG in first-visit order.  Equal encodings
+ * <=> structurally equal graphs. */
 int nf_graph_encode(const nf_graph *g, nf_buf *out);
 /* SHA-256 of the canonical encoding (32 bytes). */
 int nf_graph_hash(const nf_graph *g, uint8_t digest[32]);
@@ -246,7 +251,8 @@ typedef struct nf_affine {
 
 /* Returns 1 and fills *out when e (an integer expression) is affine in the
  * index variables (built from VAR, integer CONST, +, -, unary -, and * by a
- * constant), 0 when it is not, NF_EOVERFLOW when a coefficient overflows. */
+ * constant), 0 when it is not (or has more than NF_MAX_VARS variables),
+ * NF_EOVERFLOW when a coefficient overflows, NF_ENOMEM. */
 int nf_expr_affine(const nf_expr *e, nf_affine *out);
 /* Builds the canonical i64 expression of an affine form: terms in variable
  * order, then the constant. */
@@ -274,8 +280,10 @@ int nf_expr_bounds(const nf_expr *e, const nf_range *ranges, int n_vars,
 const nf_expr *nf_simplify(nf_ir_ctx *ctx, const nf_expr *e,
                            const nf_range *ranges, int n_vars);
 
-/* Calls fn on e and every sub-expression once (post-order, DAG-aware). */
-void nf_expr_visit(const nf_expr *e,
+/* Calls fn on e and every sub-expression once (post-order, DAG-aware).
+ * Returns NF_OK, or NF_ENOMEM when its scratch memory ran out (the walk
+ * then stopped early). */
+int nf_expr_visit(const nf_expr *e,
                    void (*fn)(const nf_expr *e, void *user), void *user);
 
 #endif

@@ -351,18 +351,18 @@ static void round_trip(nf_module *m, const char *def, const char *shapes,
   nf_module *m2 = nf_module_new();
   nf_diag *d = nf_diag_new();
   int rc = nf_module_load_source(m2, "printed.nf", nf_buf_str(&text), d);
-  if (rc) ck_abort_msg("%s: printed graph does not load:\n%s\n%s", def, nf_diag_text(d),
-                       nf_buf_str(&text));
+  if (rc) ck_abort_msg("%s: printed graph does not load:\n%.1500s\n%.1500s", def,
+                       nf_diag_text(d), nf_buf_str(&text));
   nf_ir_ctx *ctx2 = nf_ir_ctx_new();
   nf_graph *g2 = NULL;
   rc = nf_module_instantiate(m2, nf_module_def_name(m2, 0), NULL, ctx2, &g2, d);
-  if (rc) ck_abort_msg("%s: printed graph does not instantiate:\n%s\n%s", def,
+  if (rc) ck_abort_msg("%s: printed graph does not instantiate:\n%.1500s\n%.1500s", def,
                        nf_diag_text(d), nf_buf_str(&text));
   ck_assert_int_eq(nf_graph_hash(g2, h2), NF_OK);
   if (memcmp(h1, h2, 32) != 0) {
     nf_buf t2 = NF_BUF_INIT;
     nf_graph_print(g2, &t2);
-    ck_abort_msg("%s: hash changed through printing:\n%s\n--- reprinted:\n%s", def,
+    ck_abort_msg("%s: hash changed through printing:\n%.1500s\n--- reprinted:\n%.1500s", def,
                  nf_buf_str(&text), nf_buf_str(&t2));
   }
   nf_buf_free(&text);

@@ -1467,6 +1467,51 @@ static int emit_stmt(inst *I, nf_stmt *s, nf_loc loc) {
   return NF_OK;
 }
 
+static void mark_vars(const nf_expr *e, void *user) {
+  if (e->op == NF_OP_VAR && e->u.var < NF_MAX_VARS) ((char *)user)[e->u.var] = 1;
+}
+
+static const nf_expr *renumber(nf_ir_ctx *ctx, const nf_expr *e,
+                               const int *map) {
+  if (e->op == NF_OP_VAR) return nf_e_var(ctx, (uint32_t)map[e->u.var]);
+  if (e->n_args == 0) return e;
+  const nf_expr *args[NF_MAX_RANK > 3 ? NF_MAX_RANK : 3];
+  for (int k = 0; k < e->n_args; k++) {
+    args[k] = renumber(ctx, e->args[k], map);
+    if (!args[k]) return NULL;
+  }
+  return nf_e_rebuild(ctx, e, args);
+}
+
+/* A reduction variable with a one-element range that the simplifier
+ * substituted away is dropped (folding one element from the identity is
+ * what a statement without it computes), so the statement prints as text
+ * that reads back: the language rejects a range for an unused variable. */
+static int drop_unit_vars(elab *E, nf_stmt *s, int n_out) {
+  char used[NF_MAX_VARS] = {0};
+  nf_expr_visit(s->rhs, mark_vars, used);
+  int map[NF_MAX_VARS], n = n_out, dropped = 0;
+  for (int v = 0; v < n_out; v++) map[v] = v;
+  for (int r = 0; r < s->n_red; r++) {
+    int v = n_out + r;
+    if (!used[v] && s->red_ext[r] == 1) {
+      map[v] = -1;
+      dropped = 1;
+      continue;
+    }
+    map[v] = n;
+    s->red_lo[n - n_out] = s->red_lo[r];
+    s->red_ext[n - n_out] = s->red_ext[r];
+    s->var_names[n] = s->var_names[v];
+    n++;
+  }
+  if (!dropped) return NF_OK;
+  for (int v = n; v < n_out + s->n_red; v++) s->var_names[v] = NULL;
+  s->n_red = (uint8_t)(n - n_out);
+  s->rhs = renumber(E->ctx, s->rhs, map);
+  return s->rhs ? NF_OK : oom(E);
+}
+
 static int do_elem(inst *I, const nf_ast_stmt *st) {
   elab *E = I->E;
   int rc;
@@ -1733,6 +1778,7 @@ static int do_elem(inst *I, const nf_ast_stmt *st) {
     s.var_names[v] = nf_arena_strdup(nf_ir_ctx_arena(E->ctx), var_desc(S, v));
   s.rhs = nf_simplify(E->ctx, rhs, empty ? NULL : base, empty ? 0 : S->n_vars);
   if (!s.rhs) return oom(E);
+  if ((rc = drop_unit_vars(E, &s, S->n_out))) return rc;
   if ((rc = emit_stmt(I, &s, st->loc))) return rc;
   te->defined = 1;
   return NF_OK;
