@@ -24,6 +24,10 @@ run eval examples/models.nf lltm_8 --seed 7
 run eval examples/models.nf capsule_routing --seed 7
 run eval examples/models.nf mobilenet_block --seed 7
 run hash examples/models.nf capsule_routing
-echo "== the instantiated LLTM cell as a flat graph (first lines)"
-$NF print examples/models.nf lltm_cell | head -n 12
+echo "== the LLTM cell instantiated as a flat graph (calls expanded)"
+$NF print examples/models.nf lltm_cell --shape X=4,16 --shape H=4,32 \
+    --shape C=4,32 --shape W=96,48 --shape b=96 | sed -n '1,12p'
+echo
+echo "== the library against NumPy (tests/numpy_check.py)"
+python3 tests/numpy_check.py "$NF" lib/nn.nf | tail -n 4
 echo "demo: done"
