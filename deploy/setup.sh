@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# deploy/setup.sh - installs what NeoFlow needs on Debian 12 (idempotent:
-# quick when everything is there), then configures the build directory.
+# deploy/setup.sh [EXTRA-PACKAGE...] - installs what NeoFlow needs on
+# Debian 12 (idempotent: quick when everything is there), plus any extra
+# packages named, then configures the build directory.
 #
 #   BUILD_DIR   build directory (default: build)
 #   NF_WERROR   1 (default in CI) to configure with -Dwerror=true
@@ -8,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PKGS=(meson ninja-build pkg-config gcc g++ check libsubunit-dev libsodium-dev
-      python3 python3-numpy)
+      python3 python3-numpy "$@")
 
 missing=()
 for p in "${PKGS[@]}"; do

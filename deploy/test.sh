@@ -6,7 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export NF_WERROR=${NF_WERROR:-1}
-./deploy/setup.sh
+# clang and its runtime build the parser's libFuzzer target.
+./deploy/setup.sh clang libclang-rt-14-dev
 ninja -C build
 meson test -C build -v --num-processes 2 2>&1 | tee build/test-output.log | \
   grep -E '^[0-9]+%: Checks|^ *[0-9]+/[0-9]+ |^(Ok|Fail|Expected Fail|Unexpected Pass|Skipped|Timeout):|^numpy|FAIL|ERROR|error:' || true

@@ -435,6 +435,181 @@ START_TEST(lang_signatures_and_imports) {
 }
 END_TEST
 
+/* The module printer's text loads back and instantiates to the same hash. */
+START_TEST(lang_module_print_round_trips) {
+  nf_module *m = load_path(lib_dir(), "nn.nf");
+  nf_buf text = NF_BUF_INIT;
+  ck_assert_int_eq(nf_module_print(m, &text), NF_OK);
+  nf_module *m2 = nf_module_new();
+  nf_diag *d = nf_diag_new();
+  if (nf_module_load_source(m2, "printed.nf", nf_buf_str(&text), d))
+    ck_abort_msg("printed library does not load: %.2000s", nf_diag_text(d));
+  static const char *const cases[][3] = {
+      {"conv2d", "I=2,6,11,11;W=6,2,3,3", "stride=2;pad=2;dilation=2;groups=3"},
+      {"softmax", "X=3,7", NULL},
+      {"cross_entropy", "logits=4,7;labels=4", NULL},
+      {"batch_matmul", "A=2,3,4,5;B=2,3,5,6", NULL},
+      {"layer_norm", "X=3,5,7;gamma=7;beta=7", NULL},
+      {"badd", "X=2,3,4;Y=3,4", NULL},
+  };
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    nf_ir_ctx *c1 = nf_ir_ctx_new(), *c2 = nf_ir_ctx_new();
+    nf_graph *g1 = inst_ok(m, c1, cases[k][0], cases[k][1], cases[k][2]);
+    nf_graph *g2 = inst_ok(m2, c2, cases[k][0], cases[k][1], cases[k][2]);
+    uint8_t h1[32], h2[32];
+    ck_assert_int_eq(nf_graph_hash(g1, h1), NF_OK);
+    ck_assert_int_eq(nf_graph_hash(g2, h2), NF_OK);
+    ck_assert_msg(memcmp(h1, h2, 32) == 0, "%s changed through printing", cases[k][0]);
+    nf_ir_ctx_free(c1);
+    nf_ir_ctx_free(c2);
+  }
+  nf_buf_free(&text);
+  nf_diag_free(d);
+  nf_module_free(m2);
+  nf_module_free(m);
+}
+END_TEST
+
+static uint64_t fz_state = 12345;
+static uint64_t fz_next(void) {
+  uint64_t z = (fz_state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+/* Mutated programs with constant shapes go through the loader, the
+ * elaborator and (when small) the interpreter: every outcome must be a
+ * status, never a crash or an assertion. */
+START_TEST(lang_mutated_programs_never_crash) {
+  nf_module *lib = load_path(lib_dir(), "nn.nf");
+  static const char *const defs[][3] = {
+      {"conv2d", "I=1,4,7,7;W=4,2,3,3", "stride=2;pad=1;dilation=1;groups=2"},
+      {"max_pool2d", "X=1,2,7,7", "kernel=3;stride=2;pad=1"},
+      {"softmax", "X=3,5", NULL},
+      {"cross_entropy", "logits=3,5;labels=3", NULL},
+      {"layer_norm", "X=3,5;gamma=5;beta=5", NULL},
+      {"embedding", "table=6,3;idx=4", NULL},
+      {"permute", "X=2,3,4,5", "p0=3;p1=1;p2=0;p3=2"},
+      {"squash", "S=3,4", NULL},
+      {"gelu", "X=6", NULL},
+  };
+  enum { N_CORPUS = sizeof defs / sizeof defs[0] };
+  char *corpus[N_CORPUS];
+  for (int k = 0; k < N_CORPUS; k++) {
+    nf_ir_ctx *ctx = nf_ir_ctx_new();
+    nf_graph *g = inst_ok(lib, ctx, defs[k][0], defs[k][1], defs[k][2]);
+    nf_buf b = NF_BUF_INIT;
+    ck_assert_int_eq(nf_graph_print(g, &b), NF_OK);
+    corpus[k] = strdup(nf_buf_str(&b));
+    nf_buf_free(&b);
+    nf_ir_ctx_free(ctx);
+  }
+  static const char *const pieces[] = {
+      "(", ")", "[", "]", ",", "+", "-", "*", "//", "%", "?", ":", "<", ">=", "==",
+      "&&", "!", "0", "1", "7", "-1", "1000000", "9223372036854775807", "0.5", "i",
+      "j", "k", "X", "+=!", "max=!", "=", " where q in 0:3", "f64(", "i32(", "exp(",
+      "\n", " ", "#", "*S", "Y(i)", "for t in 0:2 {", "}"};
+  int iters = 20000;
+  const char *env = getenv("NF_FUZZ_ITERS");
+  if (env) iters = atoi(env);
+  int n_ok = 0, n_err = 0;
+  for (int it = 0; it < iters; it++) {
+    const char *base = corpus[fz_next() % N_CORPUS];
+    nf_buf b = NF_BUF_INIT;
+    nf_buf_puts(&b, base);
+    int n_mut = 1 + (int)(fz_next() % 3);
+    for (int mu = 0; mu < n_mut && b.len > 0; mu++) {
+      size_t pos = fz_next() % b.len;
+      size_t len = 1 + fz_next() % 6;
+      if (pos + len > b.len) len = b.len - pos;
+      nf_buf t = NF_BUF_INIT;
+      nf_buf_add(&t, b.data, pos);
+      switch (fz_next() % 4) {
+        case 0: /* replace a span by a piece */
+          nf_buf_puts(&t, pieces[fz_next() % (sizeof pieces / sizeof pieces[0])]);
+          nf_buf_puts(&t, b.data + pos + len);
+          break;
+        case 1: /* insert a piece */
+          nf_buf_puts(&t, pieces[fz_next() % (sizeof pieces / sizeof pieces[0])]);
+          nf_buf_puts(&t, b.data + pos);
+          break;
+        case 2: /* delete a span */
+          nf_buf_puts(&t, b.data + pos + len);
+          break;
+        default: /* duplicate a span */
+          nf_buf_add(&t, b.data + pos, len);
+          nf_buf_puts(&t, b.data + pos);
+          break;
+      }
+      nf_buf_free(&b);
+      b = t;
+    }
+    nf_module *m = nf_module_new();
+    nf_diag *d = nf_diag_new();
+    int rc = nf_module_load_source(m, "mut.nf", nf_buf_str(&b), d);
+    if (!rc) {
+      for (int k = 0; k < nf_module_n_defs(m); k++) {
+        nf_ir_ctx *ctx = nf_ir_ctx_new();
+        nf_graph *g = NULL;
+        nf_diag_clear(d);
+        int irc = nf_module_instantiate(m, nf_module_def_name(m, k), NULL, ctx, &g, d);
+        ck_assert_int_le(irc, 0);
+        if (!irc) {
+          n_ok++;
+          /* Evaluate when small. */
+          int64_t total = 0;
+          for (uint32_t t = 0; t < g->n_tensors; t++) {
+            int64_t n = nf_tensor_numel(&g->tensors[t]);
+            total = n < 0 || total > (1 << 20) ? (1 << 21) : total + n;
+          }
+          if (total < (1 << 20)) {
+            nf_array *in = calloc(g->n_inputs + 1, sizeof(nf_array));
+            nf_array *out = calloc(g->n_outputs + 1, sizeof(nf_array));
+            int alloc_ok = 1;
+            for (uint32_t t = 0; t < g->n_inputs; t++) {
+              const nf_tensor *ti = &g->tensors[g->inputs[t]];
+              nf_dtype at = nf_dtype_is_float((nf_dtype)ti->dtype) ? NF_F64 : NF_I64;
+              if (ti->dtype == NF_BOOL) at = NF_BOOL;
+              if (nf_array_alloc(&in[t], at, ti->rank, ti->shape)) alloc_ok = 0;
+              for (int64_t e = 0; alloc_ok && e < in[t].numel; e++) {
+                if (at == NF_F64) ((double *)in[t].data)[e] = (double)(fz_next() % 200) / 100 - 1;
+                if (at == NF_I64) ((int64_t *)in[t].data)[e] = (int64_t)(fz_next() % 4);
+              }
+            }
+            if (alloc_ok) {
+              nf_buf err = NF_BUF_INIT;
+              int erc = nf_interp_run(g, in, NF_INTERP_F64, out, &err);
+              ck_assert_int_le(erc, 0);
+              if (!erc)
+                for (uint32_t t = 0; t < g->n_outputs; t++) nf_array_free(&out[t]);
+              nf_buf_free(&err);
+            }
+            for (uint32_t t = 0; t < g->n_inputs; t++) nf_array_free(&in[t]);
+            free(in);
+            free(out);
+          }
+        } else {
+          n_err++;
+          ck_assert_int_gt(nf_diag_count(d), 0); /* an error always says why */
+        }
+        nf_ir_ctx_free(ctx);
+      }
+    } else {
+      ck_assert_int_gt(nf_diag_count(d), 0);
+    }
+    nf_diag_free(d);
+    nf_module_free(m);
+    nf_buf_free(&b);
+  }
+  fprintf(stderr, "mutated programs: %d instantiated, %d rejected with a message\n", n_ok, n_err);
+  ck_assert_int_gt(n_ok, 0);
+  ck_assert_int_gt(n_err, 0);
+  for (int k = 0; k < N_CORPUS; k++) free(corpus[k]);
+  nf_module_free(lib);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("lang");
   TCase *tc = tcase_create("core");
@@ -448,6 +623,8 @@ static Suite *suite(void) {
   tcase_add_test(tc, lang_graph_print_round_trips_library);
   tcase_add_test(tc, lang_graph_print_round_trips_examples);
   tcase_add_test(tc, lang_signatures_and_imports);
+  tcase_add_test(tc, lang_module_print_round_trips);
+  tcase_add_test(tc, lang_mutated_programs_never_crash);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -166,4 +166,9 @@ void nf__ast_print_expr(const nf_ast_expr *e, nf_buf *out);
 /* `name(A: f32[M, K], B: f32[K, N]) -> (C: f32[M, N])` with params. */
 void nf__ast_print_signature(const nf_ast_def *d, nf_buf *out);
 
+/* Structural equality of trees, ignoring locations and the text of float
+ * literals (their values are compared by bits).  1 when equal. */
+int nf__ast_file_equal(const nf_ast_file *a, const nf_ast_file *b);
+int nf__ast_expr_equal(const nf_ast_expr *a, const nf_ast_expr *b);
+
 #endif
