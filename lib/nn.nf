@@ -163,16 +163,11 @@ def margin_loss(lengths: f32[N, J], targets: f32[N, J]) -> (L: f32[]) {
 }
 
 # Mean squared error over all elements (torch.nn.functional.mse_loss,
-# reduction 'mean').  A size expression cannot multiply out a pack, so the
-# element count is an exact i64 reduction over D; it skips NaN elements,
-# which cannot change the result (the sum is then NaN).  (A count of plain
-# 1s would fold to a statement whose variables do not appear, which the
-# graph printer cannot write back as .nf.)
+# reduction 'mean'); prod(*S) is the number of elements.
 def mse(X: f32[*S], Y: f32[*S]) -> (L: f32[]) {
   D(*i) = X(*i) - Y(*i)
   Sum() +=! D(*i) * D(*i)
-  Count() +=! D(*i) == D(*i) ? 1 : 0
-  L() = Sum() / f32(Count())
+  L() = Sum() / f32(prod(*S))
 }
 
 # ---- normalisation ----

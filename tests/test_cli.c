@@ -143,7 +143,6 @@ START_TEST(cli_bad_npy_is_reported) {
   expect("eval mm.nf mm --in A=trunc.npy --shape B=3,2", 1, "truncated");
   write_text("garbage.npy", "this is not numpy");
   expect("eval mm.nf mm --in A=garbage.npy --shape B=3,2", 1, "garbage.npy");
-  npy_fixture("fort.npy", "<f4", "(2, 3)", a, sizeof a, 0);
   expect("eval mm.nf mm --in A=missing.npy --shape B=3,2", 1, "missing.npy");
   /* A float array for an integer tensor needs a cast: refused. */
   write_text("lab.nf",
@@ -151,7 +150,11 @@ START_TEST(cli_bad_npy_is_reported) {
              "  Y(n) = X(n, L(n))\n}\n");
   float l[2] = {0, 1};
   npy_fixture("lab.npy", "<f4", "(2,)", l, sizeof l, 0);
-  expect("eval lab.nf pick --shape X=2,3 --in L=lab.npy", 1, "");
+  expect("eval lab.nf pick --shape X=2,3 --in L=lab.npy", 1,
+         "input L: cannot use a f32 array for a i64 tensor");
+  float cplx[4] = {1, 0, 2, 0};
+  npy_fixture("cplx.npy", "<c8", "(2,)", cplx, sizeof cplx, 0);
+  expect("eval lab.nf pick --shape X=2,3 --in L=cplx.npy", 1, "cplx.npy: dtype '<c8' not supported");
   /* An index out of range in the data is a run-time error, not a crash. */
   long long bad[2] = {0, 7};
   npy_fixture("labbad.npy", "<i8", "(2,)", bad, sizeof bad, 0);

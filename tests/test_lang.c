@@ -157,6 +157,10 @@ static const bad_case bad[] = {
      "t.nf:1:29: error: ", "division by zero in a size expression"},
     {"def f(X: f32[N]) -> (Y: f32[N]) {\n  for t in 0:2 {\n    Y(i) = X(i)\n  }\n}\n", "f", "X=3",
      NULL, NF_ETYPE, "t.nf:3:5: error: ", "tensor 'Y' is already defined"},
+    {"def f(X: f32[*S]) -> (Y: f32[prod(*S) * 4611686018427387904]) {\n  Y(i) = 1.0\n}\n", "f",
+     "X=3,5", NULL, NF_EOVERFLOW, "t.nf:1:30: error: ", "overflow in size arithmetic: 15 * "},
+    {"def f(X: f32[*S]) -> (Y: f32[prod(*T)]) {\n  Y(i) = 1.0\n}\n", "f", "X=3,5", NULL,
+     NF_ENOENT, "t.nf:1:35: error: ", "unknown pack '*T'"},
     {"def f(X: f32[N]) -> (Y: f32[N]) {\n  X(i) = 1.0\n  Y = X\n}\n", NULL, NULL, NULL, NF_ETYPE,
      "t.nf:1:7: error: ", "input 'X' is assigned in the body (inputs are read-only)"},
 };
@@ -240,6 +244,15 @@ START_TEST(lang_packs_bind_and_expand) {
   ck_assert_int_eq(z->shape[2], 4);
   g = inst_ok(m, ctx, "badd", "X=2,3,4;Y=4", NULL);
   ck_assert_int_eq(g->stmts[0].rhs->args[1]->n_args, 1);
+  nf_module *m2 = load_src(
+      "def flat(X: f32[N, *S]) -> (Y: f32[N, prod(*S)], C: i64[]) {\n"
+      "  Y(n, f) = X(n, f // 4, f % 4)\n"
+      "  C() = prod(*S)\n}\n");
+  g = inst_ok(m2, ctx, "flat", "X=2,3,4", NULL);
+  ck_assert_int_eq(g->tensors[g->outputs[0]].shape[1], 3 * 4);
+  ck_assert_int_eq(g->stmts[1].rhs->op, NF_OP_CONST);
+  ck_assert_int_eq(g->stmts[1].rhs->u.i, 12);
+  nf_module_free(m2);
   nf_ir_ctx_free(ctx);
   nf_module_free(m);
 }

@@ -289,6 +289,23 @@ static int ceval(inst *I, const nf_ast_expr *e, int64_t *out) {
         *out = (e->name[1] == 'i') ? (a < b ? a : b) : (a > b ? a : b);
         return NF_OK;
       }
+      if (!e->sub && e->n_args == 1 && strcmp(e->name, "prod") == 0 &&
+          e->args[0]->kind == NF_A_PACK) {
+        cent *c = cfind(I, e->args[0]->name);
+        if (!c || !c->is_pack)
+          return fail(E, e->args[0]->loc, NF_ENOENT,
+                      "unknown pack '*%s' (packs are bound by the inputs' shapes)",
+                      e->args[0]->name);
+        int64_t p = 1;
+        for (int j = 0; j < c->n; j++)
+          if (__builtin_mul_overflow(p, c->list[j], &p))
+            return fail(E, e->loc, NF_EOVERFLOW,
+                        "overflow in size arithmetic: prod(*%s) does not fit in "
+                        "64 bits",
+                        c->name);
+        *out = p;
+        return NF_OK;
+      }
       if (!e->sub && e->n_args == 1 && strcmp(e->name, "abs") == 0) {
         int64_t a;
         if ((rc = ceval(I, e->args[0], &a))) return rc;
@@ -299,7 +316,7 @@ static int ceval(inst *I, const nf_ast_expr *e, int64_t *out) {
       }
       return fail(E, e->loc, NF_ETYPE,
                   "'%s(...)' is not allowed in a size expression (only "
-                  "min, max and abs)",
+                  "min, max, abs and prod(*pack))",
                   e->name);
     }
   }
@@ -733,9 +750,16 @@ static int lookup_tensor(inst *I, const nf_ast_expr *e, uint32_t *id,
   return NF_OK;
 }
 
+/* `prod(*S)`: the product of a pack of sizes, a compile-time constant. */
+static int is_pack_prod(inst *I, const nf_ast_expr *e) {
+  return !e->sub && e->n_args == 1 && e->args[0]->kind == NF_A_PACK &&
+         strcmp(e->name, "prod") == 0 && !tfind(I, e->name);
+}
+
 static int is_tensor_name(inst *I, const nf_ast_expr *e) {
   if (e->sub) return 1; /* families are always tensors */
   if (tfind(I, e->name)) return 1;
+  if (is_pack_prod(I, e)) return 0;
   nf_op op;
   int ar;
   nf_dtype dt;
@@ -1001,6 +1025,12 @@ static int ex_apply(sctx *S, const nf_ast_expr *e, val *out) {
   nf_op op;
   int arity, rc;
   nf_dtype ct;
+  if (is_pack_prod(I, e)) {
+    memset(out, 0, sizeof *out);
+    out->weak = 1;
+    out->t = NF_I64;
+    return ceval(I, e, &out->iv);
+  }
   if (!e->sub && !tfind(I, e->name) &&
       nf_dtype_parse(e->name, strlen(e->name), &ct)) {
     if (e->n_args != 1)

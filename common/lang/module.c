@@ -312,7 +312,8 @@ static int check_expr(const nf_ast_expr *e, const names *tensors, nf_diag *d) {
     nf_dtype dt;
     int known = names_has(tensors, e->name) ||
                 (!e->sub && (nf__lang_math_fn(e->name, &op, &ar) ||
-                             nf_dtype_parse(e->name, strlen(e->name), &dt)));
+                             nf_dtype_parse(e->name, strlen(e->name), &dt) ||
+                             strcmp(e->name, "prod") == 0));
     if (!known) {
       nf_diag_error(d, e->loc, "unknown tensor or function '%s'", e->name);
       bad = 1;
