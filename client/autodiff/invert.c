@@ -1,0 +1,2 @@
+/* invert.c - in progress (issue 3). */
+typedef int nf__empty_invert;
