@@ -26,10 +26,12 @@
  * casts touch active lanes only: an inactive lane never loads, never
  * raises a bounds, division or conversion error.
  *
- * Values: float tensors and registers are double (rounded to float when a
- * tensor is stored in NF_INTERP_F32 mode, for f16/bf16/f32 tensors, and by
- * casts to those types); int and bool are int64 (i32 values wrap to 32
- * bits after every i32 operation, bools are 0/1).
+ * Values: float tensors and registers are double.  In NF_INTERP_F32 mode
+ * the result of every f16/bf16/f32 operation and cast is rounded to float,
+ * so elementwise arithmetic is exactly f32 arithmetic; reductions
+ * accumulate in double and round when the tensor is stored (an oracle more
+ * accurate than a sequential f32 sum).  int and bool are int64 (i32 values
+ * wrap to 32 bits after every i32 operation, bools are 0/1).
  *
  * Accesses whose indices are all affine (nf_expr_affine) compute a base
  * offset and a lane stride per block and check the bounds at the first and
@@ -566,6 +568,7 @@ static int exec_float(rt *r, int32_t k) {
   case NF_OP_ABS: for (l = 0; l < n; l++) d[l] = fabs(a[l]); break;
   case NF_OP_FLOOR: for (l = 0; l < n; l++) d[l] = floor(a[l]); break;
   case NF_OP_CEIL: for (l = 0; l < n; l++) d[l] = ceil(a[l]); break;
+  case NF_OP_STOPGRAD: for (l = 0; l < n; l++) d[l] = a[l]; break;
   case NF_OP_ADD: for (l = 0; l < n; l++) d[l] = a[l] + b[l]; break;
   case NF_OP_SUB: for (l = 0; l < n; l++) d[l] = a[l] - b[l]; break;
   case NF_OP_MUL: for (l = 0; l < n; l++) d[l] = a[l] * b[l]; break;
@@ -580,6 +583,12 @@ static int exec_float(rt *r, int32_t k) {
   default:
     return unsupported(r, in);
   }
+  /* In f32 mode every f16/bf16/f32 operation rounds its result to float,
+   * as f32 arithmetic does (double rounding is exact for + - * / and sqrt
+   * of f32 operands), so an f32 value recomputed in two statements is
+   * bit-identical in both (max-reduction masks rely on this). */
+  if (round_to_f32(r, in->dtype))
+    for (l = 0; l < n; l++) d[l] = (float)d[l];
   return NF_OK;
 }
 
@@ -628,7 +637,8 @@ static int exec_int(rt *r, int32_t k, const uint8_t *need) {
     for (l = 0; l < n; l++) d[l] = a[l] < 0 ? (int64_t)(0 - U(a[l])) : a[l];
     break;
   case NF_OP_FLOOR:
-  case NF_OP_CEIL: for (l = 0; l < n; l++) d[l] = a[l]; break;
+  case NF_OP_CEIL:
+  case NF_OP_STOPGRAD: for (l = 0; l < n; l++) d[l] = a[l]; break;
   case NF_OP_ADD: for (l = 0; l < n; l++) d[l] = (int64_t)(U(a[l]) + U(b[l])); break;
   case NF_OP_SUB: for (l = 0; l < n; l++) d[l] = (int64_t)(U(a[l]) - U(b[l])); break;
   case NF_OP_MUL: for (l = 0; l < n; l++) d[l] = (int64_t)(U(a[l]) * U(b[l])); break;

@@ -196,7 +196,8 @@ static const char *const op_names[NF_N_OPS] = {
     [NF_OP_RSQRT] = "rsqrt",     [NF_OP_TANH] = "tanh",
     [NF_OP_SIGMOID] = "sigmoid", [NF_OP_ERF] = "erf",
     [NF_OP_ABS] = "abs",         [NF_OP_FLOOR] = "floor",
-    [NF_OP_CEIL] = "ceil",       [NF_OP_CAST] = "cast",
+    [NF_OP_CEIL] = "ceil",       [NF_OP_STOPGRAD] = "stop_gradient",
+    [NF_OP_CAST] = "cast",
     [NF_OP_ADD] = "+",           [NF_OP_SUB] = "-",
     [NF_OP_MUL] = "*",           [NF_OP_DIV] = "/",
     [NF_OP_FLOORDIV] = "//",     [NF_OP_MOD] = "%",
@@ -246,6 +247,7 @@ static const char *type_error(nf_op op, int n, const nf_expr *const *args,
     return NULL;
   case NF_OP_NEG:
   case NF_OP_ABS:
+  case NF_OP_STOPGRAD:
     if (!nf_dtype_is_int(a) && !nf_dtype_is_float(a))
       return "operand must be numeric";
     *res = a;

@@ -1,12 +1,11 @@
 /* nf_interp.h - the reference interpreter.
  *
  * Evaluates any nf_graph, slowly and surely; it is the oracle for every
- * test, the daemon's correctness check and the tier-0 fallback.  Values
- * are computed in double precision; with NF_INTERP_F32 every float tensor
- * is rounded to float when stored (so intermediate tensors hold exactly
- * what an f32 program would store, each element correctly rounded), with
- * NF_INTERP_F64 float tensors keep doubles.  Integer tensors are int64
- * internally and wrap like their declared type.
+ * test, the daemon's correctness check and the tier-0 fallback.  With
+ * NF_INTERP_F32 each f32 (f16, bf16) operation rounds its result to float,
+ * as f32 arithmetic does, while reductions accumulate in double and round
+ * when stored; with NF_INTERP_F64 every float value is a double.  Integer
+ * tensors are int64 internally and wrap like their declared type.
  *
  * Evaluation is vectorised over the innermost variable and loads through
  * affine strides where it can (a 256^3 matmul takes well under a second).

@@ -83,6 +83,7 @@ typedef enum nf_op {
   NF_OP_ABS,
   NF_OP_FLOOR,
   NF_OP_CEIL,
+  NF_OP_STOPGRAD, /* identity whose derivative is zero: stop_gradient(x) */
   NF_OP_CAST, /* to the node's dtype */
   /* binary: arg[0], arg[1] */
   NF_OP_ADD,

@@ -626,7 +626,8 @@ START_TEST(interp_select_lazy) {
     double s = 0;
     for (int64_t k = 0; k < Kw; k++) {
       int64_t p = i + k - 1;
-      s += (p >= 0 && p < N) ? fget(&in[0], p) * fget(&in[1], k) : 0.0;
+      /* f32 mode: each f32 product is rounded, the sum is in double */
+      s += (p >= 0 && p < N) ? (double)(float)(fget(&in[0], p) * fget(&in[1], k)) : 0.0;
     }
     ck_assert(fget(&out[1], i) == (float)s);
     int64_t dv = iget(&in[2], i);
@@ -1020,7 +1021,8 @@ START_TEST(interp_perf_matmul_256) {
   for (int64_t probe = 0; probe < 8; probe++) {
     int64_t i = (probe * 37) % n, j = (probe * 101 + 5) % n;
     double s = 0;
-    for (int64_t k = 0; k < n; k++) s += fget(&in[0], i * n + k) * fget(&in[1], k * n + j);
+    for (int64_t k = 0; k < n; k++)
+      s += (double)(float)(fget(&in[0], i * n + k) * fget(&in[1], k * n + j));
     ck_assert(fget(&out[0], i * n + j) == (float)s);
   }
   free_arrays(in, 2);

@@ -29,7 +29,7 @@ static const struct {
     {"erf", NF_OP_ERF, 1},     {"abs", NF_OP_ABS, 1},
     {"floor", NF_OP_FLOOR, 1}, {"ceil", NF_OP_CEIL, 1},
     {"pow", NF_OP_POW, 2},     {"min", NF_OP_MIN, 2},
-    {"max", NF_OP_MAX, 2},
+    {"max", NF_OP_MAX, 2},     {"stop_gradient", NF_OP_STOPGRAD, 1},
 };
 
 int nf__lang_math_fn(const char *name, nf_op *op, int *arity) {
