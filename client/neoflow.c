@@ -6,6 +6,8 @@
  *   neoflow eval  FILE.nf DEF [--in NAME=x.npy ...] [--shape NAME=d1,d2,...]
  *                 [--param NAME=V ...] [--seed S] [--precision f32|f64]
  *                 [--out DIR]
+ *   neoflow grad  FILE.nf DEF --wrt X[,Y...] [eval's options]
+ *                 [--dout FILE.npy | --dout OUT=FILE.npy ...]
  *
  * Exit status: 0 success, 1 an error in the user's input (messages on
  * stderr, located where possible), 2 a usage error.  Later issues add
@@ -18,6 +20,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "nf_autodiff.h"
 #include "nf_config.h"
 #include "nf_diag.h"
 #include "nf_interp.h"
@@ -37,6 +40,9 @@ static const char usage_text[] =
     "                        graph (constant shapes, explicit ranges)\n"
     "  hash FILE.nf DEF      canonical SHA-256 of DEF's instantiated graph\n"
     "  eval FILE.nf DEF      evaluate DEF with the reference interpreter\n"
+    "  grad FILE.nf DEF --wrt X[,Y...]\n"
+    "                        print the gradient graph as .nf with a FLOP table;\n"
+    "                        with --out DIR, evaluate it and write DIR/grad_<X>.npy\n"
     "  version               print the version\n"
     "\n"
     "options:\n"
@@ -46,7 +52,9 @@ static const char usage_text[] =
     "  --seed S                seed for random inputs (eval; default 1)\n"
     "  --precision f32|f64     interpreter precision (eval; default f32)\n"
     "  --out DIR               write outputs as DIR/<output>.npy and generated\n"
-    "                          inputs as DIR/inputs/<input>.npy (eval)\n";
+    "                          inputs as DIR/inputs/<input>.npy (eval, grad)\n"
+    "  --wrt X[,Y...]          inputs to differentiate with respect to (grad)\n"
+    "  --dout [OUT=]FILE.npy   the adjoint of an output (grad; ones when absent)\n";
 
 typedef struct opts {
   const char *cmd, *file, *def;
@@ -61,6 +69,10 @@ typedef struct opts {
   uint64_t seed;
   nf_precision precision;
   const char *out_dir;
+  const char *wrt;
+  int n_dout;
+  const char *dout_names[MAX_ARGS]; /* NULL: the only output */
+  const char *dout_files[MAX_ARGS];
 } opts;
 
 static int usage_error(const char *fmt, const char *arg) {
@@ -108,7 +120,8 @@ static int parse_args(int argc, char **argv, opts *o) {
       }
       int takes = strcmp(flag, "--shape") == 0 || strcmp(flag, "--param") == 0 ||
                   strcmp(flag, "--in") == 0 || strcmp(flag, "--seed") == 0 ||
-                  strcmp(flag, "--precision") == 0 || strcmp(flag, "--out") == 0;
+                  strcmp(flag, "--precision") == 0 || strcmp(flag, "--out") == 0 ||
+                  strcmp(flag, "--wrt") == 0 || strcmp(flag, "--dout") == 0;
       if (!takes) {
         if (strcmp(a, "--help") == 0) return 3;
         return usage_error("unknown option '%s'", a);
@@ -162,6 +175,19 @@ static int parse_args(int argc, char **argv, opts *o) {
           o->precision = NF_INTERP_F64;
         else
           return usage_error("--precision is f32 or f64, got '%s'", val);
+      } else if (strcmp(flag, "--wrt") == 0) {
+        o->wrt = val;
+      } else if (strcmp(flag, "--dout") == 0) {
+        if (o->n_dout >= MAX_ARGS) return usage_error("too many %s options", flag);
+        char *eq = strchr(val, '=');
+        if (eq && eq != val) {
+          *eq = 0;
+          o->dout_names[o->n_dout] = val;
+          o->dout_files[o->n_dout++] = eq + 1;
+        } else {
+          o->dout_names[o->n_dout] = NULL;
+          o->dout_files[o->n_dout++] = val;
+        }
       } else {
         o->out_dir = val;
       }
@@ -419,49 +445,66 @@ static int write_npy(const char *dir, const char *name, const nf_array *a) {
   return rc ? 1 : 0;
 }
 
-static int cmd_eval(opts *o) {
-  if (!o->def) return usage_error("%s needs a DEF", "eval");
-  nf_module *m = load(o->file);
-  if (!m) return 1;
-  int rc = 1;
-  nf_ir_ctx *ctx = NULL;
-  nf_array files[MAX_ARGS];
-  nf_array *ins = NULL, *outs = NULL;
-  nf_graph *g = NULL;
-  memset(files, 0, sizeof files);
-  /* Read the input files first: their shapes bind the sizes. */
+/* Reads the --in files; their shapes join the --shape list. */
+static int read_inputs(opts *o, nf_array *files) {
   for (int k = 0; k < o->n_in; k++) {
     nf_buf err = NF_BUF_INIT;
     if (nf_npy_read(o->in_files[k], &files[k], &err)) {
       fprintf(stderr, "neoflow: error: %s\n", nf_buf_str(&err));
       nf_buf_free(&err);
-      goto done;
+      return 1;
     }
     nf_buf_free(&err);
     for (int j = 0; j < o->n_shapes; j++)
       if (strcmp(o->shapes[j].name, o->in_names[k]) == 0) {
         fprintf(stderr, "neoflow: error: input '%s' has both --in and --shape\n",
                 o->in_names[k]);
-        goto done;
+        return 1;
       }
     if (o->n_shapes >= MAX_ARGS) {
       fprintf(stderr, "neoflow: too many inputs\n");
-      goto done;
+      return 1;
     }
     nf_arg_shape *s = &o->shapes[o->n_shapes++];
     s->name = o->in_names[k];
     s->rank = files[k].rank;
     memcpy(s->dims, files[k].shape, sizeof(int64_t) * (size_t)files[k].rank);
   }
-  ctx = nf_ir_ctx_new();
-  if (!ctx || instantiate(m, o, ctx, &g)) goto done;
-  ins = calloc(g->n_inputs + 1, sizeof(nf_array));
-  outs = calloc(g->n_outputs + 1, sizeof(nf_array));
-  if (!ins || !outs) goto done;
+  return 0;
+}
+
+/* Values for the inputs of g: the first n_data from --in files or random
+ * (saved under DIR/inputs with --out), the rest (gradient seeds) from
+ * --dout files or ones.  Takes the arrays out of files. */
+static int make_inputs(const opts *o, const nf_graph *g, uint32_t n_data,
+                       nf_array *files, nf_array *dout, const char *const *dout_for,
+                       int n_dout, nf_array *ins) {
   uint64_t rng = o->seed;
   int wrote_inputs_dir = 0;
   for (uint32_t k = 0; k < g->n_inputs; k++) {
     const nf_tensor *t = &g->tensors[g->inputs[k]];
+    if (k >= n_data) {
+      /* a seed: "d" + output name */
+      int from = -1;
+      for (int j = 0; j < n_dout; j++)
+        if (!dout_for[j] || strcmp(dout_for[j], t->name + 1) == 0) from = j;
+      if (from >= 0) {
+        ins[k] = dout[from];
+        memset(&dout[from], 0, sizeof dout[from]);
+        continue;
+      }
+      nf_dtype at = t->dtype == NF_F64 ? NF_F64 : NF_F32;
+      if (!nf_dtype_is_float((nf_dtype)t->dtype)) at = (nf_dtype)t->dtype;
+      if (nf_array_alloc(&ins[k], at, t->rank, t->shape)) {
+        fprintf(stderr, "neoflow: error: cannot allocate '%s'\n", t->name);
+        return 1;
+      }
+      for (int64_t e = 0; e < ins[k].numel; e++) {
+        if (at == NF_F32) ((float *)ins[k].data)[e] = 1.0f;
+        if (at == NF_F64) ((double *)ins[k].data)[e] = 1.0;
+      }
+      continue;
+    }
     int from = -1;
     for (int j = 0; j < o->n_in; j++)
       if (strcmp(o->in_names[j], t->name) == 0) from = j;
@@ -475,61 +518,207 @@ static int cmd_eval(opts *o) {
                       : (nf_dtype)t->dtype;
     if (nf_array_alloc(&ins[k], at, t->rank, t->shape)) {
       fprintf(stderr, "neoflow: error: cannot allocate input '%s'\n", t->name);
-      goto done;
+      return 1;
     }
     random_fill(g, g->inputs[k], &ins[k], &rng);
     if (o->out_dir) {
-      if (!wrote_inputs_dir) {
-        if (make_dir(o->out_dir)) goto done;
-        nf_buf p = NF_BUF_INIT;
-        nf_buf_printf(&p, "%s/inputs", o->out_dir);
-        int bad = make_dir(nf_buf_str(&p));
-        nf_buf_free(&p);
-        if (bad) goto done;
-        wrote_inputs_dir = 1;
-      }
       nf_buf p = NF_BUF_INIT;
       nf_buf_printf(&p, "%s/inputs", o->out_dir);
-      int bad = write_npy(nf_buf_str(&p), t->name, &ins[k]);
+      int bad = 0;
+      if (!wrote_inputs_dir) {
+        bad = make_dir(o->out_dir) || make_dir(nf_buf_str(&p));
+        wrote_inputs_dir = 1;
+      }
+      if (!bad) bad = write_npy(nf_buf_str(&p), t->name, &ins[k]);
       nf_buf_free(&p);
-      if (bad) goto done;
+      if (bad) return 1;
     }
   }
   for (int j = 0; j < o->n_in; j++) {
     int used = 0;
-    for (uint32_t k = 0; k < g->n_inputs; k++)
+    for (uint32_t k = 0; k < n_data; k++)
       if (strcmp(o->in_names[j], g->tensors[g->inputs[k]].name) == 0) used = 1;
     if (!used) {
       fprintf(stderr, "neoflow: error: %s has no input named '%s'\n", o->def,
               o->in_names[j]);
-      goto done;
+      return 1;
     }
   }
+  return 0;
+}
+
+/* Runs g and prints/writes its outputs. */
+static int run_graph(const opts *o, const nf_graph *g, nf_array *ins) {
+  nf_array *outs = calloc(g->n_outputs + 1, sizeof(nf_array));
+  if (!outs) return 1;
   nf_buf err = NF_BUF_INIT;
   int irc = nf_interp_run(g, ins, o->precision, outs, &err);
   if (irc) {
     fprintf(stderr, "neoflow: error: evaluation failed: %s\n", nf_buf_str(&err));
     nf_buf_free(&err);
-    goto done;
+    free(outs);
+    return 1;
   }
   nf_buf_free(&err);
-  if (o->out_dir && make_dir(o->out_dir)) goto done;
-  rc = 0;
+  int rc = 0;
+  if (o->out_dir && make_dir(o->out_dir)) rc = 1;
   for (uint32_t k = 0; k < g->n_outputs; k++) {
     const char *name = g->tensors[g->outputs[k]].name;
     summary(name, &outs[k]);
-    if (o->out_dir && write_npy(o->out_dir, name, &outs[k])) rc = 1;
+    if (!rc && o->out_dir && write_npy(o->out_dir, name, &outs[k])) rc = 1;
+    nf_array_free(&outs[k]);
   }
+  free(outs);
+  return rc;
+}
+
+static int cmd_eval(opts *o) {
+  if (!o->def) return usage_error("%s needs a DEF", "eval");
+  nf_module *m = load(o->file);
+  if (!m) return 1;
+  int rc = 1;
+  nf_ir_ctx *ctx = NULL;
+  nf_array files[MAX_ARGS];
+  nf_array *ins = NULL;
+  nf_graph *g = NULL;
+  memset(files, 0, sizeof files);
+  if (read_inputs(o, files)) goto done;
+  ctx = nf_ir_ctx_new();
+  if (!ctx || instantiate(m, o, ctx, &g)) goto done;
+  ins = calloc(g->n_inputs + 1, sizeof(nf_array));
+  if (!ins) goto done;
+  if (make_inputs(o, g, g->n_inputs, files, NULL, NULL, 0, ins)) goto done;
+  rc = run_graph(o, g, ins);
 done:
   for (int k = 0; k < MAX_ARGS; k++) nf_array_free(&files[k]);
-  if (g) {
-    if (ins)
-      for (uint32_t k = 0; k < g->n_inputs; k++) nf_array_free(&ins[k]);
-    if (outs)
-      for (uint32_t k = 0; k < g->n_outputs; k++) nf_array_free(&outs[k]);
-  }
+  if (g && ins)
+    for (uint32_t k = 0; k < g->n_inputs; k++) nf_array_free(&ins[k]);
   free(ins);
-  free(outs);
+  nf_ir_ctx_free(ctx);
+  nf_module_free(m);
+  return rc;
+}
+
+/* The FLOP table of a gradient, as '#' comments. */
+static void flop_table(const nf_graph *fwd, const nf_graph *gg, const nf_grad_report *rep,
+                       const opts *o) {
+  printf("# gradient of %s with respect to %s\n", o->def, o->wrt);
+  printf("# FLOPs of each gradient statement next to the forward statement it\n"
+         "# differentiates (statement numbers count the lines of the def below):\n");
+  printf("#   %-5s %-24s %14s %14s %7s\n", "stmt", "tensor", "FLOPs", "forward", "ratio");
+  int64_t tot = 0, ftot = 0;
+  for (uint32_t k = 0; k < fwd->n_stmts; k++) ftot += nf_stmt_flops(fwd, k);
+  for (int i = 0; i < rep->n_items; i++) {
+    const nf_grad_item *it = &rep->items[i];
+    tot += it->flops;
+    const char *name = gg->tensors[gg->stmts[it->stmt].out].name;
+    if (it->fwd_stmt >= 0 && it->fwd_flops > 0)
+      printf("#   %-5u %-24s %14" PRId64 " %14" PRId64 " %7.2f%s\n", it->stmt, name, it->flops,
+             it->fwd_flops, (double)it->flops / (double)it->fwd_flops,
+             it->scatter ? "  scatter" : "");
+    else
+      printf("#   %-5u %-24s %14" PRId64 " %14s %7s%s\n", it->stmt, name, it->flops, "-", "-",
+             it->scatter ? "  scatter" : "");
+    if (it->scatter)
+      printf("#         scatter-accumulate (flagged): no inversion: %s\n", it->why ? it->why : "");
+  }
+  printf("# total: forward %" PRId64 " FLOPs, gradient statements %" PRId64 " FLOPs\n", ftot, tot);
+  for (int i = 0; i < rep->n_notes; i++) printf("# note: %s\n", rep->notes[i]);
+}
+
+static int cmd_grad(opts *o) {
+  if (!o->def) return usage_error("%s needs a DEF", "grad");
+  if (!o->wrt) return usage_error("%s needs --wrt X[,Y...]", "grad");
+  nf_module *m = load(o->file);
+  if (!m) return 1;
+  int rc = 1;
+  nf_ir_ctx *ctx = NULL;
+  nf_array files[MAX_ARGS], dout[MAX_ARGS];
+  const char *dout_for[MAX_ARGS];
+  nf_array *ins = NULL;
+  nf_graph *g = NULL, *gg = NULL;
+  char *wrt_copy = strdup(o->wrt);
+  const char *wrt[MAX_ARGS];
+  int n_wrt = 0;
+  memset(files, 0, sizeof files);
+  memset(dout, 0, sizeof dout);
+  if (!wrt_copy) goto done;
+  for (char *p = wrt_copy; p && *p && n_wrt < MAX_ARGS;) {
+    char *comma = strchr(p, ',');
+    if (comma) *comma = 0;
+    if (*p) wrt[n_wrt++] = p;
+    p = comma ? comma + 1 : NULL;
+  }
+  if (n_wrt == 0) {
+    rc = usage_error("--wrt wants X[,Y...], got '%s'", o->wrt);
+    goto done;
+  }
+  for (int k = 0; k < o->n_dout; k++) {
+    nf_buf err = NF_BUF_INIT;
+    if (nf_npy_read(o->dout_files[k], &dout[k], &err)) {
+      fprintf(stderr, "neoflow: error: %s\n", nf_buf_str(&err));
+      nf_buf_free(&err);
+      goto done;
+    }
+    nf_buf_free(&err);
+    dout_for[k] = o->dout_names[k];
+  }
+  if (read_inputs(o, files)) goto done;
+  ctx = nf_ir_ctx_new();
+  if (!ctx || instantiate(m, o, ctx, &g)) goto done;
+  if (o->n_dout == 1 && !o->dout_names[0] && g->n_outputs != 1) {
+    fprintf(stderr, "neoflow: error: %s has %u outputs: name the one --dout is for (--dout OUT=FILE.npy)\n",
+            o->def, g->n_outputs);
+    goto done;
+  }
+  for (int k = 0; k < o->n_dout; k++) {
+    if (!o->dout_names[k]) continue;
+    int found = 0;
+    for (uint32_t j = 0; j < g->n_outputs; j++)
+      if (strcmp(g->tensors[g->outputs[j]].name, o->dout_names[k]) == 0) found = 1;
+    if (!found) {
+      fprintf(stderr, "neoflow: error: --dout: %s has no output named '%s'\n", o->def,
+              o->dout_names[k]);
+      goto done;
+    }
+  }
+  nf_grad_opts go = {.n_wrt = n_wrt, .wrt = wrt};
+  nf_grad_report rep;
+  nf_buf err = NF_BUF_INIT;
+  if (nf_grad(g, &go, ctx, &gg, &rep, &err)) {
+    fprintf(stderr, "%s: error: cannot differentiate %s: %s\n", o->file, o->def,
+            nf_buf_str(&err));
+    nf_buf_free(&err);
+    goto done;
+  }
+  nf_buf_free(&err);
+  if (!o->out_dir) {
+    nf_buf text = NF_BUF_INIT;
+    if (nf_graph_print(gg, &text)) {
+      fprintf(stderr, "neoflow: cannot print the gradient graph\n");
+      nf_buf_free(&text);
+      goto done;
+    }
+    flop_table(g, gg, &rep, o);
+    fputs(nf_buf_str(&text), stdout);
+    nf_buf_free(&text);
+    rc = 0;
+    goto done;
+  }
+  ins = calloc(gg->n_inputs + 1, sizeof(nf_array));
+  if (!ins) goto done;
+  if (make_inputs(o, gg, g->n_inputs, files, dout, dout_for, o->n_dout, ins)) goto done;
+  rc = run_graph(o, gg, ins);
+  for (int i = 0; i < rep.n_notes; i++) fprintf(stderr, "neoflow: note: %s\n", rep.notes[i]);
+done:
+  for (int k = 0; k < MAX_ARGS; k++) {
+    nf_array_free(&files[k]);
+    nf_array_free(&dout[k]);
+  }
+  if (gg && ins)
+    for (uint32_t k = 0; k < gg->n_inputs; k++) nf_array_free(&ins[k]);
+  free(ins);
+  free(wrt_copy);
   nf_ir_ctx_free(ctx);
   nf_module_free(m);
   return rc;
@@ -552,11 +741,13 @@ int main(int argc, char **argv) {
     return 0;
   }
   int known = strcmp(o.cmd, "check") == 0 || strcmp(o.cmd, "print") == 0 ||
-              strcmp(o.cmd, "hash") == 0 || strcmp(o.cmd, "eval") == 0;
+              strcmp(o.cmd, "hash") == 0 || strcmp(o.cmd, "eval") == 0 ||
+              strcmp(o.cmd, "grad") == 0;
   if (!known) return usage_error("unknown command '%s'", o.cmd);
   if (!o.file) return usage_error("%s needs a FILE.nf", o.cmd);
   if (strcmp(o.cmd, "check") == 0) return cmd_check(&o);
   if (strcmp(o.cmd, "print") == 0) return cmd_print(&o);
   if (strcmp(o.cmd, "hash") == 0) return cmd_hash(&o);
+  if (strcmp(o.cmd, "grad") == 0) return cmd_grad(&o);
   return cmd_eval(&o);
 }
