@@ -6,8 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export NF_WERROR=${NF_WERROR:-1}
-# clang and its runtime build the parser's libFuzzer target.
-./deploy/setup.sh clang libclang-rt-14-dev
+# clang and its runtime build the parser's libFuzzer target; PyTorch is
+# the independent autograd that tests/torch_check.py compares against.
+./deploy/setup.sh clang libclang-rt-14-dev python3-torch
 ninja -C build
 meson test -C build -v --num-processes 2 2>&1 | tee build/test-output.log | \
   grep -E '^[0-9]+%: Checks|^ *[0-9]+/[0-9]+ |^(Ok|Fail|Expected Fail|Unexpected Pass|Skipped|Timeout):|^numpy|FAIL|ERROR|error:' || true
@@ -25,7 +26,7 @@ if [ "${NF_ASAN:-1}" = 1 ]; then
   fi
   ninja -C build-asan
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-    meson test -C build-asan --num-processes 2 --no-suite numpy \
+    meson test -C build-asan --num-processes 2 --no-suite numpy --no-suite torch \
     --print-errorlogs 2>&1 | tail -n 15
   [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "test.sh: ASan/UBSan tests failed" >&2; exit 1; }
 fi

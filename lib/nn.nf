@@ -126,28 +126,31 @@ def softplus(X: f32[*S]) -> (Y: f32[*S]) {
 
 # ---- normalised exponentials and losses ----
 
-# Softmax over the last axis, exp(x - max) / sum exp(x - max).
+# Softmax over the last axis, exp(x - max) / sum exp(x - max).  The shift
+# by the max cancels mathematically, so it is under stop_gradient: the
+# gradient is the exact softmax Jacobian, with no argmax pass.
 def softmax(X: f32[*B, N]) -> (Y: f32[*B, N]) {
   Mx(*b) max=! X(*b, j)
-  E(*b, j) = exp(X(*b, j) - Mx(*b))
+  E(*b, j) = exp(X(*b, j) - stop_gradient(Mx(*b)))
   Z(*b) +=! E(*b, j)
   Y(*b, j) = E(*b, j) / Z(*b)
 }
 
-# Log-softmax over the last axis, x - max - log sum exp(x - max).
+# Log-softmax over the last axis, x - max - log sum exp(x - max) (the max
+# shift under stop_gradient, as in softmax).
 def log_softmax(X: f32[*B, N]) -> (Y: f32[*B, N]) {
   Mx(*b) max=! X(*b, j)
-  Z(*b) +=! exp(X(*b, j) - Mx(*b))
-  Y(*b, j) = X(*b, j) - Mx(*b) - log(Z(*b))
+  Z(*b) +=! exp(X(*b, j) - stop_gradient(Mx(*b)))
+  Y(*b, j) = X(*b, j) - stop_gradient(Mx(*b)) - log(Z(*b))
 }
 
 # Cross-entropy of logits [N, C] against class indices [N] in 0:C, mean
 # over the batch (torch.nn.functional.cross_entropy, reduction 'mean', no
-# weights), with a stable log-sum-exp.
+# weights), with a stable log-sum-exp (max shift under stop_gradient).
 def cross_entropy(logits: f32[N, C], labels: i64[N]) -> (L: f32[]) {
   Mx(n) max=! logits(n, c)
-  Z(n) +=! exp(logits(n, c) - Mx(n))
-  Sum() +=! Mx(n) + log(Z(n)) - logits(n, labels(n))
+  Z(n) +=! exp(logits(n, c) - stop_gradient(Mx(n)))
+  Sum() +=! stop_gradient(Mx(n)) + log(Z(n)) - logits(n, labels(n))
   L() = Sum() / f32(N)
 }
 

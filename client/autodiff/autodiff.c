@@ -283,11 +283,20 @@ static int is_one(const nf_expr *e) {
   return e->op == NF_OP_CONST && nf_dtype_is_float((nf_dtype)e->dtype) && e->u.f == 1.0;
 }
 
-static const nf_expr *mul(dctx *D, const nf_expr *a, const nf_expr *b) {
+/* a * b, folding a factor 1 and writing x * (1 / y) as x / y. */
+static const nf_expr *mul_fold(nf_ir_ctx *ctx, const nf_expr *a, const nf_expr *b) {
   if (!a || !b) return NULL;
   if (is_one(a)) return b;
   if (is_one(b)) return a;
-  return nf_e_binary(D->A->ctx, NF_OP_MUL, a, b);
+  if (b->op == NF_OP_DIV && is_one(b->args[0]))
+    return nf_e_binary(ctx, NF_OP_DIV, a, b->args[1]);
+  if (a->op == NF_OP_DIV && is_one(a->args[0]))
+    return nf_e_binary(ctx, NF_OP_DIV, b, a->args[1]);
+  return nf_e_binary(ctx, NF_OP_MUL, a, b);
+}
+
+static const nf_expr *mul(dctx *D, const nf_expr *a, const nf_expr *b) {
+  return mul_fold(D->A->ctx, a, b);
 }
 
 static const nf_expr *add(dctx *D, const nf_expr *a, const nf_expr *b) {
@@ -539,6 +548,72 @@ static int argmax_helper(ad *A, const nf_stmt *fs, uint32_t o_id,
   return NF_OK;
 }
 
+/* ---- hoisting factors out of a reduction ----
+ * A contribution sum_t G(y, t) whose G is a product of factors some of
+ * which do not depend on t is computed as A(y) * sum_t B(y, t): the
+ * t-independent factors are applied once per element after the
+ * reduction instead of at every point. */
+
+typedef struct factors {
+  const nf_expr *num[32], *den[32];
+  int n_num, n_den, neg, overflow;
+} factors;
+
+static void flatten(const nf_expr *e, int den, factors *f) {
+  if (e->op == NF_OP_MUL) {
+    flatten(e->args[0], den, f);
+    flatten(e->args[1], den, f);
+    return;
+  }
+  if (e->op == NF_OP_DIV) {
+    flatten(e->args[0], den, f);
+    flatten(e->args[1], !den, f);
+    return;
+  }
+  if (e->op == NF_OP_NEG) {
+    f->neg = !f->neg;
+    flatten(e->args[0], den, f);
+    return;
+  }
+  if (is_one(e)) return;
+  if (den) {
+    if (f->n_den < 32)
+      f->den[f->n_den++] = e;
+    else
+      f->overflow = 1;
+  } else {
+    if (f->n_num < 32)
+      f->num[f->n_num++] = e;
+    else
+      f->overflow = 1;
+  }
+}
+
+typedef struct varscan {
+  uint32_t first;
+  int found;
+} varscan;
+
+static void scan_var(const nf_expr *e, void *user) {
+  varscan *v = user;
+  if (e->op == NF_OP_VAR && e->u.var >= v->first) v->found = 1;
+}
+
+static int uses_t(const nf_expr *e, int d) {
+  varscan v = {(uint32_t)d, 0};
+  if (nf_expr_visit(e, scan_var, &v)) return 1; /* out of memory: don't hoist */
+  return v.found;
+}
+
+static const nf_expr *product(nf_ir_ctx *ctx, const nf_expr *const *num, int n_num,
+                              const nf_expr *const *den, int n_den, nf_dtype t) {
+  const nf_expr *r = NULL;
+  for (int k = 0; k < n_num; k++) r = r ? nf_e_binary(ctx, NF_OP_MUL, r, num[k]) : num[k];
+  if (!r) r = nf_e_const_f(ctx, t, 1.0);
+  for (int k = 0; k < n_den; k++) r = nf_e_binary(ctx, NF_OP_DIV, r, den[k]);
+  return r;
+}
+
 /* Emits the contribution of one access node to its tensor's adjoint. */
 static int contribute(ad *A, const nf_stmt *fs, uint32_t o_id, uint32_t do_id,
                       const nf_expr *rhs, const nf_expr *acc, const nf_expr *P,
@@ -558,10 +633,21 @@ static int contribute(ad *A, const nf_stmt *fs, uint32_t o_id, uint32_t do_id,
     G = nf_e_binary(ctx, NF_OP_MUL, G,
                     nf_e_binary(ctx, NF_OP_DIV, access_all(A, o_id, 0), rhs));
   }
-  if (is_one(G))
-    G = dO;
-  else
-    G = nf_e_binary(ctx, NF_OP_MUL, dO, G);
+  /* Where the statement has no reduction its output O(i) is the right
+   * side's value: reuse it instead of recomputing (exp, tanh, sigmoid and
+   * divisions refer to their own value). */
+  if (fs->red == NF_RED_NONE) {
+    pmap m = {0};
+    const nf_expr *self = access_all(A, o_id, 0);
+    if (!self || pm_put(&m, rhs, self)) {
+      pm_free(&m);
+      return oom(A);
+    }
+    G = rewrite(A, &m, G, NULL, NULL, 0);
+    pm_free(&m);
+    if (!G) return oom(A);
+  }
+  G = is_one(G) ? dO : mul_fold(ctx, dO, G);
   if (G && G->dtype != dt) G = nf_e_cast(ctx, dt, G);
   if (!G) return oom(A);
 
@@ -587,6 +673,7 @@ static int contribute(ad *A, const nf_stmt *fs, uint32_t o_id, uint32_t do_id,
   s.fwd = A->cur_stmt;
   s.wrt = x->name;
   const nf_expr *body;
+  const nf_expr *hoist = NULL; /* factor applied after the reduction */
   int d = x->rank;
   if (rc == NF_OK) {
     if (d + inv.n_t > NF_MAX_VARS) {
@@ -603,6 +690,30 @@ static int contribute(ad *A, const nf_stmt *fs, uint32_t o_id, uint32_t do_id,
     }
     const nf_expr *guard = inv.guard;
     if (mc) guard = guard ? nf_e_binary(ctx, NF_OP_AND, guard, mc) : mc;
+    if (inv.n_t > 0 && g2) {
+      factors f;
+      memset(&f, 0, sizeof f);
+      flatten(g2, 0, &f);
+      const nf_expr *vn[32], *vd[32], *in_[32], *id_[32];
+      int nvn = 0, nvd = 0, nin = 0, nid = 0;
+      for (int k = 0; k < f.n_num; k++) {
+        if (uses_t(f.num[k], d)) vn[nvn++] = f.num[k];
+        else in_[nin++] = f.num[k];
+      }
+      for (int k = 0; k < f.n_den; k++) {
+        if (uses_t(f.den[k], d)) vd[nvd++] = f.den[k];
+        else id_[nid++] = f.den[k];
+      }
+      if (!f.overflow && (nin + nid > 0 || f.neg) && nvn + nvd > 0) {
+        g2 = product(ctx, vn, nvn, vd, nvd, dt);
+        hoist = product(ctx, in_, nin, id_, nid, dt);
+        if (hoist && f.neg) hoist = nf_e_unary(ctx, NF_OP_NEG, hoist);
+        if (!g2 || !hoist) {
+          nf_buf_free(&why);
+          return oom(A);
+        }
+      }
+    }
     body = guard ? nf_e_select(ctx, guard, g2, nf_e_const_f(ctx, dt, 0.0)) : g2;
     s.s.n_red = (uint8_t)inv.n_t;
     s.s.red = inv.n_t ? NF_RED_SUM : NF_RED_NONE;
@@ -675,11 +786,30 @@ static int contribute(ad *A, const nf_stmt *fs, uint32_t o_id, uint32_t do_id,
   uint32_t id;
   int n_parts = 0;
   for (part *p = A->parts[x_id]; p; p = p->next) n_parts++;
-  rc = add_t(A, tstr(A, "d%s_%d", x->name, n_parts), dt, NF_T_LOCAL, x->rank, x->shape, &id);
+  rc = add_t(A, tstr(A, hoist ? "d%s_%d_sum" : "d%s_%d", x->name, n_parts), dt, NF_T_LOCAL,
+             x->rank, x->shape, &id);
   if (rc) return rc;
+  x = &A->t[x_id];
   s.s.out = id;
   s.s.rhs = body;
   if ((rc = add_s(A, &s))) return rc;
+  if (hoist) {
+    /* contribution(y) = hoist(y) * sum(y) */
+    uint32_t id2;
+    rc = add_t(A, tstr(A, "d%s_%d", x->name, n_parts), dt, NF_T_LOCAL, x->rank, x->shape, &id2);
+    if (rc) return rc;
+    x = &A->t[x_id];
+    ustmt s2;
+    memset(&s2, 0, sizeof s2);
+    s2.fwd = A->cur_stmt;
+    s2.wrt = x->name;
+    s2.s.out = id2;
+    s2.s.rhs = nf_simplify(ctx, mul_fold(ctx, hoist, access_all(A, id, 0)), rr, d);
+    if (!s2.s.rhs) return oom(A);
+    for (int k = 0; k < d; k++) s2.s.var_names[k] = s.s.var_names[k];
+    if ((rc = add_s(A, &s2))) return rc;
+    id = id2;
+  }
   return push_part(A, x_id, id);
 }
 
