@@ -238,6 +238,77 @@ START_TEST(cli_print_reparses) {
 }
 END_TEST
 
+START_TEST(cli_grad_prints_checkable_nf) {
+  char *out;
+  ck_assert_int_eq(run(&out, "grad mm.nf mm --wrt A,B --shape A=3,4 --shape B=4,5"), 0);
+  ck_assert_msg(strstr(out, "# gradient of mm with respect to A,B\n"), "%s", out);
+  ck_assert_msg(strstr(out, "# total: forward "), "%s", out);
+  ck_assert_msg(strstr(out, "def mm_grad(A: f32[3, 4], B: f32[4, 5], dC: f32[3, 5]) -> "
+                            "(grad_A: f32[3, 4], grad_B: f32[4, 5]) {"),
+                "%s", out);
+  write_text("g.nf", out);
+  free(out);
+  expect("check g.nf mm_grad", 0, "mm_grad: ");
+}
+END_TEST
+
+START_TEST(cli_grad_evaluates) {
+  float a[6] = {1, -2, 3, 4, 5, -6}, b[6] = {0.5f, -1, 2, 0.25f, -0.5f, 1};
+  float dc[4] = {1, 2, -1, 0.5f};
+  npy_fixture("a.npy", "<f4", "(2, 3)", a, sizeof a, 0);
+  npy_fixture("b.npy", "<f4", "(3, 2)", b, sizeof b, 0);
+  npy_fixture("dc.npy", "<f4", "(2, 2)", dc, sizeof dc, 0);
+  char *out;
+  ck_assert_int_eq(run(&out, "grad mm.nf mm --wrt A --in A=a.npy --in B=b.npy "
+                             "--dout dc.npy --out g"), 0);
+  ck_assert_msg(strstr(out, "grad_A: f32[2, 3] l2="), "%s", out);
+  free(out);
+  char path[512];
+  snprintf(path, sizeof path, "%s/g/grad_A.npy", tmpdir);
+  nf_array ga;
+  nf_buf err = NF_BUF_INIT;
+  ck_assert_int_eq(nf_npy_read(path, &ga, &err), 0);
+  /* C = relu(A B): dA(i,k) = sum_j [T(i,j) > 0] dC(i,j) B(k,j) */
+  for (int i = 0; i < 2; i++)
+    for (int k = 0; k < 3; k++) {
+      float want = 0;
+      for (int j = 0; j < 2; j++) {
+        float t = 0;
+        for (int q = 0; q < 3; q++) t += a[i * 3 + q] * b[q * 2 + j];
+        if (t > 0) want += dc[i * 2 + j] * b[k * 2 + j];
+      }
+      ck_assert_float_eq_tol(((float *)ga.data)[i * 3 + k], want, 1e-5);
+    }
+  nf_array_free(&ga);
+  nf_buf_free(&err);
+}
+END_TEST
+
+START_TEST(cli_grad_bad_uses) {
+  expect("grad mm.nf mm --shape A=3,4 --shape B=4,5", 2, "grad needs --wrt");
+  expect("grad mm.nf mm --wrt Z --shape A=3,4 --shape B=4,5", 1,
+         "cannot differentiate mm: 'Z' is not an input of mm");
+  write_text("two.nf",
+             "def two(X: f32[N]) -> (P: f32[N], Q: f32[N]) {\n"
+             "  P(i) = X(i) * 2.0\n  Q(i) = X(i) * X(i)\n}\n"
+             "def idx(X: f32[N], L: i64[N]) -> (Y: f32[N]) {\n"
+             "  Y(i) = X(i) * f32(L(i))\n}\n"
+             "def cast(X: f32[N]) -> (Y: f32[N]) {\n"
+             "  Y(i) = f32(i32(X(i) * 4.0))\n}\n");
+  float d[3] = {1, 1, 1};
+  npy_fixture("d.npy", "<f4", "(3,)", d, sizeof d, 0);
+  expect("grad two.nf two --wrt X --shape X=3 --dout d.npy --out o", 1,
+         "two has 2 outputs: name the one --dout is for");
+  expect("grad two.nf two --wrt X --shape X=3 --dout R=d.npy --out o", 1,
+         "--dout: two has no output named 'R'");
+  expect("grad two.nf two --wrt X --shape X=3 --dout Q=d.npy --out o", 0, "grad_X: f32[3]");
+  expect("grad two.nf idx --wrt L --shape X=3 --shape L=3", 1,
+         "cannot differentiate with respect to 'L': it is i64, not a float tensor");
+  expect("grad two.nf cast --wrt X --shape X=3", 1,
+         "statement 0 (Y): cannot differentiate through the conversion of a float value to i32");
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("cli");
   TCase *tc = tcase_create("core");
@@ -250,6 +321,9 @@ static Suite *suite(void) {
   tcase_add_test(tc, cli_eval_writes_outputs);
   tcase_add_test(tc, cli_hash_ignores_names);
   tcase_add_test(tc, cli_print_reparses);
+  tcase_add_test(tc, cli_grad_prints_checkable_nf);
+  tcase_add_test(tc, cli_grad_evaluates);
+  tcase_add_test(tc, cli_grad_bad_uses);
   suite_add_tcase(s, tc);
   return s;
 }
