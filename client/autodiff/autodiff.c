@@ -284,10 +284,20 @@ static int is_one(const nf_expr *e) {
 }
 
 /* a * b, folding a factor 1 and writing x * (1 / y) as x / y. */
+static int is_zero(const nf_expr *e) {
+  return e->op == NF_OP_CONST && nf_dtype_is_float((nf_dtype)e->dtype) && e->u.f == 0.0;
+}
+
 static const nf_expr *mul_fold(nf_ir_ctx *ctx, const nf_expr *a, const nf_expr *b) {
   if (!a || !b) return NULL;
   if (is_one(a)) return b;
   if (is_one(b)) return a;
+  /* a * (c ? x : 0) is written c ? a * x : 0: a gradient is zero where a
+   * mask or guard is false, and the multiply by 1 of a mask disappears. */
+  if (b->op == NF_OP_SELECT && is_zero(b->args[2]))
+    return nf_e_select(ctx, b->args[0], mul_fold(ctx, a, b->args[1]), b->args[2]);
+  if (a->op == NF_OP_SELECT && is_zero(a->args[2]))
+    return nf_e_select(ctx, a->args[0], mul_fold(ctx, a->args[1], b), a->args[2]);
   if (b->op == NF_OP_DIV && is_one(b->args[0]))
     return nf_e_binary(ctx, NF_OP_DIV, a, b->args[1]);
   if (a->op == NF_OP_DIV && is_one(a->args[0]))
@@ -605,6 +615,34 @@ static int uses_t(const nf_expr *e, int d) {
   return v.found;
 }
 
+/* Whether every access in e is in bounds for every y in its box (e does
+ * not depend on t): only such factors may be evaluated for all y after
+ * the reduction, where the inversion's guard no longer protects them. */
+typedef struct safescan {
+  const ad *A;
+  const nf_range *ry;
+  int d, ok;
+} safescan;
+
+static void scan_safe(const nf_expr *e, void *user) {
+  safescan *s = user;
+  if (e->op != NF_OP_ACCESS || !s->ok) return;
+  const utensor *u = &s->A->t[e->u.tensor];
+  for (int k = 0; k < e->n_args; k++) {
+    nf_range b;
+    if (!nf_expr_bounds(e->args[k], s->ry, s->d, &b) || b.lo < 0 || b.hi >= u->shape[k]) {
+      s->ok = 0;
+      return;
+    }
+  }
+}
+
+static int safe_for_all_y(const ad *A, const nf_expr *e, const nf_range *ry, int d) {
+  safescan s = {A, ry, d, 1};
+  if (nf_expr_visit(e, scan_safe, &s)) return 0;
+  return s.ok;
+}
+
 static const nf_expr *product(nf_ir_ctx *ctx, const nf_expr *const *num, int n_num,
                               const nf_expr *const *den, int n_den, nf_dtype t) {
   const nf_expr *r = NULL;
@@ -688,20 +726,26 @@ static int contribute(ad *A, const nf_stmt *fs, uint32_t o_id, uint32_t do_id,
       nf_buf_free(&why);
       return oom(A);
     }
-    const nf_expr *guard = inv.guard;
-    if (mc) guard = guard ? nf_e_binary(ctx, NF_OP_AND, guard, mc) : mc;
+    /* The mask reads a tensor at indices that are only in range where the
+     * inversion's guard holds, and `&&` is not lazy: nest the selects. */
+    const nf_expr *guard = inv.guard, *inner = mc;
     if (inv.n_t > 0 && g2) {
       factors f;
       memset(&f, 0, sizeof f);
       flatten(g2, 0, &f);
       const nf_expr *vn[32], *vd[32], *in_[32], *id_[32];
       int nvn = 0, nvd = 0, nin = 0, nid = 0;
+      nf_range ry[NF_MAX_RANK];
+      for (int k = 0; k < d; k++) {
+        ry[k].lo = 0;
+        ry[k].hi = x->shape[k] - 1;
+      }
       for (int k = 0; k < f.n_num; k++) {
-        if (uses_t(f.num[k], d)) vn[nvn++] = f.num[k];
+        if (uses_t(f.num[k], d) || !safe_for_all_y(A, f.num[k], ry, d)) vn[nvn++] = f.num[k];
         else in_[nin++] = f.num[k];
       }
       for (int k = 0; k < f.n_den; k++) {
-        if (uses_t(f.den[k], d)) vd[nvd++] = f.den[k];
+        if (uses_t(f.den[k], d) || !safe_for_all_y(A, f.den[k], ry, d)) vd[nvd++] = f.den[k];
         else id_[nid++] = f.den[k];
       }
       if (!f.overflow && (nin + nid > 0 || f.neg) && nvn + nvd > 0) {
@@ -714,7 +758,8 @@ static int contribute(ad *A, const nf_stmt *fs, uint32_t o_id, uint32_t do_id,
         }
       }
     }
-    body = guard ? nf_e_select(ctx, guard, g2, nf_e_const_f(ctx, dt, 0.0)) : g2;
+    body = inner ? nf_e_select(ctx, inner, g2, nf_e_const_f(ctx, dt, 0.0)) : g2;
+    if (body && guard) body = nf_e_select(ctx, guard, body, nf_e_const_f(ctx, dt, 0.0));
     s.s.n_red = (uint8_t)inv.n_t;
     s.s.red = inv.n_t ? NF_RED_SUM : NF_RED_NONE;
     for (int l = 0; l < inv.n_t; l++) {
