@@ -292,6 +292,18 @@ static const nf_expr *mul_fold(nf_ir_ctx *ctx, const nf_expr *a, const nf_expr *
   if (!a || !b) return NULL;
   if (is_one(a)) return b;
   if (is_one(b)) return a;
+  /* c1 * (c2 * x) -> (c1 c2) * x: chain-rule constants fold into one
+   * (rounded once to the dtype; within an ulp of the product). */
+  if (a->op == NF_OP_CONST && nf_dtype_is_float((nf_dtype)a->dtype) &&
+      b->op == NF_OP_MUL) {
+    for (int k = 0; k < 2; k++) {
+      const nf_expr *c = b->args[k];
+      if (c->op == NF_OP_CONST && c->dtype == a->dtype)
+        return mul_fold(ctx, nf_e_const_f(ctx, (nf_dtype)a->dtype, a->u.f * c->u.f),
+                        b->args[1 - k]);
+    }
+  }
+  if (b->op == NF_OP_CONST && a->op != NF_OP_CONST) return mul_fold(ctx, b, a);
   /* a * (c ? x : 0) is written c ? a * x : 0: a gradient is zero where a
    * mask or guard is false, and the multiply by 1 of a mask disappears. */
   if (b->op == NF_OP_SELECT && is_zero(b->args[2]))
@@ -880,6 +892,10 @@ static int diff_stmt(ad *A, uint32_t k) {
     parts = p;
   }
   if (!parts) return NF_OK; /* nothing flows back */
+  /* A statement with an empty iteration box contributes nothing. */
+  if (nf_tensor_numel(&g->tensors[o_id]) == 0) return NF_OK;
+  for (int r = 0; r < fs0->n_red; r++)
+    if (fs0->red_ext[r] == 0) return NF_OK;
   uint32_t do_id;
   int rc = sum_parts(A, parts, o_id, tstr(A, "d%s", A->t[o_id].name), NF_T_LOCAL,
                      A->t[o_id].name, &do_id);
@@ -916,6 +932,31 @@ static int diff_stmt(ad *A, uint32_t k) {
     if ((rc = contribute(A, fs, o_id, do_id, fs->rhs, accs[a], P, mask_cond))) return rc;
   }
   return NF_OK;
+}
+
+/* Whether e converts a float value that depends on a requested input to
+ * an integer, outside comparisons (whose derivative is zero) and indices. */
+static int depends_on(const nf_expr *e, const char *dep, int depth) {
+  if (depth > 4000) return 1;
+  if (e->op == NF_OP_ACCESS) return dep[e->u.tensor] != 0;
+  for (int k = 0; k < e->n_args; k++)
+    if (depends_on(e->args[k], dep, depth + 1)) return 1;
+  return 0;
+}
+
+static int int_conversion(const nf_expr *e, const char *dep, int depth) {
+  if (depth > 4000) return 0;
+  nf_op op = (nf_op)e->op;
+  if (op == NF_OP_ACCESS || (op >= NF_OP_LT && op <= NF_OP_NE)) return 0;
+  if (op == NF_OP_CAST && !nf_dtype_is_float((nf_dtype)e->dtype) &&
+      nf_dtype_is_float((nf_dtype)e->args[0]->dtype))
+    return depends_on(e->args[0], dep, depth + 1);
+  if (op == NF_OP_SELECT) /* the condition has no derivative */
+    return int_conversion(e->args[1], dep, depth + 1) ||
+           int_conversion(e->args[2], dep, depth + 1);
+  for (int k = 0; k < e->n_args; k++)
+    if (int_conversion(e->args[k], dep, depth + 1)) return 1;
+  return 0;
 }
 
 /* ---- public entry ---- */
@@ -988,6 +1029,22 @@ int nf_grad(const nf_graph *g, const nf_grad_opts *o, nf_ir_ctx *ctx,
   }
   for (uint32_t t = 0; t < nt; t++)
     A.carries[t] = dep[t] && reach[t] && nf_dtype_is_float((nf_dtype)g->tensors[t].dtype);
+  /* An integer tensor computed from a differentiated float value (other
+   * than through comparisons) that some output depends on: the gradient
+   * would silently lose that path, so it is an error, as it is within one
+   * statement. */
+  for (uint32_t k = 0; k < g->n_stmts; k++) {
+    uint32_t t = g->stmts[k].out;
+    if (nf_dtype_is_float((nf_dtype)g->tensors[t].dtype) || !dep[t] || !reach[t]) continue;
+    if (int_conversion(g->stmts[k].rhs, dep, 0)) {
+      rc = fail(&A, NF_EUNSUPPORTED,
+                "statement %u (%s): cannot differentiate through the conversion of "
+                "a float value to %s",
+                k, g->tensors[t].name ? g->tensors[t].name : "?",
+                nf_dtype_name((nf_dtype)g->tensors[t].dtype));
+      goto done;
+    }
+  }
   /* 2. The forward tensors and statements. */
   for (uint32_t t = 0; t < nt; t++) {
     const nf_tensor *ft = &g->tensors[t];
