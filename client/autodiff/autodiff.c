@@ -664,6 +664,13 @@ static const nf_expr *product(nf_ir_ctx *ctx, const nf_expr *const *num, int n_n
   return r;
 }
 
+static int reads_tensor(const nf_expr *e) {
+  if (e->op == NF_OP_ACCESS) return 1;
+  for (int k = 0; k < e->n_args; k++)
+    if (reads_tensor(e->args[k])) return 1;
+  return 0;
+}
+
 /* Emits the contribution of one access node to its tensor's adjoint. */
 static int contribute(ad *A, const nf_stmt *fs, uint32_t o_id, uint32_t do_id,
                       const nf_expr *rhs, const nf_expr *acc, const nf_expr *P,
@@ -725,6 +732,62 @@ static int contribute(ad *A, const nf_stmt *fs, uint32_t o_id, uint32_t do_id,
   const nf_expr *body;
   const nf_expr *hoist = NULL; /* factor applied after the reduction */
   int d = x->rank;
+  /* Equalities y_k == e_k(v) for dimensions whose index reads a tensor
+   * (a gather): the other dimensions are inverted and these stay as data
+   * dependent guards; the statement is then flagged as a scatter. */
+  const nf_expr *data_eq = NULL;
+  if (rc == NF_EUNSUPPORTED) {
+    int sel[NF_MAX_RANK], nsel = 0;
+    for (int k = 0; k < d; k++)
+      if (!reads_tensor(acc->args[k])) sel[nsel++] = k;
+    if (nsel < d) {
+      const nf_expr *sidx[NF_MAX_RANK];
+      int64_t sshape[NF_MAX_RANK];
+      for (int j = 0; j < nsel; j++) {
+        sidx[j] = acc->args[sel[j]];
+        sshape[j] = x->shape[sel[j]];
+      }
+      nf_inversion sub;
+      memset(&sub, 0, sizeof sub);
+      nf_buf why2 = NF_BUF_INIT;
+      int rc2 = nf__invert(ctx, n_vars, box, names, nsel, sidx, sshape, &sub, &why2);
+      nf_buf_free(&why2);
+      if (rc2 == NF_OK && d + sub.n_t <= NF_MAX_VARS) {
+        /* renumber: y_j of the sub-access is y_{sel[j]}, t_l is VAR d + l */
+        const nf_expr *vm[NF_MAX_VARS];
+        for (int j = 0; j < nsel; j++) vm[j] = nf_e_var(ctx, (uint32_t)sel[j]);
+        for (int l = 0; l < sub.n_t; l++) vm[nsel + l] = nf_e_var(ctx, (uint32_t)(d + l));
+        pmap m = {0};
+        inv = sub;
+        for (int v = 0; v < n_vars && !rc2; v++) {
+          inv.v[v] = rewrite(A, &m, sub.v[v], NULL, vm, nsel + sub.n_t);
+          if (!inv.v[v]) rc2 = NF_ENOMEM;
+        }
+        if (!rc2 && sub.guard) {
+          inv.guard = rewrite(A, &m, sub.guard, NULL, vm, nsel + sub.n_t);
+          if (!inv.guard) rc2 = NF_ENOMEM;
+        }
+        pm_free(&m);
+        for (int k = 0; k < d && !rc2; k++) {
+          if (!reads_tensor(acc->args[k])) continue;
+          pmap m2 = {0};
+          const nf_expr *ek = rewrite(A, &m2, acc->args[k], NULL, inv.v, n_vars);
+          pm_free(&m2);
+          const nf_expr *eq = ek ? nf_e_binary(ctx, NF_OP_EQ, ek, nf_e_var(ctx, (uint32_t)k)) : NULL;
+          if (!eq) rc2 = NF_ENOMEM;
+          data_eq = data_eq ? nf_e_binary(ctx, NF_OP_AND, data_eq, eq) : eq;
+        }
+        if (rc2) {
+          nf_buf_free(&why);
+          return oom(A);
+        }
+        rc = NF_OK;
+        s.s.flags = NF_STMT_SCATTER;
+        s.scatter = 1;
+        s.why = tstr(A, "%s", nf_buf_str(&why));
+      }
+    }
+  }
   if (rc == NF_OK) {
     if (d + inv.n_t > NF_MAX_VARS) {
       nf_buf_free(&why);
@@ -741,6 +804,7 @@ static int contribute(ad *A, const nf_stmt *fs, uint32_t o_id, uint32_t do_id,
     /* The mask reads a tensor at indices that are only in range where the
      * inversion's guard holds, and `&&` is not lazy: nest the selects. */
     const nf_expr *guard = inv.guard, *inner = mc;
+    if (data_eq) inner = inner ? nf_e_binary(ctx, NF_OP_AND, data_eq, inner) : data_eq;
     if (inv.n_t > 0 && g2) {
       factors f;
       memset(&f, 0, sizeof f);
