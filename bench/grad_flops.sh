@@ -32,8 +32,8 @@ row milstm $W milstm_loss W,U,alpha,beta1,beta2,b --shape X=8,64,512 --shape H0=
     --shape C0=64,512 --shape W=2048,512 --shape U=2048,512 --shape alpha=2048 \
     --shape beta1=2048 --shape beta2=2048 --shape b=2048
 row capsnet $W capsnet_loss W --shape u=32,1152,8 --shape W=1152,10,16,8 --shape targets=32,10
-row mobilenet_dws $W mobilenet_dws_loss Wd,Wp --shape X=16,128,28,28 --shape Wd=128,1,3,3 \
-    --shape Wp=128,128,1,1
+row mobilenet_dws $W mobilenet_dws_loss Wdw,Wpw --shape X=16,128,28,28 --shape Wdw=128,1,3,3 \
+    --shape Wpw=128,128,1,1
 L=lib/nn.nf
 row "nn matmul" $L matmul A,B --shape A=7,13 --shape B=13,5
 row "nn conv2d s2 d2 g3 p2" $L conv2d I,W --shape I=2,6,11,11 --shape W=6,2,3,3 \
