@@ -426,10 +426,11 @@ static const nf_expr *deriv_calc(dctx *D, const nf_expr *e) {
     }
     case NF_OP_MIN:
     case NF_OP_MAX: {
-      /* Ties go to the first operand. */
+      /* Ties go to the second operand, as PyTorch's relu, relu6 and clamp
+       * do: max(x, 0) has derivative 0 at x = 0, min(y, 6) 0 at y = 6. */
       if (!da && !db) return NULL;
       const nf_expr *c =
-          nf_e_binary(ctx, op == NF_OP_MIN ? NF_OP_LE : NF_OP_GE, a, b);
+          nf_e_binary(ctx, op == NF_OP_MIN ? NF_OP_LT : NF_OP_GT, a, b);
       const nf_expr *z = cf(D, t, 0.0);
       return nf_e_select(ctx, c, da ? da : z, db ? db : z);
     }
