@@ -30,4 +30,20 @@ $NF print examples/models.nf lltm_cell --shape X=4,16 --shape H=4,32 \
 echo
 echo "== the library against NumPy (tests/numpy_check.py)"
 python3 tests/numpy_check.py "$NF" lib/nn.nf | tail -n 4
+echo
+echo "== gradients: capsule routing (3 iterations) with respect to W, as .nf"
+$NF grad examples/workloads.nf capsnet_loss --wrt W --shape u=4,32,8 \
+    --shape W=32,10,16,8 --shape targets=4,10 | sed -n '1,6p'
+echo "   ..."
+run grad examples/workloads.nf lltm_loss --wrt W,b --shape X=8,4,16 \
+    --shape H0=4,32 --shape C0=4,32 --shape W=96,48 --shape b=96 --out "$out/lltm"
+echo "== gradient cost against the forward at the benchmark shapes (bench/grad_flops.sh)"
+./bench/grad_flops.sh "$NF" | sed -n '1,7p'
+echo
+echo "== gradients against PyTorch's autograd (tests/torch_check.py; needs python3-torch)"
+set +e
+python3 tests/torch_check.py "$NF" lib/nn.nf > "$out/torch.log" 2>&1
+st=$?
+set -e
+if [ $st -eq 77 ]; then echo "(python3-torch is not installed: skipped)"; else tail -n 3 "$out/torch.log"; [ $st -eq 0 ]; fi
 echo "demo: done"
