@@ -1,0 +1,2 @@
+/* loader.c - in progress (issue 4). */
+typedef int nf__empty_loader;

@@ -1,0 +1,2 @@
+/* link.c - in progress (issue 4). */
+typedef int nf__empty_link;

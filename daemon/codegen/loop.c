@@ -1,0 +1,2 @@
+/* loop.c - in progress (issue 4). */
+typedef int nf__empty_loop;

@@ -1,0 +1,2 @@
+/* lower.c - in progress (issue 4). */
+typedef int nf__empty_lower;

@@ -1,0 +1,2 @@
+/* vmath.c - in progress (issue 4). */
+typedef int nf__empty_vmath;
