@@ -1,2 +1,1124 @@
-/* lower.c - in progress (issue 4). */
-typedef int nf__empty_lower;
+/* lower.c - graph + schedule -> loop IR (nf_lprog), and random schedules.
+ *
+ * Each statement starts as a nest of one loop per index variable (outputs
+ * then reductions).  Every loop has a program-wide variable; the
+ * statement's original variables are kept as expressions of the current
+ * loop variables (orig[k]) and every primitive rewrites them: split x by
+ * f substitutes x -> x.o * f + x.i (plus the guard x.o * f + x.i < E when
+ * f does not divide E), fuse a b substitutes a -> ab // Eb, b -> ab % Eb.
+ * Guards are placed right inside the innermost loop they use.  The rhs is
+ * translated once at the end: variables -> orig[k], tensors -> buffers,
+ * inlined producers substituted at their use (selects stay lazy), then
+ * simplified with the loop ranges.
+ *
+ * Reductions: the output is first set to the operator's identity by its
+ * own nest, then the main nest accumulates with STORE op=.  With
+ * cache_write at loop L (all reduction loops must be inside L) the tile
+ * of the output that the spatial loops inside L cover is ALLOC'd inside L,
+ * set to the identity, accumulated and written back with plain stores.
+ * Each element's accumulation order is the IR's unless a reorder swaps
+ * reduction loops (reported in nf_lower_info).
+ *
+ * Data-dependent indices (an index that loads from a tensor, e.g.
+ * embedding) are clamped into the buffer: the compiled code cannot report
+ * the interpreter's out-of-bounds error, and must not read out of bounds.
+ *
+ * Not implemented yet (rejected with NF_EUNSUPPORTED): compute_at and
+ * cache_read/pack. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nf_lower.h"
+
+#define MAX_LOOPS 64
+#define MAX_GUARDS 64
+#define TILE_MAX_ELEMS 65536
+
+typedef struct lloop {
+  uint32_t var;
+  int64_t ext;
+  uint8_t kind; /* nf_loop_kind */
+  uint8_t red;  /* derived from reduction variables */
+  char name[NF_SCHED_NAME];
+} lloop;
+
+typedef struct nest {
+  int n;
+  lloop l[MAX_LOOPS];
+  int n_orig;
+  const nf_expr *orig[NF_MAX_VARS];
+  int ng;
+  const nf_expr *guard[MAX_GUARDS];
+  int has_cw;
+  uint32_t cw_var;
+  char cw_name[NF_SCHED_NAME];
+  int reassoc;
+} nest;
+
+typedef struct lw {
+  const nf_graph *g;
+  nf_ir_ctx *ctx;
+  nf_arena *arena;
+  nf_buf *err;
+  nf_range *vr;
+  uint32_t nv, cap_v;
+  nf_lbuf *bufs;
+  uint32_t nb, cap_b;
+  int32_t *buf_of;    /* by tensor: buffer or -1 (inlined) */
+  int32_t *stmt_of;   /* by tensor: producing statement or -1 */
+  uint8_t *inlined;   /* by statement */
+  int oom;
+} lw;
+
+/* ---- small helpers ---- */
+
+static int lerr(lw *L, int rc, int si, const char *fmt, ...) NF_PRINTF(4, 5);
+static int lerr(lw *L, int rc, int si, const char *fmt, ...) {
+  va_list ap;
+  if (si >= 0) nf_buf_printf(L->err, "stmt %d: ", si);
+  va_start(ap, fmt);
+  nf_buf_vprintf(L->err, fmt, ap);
+  va_end(ap);
+  return rc;
+}
+
+static uint32_t new_var(lw *L, int64_t ext) {
+  if (L->nv == L->cap_v) {
+    uint32_t nc = L->cap_v ? 2 * L->cap_v : 64;
+    nf_range *n = realloc(L->vr, nc * sizeof *n);
+    if (!n) {
+      L->oom = 1;
+      return 0;
+    }
+    L->vr = n;
+    L->cap_v = nc;
+  }
+  L->vr[L->nv].lo = 0;
+  L->vr[L->nv].hi = ext > 0 ? ext - 1 : 0;
+  return L->nv++;
+}
+
+static const nf_expr *ci(lw *L, int64_t v) { return nf_e_const_i(L->ctx, NF_I64, v); }
+static const nf_expr *var(lw *L, uint32_t v) { return nf_e_var(L->ctx, v); }
+static const nf_expr *bin(lw *L, nf_op op, const nf_expr *a, const nf_expr *b) {
+  if (!a || !b) return NULL;
+  return nf_e_binary(L->ctx, op, a, b);
+}
+static const nf_expr *simp(lw *L, const nf_expr *e) {
+  if (!e) return NULL;
+  return nf_simplify(L->ctx, e, L->vr, (int)L->nv);
+}
+
+/* e with VAR from replaced by to (expressions of the program context). */
+static const nf_expr *subst(lw *L, const nf_expr *e, uint32_t from, const nf_expr *to) {
+  if (!e) return NULL;
+  if (e->op == NF_OP_VAR) return e->u.var == from ? to : e;
+  if (e->n_args == 0) return e;
+  const nf_expr *args[NF_MAX_RANK > 3 ? NF_MAX_RANK : 3];
+  int changed = 0;
+  for (int i = 0; i < e->n_args; i++) {
+    args[i] = subst(L, e->args[i], from, to);
+    if (!args[i]) return NULL;
+    changed |= args[i] != e->args[i];
+  }
+  return changed ? nf_e_rebuild(L->ctx, e, args) : e;
+}
+
+static int uses_var(const nf_expr *e, uint32_t v) {
+  if (e->op == NF_OP_VAR) return e->u.var == v;
+  for (int i = 0; i < e->n_args; i++)
+    if (uses_var(e->args[i], v)) return 1;
+  return 0;
+}
+
+static int uses_access(const nf_expr *e) {
+  if (e->op == NF_OP_ACCESS) return 1;
+  for (int i = 0; i < e->n_args; i++)
+    if (uses_access(e->args[i])) return 1;
+  return 0;
+}
+
+static int find_loop(const nest *n, const char *name) {
+  for (int i = 0; i < n->n; i++)
+    if (strcmp(n->l[i].name, name) == 0) return i;
+  return -1;
+}
+
+static int unknown_loop(lw *L, int si, const nest *n, const char *prim, const char *name) {
+  nf_buf_printf(L->err, "stmt %d: %s: unknown loop '%s' (loops:", si, prim, name);
+  for (int i = 0; i < n->n; i++) nf_buf_printf(L->err, " %s", n->l[i].name);
+  nf_buf_puts(L->err, ")");
+  return NF_EINVAL;
+}
+
+/* Substitutes loop variable v in orig and guards; drops guards that became
+ * always true; NF_OK or NF_ENOMEM. */
+static int nest_subst(lw *L, nest *n, uint32_t v, const nf_expr *to) {
+  for (int k = 0; k < n->n_orig; k++)
+    if (!(n->orig[k] = simp(L, subst(L, n->orig[k], v, to)))) return NF_ENOMEM;
+  int w = 0;
+  for (int k = 0; k < n->ng; k++) {
+    const nf_expr *g = simp(L, subst(L, n->guard[k], v, to));
+    if (!g) return NF_ENOMEM;
+    if (g->op == NF_OP_CONST && g->u.i) continue;
+    n->guard[w++] = g;
+  }
+  n->ng = w;
+  return NF_OK;
+}
+
+/* ---- the nest of one statement ---- */
+
+static void nest_init(lw *L, int si, nest *n) {
+  const nf_stmt *st = &L->g->stmts[si];
+  const nf_tensor *t = &L->g->tensors[st->out];
+  memset(n, 0, sizeof *n);
+  n->n_orig = t->rank + st->n_red;
+  for (int k = 0; k < n->n_orig; k++) {
+    lloop *lp = &n->l[n->n++];
+    int red = k >= t->rank;
+    int64_t lo = red ? st->red_lo[k - t->rank] : 0;
+    lp->ext = red ? st->red_ext[k - t->rank] : t->shape[k];
+    lp->var = new_var(L, lp->ext);
+    lp->red = (uint8_t)red;
+    nf__sched_var_name(st, k, lp->name);
+    n->orig[k] = lo ? simp(L, bin(L, NF_OP_ADD, var(L, lp->var), ci(L, lo))) : var(L, lp->var);
+  }
+}
+
+static int name_free(lw *L, int si, const nest *n, const char *name) {
+  if (find_loop(n, name) >= 0) return lerr(L, NF_EINVAL, si, "loop name '%s' already used", name);
+  if (strlen(name) >= NF_SCHED_NAME - 1)
+    return lerr(L, NF_EINVAL, si, "loop name '%s' too long", name);
+  return NF_OK;
+}
+
+static int apply_item(lw *L, int si, nest *n, const nf_sched_item *it) {
+  int p, q, rc;
+  switch (it->kind) {
+  case NF_SCH_SPLIT: {
+    if ((p = find_loop(n, it->names[0])) < 0) return unknown_loop(L, si, n, "split", it->names[0]);
+    if (it->factor <= 0)
+      return lerr(L, NF_EINVAL, si, "split: factor must be positive, got %lld",
+                  (long long)it->factor);
+    if (n->n == MAX_LOOPS) return lerr(L, NF_ELIMIT, si, "split: too many loops");
+    lloop old = n->l[p];
+    char on[NF_SCHED_NAME + 2], in[NF_SCHED_NAME + 2];
+    snprintf(on, sizeof on, "%s.o", old.name);
+    snprintf(in, sizeof in, "%s.i", old.name);
+    if ((rc = name_free(L, si, n, on)) < 0 || (rc = name_free(L, si, n, in)) < 0) return rc;
+    int64_t f = it->factor, E = old.ext;
+    lloop lo = {0}, li = {0};
+    lo.ext = E == 0 ? 0 : (E - 1) / f + 1;
+    li.ext = f;
+    lo.var = new_var(L, lo.ext);
+    li.var = new_var(L, li.ext);
+    lo.red = li.red = old.red;
+    memcpy(lo.name, on, strlen(on) + 1);
+    memcpy(li.name, in, strlen(in) + 1);
+    const nf_expr *to = bin(L, NF_OP_ADD, bin(L, NF_OP_MUL, var(L, lo.var), ci(L, f)),
+                            var(L, li.var));
+    if (!to || L->oom) return NF_ENOMEM;
+    if ((rc = nest_subst(L, n, old.var, to)) < 0) return rc;
+    if (E % f != 0) {
+      if (n->ng == MAX_GUARDS) return lerr(L, NF_ELIMIT, si, "split: too many guards");
+      const nf_expr *gd = simp(L, bin(L, NF_OP_LT, to, ci(L, E)));
+      if (!gd) return NF_ENOMEM;
+      if (!(gd->op == NF_OP_CONST && gd->u.i)) n->guard[n->ng++] = gd;
+    }
+    memmove(&n->l[p + 2], &n->l[p + 1], (size_t)(n->n - p - 1) * sizeof n->l[0]);
+    n->l[p] = lo;
+    n->l[p + 1] = li;
+    n->n++;
+    return NF_OK;
+  }
+  case NF_SCH_REORDER: {
+    int pos[NF_SCHED_MAX_NAMES];
+    for (int a = 0; a < it->n_names; a++) {
+      if ((pos[a] = find_loop(n, it->names[a])) < 0)
+        return unknown_loop(L, si, n, "reorder", it->names[a]);
+      for (int b = 0; b < a; b++)
+        if (pos[b] == pos[a])
+          return lerr(L, NF_EINVAL, si, "reorder: loop '%s' listed twice (not a permutation)",
+                      it->names[a]);
+    }
+    /* the listed loops take the positions they occupy, in listed order */
+    int slots[NF_SCHED_MAX_NAMES];
+    memcpy(slots, pos, sizeof slots);
+    for (int a = 1; a < it->n_names; a++)
+      for (int b = a; b > 0 && slots[b - 1] > slots[b]; b--) {
+        int t = slots[b];
+        slots[b] = slots[b - 1];
+        slots[b - 1] = t;
+      }
+    lloop old[MAX_LOOPS];
+    memcpy(old, n->l, sizeof old);
+    for (int a = 0; a < it->n_names; a++) n->l[slots[a]] = old[pos[a]];
+    /* did two reduction loops swap? */
+    for (int a = 0; a < it->n_names; a++)
+      for (int b = a + 1; b < it->n_names; b++)
+        if (old[pos[a]].red && old[pos[b]].red && pos[a] > pos[b]) n->reassoc = 1;
+    return NF_OK;
+  }
+  case NF_SCH_FUSE: {
+    if ((p = find_loop(n, it->names[0])) < 0) return unknown_loop(L, si, n, "fuse", it->names[0]);
+    if ((q = find_loop(n, it->names[1])) < 0) return unknown_loop(L, si, n, "fuse", it->names[1]);
+    if (q != p + 1)
+      return lerr(L, NF_EINVAL, si, "fuse: '%s' is not directly inside '%s'", it->names[1],
+                  it->names[0]);
+    if (n->l[p].red != n->l[q].red)
+      return lerr(L, NF_EINVAL, si, "fuse: cannot fuse reduction loop with spatial loop ('%s', '%s')",
+                  it->names[0], it->names[1]);
+    char fn[3 * NF_SCHED_NAME];
+    snprintf(fn, sizeof fn, "%s.%s.fused", n->l[p].name, n->l[q].name);
+    if (strlen(fn) >= NF_SCHED_NAME) return lerr(L, NF_ELIMIT, si, "fuse: name too long");
+    if ((rc = name_free(L, si, n, fn)) < 0) return rc;
+    lloop a = n->l[p], b = n->l[q], f = {0};
+    if (__builtin_mul_overflow(a.ext, b.ext, &f.ext))
+      return lerr(L, NF_EOVERFLOW, si, "fuse: extent overflows");
+    f.var = new_var(L, f.ext);
+    f.red = a.red;
+    memcpy(f.name, fn, strlen(fn) + 1);
+    if (L->oom) return NF_ENOMEM;
+    const nf_expr *ta, *tb;
+    if (b.ext == 0) {
+      ta = ci(L, 0);
+      tb = ci(L, 0);
+    } else {
+      ta = bin(L, NF_OP_FLOORDIV, var(L, f.var), ci(L, b.ext));
+      tb = bin(L, NF_OP_MOD, var(L, f.var), ci(L, b.ext));
+    }
+    if (!ta || !tb) return NF_ENOMEM;
+    if ((rc = nest_subst(L, n, a.var, ta)) < 0 || (rc = nest_subst(L, n, b.var, tb)) < 0)
+      return rc;
+    n->l[p] = f;
+    memmove(&n->l[q], &n->l[q + 1], (size_t)(n->n - q - 1) * sizeof n->l[0]);
+    n->n--;
+    return NF_OK;
+  }
+  case NF_SCH_PARALLEL:
+  case NF_SCH_VECTORIZE:
+  case NF_SCH_UNROLL: {
+    static const char *pn[] = {"parallel", "vectorize", "unroll"};
+    static const uint8_t kinds[] = {NF_LOOP_PARALLEL, NF_LOOP_VECTOR, NF_LOOP_UNROLL};
+    int w = it->kind - NF_SCH_PARALLEL;
+    if ((p = find_loop(n, it->names[0])) < 0) return unknown_loop(L, si, n, pn[w], it->names[0]);
+    if (n->l[p].kind != NF_LOOP_SERIAL && n->l[p].kind != kinds[w])
+      return lerr(L, NF_EINVAL, si, "%s: loop '%s' is already annotated", pn[w], it->names[0]);
+    n->l[p].kind = kinds[w];
+    return NF_OK;
+  }
+  case NF_SCH_CACHE_WRITE:
+    if (L->g->stmts[si].red == NF_RED_NONE)
+      return lerr(L, NF_EINVAL, si, "cache_write applies to reductions only");
+    if (n->has_cw) return lerr(L, NF_EINVAL, si, "cache_write given twice");
+    if ((p = find_loop(n, it->names[0])) < 0)
+      return unknown_loop(L, si, n, "cache_write", it->names[0]);
+    n->has_cw = 1;
+    n->cw_var = n->l[p].var;
+    memcpy(n->cw_name, n->l[p].name, NF_SCHED_NAME);
+    return NF_OK;
+  case NF_SCH_COMPUTE_AT:
+    return lerr(L, NF_EUNSUPPORTED, si, "compute_at is not implemented yet");
+  case NF_SCH_CACHE_READ:
+    return lerr(L, NF_EUNSUPPORTED, si, "cache_read/pack is not implemented yet");
+  case NF_SCH_INLINE:
+    return lerr(L, NF_EINVAL, si, "compute_inline: statement is scheduled by other primitives");
+  default:
+    return lerr(L, NF_EINVAL, si, "unknown primitive %d", it->kind);
+  }
+}
+
+/* The position of the cache_write loop, or -1. */
+static int cw_pos(const nest *n) {
+  if (!n->has_cw) return -1;
+  for (int i = 0; i < n->n; i++)
+    if (n->l[i].var == n->cw_var) return i;
+  return -2;
+}
+
+/* Which loops (positions) an expression uses, as a bit mask. */
+static uint64_t loop_mask(const nest *n, const nf_expr *e) {
+  uint64_t m = 0;
+  for (int i = 0; i < n->n; i++)
+    if (uses_var(e, n->l[i].var)) m |= 1ull << i;
+  return m;
+}
+
+/* Splits an output index into the part using loops outside the cache
+ * loop c and the part using loops inside; fails on a summand that mixes. */
+static int split_index(lw *L, const nest *n, int c, const nf_expr *e, const nf_expr **inner) {
+  const nf_expr *stack[64];
+  int sp = 0;
+  uint64_t outer_m = (c + 1 >= 64) ? ~0ull : ((1ull << (c + 1)) - 1);
+  *inner = ci(L, 0);
+  stack[sp++] = e;
+  while (sp > 0) {
+    const nf_expr *x = stack[--sp];
+    if (x->op == NF_OP_ADD && sp < 62) {
+      stack[sp++] = x->args[0];
+      stack[sp++] = x->args[1];
+      continue;
+    }
+    uint64_t m = loop_mask(n, x);
+    if ((m & outer_m) && (m & ~outer_m)) return 0;
+    if (m & ~outer_m) *inner = bin(L, NF_OP_ADD, *inner, x);
+  }
+  *inner = simp(L, *inner);
+  return *inner != NULL;
+}
+
+/* Checks the annotations and cache_write of a finished nest. */
+static int nest_finish(lw *L, int si, nest *n) {
+  for (int i = 0; i < n->n; i++) {
+    const lloop *lp = &n->l[i];
+    switch (lp->kind) {
+    case NF_LOOP_PARALLEL:
+      if (i != 0)
+        return lerr(L, NF_EINVAL, si, "parallel: loop '%s' is not the outermost loop", lp->name);
+      if (lp->red)
+        return lerr(L, NF_EINVAL, si,
+                    "parallel: loop '%s' is a reduction loop (would break the reduction's "
+                    "dependence)", lp->name);
+      break;
+    case NF_LOOP_VECTOR:
+      if (i != n->n - 1)
+        return lerr(L, NF_EINVAL, si, "vectorize: loop '%s' is not the innermost loop", lp->name);
+      if (lp->red)
+        return lerr(L, NF_EINVAL, si,
+                    "vectorize: loop '%s' is a reduction loop (would break the reduction's "
+                    "dependence)", lp->name);
+      if (lp->ext < 2 || lp->ext > 64)
+        return lerr(L, NF_EINVAL, si, "vectorize: extent %lld of loop '%s' is not in 2..64",
+                    (long long)lp->ext, lp->name);
+      break;
+    case NF_LOOP_UNROLL:
+      if (lp->ext > 64)
+        return lerr(L, NF_EINVAL, si, "unroll: extent %lld of loop '%s' is over 64",
+                    (long long)lp->ext, lp->name);
+      break;
+    default: break;
+    }
+  }
+  int c = cw_pos(n);
+  if (c == -2)
+    return lerr(L, NF_EINVAL, si, "cache_write: loop '%s' no longer exists (split or fused later)",
+                n->cw_name);
+  if (c >= 0) {
+    for (int i = 0; i <= c; i++)
+      if (n->l[i].red)
+        return lerr(L, NF_EINVAL, si, "cache_write: reduction loop '%s' is outside '%s'",
+                    n->l[i].name, n->cw_name);
+    if (c == n->n - 1)
+      return lerr(L, NF_EINVAL, si, "cache_write: no loops inside '%s'", n->cw_name);
+    if (n->l[n->n - 1].kind == NF_LOOP_VECTOR && c == n->n - 2)
+      return lerr(L, NF_EINVAL, si, "cache_write: tile inside the vector loop");
+    const nf_tensor *t = &L->g->tensors[L->g->stmts[si].out];
+    int64_t elems = 1;
+    for (int d = 0; d < t->rank; d++) {
+      const nf_expr *in;
+      nf_range r;
+      if (!split_index(L, n, c, n->orig[d], &in))
+        return lerr(L, NF_EINVAL, si,
+                    "cache_write: output index %d mixes loops inside and outside '%s'", d,
+                    n->cw_name);
+      if (!nf_expr_bounds(in, L->vr, (int)L->nv, &r))
+        return lerr(L, NF_EINVAL, si, "cache_write: cannot bound the tile");
+      elems *= r.hi - r.lo + 1;
+      if (elems > TILE_MAX_ELEMS)
+        return lerr(L, NF_ELIMIT, si, "cache_write: tile over %d elements", TILE_MAX_ELEMS);
+    }
+  }
+  return NF_OK;
+}
+
+static int resolve_stmt(lw *L, int32_t idx, const char *name, int *out) {
+  if (idx >= 0) {
+    if ((uint32_t)idx >= L->g->n_stmts)
+      return lerr(L, NF_EINVAL, -1, "statement %d out of range (the graph has %u)", idx,
+                  L->g->n_stmts);
+    *out = idx;
+    return NF_OK;
+  }
+  for (uint32_t s = 0; s < L->g->n_stmts; s++) {
+    const char *tn = L->g->tensors[L->g->stmts[s].out].name;
+    if (tn && strcmp(tn, name) == 0) {
+      *out = (int)s;
+      return NF_OK;
+    }
+  }
+  return lerr(L, NF_EINVAL, -1, "unknown statement '%s'", name);
+}
+
+/* Builds and checks the nest of statement si under schedule s. */
+static int stmt_nest(lw *L, const nf_schedule *s, int si, nest *n) {
+  int rc;
+  nest_init(L, si, n);
+  if (L->oom) return NF_ENOMEM;
+  for (int k = 0; s && k < s->n_items; k++) {
+    const nf_sched_item *it = &s->items[k];
+    int t;
+    if ((rc = resolve_stmt(L, it->stmt, it->stmt_name, &t)) < 0) return rc;
+    if (t != si || it->kind == NF_SCH_INLINE) continue;
+    if ((rc = apply_item(L, si, n, it)) < 0) {
+      if (it->line > 0) nf_buf_printf(L->err, " (line %d)", it->line);
+      return rc;
+    }
+  }
+  return nest_finish(L, si, n);
+}
+
+/* ---- statement building ---- */
+
+static nf_lstmt *mk(lw *L, int kind, int n_body) {
+  nf_lstmt *s = nf_arena_alloc(L->arena, sizeof *s);
+  if (!s) {
+    L->oom = 1;
+    return NULL;
+  }
+  s->kind = (uint8_t)kind;
+  s->n_body = n_body;
+  if (n_body > 0) {
+    s->body = nf_arena_alloc(L->arena, (size_t)n_body * sizeof *s->body);
+    if (!s->body) {
+      L->oom = 1;
+      return NULL;
+    }
+  }
+  return s;
+}
+
+static nf_lstmt *seq(lw *L, nf_lstmt **items, int n) {
+  nf_lstmt *s = mk(L, NF_LS_SEQ, n);
+  if (!s) return NULL;
+  for (int i = 0; i < n; i++) {
+    if (!items[i]) return NULL;
+    s->body[i] = items[i];
+  }
+  return s;
+}
+
+static nf_lstmt *wrap1(lw *L, int kind, nf_lstmt *body) {
+  if (!body) return NULL;
+  nf_lstmt *s = mk(L, kind, 1);
+  if (s) s->body[0] = body;
+  return s;
+}
+
+static const char *dup_name(lw *L, const char *s) {
+  const char *d = nf_arena_strdup(L->arena, s);
+  if (!d) L->oom = 1;
+  return d;
+}
+
+/* Loops loops[0..n) around payload; guard g goes right inside the
+ * innermost of these loops it uses (before the next loop). */
+static nf_lstmt *build(lw *L, const lloop *loops, int n, const nf_expr *const *guards, int ng,
+                       nf_lstmt *payload) {
+  int lvl[MAX_GUARDS];
+  for (int k = 0; k < ng; k++) {
+    lvl[k] = 0;
+    for (int i = 0; i < n; i++)
+      if (uses_var(guards[k], loops[i].var)) lvl[k] = i + 1;
+  }
+  nf_lstmt *cur = payload;
+  for (int level = n; level >= 0 && cur; level--) {
+    const nf_expr *cond = NULL;
+    for (int k = 0; k < ng; k++)
+      if (lvl[k] == level) cond = cond ? bin(L, NF_OP_AND, cond, guards[k]) : guards[k];
+    if (cond) {
+      cur = wrap1(L, NF_LS_IF, cur);
+      if (!cur) return NULL;
+      cur->cond = cond;
+    }
+    if (level > 0) {
+      const lloop *lp = &loops[level - 1];
+      cur = wrap1(L, NF_LS_LOOP, cur);
+      if (!cur) return NULL;
+      cur->var = lp->var;
+      cur->extent = lp->ext;
+      cur->loop_kind = lp->kind;
+      cur->var_name = dup_name(L, lp->name);
+    }
+  }
+  return cur;
+}
+
+static const nf_expr *identity(lw *L, int red, nf_dtype t) {
+  if (nf_dtype_is_float(t)) {
+    double v = red == NF_RED_PROD ? 1 : red == NF_RED_MAX ? -INFINITY
+             : red == NF_RED_MIN ? INFINITY : 0;
+    return nf_e_const_f(L->ctx, t, v);
+  }
+  int64_t lo = t == NF_I32 ? INT32_MIN : t == NF_BOOL ? 0 : INT64_MIN;
+  int64_t hi = t == NF_I32 ? INT32_MAX : t == NF_BOOL ? 1 : INT64_MAX;
+  int64_t v = red == NF_RED_PROD ? 1 : red == NF_RED_MAX ? lo : red == NF_RED_MIN ? hi : 0;
+  return nf_e_const_i(L->ctx, t, v);
+}
+
+static nf_lstmt *store(lw *L, uint32_t buf, int n_idx, const nf_expr *const *idx,
+                       const nf_expr *value, int op) {
+  nf_lstmt *s = mk(L, NF_LS_STORE, 0);
+  if (!s || !value) return NULL;
+  s->buf = buf;
+  s->n_idx = n_idx;
+  for (int i = 0; i < n_idx; i++) {
+    if (!idx[i]) return NULL;
+    s->idx[i] = idx[i];
+  }
+  s->value = value;
+  s->op = (uint8_t)op;
+  return s;
+}
+
+static int add_buf(lw *L, const char *name, int dtype, int kind, int rank, const int64_t *shape,
+                   int32_t arg) {
+  if (L->nb == L->cap_b) {
+    uint32_t nc = L->cap_b ? 2 * L->cap_b : 16;
+    nf_lbuf *n = nf_arena_alloc(L->arena, nc * sizeof *n);
+    if (!n) return -1;
+    if (L->nb) memcpy(n, L->bufs, L->nb * sizeof *n);
+    L->bufs = n;
+    L->cap_b = nc;
+  }
+  nf_lbuf *b = &L->bufs[L->nb];
+  memset(b, 0, sizeof *b);
+  b->name = dup_name(L, name ? name : "t");
+  b->dtype = (uint8_t)dtype;
+  b->kind = (uint8_t)kind;
+  b->rank = (uint8_t)rank;
+  for (int d = 0; d < rank; d++) b->shape[d] = shape[d];
+  b->arg = arg;
+  return (int)L->nb++;
+}
+
+/* ---- rhs translation ---- */
+
+typedef struct tmap {
+  const nf_expr **key, **val;
+  size_t cap, n;
+} tmap;
+
+static const nf_expr *tmap_get(const tmap *m, const nf_expr *k) {
+  if (!m->cap) return NULL;
+  size_t h = ((uintptr_t)k >> 4) * 0x9e3779b97f4a7c15ull & (m->cap - 1);
+  while (m->key[h]) {
+    if (m->key[h] == k) return m->val[h];
+    h = (h + 1) & (m->cap - 1);
+  }
+  return NULL;
+}
+
+static int tmap_put(tmap *m, const nf_expr *k, const nf_expr *v) {
+  if (2 * (m->n + 1) > m->cap) {
+    tmap nm = {0};
+    nm.cap = m->cap ? 2 * m->cap : 64;
+    nm.key = calloc(nm.cap, sizeof *nm.key);
+    nm.val = calloc(nm.cap, sizeof *nm.val);
+    if (!nm.key || !nm.val) {
+      free(nm.key);
+      free(nm.val);
+      return NF_ENOMEM;
+    }
+    for (size_t i = 0; i < m->cap; i++)
+      if (m->key[i]) tmap_put(&nm, m->key[i], m->val[i]);
+    free(m->key);
+    free(m->val);
+    *m = nm;
+  }
+  size_t h = ((uintptr_t)k >> 4) * 0x9e3779b97f4a7c15ull & (m->cap - 1);
+  while (m->key[h] && m->key[h] != k) h = (h + 1) & (m->cap - 1);
+  if (!m->key[h]) m->n++;
+  m->key[h] = k;
+  m->val[h] = v;
+  return NF_OK;
+}
+
+static void tmap_free(tmap *m) {
+  free(m->key);
+  free(m->val);
+}
+
+static const nf_expr *translate(lw *L, const nf_expr *e, const nf_expr *const *vmap, int nvmap,
+                                tmap *memo, int depth);
+
+static const nf_expr *translate_access(lw *L, const nf_expr *e, const nf_expr *const *args,
+                                       int depth) {
+  uint32_t t = e->u.tensor;
+  int32_t b = L->buf_of[t];
+  if (b < 0) { /* inlined producer: substitute its rhs at these indices */
+    const nf_stmt *ps = &L->g->stmts[L->stmt_of[t]];
+    if (depth > 64) return NULL;
+    tmap m = {0};
+    const nf_expr *r = translate(L, ps->rhs, args, e->n_args, &m, depth + 1);
+    tmap_free(&m);
+    return r;
+  }
+  const nf_expr *idx[NF_MAX_RANK];
+  for (int d = 0; d < e->n_args; d++) {
+    idx[d] = args[d];
+    if (uses_access(args[d])) { /* data-dependent: clamp into the buffer */
+      int64_t hi = L->bufs[b].shape[d] - 1;
+      idx[d] = bin(L, NF_OP_MIN, bin(L, NF_OP_MAX, args[d], ci(L, 0)), ci(L, hi < 0 ? 0 : hi));
+      if (!idx[d]) return NULL;
+    }
+  }
+  return nf_e_access(L->ctx, (uint32_t)b, (nf_dtype)e->dtype, e->n_args, idx);
+}
+
+static const nf_expr *translate(lw *L, const nf_expr *e, const nf_expr *const *vmap, int nvmap,
+                                tmap *memo, int depth) {
+  const nf_expr *r = tmap_get(memo, e);
+  if (r) return r;
+  if (e->op == NF_OP_VAR) {
+    if ((int)e->u.var >= nvmap) return NULL;
+    r = vmap[e->u.var];
+  } else if (e->n_args == 0 && e->op != NF_OP_ACCESS) {
+    r = nf_e_rebuild(L->ctx, e, NULL);
+  } else {
+    const nf_expr *args[NF_MAX_RANK > 3 ? NF_MAX_RANK : 3];
+    for (int i = 0; i < e->n_args; i++)
+      if (!(args[i] = translate(L, e->args[i], vmap, nvmap, memo, depth))) return NULL;
+    r = e->op == NF_OP_ACCESS ? translate_access(L, e, args, depth)
+                              : nf_e_rebuild(L->ctx, e, args);
+  }
+  if (r && tmap_put(memo, e, r) < 0) return NULL;
+  return r;
+}
+
+/* ---- lowering of one statement ---- */
+
+static nf_lstmt *replica(lw *L, const nest *n, int c, nf_lstmt *(*payload)(lw *, void *,
+                                                                         const nf_expr *const *),
+                         void *ud, const nf_expr *const *tile_idx, int rank) {
+  /* spatial loops inside c with fresh variables; guards on them */
+  lloop loops[MAX_LOOPS];
+  const nf_expr *guards[MAX_GUARDS], *tidx[2 * NF_MAX_RANK];
+  int nl = 0, ng = 0;
+  uint32_t from[MAX_LOOPS], to[MAX_LOOPS];
+  int nmap = 0;
+  for (int i = c + 1; i < n->n; i++) {
+    if (n->l[i].red) continue;
+    loops[nl] = n->l[i];
+    loops[nl].var = new_var(L, n->l[i].ext);
+    from[nmap] = n->l[i].var;
+    to[nmap++] = loops[nl].var;
+    nl++;
+  }
+  if (L->oom) return NULL;
+  for (int k = 0; k < n->ng; k++) {
+    int bad = 0;
+    for (int i = c + 1; i < n->n; i++)
+      if (n->l[i].red && uses_var(n->guard[k], n->l[i].var)) bad = 1;
+    if (bad) continue;
+    const nf_expr *g = n->guard[k];
+    for (int m = 0; m < nmap && g; m++) g = subst(L, g, from[m], var(L, to[m]));
+    uint64_t inner = 0;
+    for (int m = 0; m < nmap && g; m++) inner |= uses_var(g, to[m]);
+    if (!g) return NULL;
+    if (inner) guards[ng++] = g; /* outer-only guards are already around */
+  }
+  for (int d = 0; d < rank; d++) {
+    const nf_expr *x = tile_idx[d];
+    for (int m = 0; m < nmap && x; m++) x = subst(L, x, from[m], var(L, to[m]));
+    if (!x) return NULL;
+    tidx[d] = x;
+  }
+  return build(L, loops, nl, guards, ng, payload(L, ud, tidx));
+}
+
+typedef struct wb_ctx {
+  uint32_t tile, out;
+  int rank;
+  const nf_expr *const *orig; /* output index in main-nest variables */
+  const nest *n;
+  int c;
+  const nf_expr *idv; /* identity */
+} wb_ctx;
+
+static nf_lstmt *init_payload(lw *L, void *ud, const nf_expr *const *tidx) {
+  wb_ctx *w = ud;
+  return store(L, w->tile, w->rank, tidx, w->idv, NF_RED_NONE);
+}
+
+static nf_lstmt *wb_payload(lw *L, void *ud, const nf_expr *const *both) {
+  wb_ctx *w = ud;
+  const nf_lbuf *tb = &L->bufs[w->tile];
+  const nf_expr *v = nf_e_access(L->ctx, w->tile, (nf_dtype)tb->dtype, w->rank, both);
+  return store(L, w->out, w->rank, both + w->rank, v, NF_RED_NONE);
+}
+
+static int lower_stmt(lw *L, const nf_schedule *s, int si, nf_lstmt **out, int *reassoc) {
+  const nf_stmt *st = &L->g->stmts[si];
+  const nf_tensor *t = &L->g->tensors[st->out];
+  nest n;
+  int rc = stmt_nest(L, s, si, &n);
+  if (rc < 0) return rc;
+  *reassoc |= n.reassoc;
+  uint32_t ob = (uint32_t)L->buf_of[st->out];
+  tmap memo = {0};
+  const nf_expr *rhs = translate(L, st->rhs, n.orig, n.n_orig, &memo, 0);
+  tmap_free(&memo);
+  rhs = simp(L, rhs);
+  if (!rhs) return lerr(L, L->oom || nf_ir_ctx_oom(L->ctx) ? NF_ENOMEM : NF_ELIMIT, si,
+                        "cannot translate the right-hand side");
+  int rank = t->rank;
+  const nf_expr *idv = st->red != NF_RED_NONE ? identity(L, st->red, (nf_dtype)t->dtype) : NULL;
+  int c = cw_pos(&n);
+  if (c < 0) {
+    nf_lstmt *main = build(L, n.l, n.n, n.guard, n.ng,
+                           store(L, ob, rank, n.orig, rhs, st->red));
+    if (!main) return NF_ENOMEM;
+    if (st->red == NF_RED_NONE) {
+      *out = main;
+      return NF_OK;
+    }
+    /* identity first, over the whole output */
+    lloop il[NF_MAX_RANK];
+    const nf_expr *ix[NF_MAX_RANK];
+    for (int d = 0; d < rank; d++) {
+      memset(&il[d], 0, sizeof il[d]);
+      il[d].ext = t->shape[d];
+      il[d].var = new_var(L, il[d].ext);
+      nf__sched_var_name(st, d, il[d].name);
+      ix[d] = var(L, il[d].var);
+    }
+    if (L->oom) return NF_ENOMEM;
+    nf_lstmt *items[2] = {build(L, il, rank, NULL, 0, store(L, ob, rank, ix, idv, NF_RED_NONE)),
+                          main};
+    *out = seq(L, items, 2);
+    return *out ? NF_OK : NF_ENOMEM;
+  }
+  /* cache_write at loop c: the tile */
+  const nf_expr *tin[NF_MAX_RANK], *tidx[NF_MAX_RANK];
+  int64_t tshape[NF_MAX_RANK];
+  for (int d = 0; d < rank; d++) {
+    nf_range r;
+    if (!split_index(L, &n, c, n.orig[d], &tin[d]) || !nf_expr_bounds(tin[d], L->vr, (int)L->nv, &r))
+      return lerr(L, NF_EINTERNAL, si, "cache_write: tile index");
+    tshape[d] = r.hi - r.lo + 1;
+    tidx[d] = simp(L, bin(L, NF_OP_SUB, tin[d], ci(L, r.lo)));
+    if (!tidx[d]) return NF_ENOMEM;
+  }
+  char tname[NF_SCHED_NAME + 16];
+  snprintf(tname, sizeof tname, "%s_tile", t->name ? t->name : "t");
+  int tb = add_buf(L, tname, t->dtype, NF_BUF_TEMP, rank, tshape, -1);
+  if (tb < 0) return NF_ENOMEM;
+  wb_ctx w = {.tile = (uint32_t)tb, .out = ob, .rank = rank, .orig = n.orig, .n = &n, .c = c,
+              .idv = idv};
+  /* init */
+  nf_lstmt *init = replica(L, &n, c, init_payload, &w, tidx, rank);
+  /* accumulate */
+  const nf_expr *ig[MAX_GUARDS], *og[MAX_GUARDS];
+  int nig = 0, nog = 0;
+  for (int k = 0; k < n.ng; k++) {
+    int inner = 0;
+    for (int i = c + 1; i < n.n; i++) inner |= uses_var(n.guard[k], n.l[i].var);
+    if (inner)
+      ig[nig++] = n.guard[k];
+    else
+      og[nog++] = n.guard[k];
+  }
+  nf_lstmt *acc = build(L, &n.l[c + 1], n.n - c - 1, ig, nig,
+                        store(L, (uint32_t)tb, rank, tidx, rhs, st->red));
+  /* write back: out[orig] = tile[tidx] over the same replica loops; orig
+   * is rewritten like tidx, so pass both through one replica */
+  const nf_expr *both[2 * NF_MAX_RANK];
+  for (int d = 0; d < rank; d++) {
+    both[d] = tidx[d];
+    both[rank + d] = n.orig[d];
+  }
+  nf_lstmt *wb = replica(L, &n, c, wb_payload, &w, both, 2 * rank);
+  if (!init || !acc || !wb) return L->oom ? NF_ENOMEM : NF_EINTERNAL;
+  nf_lstmt *items[3] = {init, acc, wb};
+  nf_lstmt *al = wrap1(L, NF_LS_ALLOC, seq(L, items, 3));
+  if (!al) return NF_ENOMEM;
+  al->buf = (uint32_t)tb;
+  *out = build(L, n.l, c + 1, og, nog, al);
+  return *out ? NF_OK : NF_ENOMEM;
+}
+
+/* ---- whole graphs ---- */
+
+static void lw_free(lw *L) {
+  free(L->vr);
+  free(L->buf_of);
+  free(L->stmt_of);
+  free(L->inlined);
+}
+
+/* Sets up buffers, inlining and checks that s fits g. */
+static int lw_init(lw *L, const nf_graph *g, const nf_schedule *s, nf_ir_ctx *ctx, nf_buf *err) {
+  memset(L, 0, sizeof *L);
+  L->g = g;
+  L->ctx = ctx;
+  L->arena = nf_ir_ctx_arena(ctx);
+  L->err = err;
+  L->buf_of = malloc((g->n_tensors ? g->n_tensors : 1) * sizeof *L->buf_of);
+  L->stmt_of = malloc((g->n_tensors ? g->n_tensors : 1) * sizeof *L->stmt_of);
+  L->inlined = calloc(g->n_stmts ? g->n_stmts : 1, 1);
+  if (!L->buf_of || !L->stmt_of || !L->inlined) return NF_ENOMEM;
+  for (uint32_t t = 0; t < g->n_tensors; t++) L->buf_of[t] = L->stmt_of[t] = -1;
+  for (uint32_t i = 0; i < g->n_stmts; i++) L->stmt_of[g->stmts[i].out] = (int32_t)i;
+  if (s && s->version != NF_SCHEDULE_VERSION)
+    return lerr(L, NF_EINVAL, -1, "schedule version %d, want %d", s->version,
+                NF_SCHEDULE_VERSION);
+  if (s && s->n_stmts >= 0 && s->n_stmts != (int64_t)g->n_stmts)
+    return lerr(L, NF_EINVAL, -1, "schedule is for a graph of %lld statements, this one has %u",
+                (long long)s->n_stmts, g->n_stmts);
+  for (int k = 0; s && k < s->n_items; k++) {
+    const nf_sched_item *it = &s->items[k];
+    int si, rc;
+    if ((rc = resolve_stmt(L, it->stmt, it->stmt_name, &si)) < 0) return rc;
+    if (it->kind >= NF_SCH_N_KINDS) return lerr(L, NF_EINVAL, si, "unknown primitive");
+    if (it->kind != NF_SCH_INLINE) continue;
+    const nf_stmt *st = &g->stmts[si];
+    if (st->red != NF_RED_NONE || st->n_red)
+      return lerr(L, NF_EINVAL, si, "compute_inline: statement is a reduction");
+    if (g->tensors[st->out].kind != NF_T_LOCAL)
+      return lerr(L, NF_EINVAL, si, "compute_inline: '%s' is a graph output",
+                  g->tensors[st->out].name ? g->tensors[st->out].name : "?");
+    L->inlined[si] = 1;
+  }
+  for (int k = 0; s && k < s->n_items; k++) {
+    int si;
+    resolve_stmt(L, s->items[k].stmt, s->items[k].stmt_name, &si);
+    if (L->inlined[si] && s->items[k].kind != NF_SCH_INLINE)
+      return lerr(L, NF_EINVAL, si, "statement is inlined: it has no loops to schedule");
+  }
+  for (uint32_t k = 0; k < g->n_inputs; k++) {
+    const nf_tensor *t = &g->tensors[g->inputs[k]];
+    int b = add_buf(L, t->name, t->dtype, NF_BUF_INPUT, t->rank, t->shape, (int32_t)k);
+    if (b < 0 || L->oom) return NF_ENOMEM;
+    L->buf_of[g->inputs[k]] = b;
+  }
+  for (uint32_t k = 0; k < g->n_outputs; k++) {
+    const nf_tensor *t = &g->tensors[g->outputs[k]];
+    if (L->buf_of[g->outputs[k]] >= 0 || L->stmt_of[g->outputs[k]] < 0)
+      return lerr(L, NF_EUNSUPPORTED, -1, "output '%s' is an input or listed twice",
+                  t->name ? t->name : "?");
+    int b = add_buf(L, t->name, t->dtype, NF_BUF_OUTPUT, t->rank, t->shape,
+                    (int32_t)(g->n_inputs + k));
+    if (b < 0 || L->oom) return NF_ENOMEM;
+    L->buf_of[g->outputs[k]] = b;
+  }
+  for (uint32_t i = 0; i < g->n_stmts; i++) {
+    uint32_t o = g->stmts[i].out;
+    const nf_tensor *t = &g->tensors[o];
+    if (L->buf_of[o] >= 0 || L->inlined[i]) continue;
+    int b = add_buf(L, t->name, t->dtype, NF_BUF_TEMP, t->rank, t->shape, -1);
+    if (b < 0 || L->oom) return NF_ENOMEM;
+    L->buf_of[o] = b;
+  }
+  return NF_OK;
+}
+
+int nf_lower_ex(const nf_graph *g, const nf_schedule *s, nf_ir_ctx *ctx, nf_lprog **out,
+                nf_lower_info *info, nf_buf *err) {
+  lw L;
+  nf_schedule *def = NULL;
+  int rc, reassoc = 0;
+  *out = NULL;
+  if (info) memset(info, 0, sizeof *info);
+  if (!s) {
+    if ((rc = nf_schedule_default(g, &def)) < 0) return rc;
+    s = def;
+  }
+  rc = lw_init(&L, g, s, ctx, err);
+  uint32_t n_temps_graph = L.nb;
+  nf_lstmt **items = NULL;
+  int n_items = 0;
+  if (rc == NF_OK) {
+    items = calloc(g->n_stmts ? g->n_stmts : 1, sizeof *items);
+    if (!items) rc = NF_ENOMEM;
+  }
+  for (uint32_t i = 0; rc == NF_OK && i < g->n_stmts; i++) {
+    if (L.inlined[i]) continue;
+    rc = lower_stmt(&L, s, (int)i, &items[n_items], &reassoc);
+    if (rc == NF_OK) n_items++;
+  }
+  if (rc == NF_OK && (L.oom || nf_ir_ctx_oom(ctx))) rc = NF_ENOMEM;
+  nf_lstmt *root = NULL;
+  if (rc == NF_OK) {
+    nf_lstmt *body = seq(&L, items, n_items);
+    /* graph temporaries live for the whole program */
+    for (uint32_t b = n_temps_graph; b-- > 0 && body;) {
+      if (L.bufs[b].kind != NF_BUF_TEMP) continue;
+      body = wrap1(&L, NF_LS_ALLOC, body);
+      if (body) body->buf = b;
+    }
+    root = body && body->kind == NF_LS_SEQ ? body : (body ? seq(&L, &body, 1) : NULL);
+    if (!root) rc = NF_ENOMEM;
+  }
+  nf_lprog *p = NULL;
+  if (rc == NF_OK) {
+    p = nf_arena_alloc(L.arena, sizeof *p);
+    if (!p) rc = NF_ENOMEM;
+  }
+  if (rc == NF_OK) {
+    p->ctx = ctx;
+    p->name = dup_name(&L, g->name ? g->name : "kernel");
+    p->n_bufs = L.nb;
+    p->n_args = g->n_inputs + g->n_outputs;
+    p->n_vars = L.nv;
+    p->bufs = L.bufs;
+    p->root = root;
+    if (L.oom) rc = NF_ENOMEM;
+  }
+  free(items);
+  lw_free(&L);
+  nf_schedule_free(def);
+  if (rc < 0) return rc;
+  /* a schedule whose bounds the checker cannot prove is rejected, never
+   * handed to a backend */
+  if ((rc = nf__loop_validate(p, err)) < 0) {
+    nf_buf_puts(err, " (the schedule's index bounds cannot be proven)");
+    return rc;
+  }
+  if (info) info->reassociated = reassoc;
+  *out = p;
+  return NF_OK;
+}
+
+int nf_lower(const nf_graph *g, const nf_schedule *s, nf_ir_ctx *ctx, nf_lprog **out,
+             nf_buf *err) {
+  return nf_lower_ex(g, s, ctx, out, NULL, err);
+}
+
+/* ---- random schedules ---- */
+
+static uint64_t rnd(uint64_t *s) { /* splitmix64 */
+  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+static int64_t rnd_in(uint64_t *s, int64_t lo, int64_t hi) { /* inclusive */
+  return lo + (int64_t)(rnd(s) % (uint64_t)(hi - lo + 1));
+}
+
+/* Whether the nest of si under s is legal; fills *n. */
+static int try_nest(lw *L, const nf_schedule *s, int si, nest *n) {
+  nf_buf_reset(L->err);
+  return stmt_nest(L, s, si, n) == NF_OK;
+}
+
+int nf_schedule_random(const nf_graph *g, uint64_t seed, nf_schedule **out) {
+  nf_schedule *s = nf_schedule_new();
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  nf_buf err = NF_BUF_INIT;
+  lw L;
+  int rc = NF_OK;
+  uint64_t rs = seed ^ 0x5eed5eed5eedull;
+  *out = NULL;
+  if (!s || !ctx) rc = NF_ENOMEM;
+  if (rc == NF_OK) s->n_stmts = g->n_stmts;
+  /* inlining first: elementwise local producers, at random */
+  for (uint32_t i = 0; rc == NF_OK && i < g->n_stmts; i++) {
+    const nf_stmt *st = &g->stmts[i];
+    if (st->red != NF_RED_NONE || st->n_red || g->tensors[st->out].kind != NF_T_LOCAL) continue;
+    if (rnd(&rs) % 2) continue;
+    nf_sched_item it;
+    memset(&it, 0, sizeof it);
+    it.kind = NF_SCH_INLINE;
+    it.stmt = (int32_t)i;
+    rc = nf_schedule_add(s, &it);
+  }
+  if (rc == NF_OK) rc = lw_init(&L, g, s, ctx, &err);
+  for (uint32_t i = 0; rc == NF_OK && i < g->n_stmts; i++) {
+    if (L.inlined[i]) continue;
+    nest n;
+    if (!try_nest(&L, s, (int)i, &n)) {
+      rc = NF_EINTERNAL;
+      break;
+    }
+    int tries = (int)rnd_in(&rs, 0, 8);
+    for (int k = 0; k < tries && rc == NF_OK; k++) {
+      nf_sched_item it;
+      memset(&it, 0, sizeof it);
+      it.stmt = (int32_t)i;
+      int r = (int)(rnd(&rs) % 10);
+      const lloop *lp = &n.l[rnd(&rs) % (uint64_t)(n.n ? n.n : 1)];
+      if (n.n == 0) break;
+      it.n_names = 1;
+      switch (r) {
+      case 0: case 1: case 2:
+        it.kind = NF_SCH_SPLIT;
+        memcpy(it.names[0], lp->name, NF_SCHED_NAME);
+        it.factor = rnd_in(&rs, 1, lp->ext > 1 ? (lp->ext < 17 ? lp->ext : 17) : 2);
+        break;
+      case 3: {
+        it.kind = NF_SCH_REORDER;
+        int perm[MAX_LOOPS];
+        int m = n.n < NF_SCHED_MAX_NAMES ? n.n : NF_SCHED_MAX_NAMES;
+        for (int a = 0; a < m; a++) perm[a] = a;
+        for (int a = m - 1; a > 0; a--) {
+          int b = (int)(rnd(&rs) % (uint64_t)(a + 1)), t = perm[a];
+          perm[a] = perm[b];
+          perm[b] = t;
+        }
+        it.n_names = m;
+        for (int a = 0; a < m; a++) memcpy(it.names[a], n.l[perm[a]].name, NF_SCHED_NAME);
+        break;
+      }
+      case 4: {
+        int p = (int)(rnd(&rs) % (uint64_t)n.n);
+        if (p + 1 >= n.n) continue;
+        it.kind = NF_SCH_FUSE;
+        it.n_names = 2;
+        memcpy(it.names[0], n.l[p].name, NF_SCHED_NAME);
+        memcpy(it.names[1], n.l[p + 1].name, NF_SCHED_NAME);
+        break;
+      }
+      case 5:
+        it.kind = NF_SCH_PARALLEL;
+        memcpy(it.names[0], n.l[0].name, NF_SCHED_NAME);
+        break;
+      case 6:
+        it.kind = NF_SCH_VECTORIZE;
+        memcpy(it.names[0], n.l[n.n - 1].name, NF_SCHED_NAME);
+        break;
+      case 7:
+        it.kind = NF_SCH_UNROLL;
+        memcpy(it.names[0], lp->name, NF_SCHED_NAME);
+        break;
+      default:
+        if (g->stmts[i].red == NF_RED_NONE) continue;
+        it.kind = NF_SCH_CACHE_WRITE;
+        memcpy(it.names[0], lp->name, NF_SCHED_NAME);
+        break;
+      }
+      if ((rc = nf_schedule_add(s, &it)) < 0) break;
+      nest m;
+      if (try_nest(&L, s, (int)i, &m))
+        n = m;
+      else
+        s->n_items--;
+      if (L.oom || nf_ir_ctx_oom(ctx)) rc = NF_ENOMEM;
+    }
+  }
+  if (ctx) lw_free(&L);
+  /* whole-program check: drop primitives from the end until the program
+   * lowers and validates (bounds the checker cannot prove) */
+  while (rc == NF_OK) {
+    nf_lprog *p;
+    nf_buf_reset(&err);
+    int lr = nf_lower(g, s, ctx, &p, &err);
+    if (lr == NF_OK) break;
+    if (lr == NF_ENOMEM || s->n_items == 0) {
+      rc = lr == NF_ENOMEM ? NF_ENOMEM : NF_EINTERNAL;
+      break;
+    }
+    s->n_items--;
+  }
+  nf_ir_ctx_free(ctx);
+  nf_buf_free(&err);
+  if (rc < 0) {
+    nf_schedule_free(s);
+    return rc;
+  }
+  *out = s;
+  return NF_OK;
+}

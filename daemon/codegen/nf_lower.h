@@ -1,0 +1,114 @@
+/* nf_lower.h - schedules and lowering of graphs to the loop IR.
+ *
+ * A schedule is a versioned list of primitives, each applied in order to
+ * one statement's loop nest (docs/schedules.md has the text format).  A
+ * statement's initial nest is one loop per index variable: the output's
+ * variables outermost in order, then the reduction variables in order.
+ * Loops are named after the statement's variable names (var_names, or
+ * v<k> where a name is missing or repeated); split(x, f) yields x.o and
+ * x.i, fuse(a, b) yields a.b.fused.
+ *
+ * Lowering applies the schedule and yields an nf_lprog (nf_loop.h) that
+ * nf__loop_validate accepts.  An illegal schedule (unknown statement or
+ * loop, factor <= 0, vectorize of a loop that is not innermost, parallel
+ * of a loop that is not outermost, primitives that would race on a
+ * reduction, ...) is rejected with a message: never miscompiled.
+ *
+ * Summation order: lowering keeps each output element's reduction order
+ * (the IR's lexicographic order) unless a reorder swaps two loops derived
+ * from reduction variables; nf_lower_info.reassociated says so.
+ *
+ * Ownership: schedules are malloc'd and freed with nf_schedule_free; a
+ * lowered program and everything it points to live in the nf_ir_ctx
+ * passed to nf_lower (freed with it). */
+#ifndef NF_LOWER_H
+#define NF_LOWER_H
+
+#include <stdint.h>
+
+#include "nf_buf.h"
+#include "nf_ir.h"
+#include "nf_loop.h"
+
+#define NF_SCHEDULE_VERSION 1
+#define NF_SCHED_MAX_NAMES 24 /* loop names of one primitive */
+#define NF_SCHED_NAME 64      /* bytes of a name, NUL included */
+
+typedef enum nf_sched_kind {
+  NF_SCH_SPLIT = 0,    /* names[0], factor */
+  NF_SCH_REORDER,      /* names[0..n_names) */
+  NF_SCH_FUSE,         /* names[0], names[1] (adjacent, outer first) */
+  NF_SCH_PARALLEL,     /* names[0] */
+  NF_SCH_VECTORIZE,    /* names[0] */
+  NF_SCH_UNROLL,       /* names[0] */
+  NF_SCH_INLINE,       /* compute_inline: the statement itself */
+  NF_SCH_COMPUTE_AT,   /* consumer stmt2, loop names[0] */
+  NF_SCH_CACHE_WRITE,  /* loop names[0] */
+  NF_SCH_CACHE_READ,   /* input names[1], loop names[0] */
+  NF_SCH_N_KINDS
+} nf_sched_kind;
+
+/* One primitive.  stmt is the statement's index, or -1 when stmt_name (an
+ * output tensor name) names it, resolved against the graph when lowering. */
+typedef struct nf_sched_item {
+  uint8_t kind; /* nf_sched_kind */
+  int32_t stmt, stmt2;
+  char stmt_name[NF_SCHED_NAME], stmt2_name[NF_SCHED_NAME];
+  int n_names;
+  char names[NF_SCHED_MAX_NAMES][NF_SCHED_NAME];
+  int64_t factor;
+  int line, col; /* source position when parsed (0 otherwise) */
+} nf_sched_item;
+
+/* A schedule.  Read-only for callers; build it with the functions below. */
+typedef struct nf_schedule {
+  int version;
+  int64_t n_stmts; /* the graph's statement count it was made for; -1: any */
+  int n_items, cap_items;
+  nf_sched_item *items;
+} nf_schedule;
+
+/* Parses the text format; name is used in messages ("name:line:col: ...").
+ * Returns NF_OK and a new schedule in *out, or NF_ESYNTAX (or NF_ENOMEM)
+ * with a message appended to err.  Loop names are checked when lowering. */
+int nf_schedule_parse(const char *text, const char *name, nf_schedule **out,
+                      nf_buf *err);
+/* Appends the canonical text of s (parsing it gives an equal schedule). */
+void nf_schedule_print(const nf_schedule *s, nf_buf *out);
+/* A new, empty schedule for any graph; NULL when out of memory. */
+nf_schedule *nf_schedule_new(void);
+/* Appends a copy of *it; NF_OK or NF_ENOMEM. */
+int nf_schedule_add(nf_schedule *s, const nf_sched_item *it);
+void nf_schedule_free(nf_schedule *s);
+
+/* The tier-1 default schedule of g (cheap: no search, no lowering):
+ * inline single-use elementwise producers, register-tile matmul-shaped
+ * reductions (split 4 x 8, reduction outside the tile, cache_write),
+ * parallel outer loop, 8-wide vectorized inner loop. */
+int nf_schedule_default(const nf_graph *g, nf_schedule **out);
+/* A random legal schedule of g from seed (for tests and search): every
+ * primitive is kept only if lowering accepts it. */
+int nf_schedule_random(const nf_graph *g, uint64_t seed, nf_schedule **out);
+
+typedef struct nf_lower_info {
+  int reassociated; /* some reduction's order of accumulation changed */
+} nf_lower_info;
+
+/* Lowers g with schedule s (NULL: nf_schedule_default) into a program
+ * built in ctx (which may be g->ctx or another context; the program lives
+ * until ctx is freed).  Buffers: inputs (arg = input position), outputs
+ * (arg = n_inputs + output position), then temporaries.  Returns NF_OK,
+ * NF_EINVAL for an illegal schedule or one made for another graph,
+ * NF_EUNSUPPORTED for primitives not implemented yet, NF_ENOMEM; the
+ * message goes to err. */
+int nf_lower(const nf_graph *g, const nf_schedule *s, nf_ir_ctx *ctx,
+             nf_lprog **out, nf_buf *err);
+/* Same, and fills *info (may be NULL). */
+int nf_lower_ex(const nf_graph *g, const nf_schedule *s, nf_ir_ctx *ctx,
+                nf_lprog **out, nf_lower_info *info, nf_buf *err);
+
+/* Internal (schedule.c, lower.c): the loop name of variable k of s:
+ * var_names[k] when set and unique within s, else "v<k>". */
+void nf__sched_var_name(const nf_stmt *s, int k, char out[NF_SCHED_NAME]);
+
+#endif

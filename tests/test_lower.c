@@ -1,0 +1,672 @@
+/* test_lower.c - schedules and lowering against the reference interpreter.
+ *
+ * Every def of lib/nn.nf (odd shapes, conv2d with stride, dilation and
+ * groups) and every workload of examples/workloads.nf (small shapes) is
+ * lowered with the default schedule and with NF_LOWER_ITERS (default 50)
+ * seeded random legal schedules; each program must pass
+ * nf__loop_validate, and nf__loop_eval on random inputs (outputs poisoned
+ * with NaN) must match nf_interp_run in f64: relative 1e-9 when the
+ * summation order is the IR's, 1e-6 when a schedule reassociated a
+ * reduction.  Illegal schedules are rejected with the expected message,
+ * parse errors carry line:col, and print(parse(text)) is canonical. */
+#include <check.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nf_diag.h"
+#include "nf_interp.h"
+#include "nf_ir.h"
+#include "nf_lang.h"
+#include "nf_loop.h"
+#include "nf_lower.h"
+#include "nf_npy.h"
+
+#define MAX_IN 12
+
+typedef struct rng {
+  uint64_t s;
+} rng;
+
+static uint64_t rng_next(rng *r) { /* splitmix64 */
+  uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+static double rng_unit(rng *r) { return (double)(rng_next(r) >> 11) * 0x1.0p-53; }
+
+enum { IN_NZ, IN_UNIF, IN_IDX, IN_ONEHOT };
+
+typedef struct ispec {
+  int kind;
+  double a, b;
+  int rank;
+  int64_t dims[NF_MAX_RANK];
+} ispec;
+
+typedef struct tcase {
+  const char *label, *def;
+  int n_par;
+  const char *pn[4];
+  int64_t pv[4];
+  int n_in;
+  ispec in[MAX_IN];
+  const char *unused;
+  int all, known;
+} tcase;
+
+#define NZ(scale, rank, ...) {IN_NZ, scale, 0, rank, {__VA_ARGS__}}
+#define UNIF(lo, hi, rank, ...) {IN_UNIF, lo, hi, rank, {__VA_ARGS__}}
+#define IDX(hi, rank, ...) {IN_IDX, hi, 0, rank, {__VA_ARGS__}}
+#define ONEHOT(rank, ...) {IN_ONEHOT, 0, 0, rank, {__VA_ARGS__}}
+#define P1(a, va) 1, {a}, {va}
+#define P2(a, va, b, vb) 2, {a, b}, {va, vb}
+#define P3(a, va, b, vb, c, vc) 3, {a, b, c}, {va, vb, vc}
+#define P4(a, va, b, vb, c, vc, d, vd) 4, {a, b, c, d}, {va, vb, vc, vd}
+#define P0 0, {0}, {0}
+
+static const tcase lib_cases[] = {
+    {"matmul", "matmul", P0, 2, {NZ(1, 2, 5, 7), NZ(1, 2, 7, 3)}, NULL, 0, 0},
+    {"batch_matmul", "batch_matmul", P0, 2, {NZ(1, 4, 2, 3, 5, 7), NZ(1, 4, 2, 3, 7, 3)},
+     NULL, 0, 0},
+    {"batch_matmul no batch", "batch_matmul", P0, 2, {NZ(1, 2, 3, 5), NZ(1, 2, 5, 7)},
+     NULL, 0, 0},
+    {"linear", "linear", P0, 3, {NZ(1, 3, 3, 4, 7), NZ(1, 2, 5, 7), NZ(1, 1, 5)}, NULL, 0,
+     0},
+    {"linear rank 1", "linear", P0, 3, {NZ(1, 1, 7), NZ(1, 2, 5, 7), NZ(1, 1, 5)}, NULL, 0,
+     0},
+    {"conv2d defaults", "conv2d", P0, 2, {NZ(1, 4, 2, 3, 7, 9), NZ(1, 4, 5, 3, 3, 2)},
+     NULL, 0, 0},
+    {"conv2d stride 2", "conv2d", P1("stride", 2), 2,
+     {NZ(1, 4, 2, 3, 9, 7), NZ(1, 4, 4, 3, 3, 3)}, NULL, 0, 0},
+    {"conv2d stride 3 pad 1", "conv2d", P2("stride", 3, "pad", 1), 2,
+     {NZ(1, 4, 1, 3, 11, 10), NZ(1, 4, 3, 3, 3, 3)}, NULL, 0, 0},
+    {"conv2d stride 3 kernel 2 (gaps)", "conv2d", P1("stride", 3), 2,
+     {NZ(1, 4, 1, 2, 8, 9), NZ(1, 4, 3, 2, 2, 2)}, NULL, 0, 0},
+    {"conv2d dilation 2", "conv2d", P1("dilation", 2), 2,
+     {NZ(1, 4, 1, 2, 9, 9), NZ(1, 4, 3, 2, 3, 3)}, NULL, 0, 0},
+    {"conv2d groups 3", "conv2d", P1("groups", 3), 2,
+     {NZ(1, 4, 2, 6, 7, 7), NZ(1, 4, 9, 2, 3, 3)}, NULL, 0, 0},
+    {"conv2d pad 2", "conv2d", P1("pad", 2), 2, {NZ(1, 4, 2, 3, 5, 7), NZ(1, 4, 3, 3, 3, 3)},
+     NULL, 0, 0},
+    {"conv2d stride 2 pad 2 dil 2 groups 3", "conv2d",
+     P4("stride", 2, "pad", 2, "dilation", 2, "groups", 3), 2,
+     {NZ(1, 4, 2, 6, 11, 11), NZ(1, 4, 9, 2, 3, 3)}, NULL, 0, 0},
+    {"conv2d depthwise", "conv2d", P2("pad", 1, "groups", 5), 2,
+     {NZ(1, 4, 2, 5, 7, 7), NZ(1, 4, 5, 1, 3, 3)}, NULL, 0, 0},
+    {"conv2d pointwise", "conv2d", P0, 2, {NZ(1, 4, 2, 5, 3, 7), NZ(1, 4, 3, 5, 1, 1)},
+     NULL, 0, 0},
+    {"max_pool2d 3/2/1", "max_pool2d", P3("kernel", 3, "stride", 2, "pad", 1), 1,
+     {NZ(1, 4, 2, 3, 9, 7)}, NULL, 0, 0},
+    {"max_pool2d 2", "max_pool2d", P1("kernel", 2), 1, {NZ(1, 4, 2, 3, 8, 7)}, NULL, 0, 0},
+    {"max_pool2d 3/1", "max_pool2d", P2("kernel", 3, "stride", 1), 1,
+     {NZ(1, 4, 1, 3, 7, 5)}, NULL, 0, 0},
+    {"max_pool2d 2/3 (gaps)", "max_pool2d", P2("kernel", 2, "stride", 3), 1,
+     {NZ(1, 4, 1, 2, 8, 9)}, NULL, 0, 0},
+    {"avg_pool2d 3/1/1", "avg_pool2d", P3("kernel", 3, "stride", 1, "pad", 1), 1,
+     {NZ(1, 4, 1, 2, 5, 6)}, NULL, 0, 0},
+    {"avg_pool2d 3/2/1", "avg_pool2d", P3("kernel", 3, "stride", 2, "pad", 1), 1,
+     {NZ(1, 4, 2, 3, 9, 7)}, NULL, 0, 0},
+    {"avg_pool2d 2", "avg_pool2d", P1("kernel", 2), 1, {NZ(1, 4, 2, 3, 8, 7)}, NULL, 0, 0},
+    {"relu", "relu", P0, 1, {NZ(1, 3, 3, 5, 7)}, NULL, 0, 0},
+    {"relu6", "relu6", P0, 1, {NZ(9, 3, 3, 5, 7)}, NULL, 0, 0},
+    {"elu", "elu", P0, 1, {NZ(2, 3, 3, 5, 7)}, NULL, 0, 0},
+    {"gelu", "gelu", P0, 1, {NZ(3, 3, 3, 5, 7)}, NULL, 0, 0},
+    {"sigmoid", "sigmoid", P0, 1, {NZ(3, 3, 3, 5, 7)}, NULL, 0, 0},
+    {"tanh", "tanh", P0, 1, {NZ(2, 3, 3, 5, 7)}, NULL, 0, 0},
+    {"softplus", "softplus", P0, 1, {NZ(25, 3, 3, 5, 7)}, NULL, 0, 0},
+    {"softmax", "softmax", P0, 1, {NZ(3, 3, 3, 4, 9)}, NULL, 0, 0},
+    {"softmax rank 1", "softmax", P0, 1, {NZ(3, 1, 7)}, NULL, 0, 0},
+    {"log_softmax", "log_softmax", P0, 1, {NZ(3, 3, 3, 4, 9)}, NULL, 0, 0},
+    {"cross_entropy", "cross_entropy", P0, 2, {NZ(3, 2, 7, 5), IDX(5, 1, 7)}, NULL, 0, 0},
+    {"margin_loss", "margin_loss", P0, 2, {UNIF(0.01, 0.99, 2, 7, 5), ONEHOT(2, 7, 5)},
+     NULL, 0, 0},
+    {"mse", "mse", P0, 2, {NZ(1, 3, 3, 5, 7), NZ(1, 3, 3, 5, 7)}, NULL, 0, 0},
+    {"layer_norm", "layer_norm", P0, 3, {NZ(2, 3, 3, 4, 11), NZ(1, 1, 11), NZ(1, 1, 11)},
+     NULL, 0, 0},
+    {"batch_norm", "batch_norm", P0, 3, {NZ(2, 4, 3, 5, 4, 3), NZ(1, 1, 5), NZ(1, 1, 5)},
+     NULL, 0, 0},
+    {"concat", "concat", P0, 2, {NZ(1, 3, 3, 4, 5), NZ(1, 3, 3, 4, 7)}, NULL, 0, 0},
+    {"split", "split", P1("at", 3), 1, {NZ(1, 3, 3, 4, 7)}, NULL, 0, 0},
+    {"reshape", "reshape", P2("r0", 3, "r1", 10), 1, {NZ(1, 2, 5, 6)}, NULL, 0, 0},
+    {"flatten", "flatten", P0, 1, {NZ(1, 4, 2, 3, 5, 7)}, NULL, 0, 0},
+    {"transpose", "transpose", P0, 1, {NZ(1, 4, 2, 3, 5, 7)}, NULL, 0, 0},
+    {"permute 2031", "permute", P4("p0", 2, "p1", 0, "p2", 3, "p3", 1), 1,
+     {NZ(1, 4, 2, 3, 4, 5)}, NULL, 0, 0},
+    {"permute 3210", "permute", P4("p0", 3, "p1", 2, "p2", 1, "p3", 0), 1,
+     {NZ(1, 4, 2, 3, 4, 5)}, NULL, 0, 0},
+    {"channel_shuffle", "channel_shuffle", P1("groups", 3), 1, {NZ(1, 4, 2, 9, 3, 5)}, NULL,
+     0, 0},
+    {"add", "add", P0, 2, {NZ(1, 2, 5, 7), NZ(1, 2, 5, 7)}, NULL, 0, 0},
+    {"sub", "sub", P0, 2, {NZ(1, 2, 5, 7), NZ(1, 2, 5, 7)}, NULL, 0, 0},
+    {"mul", "mul", P0, 2, {NZ(1, 2, 5, 7), NZ(1, 2, 5, 7)}, NULL, 0, 0},
+    {"div", "div", P0, 2, {NZ(1, 2, 5, 7), NZ(1, 2, 5, 7)}, NULL, 0, 0},
+    {"badd", "badd", P0, 2, {NZ(1, 3, 3, 5, 7), NZ(1, 2, 5, 7)}, NULL, 0, 0},
+    {"bsub", "bsub", P0, 2, {NZ(1, 3, 3, 5, 7), NZ(1, 2, 5, 7)}, NULL, 0, 0},
+    {"bmul", "bmul", P0, 2, {NZ(1, 3, 3, 5, 7), NZ(1, 2, 5, 7)}, NULL, 0, 0},
+    {"bdiv", "bdiv", P0, 2, {NZ(1, 3, 3, 5, 7), NZ(1, 2, 5, 7)}, NULL, 0, 0},
+    {"squash", "squash", P0, 1, {NZ(0.5, 3, 3, 5, 7)}, NULL, 0, 0},
+    {"embedding", "embedding", P0, 2, {NZ(1, 2, 11, 6), IDX(11, 2, 3, 5)}, NULL, 0, 0},
+    {"embedding repeats", "embedding", P0, 2, {NZ(1, 2, 5, 3), IDX(5, 1, 13)}, NULL, 1, 0},
+};
+
+static const tcase workload_cases[] = {
+    {"matmul_loss", "matmul_loss", P0, 3, {NZ(1, 2, 3, 5), NZ(1, 2, 5, 4), NZ(1, 2, 3, 4)},
+     NULL, 1, 0},
+    {"conv2d_relu_loss", "conv2d_relu_loss", P0, 2,
+     {NZ(1, 4, 2, 3, 5, 6), NZ(1, 4, 4, 3, 3, 3)}, NULL, 0, 0},
+    {"lltm_loss", "lltm_loss", P0, 5,
+     {NZ(1, 3, 8, 2, 3), NZ(0.5, 2, 2, 4), NZ(0.5, 2, 2, 4), NZ(0.5, 2, 12, 7),
+      NZ(0.5, 1, 12)},
+     NULL, 0, 0},
+    {"milstm_loss", "milstm_loss", P0, 9,
+     {NZ(1, 3, 8, 2, 3), NZ(0.5, 2, 2, 5), NZ(0.5, 2, 2, 5), NZ(0.5, 2, 20, 3),
+      NZ(0.5, 2, 20, 5), NZ(1, 1, 20), NZ(1, 1, 20), NZ(1, 1, 20), NZ(0.5, 1, 20)},
+     NULL, 0, 0},
+    {"capsnet_loss", "capsnet_loss", P0, 3,
+     {NZ(1, 3, 2, 5, 3), NZ(0.5, 4, 5, 3, 4, 3), ONEHOT(2, 2, 3)}, NULL, 0, 0},
+    {"mobilenet_dws_loss", "mobilenet_dws_loss", P0, 3,
+     {NZ(3, 4, 2, 3, 5, 6), NZ(1, 4, 3, 1, 3, 3), NZ(1, 4, 4, 3, 1, 1)}, NULL, 0, 0},
+};
+
+/* Larger shapes where the default schedule tiles, vectorizes and fuses. */
+static const tcase big_cases[] = {
+    {"matmul 13x19x21", "matmul", P0, 2, {NZ(1, 2, 13, 19), NZ(1, 2, 19, 21)}, NULL, 0, 0},
+    {"matmul 8x5x16", "matmul", P0, 2, {NZ(1, 2, 8, 5), NZ(1, 2, 5, 16)}, NULL, 0, 0},
+    {"batch_matmul 2x9x3x17", "batch_matmul", P0, 2,
+     {NZ(1, 3, 2, 9, 3), NZ(1, 3, 2, 3, 17)}, NULL, 0, 0},
+    {"conv2d pad 1 13x11", "conv2d", P1("pad", 1), 2,
+     {NZ(1, 4, 1, 3, 13, 11), NZ(1, 4, 9, 3, 3, 3)}, NULL, 0, 0},
+    {"relu 3x37", "relu", P0, 1, {NZ(1, 2, 3, 37)}, NULL, 0, 0},
+    {"softmax 5x19", "softmax", P0, 1, {NZ(3, 2, 5, 19)}, NULL, 0, 0},
+};
+
+/* ---- helpers ---- */
+
+static nf_module *g_nn, *g_wl;
+
+static nf_module *load(const char *rel) {
+  const char *lib = getenv("NEOFLOW_LIB");
+  char path[4096];
+  nf_diag *d = nf_diag_new();
+  ck_assert_msg(lib != NULL, "NEOFLOW_LIB is not set");
+  snprintf(path, sizeof path, "%s/%s", lib, rel);
+  nf_module *m = nf_module_new();
+  ck_assert_ptr_nonnull(m);
+  int rc = nf_module_load_file(m, path, d);
+  ck_assert_msg(rc == NF_OK, "loading %s: %s\n%s", path, nf_status_name(rc), nf_diag_text(d));
+  nf_diag_free(d);
+  return m;
+}
+
+static int iters(void) {
+  const char *e = getenv("NF_LOWER_ITERS");
+  return e ? atoi(e) : 50;
+}
+
+static nf_array make_input(rng *r, const ispec *s) {
+  nf_array a;
+  int idx = s->kind == IN_IDX;
+  ck_assert_int_eq(nf_array_alloc(&a, idx ? NF_I64 : NF_F32, s->rank, s->dims), NF_OK);
+  for (int64_t i = 0; i < a.numel; i++) {
+    if (idx) {
+      ((int64_t *)a.data)[i] = (int64_t)(rng_next(r) % (uint64_t)s->a);
+      continue;
+    }
+    double v;
+    if (s->kind == IN_NZ) {
+      v = s->a * (0.1 + 0.9 * rng_unit(r));
+      if (rng_next(r) & 1) v = -v;
+    } else if (s->kind == IN_UNIF) {
+      v = s->a + (s->b - s->a) * rng_unit(r);
+    } else {
+      v = 0;
+    }
+    ((float *)a.data)[i] = (float)v;
+  }
+  if (s->kind == IN_ONEHOT) {
+    int64_t n = s->dims[s->rank - 1];
+    for (int64_t row = 0; row < a.numel / n; row++)
+      ((float *)a.data)[row * n + (int64_t)(rng_next(r) % (uint64_t)n)] = 1.0f;
+  }
+  return a;
+}
+
+static double aget(const nf_array *a, int64_t i) {
+  switch (a->dtype) {
+  case NF_F32: return ((const float *)a->data)[i];
+  case NF_F64: return ((const double *)a->data)[i];
+  case NF_I64: return (double)((const int64_t *)a->data)[i];
+  case NF_I32: return ((const int32_t *)a->data)[i];
+  case NF_BOOL: return ((const uint8_t *)a->data)[i];
+  default: ck_abort_msg("dtype %d", (int)a->dtype);
+  }
+  return 0;
+}
+
+/* One instantiated case: graph, inputs, interpreter outputs. */
+typedef struct inst {
+  nf_ir_ctx *ctx;
+  nf_graph *g;
+  int n_in, n_out;
+  nf_array in[MAX_IN], want[8];
+  void *bufs[MAX_IN + 8];
+} inst;
+
+static void inst_make(inst *I, nf_module *m, const tcase *c, uint64_t seed) {
+  nf_diag *d = nf_diag_new();
+  nf_arg_shape shapes[MAX_IN];
+  rng r = {seed};
+  memset(I, 0, sizeof *I);
+  I->ctx = nf_ir_ctx_new();
+  I->n_in = c->n_in;
+  for (int k = 0; k < c->n_in; k++) {
+    memset(&shapes[k], 0, sizeof shapes[k]);
+    shapes[k].rank = c->in[k].rank;
+    for (int a = 0; a < c->in[k].rank; a++) shapes[k].dims[a] = c->in[k].dims[a];
+    I->in[k] = make_input(&r, &c->in[k]);
+  }
+  nf_inst_opts o = {.n_shapes = c->n_in, .shapes = shapes, .n_params = c->n_par,
+                    .param_names = c->pn, .param_values = c->pv};
+  int rc = nf_module_instantiate(m, c->def, &o, I->ctx, &I->g, d);
+  ck_assert_msg(rc == NF_OK, "%s: %s\n%s", c->label, nf_status_name(rc), nf_diag_text(d));
+  nf_diag_free(d);
+  I->n_out = (int)I->g->n_outputs;
+  nf_buf err = NF_BUF_INIT;
+  rc = nf_interp_run(I->g, I->in, NF_INTERP_F64, I->want, &err);
+  ck_assert_msg(rc == NF_OK, "%s: interp: %s", c->label, nf_buf_str(&err));
+  nf_buf_free(&err);
+  /* eval buffers: doubles for floats, int64 otherwise */
+  for (int k = 0; k < I->n_in; k++) {
+    const nf_array *a = &I->in[k];
+    int fl = nf_dtype_is_float((nf_dtype)I->g->tensors[I->g->inputs[k]].dtype);
+    void *b = malloc((size_t)(a->numel ? a->numel : 1) * 8);
+    ck_assert_ptr_nonnull(b);
+    for (int64_t i = 0; i < a->numel; i++) {
+      if (fl)
+        ((double *)b)[i] = aget(a, i);
+      else
+        ((int64_t *)b)[i] = (int64_t)aget(a, i);
+    }
+    I->bufs[k] = b;
+  }
+  for (int k = 0; k < I->n_out; k++) {
+    int64_t n = nf_tensor_numel(&I->g->tensors[I->g->outputs[k]]);
+    I->bufs[I->n_in + k] = malloc((size_t)(n ? n : 1) * 8);
+    ck_assert_ptr_nonnull(I->bufs[I->n_in + k]);
+  }
+}
+
+static void inst_free(inst *I) {
+  for (int k = 0; k < I->n_in; k++) nf_array_free(&I->in[k]);
+  for (int k = 0; k < I->n_out; k++) nf_array_free(&I->want[k]);
+  for (int k = 0; k < I->n_in + I->n_out; k++) free(I->bufs[k]);
+  nf_ir_ctx_free(I->ctx);
+}
+
+/* Lowers I with s (NULL: default), validates, evaluates and compares;
+ * returns 0 when fine, else writes a message. */
+static int run_one(inst *I, const nf_schedule *s, char *msg, size_t n_msg) {
+  nf_ir_ctx *pctx = nf_ir_ctx_new();
+  nf_buf err = NF_BUF_INIT;
+  nf_lprog *p = NULL;
+  nf_lower_info info;
+  int bad = 0;
+  int rc = nf_lower_ex(I->g, s, pctx, &p, &info, &err);
+  if (rc != NF_OK) {
+    snprintf(msg, n_msg, "lower: %s: %s", nf_status_name(rc), nf_buf_str(&err));
+    bad = 1;
+  }
+  if (!bad && (rc = nf__loop_validate(p, &err)) != NF_OK) {
+    nf_buf lst = NF_BUF_INIT;
+    nf__loop_print(p, &lst);
+    snprintf(msg, n_msg, "validate: %s\n%s", nf_buf_str(&err), nf_buf_str(&lst));
+    nf_buf_free(&lst);
+    bad = 1;
+  }
+  for (int k = 0; !bad && k < I->n_out; k++) {
+    const nf_tensor *t = &I->g->tensors[I->g->outputs[k]];
+    int64_t n = nf_tensor_numel(t);
+    for (int64_t i = 0; i < n; i++) {
+      if (nf_dtype_is_float((nf_dtype)t->dtype))
+        ((double *)I->bufs[I->n_in + k])[i] = NAN;
+      else
+        ((int64_t *)I->bufs[I->n_in + k])[i] = INT64_MIN + 7;
+    }
+  }
+  if (!bad && (rc = nf__loop_eval(p, I->bufs, &err)) != NF_OK) {
+    snprintf(msg, n_msg, "eval: %s: %s", nf_status_name(rc), nf_buf_str(&err));
+    bad = 1;
+  }
+  double rtol = info.reassociated ? 1e-6 : 1e-9;
+  for (int k = 0; !bad && k < I->n_out; k++) {
+    const nf_array *w = &I->want[k];
+    const nf_tensor *t = &I->g->tensors[I->g->outputs[k]];
+    int fl = nf_dtype_is_float((nf_dtype)t->dtype);
+    double maxabs = 0;
+    for (int64_t i = 0; i < w->numel; i++) maxabs = fmax(maxabs, fabs(aget(w, i)));
+    for (int64_t i = 0; i < w->numel && !bad; i++) {
+      double want = aget(w, i);
+      double got = fl ? ((double *)I->bufs[I->n_in + k])[i]
+                      : (double)((int64_t *)I->bufs[I->n_in + k])[i];
+      int ok = (got == want) ||
+               fabs(got - want) <= rtol * fabs(want) + rtol * 1e-3 * (1 + maxabs);
+      if (!ok) {
+        snprintf(msg, n_msg, "output %d element %lld: got %.17g, want %.17g", k, (long long)i,
+                 got, want);
+        bad = 1;
+      }
+    }
+  }
+  if (bad && p) {
+    size_t l = strlen(msg);
+    nf_buf lst = NF_BUF_INIT;
+    nf__loop_print(p, &lst);
+    snprintf(msg + l, n_msg - l, "\n%.1500s", nf_buf_str(&lst));
+    nf_buf_free(&lst);
+  }
+  nf_buf_free(&err);
+  nf_ir_ctx_free(pctx);
+  return bad;
+}
+
+static void check_case(nf_module *m, const tcase *c, int n_random) {
+  inst I;
+  char msg[3000];
+  inst_make(&I, m, c, 0x1234 + (uint64_t)strlen(c->label));
+  msg[0] = 0;
+  ck_assert_msg(!run_one(&I, NULL, msg, sizeof msg), "%s default: %s", c->label, msg);
+  int total = 0;
+  for (int k = 0; k < n_random; k++) {
+    nf_schedule *s = NULL;
+    ck_assert_int_eq(nf_schedule_random(I.g, 1000 + (uint64_t)k, &s), NF_OK);
+    total += s->n_items;
+    if (run_one(&I, s, msg, sizeof msg)) {
+      nf_buf t = NF_BUF_INIT;
+      nf_schedule_print(s, &t);
+      ck_abort_msg("%s random %d:\n%s%s", c->label, k, nf_buf_str(&t), msg);
+    }
+    /* the schedule survives a print/parse round trip */
+    nf_buf t1 = NF_BUF_INIT, t2 = NF_BUF_INIT, err = NF_BUF_INIT;
+    nf_schedule *s2 = NULL;
+    nf_schedule_print(s, &t1);
+    ck_assert_int_eq(nf_schedule_parse(nf_buf_str(&t1), "rt", &s2, &err), NF_OK);
+    nf_schedule_print(s2, &t2);
+    ck_assert_str_eq(nf_buf_str(&t1), nf_buf_str(&t2));
+    nf_buf_free(&t1);
+    nf_buf_free(&t2);
+    nf_buf_free(&err);
+    nf_schedule_free(s2);
+    nf_schedule_free(s);
+  }
+  /* the generator must not degenerate to empty schedules */
+  ck_assert_msg(n_random < 10 || total >= n_random, "%s: %d primitives in %d random schedules",
+                c->label, total, n_random);
+  if (getenv("NF_LOWER_STATS"))
+    fprintf(stderr, "%s: %d primitives in %d random schedules\n", c->label, total, n_random);
+  inst_free(&I);
+}
+
+#define N_LIB ((int)(sizeof lib_cases / sizeof lib_cases[0]))
+#define N_WL ((int)(sizeof workload_cases / sizeof workload_cases[0]))
+#define N_BIG ((int)(sizeof big_cases / sizeof big_cases[0]))
+
+START_TEST(lower_library) {
+  if (!g_nn) g_nn = load("nn.nf");
+  check_case(g_nn, &lib_cases[_i], iters());
+}
+END_TEST
+
+START_TEST(lower_big) {
+  if (!g_nn) g_nn = load("nn.nf");
+  check_case(g_nn, &big_cases[_i], iters());
+}
+END_TEST
+
+START_TEST(lower_workloads) {
+  if (!g_wl) g_wl = load("../examples/workloads.nf");
+  int n = iters();
+  check_case(g_wl, &workload_cases[_i], n > 10 ? n / 5 : n);
+}
+END_TEST
+
+/* ---- illegal schedules ---- */
+
+typedef struct bad_sched {
+  const char *text, *msg;
+  int status;
+} bad_sched;
+
+/* On matmul 13x19x21 (stmt 0: C(i, j) +=! A(i, k) * B(k, j)) and linear
+ * (stmt 0 XW reduction, stmt 1 Y elementwise output). */
+static const bad_sched bad_matmul[] = {
+    {"stmt 0 split q 4", "unknown loop 'q'", NF_EINVAL},
+    {"stmt 0 split i 0", "factor must be positive", NF_EINVAL},
+    {"stmt 0 split i -3", "factor must be positive", NF_EINVAL},
+    {"stmt 0 vectorize i", "is not the innermost loop", NF_EINVAL},
+    {"stmt 0 split j 8\nstmt 0 vectorize j.i", "is not the innermost loop", NF_EINVAL},
+    {"stmt 0 vectorize k", "reduction loop", NF_EINVAL},
+    {"stmt 0 split j 1\nstmt 0 reorder i k j.o j.i\nstmt 0 vectorize j.i",
+     "extent 1 of loop 'j.i' is not in 2..64", NF_EINVAL},
+    {"stmt 0 parallel j", "is not the outermost loop", NF_EINVAL},
+    {"stmt 0 reorder k i j\nstmt 0 parallel k", "reduction loop", NF_EINVAL},
+    {"stmt 0 split i 2\nstmt 0 parallel i.o\nstmt 0 parallel i.i", "not the outermost",
+     NF_EINVAL},
+    {"stmt 0 split j 70\nstmt 0 unroll j.i", "over 64", NF_EINVAL},
+    {"stmt 0 reorder i i", "listed twice", NF_EINVAL},
+    {"stmt 0 fuse i k", "not directly inside", NF_EINVAL},
+    {"stmt 0 reorder i k j\nstmt 0 fuse i k", "reduction loop with spatial", NF_EINVAL},
+    {"stmt 0 compute_inline", "reduction", NF_EINVAL},
+    {"stmt 0 cache_write k", "reduction loop 'k' is outside", NF_EINVAL},
+    {"stmt 0 reorder k i j\nstmt 0 cache_write i", "reduction loop 'k' is outside", NF_EINVAL},
+    {"stmt 0 cache_write i\nstmt 0 split i 4", "no longer exists", NF_EINVAL},
+    {"stmt 3 split i 4", "out of range", NF_EINVAL},
+    {"stmt Q split i 4", "unknown statement 'Q'", NF_EINVAL},
+    {"stmts 2\nstmt 0 split i 4", "graph of 2 statements", NF_EINVAL},
+    {"stmt 0 compute_at 0 i", "not implemented yet", NF_EUNSUPPORTED},
+    {"stmt 0 cache_read A i", "not implemented yet", NF_EUNSUPPORTED},
+    {"stmt 0 pack B j", "not implemented yet", NF_EUNSUPPORTED},
+    {"stmt C split i 4\nstmt C split i 4", "unknown loop 'i'", NF_EINVAL},
+};
+
+START_TEST(lower_illegal) {
+  if (!g_nn) g_nn = load("nn.nf");
+  inst I;
+  inst_make(&I, g_nn, &big_cases[0], 7);
+  for (size_t k = 0; k < sizeof bad_matmul / sizeof bad_matmul[0]; k++) {
+    char text[512];
+    nf_buf err = NF_BUF_INIT;
+    nf_schedule *s = NULL;
+    nf_lprog *p = NULL;
+    snprintf(text, sizeof text, "neoflow-schedule 1\n%s\n", bad_matmul[k].text);
+    ck_assert_int_eq(nf_schedule_parse(text, "bad", &s, &err), NF_OK);
+    int rc = nf_lower(I.g, s, I.ctx, &p, &err);
+    ck_assert_msg(rc == bad_matmul[k].status, "'%s': status %s, message '%s'",
+                  bad_matmul[k].text, nf_status_name(rc), nf_buf_str(&err));
+    ck_assert_msg(strstr(nf_buf_str(&err), bad_matmul[k].msg) != NULL,
+                  "'%s': message '%s' lacks '%s'", bad_matmul[k].text, nf_buf_str(&err),
+                  bad_matmul[k].msg);
+    nf_schedule_free(s);
+    nf_buf_free(&err);
+  }
+  inst_free(&I);
+  /* linear: compute_inline of an output; inlining the producer XW (a
+   * reduction) */
+  static const tcase lin = {"linear", "linear", P0, 3,
+                            {NZ(1, 2, 3, 7), NZ(1, 2, 5, 7), NZ(1, 1, 5)}, NULL, 0, 0};
+  inst_make(&I, g_nn, &lin, 9);
+  static const bad_sched bad_lin[] = {
+      {"stmt 1 compute_inline", "is a graph output", NF_EINVAL},
+      {"stmt XW compute_inline", "reduction", NF_EINVAL},
+      {"stmt 0 split o 2\nstmt 1 split o 2\nstmt 1 cache_write o.o", "reductions only",
+       NF_EINVAL},
+  };
+  for (size_t k = 0; k < sizeof bad_lin / sizeof bad_lin[0]; k++) {
+    char text[512];
+    nf_buf err = NF_BUF_INIT;
+    nf_schedule *s = NULL;
+    nf_lprog *p = NULL;
+    snprintf(text, sizeof text, "neoflow-schedule 1\n%s\n", bad_lin[k].text);
+    ck_assert_int_eq(nf_schedule_parse(text, "bad", &s, &err), NF_OK);
+    int rc = nf_lower(I.g, s, I.ctx, &p, &err);
+    ck_assert_msg(rc == bad_lin[k].status && strstr(nf_buf_str(&err), bad_lin[k].msg),
+                  "'%s': %s '%s'", bad_lin[k].text, nf_status_name(rc), nf_buf_str(&err));
+    nf_schedule_free(s);
+    nf_buf_free(&err);
+  }
+  inst_free(&I);
+}
+END_TEST
+
+/* A hand-written schedule (the format's example) lowers and agrees. */
+START_TEST(lower_explicit) {
+  if (!g_nn) g_nn = load("nn.nf");
+  inst I;
+  char msg[3000] = "";
+  inst_make(&I, g_nn, &big_cases[0], 11);
+  static const char *texts[] = {
+      "neoflow-schedule 1\nstmt 0 split i 4\nstmt 0 split j 8\n"
+      "stmt 0 reorder i.o j.o k i.i j.i\nstmt 0 parallel i.o\nstmt 0 vectorize j.i\n",
+      "neoflow-schedule 1\n# tile\nstmt C split i 4   # by name\nstmt C split j 8\n"
+      "stmt C reorder i.o j.o k i.i j.i\nstmt C cache_write j.o\nstmt C unroll i.i\n"
+      "stmt C vectorize j.i\nstmt C parallel i.o\n",
+      "neoflow-schedule 1\nstmt 0 fuse i j\nstmt 0 split i.j.fused 16\n"
+      "stmt 0 parallel i.j.fused.o\nstmt 0 split k 5\nstmt 0 reorder k.i k.o\n",
+  };
+  for (size_t k = 0; k < sizeof texts / sizeof texts[0]; k++) {
+    nf_buf err = NF_BUF_INIT;
+    nf_schedule *s = NULL;
+    ck_assert_msg(nf_schedule_parse(texts[k], "x", &s, &err) == NF_OK, "%s", nf_buf_str(&err));
+    ck_assert_msg(!run_one(&I, s, msg, sizeof msg), "schedule %zu: %s", k, msg);
+    nf_schedule_free(s);
+    nf_buf_free(&err);
+  }
+  /* the listing shows the annotations */
+  nf_ir_ctx *pctx = nf_ir_ctx_new();
+  nf_buf err = NF_BUF_INIT, out = NF_BUF_INIT;
+  nf_schedule *s = NULL;
+  nf_lprog *p = NULL;
+  ck_assert_int_eq(nf_schedule_parse(texts[1], "x", &s, &err), NF_OK);
+  ck_assert_int_eq(nf_lower(I.g, s, pctx, &p, &err), NF_OK);
+  nf__loop_print(p, &out);
+  ck_assert_msg(strstr(nf_buf_str(&out), "parallel for (i.o") &&
+                    strstr(nf_buf_str(&out), "vector for (j.i") &&
+                    strstr(nf_buf_str(&out), "unroll for (i.i") &&
+                    strstr(nf_buf_str(&out), "alloc f32 C_tile[4][8]"),
+                "%s", nf_buf_str(&out));
+  nf_schedule_free(s);
+  nf_buf_free(&err);
+  nf_buf_free(&out);
+  nf_ir_ctx_free(pctx);
+  inst_free(&I);
+}
+END_TEST
+
+/* ---- parsing ---- */
+
+START_TEST(lower_parse_errors) {
+  static const struct {
+    const char *text, *msg;
+  } cases[] = {
+      {"", "1:1: expected the header"},
+      {"neoflow-schedul 1\n", "1:1: expected the header"},
+      {"neoflow-schedule 2\n", "1:18: unsupported schedule version"},
+      {"neoflow-schedule 1\nstmt 0 splitt i 4\n", "2:8: unknown primitive 'splitt'"},
+      {"neoflow-schedule 1\nstmt 0 split i x\n", "2:16: split factor is not an integer"},
+      {"neoflow-schedule 1\n\nstmt 0 split i\n", "3:1: split takes 2 arguments, got 1"},
+      {"neoflow-schedule 1\nstmt -1 split i 4\n", "2:6: bad statement index"},
+      {"neoflow-schedule 1\nstmt 0 vectorize i j\n", "vectorize takes 1 argument, got 2"},
+      {"neoflow-schedule 1\nfoo\n", "2:1: expected 'stmt' or 'stmts'"},
+      {"neoflow-schedule 1\nstmt 0 split i$ 4\n", "2:14: bad name 'i$'"},
+  };
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    nf_buf err = NF_BUF_INIT;
+    nf_schedule *s = NULL;
+    int rc = nf_schedule_parse(cases[k].text, "f.sched", &s, &err);
+    ck_assert_msg(rc == NF_ESYNTAX && s == NULL, "case %zu: %s", k, nf_status_name(rc));
+    ck_assert_msg(strstr(nf_buf_str(&err), cases[k].msg) != NULL, "case %zu: '%s' lacks '%s'",
+                  k, nf_buf_str(&err), cases[k].msg);
+    ck_assert_msg(strncmp(nf_buf_str(&err), "f.sched:", 8) == 0, "%s", nf_buf_str(&err));
+    nf_buf_free(&err);
+  }
+}
+END_TEST
+
+START_TEST(lower_round_trip) {
+  const char *text =
+      "# comment\n\nneoflow-schedule 1   # header\nstmts 4\n"
+      "stmt 2 split i 32\nstmt 2 split j 8\nstmt 2 reorder i.o j.o k i.i j.i\n"
+      "stmt Y parallel i.o\nstmt 2 vectorize j.i\nstmt 1 compute_inline\n"
+      "stmt 2 cache_write j.o\nstmt 3 compute_at 2 i.o\nstmt 2 cache_read A k\n"
+      "stmt 2 pack B k\nstmt 2 unroll i.i\nstmt 2 fuse a b\n";
+  const char *canon =
+      "neoflow-schedule 1\nstmts 4\n"
+      "stmt 2 split i 32\nstmt 2 split j 8\nstmt 2 reorder i.o j.o k i.i j.i\n"
+      "stmt Y parallel i.o\nstmt 2 vectorize j.i\nstmt 1 compute_inline\n"
+      "stmt 2 cache_write j.o\nstmt 3 compute_at 2 i.o\nstmt 2 cache_read A k\n"
+      "stmt 2 cache_read B k\nstmt 2 unroll i.i\nstmt 2 fuse a b\n";
+  nf_buf err = NF_BUF_INIT, out = NF_BUF_INIT, out2 = NF_BUF_INIT;
+  nf_schedule *s = NULL, *s2 = NULL;
+  ck_assert_msg(nf_schedule_parse(text, "t", &s, &err) == NF_OK, "%s", nf_buf_str(&err));
+  nf_schedule_print(s, &out);
+  ck_assert_str_eq(nf_buf_str(&out), canon);
+  ck_assert_int_eq(nf_schedule_parse(nf_buf_str(&out), "t", &s2, &err), NF_OK);
+  nf_schedule_print(s2, &out2);
+  ck_assert_str_eq(nf_buf_str(&out2), canon);
+  nf_schedule_free(s);
+  nf_schedule_free(s2);
+  nf_buf_free(&err);
+  nf_buf_free(&out);
+  nf_buf_free(&out2);
+}
+END_TEST
+
+/* The default schedule tiles matmul as documented. */
+START_TEST(lower_default_matmul) {
+  if (!g_nn) g_nn = load("nn.nf");
+  inst I;
+  inst_make(&I, g_nn, &big_cases[0], 3);
+  nf_schedule *s = NULL;
+  nf_buf out = NF_BUF_INIT;
+  ck_assert_int_eq(nf_schedule_default(I.g, &s), NF_OK);
+  nf_schedule_print(s, &out);
+  ck_assert_str_eq(nf_buf_str(&out),
+                   "neoflow-schedule 1\nstmts 1\nstmt 0 split i 4\nstmt 0 split j 8\n"
+                   "stmt 0 reorder i.o j.o k i.i j.i\nstmt 0 cache_write j.o\n"
+                   "stmt 0 parallel i.o\nstmt 0 vectorize j.i\n");
+  nf_schedule_free(s);
+  nf_buf_free(&out);
+  inst_free(&I);
+}
+END_TEST
+
+static void free_modules(void) {
+  nf_module_free(g_nn);
+  nf_module_free(g_wl);
+  g_nn = g_wl = NULL;
+}
+
+int main(void) {
+  Suite *su = suite_create("lower");
+  TCase *tc = tcase_create("lower");
+  tcase_set_timeout(tc, 300);
+  tcase_add_test(tc, lower_parse_errors);
+  tcase_add_test(tc, lower_round_trip);
+  tcase_add_test(tc, lower_default_matmul);
+  tcase_add_test(tc, lower_illegal);
+  tcase_add_test(tc, lower_explicit);
+  tcase_add_loop_test(tc, lower_big, 0, N_BIG);
+  tcase_add_loop_test(tc, lower_library, 0, N_LIB);
+  tcase_add_loop_test(tc, lower_workloads, 0, N_WL);
+  suite_add_tcase(su, tc);
+  SRunner *sr = srunner_create(su);
+  srunner_run_all(sr, CK_NORMAL);
+  int nf = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  free_modules();
+  return nf ? 1 : 0;
+}
