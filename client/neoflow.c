@@ -22,6 +22,11 @@
 
 #include "nf_autodiff.h"
 #include "nf_config.h"
+#include "nf_exec.h"
+#include "nf_lower.h"
+#if NF_HAVE_LLVM
+#include "nf_codegen.h"
+#endif
 #include "nf_diag.h"
 #include "nf_interp.h"
 #include "nf_ir.h"
@@ -40,6 +45,9 @@ static const char usage_text[] =
     "                        graph (constant shapes, explicit ranges)\n"
     "  hash FILE.nf DEF      canonical SHA-256 of DEF's instantiated graph\n"
     "  eval FILE.nf DEF      evaluate DEF with the reference interpreter\n"
+    "  lower FILE.nf DEF     print DEF's loop program (default schedule or --schedule)\n"
+    "  compile FILE.nf DEF -o KERNEL.so\n"
+    "                        compile DEF to a shared object (kernel ABI: nf_kernel.h)\n"
     "  grad FILE.nf DEF --wrt X[,Y...]\n"
     "                        print the gradient graph as .nf with a FLOP table;\n"
     "                        with --out DIR, evaluate it and write DIR/grad_<X>.npy\n"
@@ -54,7 +62,12 @@ static const char usage_text[] =
     "  --out DIR               write outputs as DIR/<output>.npy and generated\n"
     "                          inputs as DIR/inputs/<input>.npy (eval, grad)\n"
     "  --wrt X[,Y...]          inputs to differentiate with respect to (grad)\n"
-    "  --dout [OUT=]FILE.npy   the adjoint of an output (grad; ones when absent)\n";
+    "  --dout [OUT=]FILE.npy   the adjoint of an output (grad; ones when absent)\n"
+    "  --schedule FILE         a schedule (docs/schedules.md) instead of the default\n"
+    "  --target cpu[:CPU[:FEATURES]]  code generation target (host by default)\n"
+    "  --engine interp|compiled  evaluate with the interpreter (default) or a kernel\n"
+    "  --threads N             threads of the compiled engine (default 1)\n"
+    "  -o FILE                 output of compile\n";
 
 typedef struct opts {
   const char *cmd, *file, *def;
@@ -70,6 +83,11 @@ typedef struct opts {
   nf_precision precision;
   const char *out_dir;
   const char *wrt;
+  const char *schedule; /* --schedule FILE */
+  const char *target;   /* --target cpu[:CPU[:FEATURES]] */
+  const char *engine;   /* --engine interp|compiled */
+  const char *output;   /* -o FILE */
+  int threads;          /* --threads N (compiled engine) */
   int n_dout;
   const char *dout_names[MAX_ARGS]; /* NULL: the only output */
   const char *dout_files[MAX_ARGS];
@@ -121,7 +139,9 @@ static int parse_args(int argc, char **argv, opts *o) {
       int takes = strcmp(flag, "--shape") == 0 || strcmp(flag, "--param") == 0 ||
                   strcmp(flag, "--in") == 0 || strcmp(flag, "--seed") == 0 ||
                   strcmp(flag, "--precision") == 0 || strcmp(flag, "--out") == 0 ||
-                  strcmp(flag, "--wrt") == 0 || strcmp(flag, "--dout") == 0;
+                  strcmp(flag, "--wrt") == 0 || strcmp(flag, "--dout") == 0 ||
+                  strcmp(flag, "--schedule") == 0 || strcmp(flag, "--target") == 0 ||
+                  strcmp(flag, "--engine") == 0 || strcmp(flag, "--threads") == 0;
       if (!takes) {
         if (strcmp(a, "--help") == 0) return 3;
         return usage_error("unknown option '%s'", a);
@@ -177,6 +197,21 @@ static int parse_args(int argc, char **argv, opts *o) {
           return usage_error("--precision is f32 or f64, got '%s'", val);
       } else if (strcmp(flag, "--wrt") == 0) {
         o->wrt = val;
+      } else if (strcmp(flag, "--schedule") == 0) {
+        o->schedule = val;
+      } else if (strcmp(flag, "--target") == 0) {
+        if (strncmp(val, "cpu", 3) != 0 || (val[3] != 0 && val[3] != ':'))
+          return usage_error("--target is cpu[:CPU[:FEATURES]], got '%s'", val);
+        o->target = val;
+      } else if (strcmp(flag, "--engine") == 0) {
+        if (strcmp(val, "interp") != 0 && strcmp(val, "compiled") != 0)
+          return usage_error("--engine is interp or compiled, got '%s'", val);
+        o->engine = val;
+      } else if (strcmp(flag, "--threads") == 0) {
+        int64_t x;
+        if (!parse_i64(val, &x) || x < 1 || x > 256)
+          return usage_error("--threads wants 1..256, got '%s'", val);
+        o->threads = (int)x;
       } else if (strcmp(flag, "--dout") == 0) {
         if (o->n_dout >= MAX_ARGS) return usage_error("too many %s options", flag);
         char *eq = strchr(val, '=');
@@ -194,6 +229,11 @@ static int parse_args(int argc, char **argv, opts *o) {
       continue;
     }
     if (strcmp(a, "-h") == 0) return 3;
+    if (strcmp(a, "-o") == 0) {
+      if (k + 1 >= argc) return usage_error("option '%s' needs a value", a);
+      o->output = argv[++k];
+      continue;
+    }
     if (pos == 0)
       o->cmd = a;
     else if (pos == 1)
@@ -547,19 +587,235 @@ static int make_inputs(const opts *o, const nf_graph *g, uint32_t n_data,
   return 0;
 }
 
+/* ---- lowering and compiled kernels ---- */
+
+/* Reads --schedule (NULL without it: the default schedule is used). */
+static int read_schedule(const opts *o, nf_schedule **out) {
+  *out = NULL;
+  if (!o->schedule) return 0;
+  char *text = NULL;
+  FILE *f = fopen(o->schedule, "rb");
+  if (!f) {
+    fprintf(stderr, "neoflow: error: cannot open '%s': %s\n", o->schedule, strerror(errno));
+    return 1;
+  }
+  nf_buf b = NF_BUF_INIT;
+  char chunk[4096];
+  size_t n;
+  while ((n = fread(chunk, 1, sizeof chunk, f)) > 0 && b.len < (16u << 20)) nf_buf_add(&b, chunk, n);
+  fclose(f);
+  text = b.data ? b.data : (char *)"";
+  nf_buf err = NF_BUF_INIT;
+  int rc = nf_schedule_parse(text, o->schedule, out, &err);
+  if (rc) fprintf(stderr, "%s\n", nf_buf_str(&err));
+  nf_buf_free(&err);
+  nf_buf_free(&b);
+  return rc ? 1 : 0;
+}
+
+static int lower_graph(const opts *o, const nf_graph *g, nf_ir_ctx *ctx, nf_lprog **p) {
+  nf_schedule *sch = NULL;
+  if (read_schedule(o, &sch)) return 1;
+  nf_buf err = NF_BUF_INIT;
+  int rc = nf_lower(g, sch, ctx, p, &err);
+  if (rc) fprintf(stderr, "%s: error: cannot lower %s: %s\n", o->schedule ? o->schedule : o->file,
+                  o->def, nf_buf_str(&err));
+  nf_buf_free(&err);
+  nf_schedule_free(sch);
+  return rc ? 1 : 0;
+}
+
+static int cmd_lower(opts *o) {
+  if (!o->def) return usage_error("%s needs a DEF", "lower");
+  nf_module *m = load(o->file);
+  if (!m) return 1;
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  nf_graph *g = NULL;
+  nf_lprog *p = NULL;
+  int rc = 1;
+  if (ctx && !instantiate(m, o, ctx, &g) && !lower_graph(o, g, ctx, &p)) {
+    nf_buf b = NF_BUF_INIT;
+    nf__loop_print(p, &b);
+    fputs(nf_buf_str(&b), stdout);
+    nf_buf_free(&b);
+    rc = 0;
+  }
+  nf_ir_ctx_free(ctx);
+  nf_module_free(m);
+  return rc;
+}
+
+#if NF_HAVE_LLVM
+/* --target cpu[:CPU[:FEATURES]] */
+static int parse_target(const opts *o, nf_cpu_target *t, char *buf, size_t cap) {
+  memset(t, 0, sizeof *t);
+  if (!o->target) return 0;
+  snprintf(buf, cap, "%s", o->target);
+  char *cpu = strchr(buf, ':');
+  if (cpu) *cpu++ = 0;
+  if (strcmp(buf, "cpu") != 0) {
+    usage_error("--target is cpu[:CPU[:FEATURES]], got '%s'", o->target);
+    return 1;
+  }
+  if (cpu) {
+    char *feat = strchr(cpu, ':');
+    if (feat) *feat++ = 0;
+    t->cpu = *cpu ? cpu : NULL;
+    t->features = feat && *feat ? feat : NULL;
+  }
+  return 0;
+}
+
+static int compile_graph(const opts *o, const nf_graph *g, nf_blob *so, nf_cpu_stats *st) {
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  nf_lprog *p = NULL;
+  nf_cpu_target t;
+  char tbuf[512];
+  int rc = 1;
+  if (ctx && !parse_target(o, &t, tbuf, sizeof tbuf) && !lower_graph(o, g, ctx, &p)) {
+    nf_buf err = NF_BUF_INIT;
+    if (nf_cpu_compile(p, &t, so, st, &err))
+      fprintf(stderr, "%s: error: cannot compile %s: %s\n", o->file, o->def, nf_buf_str(&err));
+    else
+      rc = 0;
+    nf_buf_free(&err);
+  }
+  nf_ir_ctx_free(ctx);
+  return rc;
+}
+
+static int cmd_compile(opts *o) {
+  if (!o->def) return usage_error("%s needs a DEF", "compile");
+  if (!o->output) return usage_error("%s needs -o FILE.so", "compile");
+  nf_module *m = load(o->file);
+  if (!m) return 1;
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  nf_graph *g = NULL;
+  nf_blob so = NF_BLOB_INIT;
+  nf_cpu_stats st;
+  memset(&st, 0, sizeof st);
+  int rc = 1;
+  if (ctx && !instantiate(m, o, ctx, &g) && !compile_graph(o, g, &so, &st)) {
+    FILE *f = fopen(o->output, "wb");
+    if (!f || fwrite(so.data, 1, so.len, f) != so.len || fclose(f) != 0) {
+      fprintf(stderr, "neoflow: error: cannot write '%s': %s\n", o->output, strerror(errno));
+    } else {
+      printf("%s: %zu bytes; lowered and compiled in %.1f ms (LLVM IR %.1f, optimise %.1f, "
+             "emit %.1f, link %.1f)\n",
+             o->output, so.len, st.total_ms, st.irgen_ms, st.opt_ms, st.emit_ms, st.link_ms);
+      rc = 0;
+    }
+  }
+  nf_blob_free(&so);
+  nf_ir_ctx_free(ctx);
+  nf_module_free(m);
+  return rc;
+}
+
+/* Converts a (any supported dtype) into a fresh array of dtype t. */
+static int convert_array(const nf_array *a, nf_dtype t, nf_array *out) {
+  if (nf_array_alloc(out, t, a->rank, a->shape)) return 1;
+  for (int64_t k = 0; k < a->numel; k++) {
+    double v = elem(a, k);
+    switch (t) {
+      case NF_F32: ((float *)out->data)[k] = (float)v; break;
+      case NF_F64: ((double *)out->data)[k] = v; break;
+      case NF_I32: ((int32_t *)out->data)[k] = (int32_t)v; break;
+      case NF_I64:
+        ((int64_t *)out->data)[k] = a->dtype == NF_I64 ? ((int64_t *)a->data)[k] : (int64_t)v;
+        break;
+      case NF_BOOL: ((uint8_t *)out->data)[k] = v != 0; break;
+      default: return 1;
+    }
+  }
+  return 0;
+}
+
+/* The compiled engine: default (or --schedule) kernel, run with a pool. */
+static int run_compiled(const opts *o, const nf_graph *g, nf_array *ins, nf_array *outs) {
+  nf_blob so = NF_BLOB_INIT;
+  nf_cpu_stats st;
+  memset(&st, 0, sizeof st);
+  if (compile_graph(o, g, &so, &st)) return 1;
+  nf_buf err = NF_BUF_INIT;
+  nf_kernel *k = NULL;
+  int rc = 1;
+  uint32_t nb = g->n_inputs + g->n_outputs;
+  void **bufs = calloc(nb + 1, sizeof(void *));
+  nf_array *conv = calloc(g->n_inputs + 1, sizeof(nf_array));
+  nf_pool *pool = nf_pool_new(o->threads > 0 ? o->threads : 1);
+  if (!bufs || !conv || !pool) goto done;
+  if (nf_kernel_load(so.data, so.len, &k, &err)) {
+    fprintf(stderr, "neoflow: error: cannot load the kernel: %s\n", nf_buf_str(&err));
+    goto done;
+  }
+  for (uint32_t i = 0; i < g->n_inputs; i++) {
+    const nf_tensor *t = &g->tensors[g->inputs[i]];
+    int same = ins[i].rank == t->rank;
+    for (int d = 0; same && d < t->rank; d++) same = ins[i].shape[d] == t->shape[d];
+    if (!same) {
+      fprintf(stderr, "neoflow: error: input %s has the wrong shape\n", t->name);
+      goto done;
+    }
+    if (convert_array(&ins[i], (nf_dtype)t->dtype, &conv[i])) {
+      fprintf(stderr, "neoflow: error: input %s: unsupported dtype for the compiled engine\n",
+              t->name);
+      goto done;
+    }
+    bufs[i] = conv[i].data;
+  }
+  for (uint32_t i = 0; i < g->n_outputs; i++) {
+    const nf_tensor *t = &g->tensors[g->outputs[i]];
+    if (nf_array_alloc(&outs[i], (nf_dtype)t->dtype, t->rank, t->shape)) goto done;
+    bufs[g->n_inputs + i] = outs[i].data;
+  }
+  if (nf_kernel_run(k, bufs, nb, pool, &err)) {
+    fprintf(stderr, "neoflow: error: the kernel failed: %s\n", nf_buf_str(&err));
+    goto done;
+  }
+  fprintf(stderr, "neoflow: compiled kernel: %zu bytes in %.1f ms\n", so.len, st.total_ms);
+  rc = 0;
+done:
+  if (rc)
+    for (uint32_t i = 0; i < g->n_outputs; i++) nf_array_free(&outs[i]);
+  if (conv)
+    for (uint32_t i = 0; i < g->n_inputs; i++) nf_array_free(&conv[i]);
+  free(conv);
+  free(bufs);
+  nf_kernel_free(k);
+  nf_pool_free(pool);
+  nf_blob_free(&so);
+  nf_buf_free(&err);
+  return rc;
+}
+#endif
+
 /* Runs g and prints/writes its outputs. */
 static int run_graph(const opts *o, const nf_graph *g, nf_array *ins) {
   nf_array *outs = calloc(g->n_outputs + 1, sizeof(nf_array));
   if (!outs) return 1;
-  nf_buf err = NF_BUF_INIT;
-  int irc = nf_interp_run(g, ins, o->precision, outs, &err);
-  if (irc) {
-    fprintf(stderr, "neoflow: error: evaluation failed: %s\n", nf_buf_str(&err));
-    nf_buf_free(&err);
+  if (o->engine && strcmp(o->engine, "compiled") == 0) {
+#if NF_HAVE_LLVM
+    if (run_compiled(o, g, ins, outs)) {
+      free(outs);
+      return 1;
+    }
+#else
+    fprintf(stderr, "neoflow: error: this build has no code generator (LLVM was not found)\n");
     free(outs);
     return 1;
+#endif
+  } else {
+    nf_buf err = NF_BUF_INIT;
+    int irc = nf_interp_run(g, ins, o->precision, outs, &err);
+    if (irc) {
+      fprintf(stderr, "neoflow: error: evaluation failed: %s\n", nf_buf_str(&err));
+      nf_buf_free(&err);
+      free(outs);
+      return 1;
+    }
+    nf_buf_free(&err);
   }
-  nf_buf_free(&err);
   int rc = 0;
   if (o->out_dir && make_dir(o->out_dir)) rc = 1;
   for (uint32_t k = 0; k < g->n_outputs; k++) {
@@ -742,12 +998,22 @@ int main(int argc, char **argv) {
   }
   int known = strcmp(o.cmd, "check") == 0 || strcmp(o.cmd, "print") == 0 ||
               strcmp(o.cmd, "hash") == 0 || strcmp(o.cmd, "eval") == 0 ||
-              strcmp(o.cmd, "grad") == 0;
+              strcmp(o.cmd, "grad") == 0 || strcmp(o.cmd, "lower") == 0 ||
+              strcmp(o.cmd, "compile") == 0;
   if (!known) return usage_error("unknown command '%s'", o.cmd);
   if (!o.file) return usage_error("%s needs a FILE.nf", o.cmd);
   if (strcmp(o.cmd, "check") == 0) return cmd_check(&o);
   if (strcmp(o.cmd, "print") == 0) return cmd_print(&o);
   if (strcmp(o.cmd, "hash") == 0) return cmd_hash(&o);
   if (strcmp(o.cmd, "grad") == 0) return cmd_grad(&o);
+  if (strcmp(o.cmd, "lower") == 0) return cmd_lower(&o);
+  if (strcmp(o.cmd, "compile") == 0) {
+#if NF_HAVE_LLVM
+    return cmd_compile(&o);
+#else
+    fprintf(stderr, "neoflow: error: this build has no code generator (LLVM was not found)\n");
+    return 1;
+#endif
+  }
   return cmd_eval(&o);
 }

@@ -31,6 +31,12 @@ echo
 echo "== the library against NumPy (tests/numpy_check.py)"
 python3 tests/numpy_check.py "$NF" lib/nn.nf | tail -n 4
 echo
+echo "== the CPU code generator: the same conv2d as a compiled kernel (default schedule)"
+run lower lib/nn.nf matmul --shape A=64,64 --shape B=64,64
+run compile lib/nn.nf conv2d --shape I=2,6,11,11 --shape W=6,2,3,3 \
+    --param stride=2 --param pad=1 --param dilation=2 --param groups=3 -o "$out/conv.so"
+run eval lib/nn.nf conv2d --shape I=2,6,11,11 --shape W=6,2,3,3 \
+    --param stride=2 --param pad=1 --param dilation=2 --param groups=3 --engine compiled --threads 2
 echo "== gradients: capsule routing (3 iterations) with respect to W, as .nf"
 $NF grad examples/workloads.nf capsnet_loss --wrt W --shape u=4,32,8 \
     --shape W=32,10,16,8 --shape targets=4,10 | sed -n '1,6p'

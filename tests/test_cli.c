@@ -2,6 +2,7 @@
  * located messages for bad input (source files, options, .npy files),
  * outputs written as .npy, hashes independent of names. */
 #include <check.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "nf_config.h"
 #include "nf_npy.h"
 
 static char tmpdir[256];
@@ -309,6 +311,54 @@ START_TEST(cli_grad_bad_uses) {
 }
 END_TEST
 
+START_TEST(cli_lower_and_schedules) {
+  expect("lower mm.nf mm --shape A=16,16 --shape B=16,32", 0, "kernel mm(in f32 A[16][16], in f32 B[16][32], out f32 C[16][32]) {");
+  write_text("bad.sched", "neoflow-schedule 1\nstmt 0 split nothere 4\n");
+  expect("lower mm.nf mm --shape A=16,16 --shape B=16,32 --schedule bad.sched", 1, "nothere");
+  write_text("syntax.sched", "neoflow-schedule 1\nstmt 0 frobnicate i\n");
+  expect("lower mm.nf mm --shape A=16,16 --shape B=16,32 --schedule syntax.sched", 1,
+         "syntax.sched:2:");
+}
+END_TEST
+
+#if NF_HAVE_LLVM
+static double l2_of(const char *out, const char *name) {
+  char key[64];
+  snprintf(key, sizeof key, "%s: ", name);
+  const char *p = strstr(out, key);
+  if (!p) return -1;
+  p = strstr(p, "l2=");
+  return p ? strtod(p + 3, NULL) : -1;
+}
+
+START_TEST(cli_compile_and_run_compiled) {
+  char *out;
+  ck_assert_int_eq(run(&out, "compile mm.nf mm --shape A=33,17 --shape B=17,29 -o k.so"), 0);
+  ck_assert_msg(strstr(out, "k.so: "), "%s", out);
+  free(out);
+  char path[512];
+  snprintf(path, sizeof path, "%s/k.so", tmpdir);
+  FILE *f = fopen(path, "rb");
+  ck_assert_ptr_nonnull(f);
+  unsigned char magic[4];
+  ck_assert_uint_eq(fread(magic, 1, 4, f), 4);
+  fclose(f);
+  ck_assert(magic[0] == 0x7f && magic[1] == 'E' && magic[2] == 'L' && magic[3] == 'F');
+  char *a, *b;
+  ck_assert_int_eq(run(&a, "eval mm.nf mm --shape A=33,17 --shape B=17,29 --seed 5"), 0);
+  ck_assert_int_eq(run(&b, "eval mm.nf mm --shape A=33,17 --shape B=17,29 --seed 5 "
+                           "--engine compiled --threads 2"), 0);
+  double x = l2_of(a, "C"), y = l2_of(b, "C");
+  ck_assert_msg(x > 0 && y > 0 && fabs(x - y) <= 1e-5 * x, "%s\n%s", a, b);
+  free(a);
+  free(b);
+  expect("compile mm.nf mm --shape A=3,4 --shape B=4,5", 2, "compile needs -o FILE.so");
+  expect("compile mm.nf mm --shape A=3,4 --shape B=4,5 --target gpu -o x.so", 2,
+         "--target is cpu[:CPU[:FEATURES]]");
+}
+END_TEST
+#endif
+
 static Suite *suite(void) {
   Suite *s = suite_create("cli");
   TCase *tc = tcase_create("core");
@@ -324,6 +374,10 @@ static Suite *suite(void) {
   tcase_add_test(tc, cli_grad_prints_checkable_nf);
   tcase_add_test(tc, cli_grad_evaluates);
   tcase_add_test(tc, cli_grad_bad_uses);
+  tcase_add_test(tc, cli_lower_and_schedules);
+#if NF_HAVE_LLVM
+  tcase_add_test(tc, cli_compile_and_run_compiled);
+#endif
   suite_add_tcase(s, tc);
   return s;
 }
