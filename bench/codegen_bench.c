@@ -11,8 +11,8 @@
  *    ([N*H*W, C*9] x [C*9, K]; the im2col copy itself is not timed, so
  *    the peer figure is a ceiling).
  * FLOPs: 2 per multiply-add.  Each figure is the median of reps runs after
- * a warm-up; set OPENBLAS_NUM_THREADS yourself only if you want to
- * override what the bench sets. */
+ * a warm-up.  NF_OPT_LEVEL=1..3 selects the LLVM pipeline (default 2,
+ * the tier-1 default of neoflow compile). */
 #include <cblas.h>
 #include <math.h>
 #include <stdio.h>
@@ -75,7 +75,9 @@ static int build(const char *lib, const char *def, const nf_arg_shape *sh, int n
     fprintf(stderr, "%s", nf_diag_text(d));
     goto out;
   }
-  if (nf_lower(g, NULL, ctx, &p, &err) || nf_cpu_compile(p, NULL, &so, &st, &err) ||
+  nf_cpu_target t = {0};
+  t.opt_level = getenv("NF_OPT_LEVEL") ? atoi(getenv("NF_OPT_LEVEL")) : 2;
+  if (nf_lower(g, NULL, ctx, &p, &err) || nf_cpu_compile(p, &t, &so, &st, &err) ||
       nf_kernel_load(so.data, so.len, &kc->k, &err)) {
     fprintf(stderr, "%s: %s\n", def, nf_buf_str(&err));
     goto out;
