@@ -943,10 +943,12 @@ static int diff_stmt(ad *A, uint32_t k) {
   if (!A->carries[o_id]) return NF_OK;
   A->cur_stmt = (int)k;
   /* The statement as copied (rhs in our context). */
-  const nf_stmt *fs = NULL;
-  for (uint32_t j = 0; j < A->n_s; j++)
-    if (A->s[j].is_forward && A->s[j].fwd == (int32_t)k) fs = &A->s[j].s;
-  if (!fs) return fail(A, NF_EINTERNAL, "internal: statement %u not copied", k);
+  /* The forward statements were copied first, in order. */
+  if (k >= A->n_s || !A->s[k].is_forward || A->s[k].fwd != (int32_t)k)
+    return fail(A, NF_EINTERNAL, "internal: statement %u not copied", k);
+  /* a copy: adding statements below may move A->s */
+  const nf_stmt fs_copy = A->s[k].s;
+  const nf_stmt *fs = &fs_copy;
   /* Adjoint of the output. */
   part *parts = A->parts[o_id];
   if (A->seed[o_id] != UINT32_MAX) {
