@@ -258,11 +258,15 @@ static void check_case(nf_module *m, const tcase *c, int n_random) {
   inst_make(&I, m, c, 0x1234 + (uint64_t)strlen(c->label));
   msg[0] = 0;
   ck_assert_msg(!run_one(&I, NULL, msg, sizeof msg), "%s default: %s", c->label, msg);
-  int total = 0;
+  int total = 0, n_at = 0, n_rd = 0;
   for (int k = 0; k < n_random; k++) {
     nf_schedule *s = NULL;
     ck_assert_int_eq(nf_schedule_random(I.g, 1000 + (uint64_t)k, &s), NF_OK);
     total += s->n_items;
+    for (int q = 0; q < s->n_items; q++) {
+      n_at += s->items[q].kind == NF_SCH_COMPUTE_AT;
+      n_rd += s->items[q].kind == NF_SCH_CACHE_READ;
+    }
     if (run_one(&I, s, msg, sizeof msg)) {
       nf_buf t = NF_BUF_INIT;
       nf_schedule_print(s, &t);
@@ -272,7 +276,8 @@ static void check_case(nf_module *m, const tcase *c, int n_random) {
     nf_buf t1 = NF_BUF_INIT, t2 = NF_BUF_INIT, err = NF_BUF_INIT;
     nf_schedule *s2 = NULL;
     nf_schedule_print(s, &t1);
-    ck_assert_int_eq(nf_schedule_parse(nf_buf_str(&t1), "rt", &s2, &err), NF_OK);
+    ck_assert_msg(nf_schedule_parse(nf_buf_str(&t1), "rt", &s2, &err) == NF_OK, "%s\n%s",
+                  nf_buf_str(&err), nf_buf_str(&t1));
     nf_schedule_print(s2, &t2);
     ck_assert_str_eq(nf_buf_str(&t1), nf_buf_str(&t2));
     nf_buf_free(&t1);
@@ -285,7 +290,8 @@ static void check_case(nf_module *m, const tcase *c, int n_random) {
   ck_assert_msg(n_random < 10 || total >= n_random, "%s: %d primitives in %d random schedules",
                 c->label, total, n_random);
   if (getenv("NF_LOWER_STATS"))
-    fprintf(stderr, "%s: %d primitives in %d random schedules\n", c->label, total, n_random);
+    fprintf(stderr, "%s: %d primitives (%d compute_at, %d cache_read) in %d random schedules\n",
+            c->label, total, n_at, n_rd, n_random);
   inst_free(&I);
 }
 
@@ -345,9 +351,15 @@ static const bad_sched bad_matmul[] = {
     {"stmt 3 split i 4", "out of range", NF_EINVAL},
     {"stmt Q split i 4", "unknown statement 'Q'", NF_EINVAL},
     {"stmts 2\nstmt 0 split i 4", "graph of 2 statements", NF_EINVAL},
-    {"stmt 0 compute_at 0 i", "not implemented yet", NF_EUNSUPPORTED},
-    {"stmt 0 cache_read A i", "not implemented yet", NF_EUNSUPPORTED},
-    {"stmt 0 pack B j", "not implemented yet", NF_EUNSUPPORTED},
+    {"stmt 0 compute_at 0 i", "is a graph output", NF_EINVAL},
+    {"stmt 0 cache_read Q i", "unknown tensor 'Q'", NF_EINVAL},
+    {"stmt 0 cache_read A q", "unknown loop 'q'", NF_EINVAL},
+    {"stmt 0 pack C j", "does not read 'C'", NF_EINVAL},
+    {"stmt 0 split j 8\nstmt 0 reorder i k j.o j.i\nstmt 0 vectorize j.i\n"
+     "stmt 0 cache_read B j.i", "is vectorized",
+     NF_EINVAL},
+    {"stmt 0 fuse i j\nstmt 0 split i.j.fused 5\nstmt 0 cache_read A i.j.fused.o",
+     "mixes loops inside and outside", NF_EINVAL},
     {"stmt C split i 4\nstmt C split i 4", "unknown loop 'i'", NF_EINVAL},
 };
 
@@ -382,6 +394,14 @@ START_TEST(lower_illegal) {
       {"stmt XW compute_inline", "reduction", NF_EINVAL},
       {"stmt 0 split o 2\nstmt 1 split o 2\nstmt 1 cache_write o.o", "reductions only",
        NF_EINVAL},
+      {"stmt Y compute_at XW o", "is a graph output", NF_EINVAL},
+      {"stmt XW compute_at XW o", "does not come after", NF_EINVAL},
+      {"stmt XW compute_at Y q", "unknown loop 'q'", NF_EINVAL},
+      {"stmt XW compute_at Y o\nstmt XW compute_at Y n0", "given twice", NF_EINVAL},
+      {"stmt XW split n0 2\nstmt XW parallel n0.o\nstmt XW compute_at Y o",
+       "computed at another statement's loop", NF_EINVAL},
+      {"stmt XW compute_inline\nstmt XW compute_at Y o", "reduction", NF_EINVAL},
+      {"stmt XW compute_at Y o\nstmt Y cache_read XW o", "is computed at", NF_EINVAL},
   };
   for (size_t k = 0; k < sizeof bad_lin / sizeof bad_lin[0]; k++) {
     char text[512];
@@ -393,6 +413,25 @@ START_TEST(lower_illegal) {
     int rc = nf_lower(I.g, s, I.ctx, &p, &err);
     ck_assert_msg(rc == bad_lin[k].status && strstr(nf_buf_str(&err), bad_lin[k].msg),
                   "'%s': %s '%s'", bad_lin[k].text, nf_status_name(rc), nf_buf_str(&err));
+    nf_schedule_free(s);
+    nf_buf_free(&err);
+  }
+  inst_free(&I);
+  /* layer_norm: Xc is read by Sq and by Y */
+  int ln = -1;
+  for (int k = 0; k < (int)(sizeof lib_cases / sizeof lib_cases[0]); k++)
+    if (strcmp(lib_cases[k].label, "layer_norm") == 0) ln = k;
+  ck_assert_int_ge(ln, 0);
+  inst_make(&I, g_nn, &lib_cases[ln], 9);
+  {
+    nf_buf err = NF_BUF_INIT;
+    nf_schedule *s = NULL;
+    nf_lprog *p = NULL;
+    ck_assert_int_eq(nf_schedule_parse("neoflow-schedule 1\nstmt Xc compute_at Sq d\n", "bad",
+                                       &s, &err), NF_OK);
+    int rc = nf_lower(I.g, s, I.ctx, &p, &err);
+    ck_assert_msg(rc == NF_EINVAL && strstr(nf_buf_str(&err), "also read outside"), "%s '%s'",
+                  nf_status_name(rc), nf_buf_str(&err));
     nf_schedule_free(s);
     nf_buf_free(&err);
   }

@@ -54,6 +54,7 @@ typedef struct nest {
   uint32_t cw_var;
   char cw_name[NF_SCHED_NAME];
   int reassoc;
+  int in_region; /* computed at a consumer's loop (compute_at) */
 } nest;
 
 typedef struct lw {
@@ -68,8 +69,33 @@ typedef struct lw {
   int32_t *buf_of;    /* by tensor: buffer or -1 (inlined) */
   int32_t *stmt_of;   /* by tensor: producing statement or -1 */
   uint8_t *inlined;   /* by statement */
+  int32_t *at_of;     /* by statement: schedule item computing it at a consumer, or -1 */
+  const nf_schedule *s;
   int oom;
 } lw;
+
+/* Where a statement computed at a consumer's loop (compute_at) writes:
+ * the region of its output that the consumer reads inside that loop,
+ * start[d] (an expression of the consumer's loop variables) + [0, ext[d]),
+ * held in a local buffer ALLOC'd inside the loop. */
+typedef struct region {
+  int rank;
+  const nf_expr *start[NF_MAX_RANK];
+  int64_t ext[NF_MAX_RANK];
+  uint32_t buf;
+} region;
+
+/* A prologue placed at the start of loop `var`'s body, with the local
+ * buffer it fills ALLOC'd around the whole body (compute_at, cache_read). */
+typedef struct attach {
+  uint32_t var, buf;
+  nf_lstmt *pro;
+} attach;
+
+#define MAX_ATTACH 16
+#define REGION_MAX_ELEMS (1 << 22)
+/* the characters of a name in the schedule text format */
+#define NAME_CHARS "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.[]"
 
 /* ---- small helpers ---- */
 
@@ -170,19 +196,37 @@ static int nest_subst(lw *L, nest *n, uint32_t v, const nf_expr *to) {
 
 /* ---- the nest of one statement ---- */
 
-static void nest_init(lw *L, int si, nest *n) {
+/* The initial nest of si; with a region R (compute_at) the spatial loops
+ * cover R only, at start[d] + loop, guarded to stay inside the tensor. */
+static void nest_init(lw *L, int si, const region *R, nest *n) {
   const nf_stmt *st = &L->g->stmts[si];
   const nf_tensor *t = &L->g->tensors[st->out];
   memset(n, 0, sizeof *n);
   n->n_orig = t->rank + st->n_red;
+  n->in_region = R != NULL;
   for (int k = 0; k < n->n_orig; k++) {
     lloop *lp = &n->l[n->n++];
     int red = k >= t->rank;
     int64_t lo = red ? st->red_lo[k - t->rank] : 0;
-    lp->ext = red ? st->red_ext[k - t->rank] : t->shape[k];
+    lp->ext = red ? st->red_ext[k - t->rank] : R ? R->ext[k] : t->shape[k];
     lp->var = new_var(L, lp->ext);
     lp->red = (uint8_t)red;
     nf__sched_var_name(st, k, lp->name);
+    if (R && !red) {
+      const nf_expr *o = simp(L, bin(L, NF_OP_ADD, R->start[k], var(L, lp->var)));
+      n->orig[k] = o;
+      const nf_expr *gd[2] = {simp(L, bin(L, NF_OP_GE, o, ci(L, 0))),
+                              simp(L, bin(L, NF_OP_LT, o, ci(L, t->shape[k])))};
+      for (int j = 0; j < 2; j++) {
+        if (!gd[j]) {
+          L->oom = 1;
+          return;
+        }
+        if (!(gd[j]->op == NF_OP_CONST && gd[j]->u.i) && n->ng < MAX_GUARDS)
+          n->guard[n->ng++] = gd[j];
+      }
+      continue;
+    }
     n->orig[k] = lo ? simp(L, bin(L, NF_OP_ADD, var(L, lp->var), ci(L, lo))) : var(L, lp->var);
   }
 }
@@ -320,9 +364,8 @@ static int apply_item(lw *L, int si, nest *n, const nf_sched_item *it) {
     memcpy(n->cw_name, n->l[p].name, NF_SCHED_NAME);
     return NF_OK;
   case NF_SCH_COMPUTE_AT:
-    return lerr(L, NF_EUNSUPPORTED, si, "compute_at is not implemented yet");
   case NF_SCH_CACHE_READ:
-    return lerr(L, NF_EUNSUPPORTED, si, "cache_read/pack is not implemented yet");
+    return NF_OK; /* placed when the consumer's nest is built (lower_stmt) */
   case NF_SCH_INLINE:
     return lerr(L, NF_EINVAL, si, "compute_inline: statement is scheduled by other primitives");
   default:
@@ -375,6 +418,10 @@ static int nest_finish(lw *L, int si, nest *n) {
     const lloop *lp = &n->l[i];
     switch (lp->kind) {
     case NF_LOOP_PARALLEL:
+      if (n->in_region)
+        return lerr(L, NF_EINVAL, si,
+                    "parallel: loop '%s' belongs to a statement computed at another "
+                    "statement's loop (only the outermost nest runs in parallel)", lp->name);
       if (i != 0)
         return lerr(L, NF_EINVAL, si, "parallel: loop '%s' is not the outermost loop", lp->name);
       if (lp->red)
@@ -452,9 +499,9 @@ static int resolve_stmt(lw *L, int32_t idx, const char *name, int *out) {
 }
 
 /* Builds and checks the nest of statement si under schedule s. */
-static int stmt_nest(lw *L, const nf_schedule *s, int si, nest *n) {
+static int stmt_nest(lw *L, const nf_schedule *s, int si, const region *R, nest *n) {
   int rc;
-  nest_init(L, si, n);
+  nest_init(L, si, R, n);
   if (L->oom) return NF_ENOMEM;
   for (int k = 0; s && k < s->n_items; k++) {
     const nf_sched_item *it = &s->items[k];
@@ -514,8 +561,31 @@ static const char *dup_name(lw *L, const char *s) {
 
 /* Loops loops[0..n) around payload; guard g goes right inside the
  * innermost of these loops it uses (before the next loop). */
+/* Wraps body in the prologues attached to loop var: ALLOC(buf) { pro; body }. */
+static nf_lstmt *attach_wrap(lw *L, uint32_t v, const attach *at, int nat, nf_lstmt *body) {
+  for (int k = nat; k-- > 0 && body;) {
+    if (at[k].var != v) continue;
+    nf_lstmt *items[2] = {at[k].pro, body};
+    nf_lstmt *al = wrap1(L, NF_LS_ALLOC, seq(L, items, 2));
+    if (!al) return NULL;
+    al->buf = at[k].buf;
+    body = al;
+  }
+  return body;
+}
+
+static nf_lstmt *build_at(lw *L, const lloop *loops, int n, const nf_expr *const *guards,
+                          int ng, const attach *at, int nat, nf_lstmt *payload);
+
 static nf_lstmt *build(lw *L, const lloop *loops, int n, const nf_expr *const *guards, int ng,
                        nf_lstmt *payload) {
+  return build_at(L, loops, n, guards, ng, NULL, 0, payload);
+}
+
+/* Same, with the prologues `at` placed at the start of their loops' bodies
+ * (inside the guards of that level). */
+static nf_lstmt *build_at(lw *L, const lloop *loops, int n, const nf_expr *const *guards,
+                          int ng, const attach *at, int nat, nf_lstmt *payload) {
   int lvl[MAX_GUARDS];
   for (int k = 0; k < ng; k++) {
     lvl[k] = 0;
@@ -524,6 +594,8 @@ static nf_lstmt *build(lw *L, const lloop *loops, int n, const nf_expr *const *g
   }
   nf_lstmt *cur = payload;
   for (int level = n; level >= 0 && cur; level--) {
+    if (level > 0 && nat > 0 && !(cur = attach_wrap(L, loops[level - 1].var, at, nat, cur)))
+      return NULL;
     const nf_expr *cond = NULL;
     for (int k = 0; k < ng; k++)
       if (lvl[k] == level) cond = cond ? bin(L, NF_OP_AND, cond, guards[k]) : guards[k];
@@ -687,6 +759,252 @@ static const nf_expr *translate(lw *L, const nf_expr *e, const nf_expr *const *v
   return r;
 }
 
+/* ---- compute_at and cache_read: regions and prologues ---- */
+
+/* The distinct accesses of buffer b in e (after translation). */
+typedef struct acc_list {
+  uint32_t b;
+  int n, cap;
+  const nf_expr **a;
+  int oom;
+} acc_list;
+
+static void acc_fn(const nf_expr *e, void *user) {
+  acc_list *l = user;
+  if (e->op != NF_OP_ACCESS || e->u.tensor != l->b) return;
+  if (l->n == l->cap) {
+    int nc = l->cap ? 2 * l->cap : 8;
+    const nf_expr **na = realloc(l->a, (size_t)nc * sizeof *na);
+    if (!na) {
+      l->oom = 1;
+      return;
+    }
+    l->a = na;
+    l->cap = nc;
+  }
+  l->a[l->n++] = e;
+}
+
+/* Splits an index into the summands that use loops inside position px of
+ * n (and constants): *inner, and the rest: *outer (loops at or outside px
+ * and variables of enclosing nests).  0 when a summand mixes both. */
+static int split_at(lw *L, const nest *n, int px, const nf_expr *e, const nf_expr **outer,
+                    const nf_expr **inner) {
+  const nf_expr *stack[64];
+  int sp = 0;
+  uint64_t in_m = px + 1 >= 64 ? 0 : ~((1ull << (px + 1)) - 1);
+  *inner = ci(L, 0);
+  *outer = ci(L, 0);
+  stack[sp++] = e;
+  while (sp > 0) {
+    const nf_expr *x = stack[--sp];
+    if (x->op == NF_OP_ADD && sp < 62) {
+      stack[sp++] = x->args[0];
+      stack[sp++] = x->args[1];
+      continue;
+    }
+    uint64_t m = loop_mask(n, x);
+    if ((m & in_m) && (m & ~in_m)) return 0;
+    if ((m & in_m) || x->op == NF_OP_CONST)
+      *inner = bin(L, NF_OP_ADD, *inner, x);
+    else
+      *outer = bin(L, NF_OP_ADD, *outer, x);
+  }
+  *inner = simp(L, *inner);
+  *outer = simp(L, *outer);
+  return *inner && *outer;
+}
+
+/* The region of tensor shape (rank dims) that accesses a[0..na) read
+ * inside loop px of n: R->start and R->ext.  NF_OK or NF_EINVAL/NF_ELIMIT
+ * with a message. */
+static int infer_region(lw *L, int si, const nest *n, int px, const char *what,
+                        const nf_expr *const *a, int na, int rank, region *R) {
+  const nf_expr *outer0[NF_MAX_RANK];
+  int64_t lo[NF_MAX_RANK], hi[NF_MAX_RANK], elems = 1;
+  R->rank = rank;
+  for (int k = 0; k < na; k++)
+    for (int d = 0; d < rank; d++) {
+      const nf_expr *ix = a[k]->args[d], *o, *in;
+      if (uses_access(ix))
+        return lerr(L, NF_EINVAL, si, "%s: index %d of '%s' is data-dependent", what, d,
+                    L->bufs[a[k]->u.tensor].name);
+      if (!split_at(L, n, px, ix, &o, &in))
+        return lerr(L, NF_EINVAL, si,
+                    "%s: index %d of '%s' mixes loops inside and outside '%s' (no rectangular "
+                    "region)", what, d, L->bufs[a[k]->u.tensor].name, n->l[px].name);
+      if (k == 0) {
+        outer0[d] = o;
+      } else {
+        const nf_expr *diff = simp(L, bin(L, NF_OP_SUB, o, outer0[d]));
+        if (!diff) return NF_ENOMEM;
+        if (diff->op != NF_OP_CONST)
+          return lerr(L, NF_EINVAL, si,
+                      "%s: the reads of '%s' are not at constant offsets of each other", what,
+                      L->bufs[a[k]->u.tensor].name);
+        in = simp(L, bin(L, NF_OP_ADD, in, diff));
+        if (!in) return NF_ENOMEM;
+      }
+      nf_range r;
+      if (!nf_expr_bounds(in, L->vr, (int)L->nv, &r))
+        return lerr(L, NF_EINVAL, si, "%s: cannot bound index %d of '%s'", what, d,
+                    L->bufs[a[k]->u.tensor].name);
+      if (k == 0 || r.lo < lo[d]) lo[d] = r.lo;
+      if (k == 0 || r.hi > hi[d]) hi[d] = r.hi;
+    }
+  for (int d = 0; d < rank; d++) {
+    R->ext[d] = hi[d] - lo[d] + 1;
+    if (R->ext[d] > REGION_MAX_ELEMS || (elems *= R->ext[d]) > REGION_MAX_ELEMS)
+      return lerr(L, NF_ELIMIT, si, "%s: region of '%s' at '%s' is over %d elements", what,
+                  L->bufs[a[0]->u.tensor].name, n->l[px].name, REGION_MAX_ELEMS);
+    R->start[d] = simp(L, bin(L, NF_OP_ADD, outer0[d], ci(L, lo[d])));
+    if (!R->start[d]) return NF_ENOMEM;
+  }
+  return NF_OK;
+}
+
+/* e with every access of buffer from replaced by an access of buffer to
+ * at index - R->start. */
+static const nf_expr *rebase(lw *L, const nf_expr *e, uint32_t from, const region *R,
+                             tmap *memo) {
+  const nf_expr *r = tmap_get(memo, e);
+  if (r) return r;
+  if (e->n_args == 0) return e;
+  const nf_expr *args[NF_MAX_RANK > 3 ? NF_MAX_RANK : 3];
+  int changed = 0;
+  for (int i = 0; i < e->n_args; i++) {
+    if (!(args[i] = rebase(L, e->args[i], from, R, memo))) return NULL;
+    changed |= args[i] != e->args[i];
+  }
+  if (e->op == NF_OP_ACCESS && e->u.tensor == from) {
+    for (int d = 0; d < e->n_args; d++)
+      if (!(args[d] = simp(L, bin(L, NF_OP_SUB, args[d], R->start[d])))) return NULL;
+    r = nf_e_access(L->ctx, R->buf, (nf_dtype)e->dtype, e->n_args, args);
+  } else {
+    r = changed ? nf_e_rebuild(L->ctx, e, args) : e;
+  }
+  if (r && tmap_put(memo, e, r) < 0) return NULL;
+  return r;
+}
+
+static int lower_stmt(lw *L, const nf_schedule *s, int si, const region *R, nf_lstmt **out,
+                      int *reassoc);
+
+/* The copy nest of cache_read: local[v] = src[start + v] over the region,
+ * guarded to the source's bounds. */
+static nf_lstmt *copy_nest(lw *L, uint32_t src, const region *R) {
+  const nf_lbuf *sb = &L->bufs[src];
+  lloop loops[NF_MAX_RANK];
+  const nf_expr *guards[2 * NF_MAX_RANK], *sidx[NF_MAX_RANK], *lidx[NF_MAX_RANK];
+  int ng = 0;
+  for (int d = 0; d < R->rank; d++) {
+    memset(&loops[d], 0, sizeof loops[d]);
+    loops[d].ext = R->ext[d];
+    loops[d].var = new_var(L, R->ext[d]);
+    snprintf(loops[d].name, NF_SCHED_NAME, "%.40s.rd%d", sb->name, d);
+    if (L->oom) return NULL;
+    lidx[d] = var(L, loops[d].var);
+    sidx[d] = simp(L, bin(L, NF_OP_ADD, R->start[d], lidx[d]));
+    const nf_expr *gd[2] = {simp(L, bin(L, NF_OP_GE, sidx[d], ci(L, 0))),
+                            simp(L, bin(L, NF_OP_LT, sidx[d], ci(L, sb->shape[d])))};
+    for (int j = 0; j < 2; j++) {
+      if (!gd[j]) return NULL;
+      if (!(gd[j]->op == NF_OP_CONST && gd[j]->u.i)) guards[ng++] = gd[j];
+    }
+  }
+  const nf_expr *v = nf_e_access(L->ctx, src, (nf_dtype)sb->dtype, R->rank, sidx);
+  return build(L, loops, R->rank, guards, ng, store(L, R->buf, R->rank, lidx, v, NF_RED_NONE));
+}
+
+/* The prologue of schedule item k (compute_at into si, or cache_read of
+ * si) at its loop of n; rewrites *rhs to read the local buffer. */
+static int attach_item(lw *L, const nf_schedule *s, int si, const nest *n, int k,
+                       const nf_expr **rhs, attach *at, int *reassoc) {
+  const nf_sched_item *it = &s->items[k];
+  int is_at = it->kind == NF_SCH_COMPUTE_AT, p = -1, rc;
+  const char *what = is_at ? "compute_at" : "cache_read";
+  int px = find_loop(n, it->names[0]);
+  if (px < 0) return unknown_loop(L, si, n, what, it->names[0]);
+  if (n->l[px].kind == NF_LOOP_VECTOR)
+    return lerr(L, NF_EINVAL, si, "%s: loop '%s' is vectorized (its body holds no loops)", what,
+                it->names[0]);
+  uint32_t b;
+  if (is_at) {
+    if ((rc = resolve_stmt(L, it->stmt, it->stmt_name, &p)) < 0) return rc;
+    b = (uint32_t)L->buf_of[L->g->stmts[p].out];
+  } else {
+    int32_t found = -1;
+    for (uint32_t t = 0; t < L->g->n_tensors && found < 0; t++)
+      if (L->g->tensors[t].name && strcmp(L->g->tensors[t].name, it->names[1]) == 0)
+        found = (int32_t)t;
+    if (found < 0) return lerr(L, NF_EINVAL, si, "cache_read: unknown tensor '%s'", it->names[1]);
+    if (L->buf_of[found] < 0)
+      return lerr(L, NF_EINVAL, si, "cache_read: '%s' is inlined (it has no buffer)",
+                  it->names[1]);
+    if (L->stmt_of[found] >= 0 && L->at_of[L->stmt_of[found]] >= 0)
+      return lerr(L, NF_EINVAL, si, "cache_read: '%s' is computed at a statement's loop",
+                  it->names[1]);
+    b = (uint32_t)L->buf_of[found];
+  }
+  acc_list al = {.b = b};
+  if (nf_expr_visit(*rhs, acc_fn, &al) < 0 || al.oom) {
+    free(al.a);
+    return NF_ENOMEM;
+  }
+  if (al.n == 0) {
+    free(al.a);
+    return lerr(L, NF_EINVAL, si, "%s: the statement does not read '%s'", what,
+                L->bufs[b].name);
+  }
+  region R;
+  memset(&R, 0, sizeof R);
+  rc = infer_region(L, si, n, px, what, al.a, al.n, L->bufs[b].rank, &R);
+  free(al.a);
+  if (rc < 0) return rc;
+  char name[NF_SCHED_NAME + 8];
+  snprintf(name, sizeof name, "%.48s_%s", L->bufs[b].name, is_at ? "at" : "rd");
+  int lb = add_buf(L, name, L->bufs[b].dtype, NF_BUF_TEMP, R.rank, R.ext, -1);
+  if (lb < 0 || L->oom) return NF_ENOMEM;
+  R.buf = (uint32_t)lb;
+  tmap memo = {0};
+  *rhs = rebase(L, *rhs, b, &R, &memo);
+  tmap_free(&memo);
+  if (!*rhs) return NF_ENOMEM;
+  at->var = n->l[px].var;
+  at->buf = R.buf;
+  if (is_at) {
+    if ((rc = lower_stmt(L, s, p, &R, &at->pro, reassoc)) < 0) return rc;
+  } else if (!(at->pro = copy_nest(L, b, &R))) {
+    return NF_ENOMEM;
+  }
+  return NF_OK;
+}
+
+/* Prologues of the items placed in statement si's nest, in schedule order. */
+static int attach_all(lw *L, const nf_schedule *s, int si, const nest *n, const nf_expr **rhs,
+                      attach *at, int *nat, int *reassoc) {
+  *nat = 0;
+  for (int k = 0; s && k < s->n_items; k++) {
+    const nf_sched_item *it = &s->items[k];
+    int t, rc;
+    if (it->kind == NF_SCH_COMPUTE_AT) {
+      if ((rc = resolve_stmt(L, it->stmt2, it->stmt2_name, &t)) < 0) return rc;
+    } else if (it->kind == NF_SCH_CACHE_READ) {
+      if ((rc = resolve_stmt(L, it->stmt, it->stmt_name, &t)) < 0) return rc;
+    } else {
+      continue;
+    }
+    if (t != si) continue;
+    if (*nat == MAX_ATTACH) return lerr(L, NF_ELIMIT, si, "over %d compute_at/cache_read", MAX_ATTACH);
+    if ((rc = attach_item(L, s, si, n, k, rhs, &at[*nat], reassoc)) < 0) {
+      if (it->line > 0) nf_buf_printf(L->err, " (line %d)", it->line);
+      return rc;
+    }
+    (*nat)++;
+  }
+  return NF_OK;
+}
+
 /* ---- lowering of one statement ---- */
 
 static nf_lstmt *replica(lw *L, const nest *n, int c, nf_lstmt *(*payload)(lw *, void *,
@@ -749,37 +1067,46 @@ static nf_lstmt *wb_payload(lw *L, void *ud, const nf_expr *const *both) {
   return store(L, w->out, w->rank, both + w->rank, v, NF_RED_NONE);
 }
 
-static int lower_stmt(lw *L, const nf_schedule *s, int si, nf_lstmt **out, int *reassoc) {
+static int lower_stmt(lw *L, const nf_schedule *s, int si, const region *R, nf_lstmt **out,
+                      int *reassoc) {
   const nf_stmt *st = &L->g->stmts[si];
   const nf_tensor *t = &L->g->tensors[st->out];
   nest n;
-  int rc = stmt_nest(L, s, si, &n);
+  int rc = stmt_nest(L, s, si, R, &n);
   if (rc < 0) return rc;
   *reassoc |= n.reassoc;
-  uint32_t ob = (uint32_t)L->buf_of[st->out];
+  uint32_t ob = R ? R->buf : (uint32_t)L->buf_of[st->out];
   tmap memo = {0};
   const nf_expr *rhs = translate(L, st->rhs, n.orig, n.n_orig, &memo, 0);
   tmap_free(&memo);
   rhs = simp(L, rhs);
   if (!rhs) return lerr(L, L->oom || nf_ir_ctx_oom(L->ctx) ? NF_ENOMEM : NF_ELIMIT, si,
                         "cannot translate the right-hand side");
+  attach at[MAX_ATTACH];
+  int nat = 0;
+  if ((rc = attach_all(L, s, si, &n, &rhs, at, &nat, reassoc)) < 0) return rc;
   int rank = t->rank;
+  /* the store index: the output's own, or the region's local one */
+  const nf_expr *oidx[NF_MAX_RANK];
+  for (int d = 0; d < rank; d++)
+    if (!(oidx[d] = R ? simp(L, bin(L, NF_OP_SUB, n.orig[d], R->start[d])) : n.orig[d]))
+      return NF_ENOMEM;
   const nf_expr *idv = st->red != NF_RED_NONE ? identity(L, st->red, (nf_dtype)t->dtype) : NULL;
   int c = cw_pos(&n);
   if (c < 0) {
-    nf_lstmt *main = build(L, n.l, n.n, n.guard, n.ng,
-                           store(L, ob, rank, n.orig, rhs, st->red));
+    nf_lstmt *main = build_at(L, n.l, n.n, n.guard, n.ng, at, nat,
+                              store(L, ob, rank, oidx, rhs, st->red));
     if (!main) return NF_ENOMEM;
     if (st->red == NF_RED_NONE) {
       *out = main;
       return NF_OK;
     }
-    /* identity first, over the whole output */
+    /* identity first, over the whole output (or region) */
     lloop il[NF_MAX_RANK];
     const nf_expr *ix[NF_MAX_RANK];
     for (int d = 0; d < rank; d++) {
       memset(&il[d], 0, sizeof il[d]);
-      il[d].ext = t->shape[d];
+      il[d].ext = R ? R->ext[d] : t->shape[d];
       il[d].var = new_var(L, il[d].ext);
       nf__sched_var_name(st, d, il[d].name);
       ix[d] = var(L, il[d].var);
@@ -795,8 +1122,9 @@ static int lower_stmt(lw *L, const nf_schedule *s, int si, nf_lstmt **out, int *
   int64_t tshape[NF_MAX_RANK];
   for (int d = 0; d < rank; d++) {
     nf_range r;
-    if (!split_index(L, &n, c, n.orig[d], &tin[d]) || !nf_expr_bounds(tin[d], L->vr, (int)L->nv, &r))
-      return lerr(L, NF_EINTERNAL, si, "cache_write: tile index");
+    if (!split_index(L, &n, c, oidx[d], &tin[d]) || !nf_expr_bounds(tin[d], L->vr, (int)L->nv, &r))
+      return lerr(L, NF_EINVAL, si, "cache_write: output index %d mixes loops inside and outside '%s'",
+                  d, n.cw_name);
     tshape[d] = r.hi - r.lo + 1;
     tidx[d] = simp(L, bin(L, NF_OP_SUB, tin[d], ci(L, r.lo)));
     if (!tidx[d]) return NF_ENOMEM;
@@ -805,7 +1133,7 @@ static int lower_stmt(lw *L, const nf_schedule *s, int si, nf_lstmt **out, int *
   snprintf(tname, sizeof tname, "%s_tile", t->name ? t->name : "t");
   int tb = add_buf(L, tname, t->dtype, NF_BUF_TEMP, rank, tshape, -1);
   if (tb < 0) return NF_ENOMEM;
-  wb_ctx w = {.tile = (uint32_t)tb, .out = ob, .rank = rank, .orig = n.orig, .n = &n, .c = c,
+  wb_ctx w = {.tile = (uint32_t)tb, .out = ob, .rank = rank, .orig = oidx, .n = &n, .c = c,
               .idv = idv};
   /* init */
   nf_lstmt *init = replica(L, &n, c, init_payload, &w, tidx, rank);
@@ -820,14 +1148,14 @@ static int lower_stmt(lw *L, const nf_schedule *s, int si, nf_lstmt **out, int *
     else
       og[nog++] = n.guard[k];
   }
-  nf_lstmt *acc = build(L, &n.l[c + 1], n.n - c - 1, ig, nig,
-                        store(L, (uint32_t)tb, rank, tidx, rhs, st->red));
-  /* write back: out[orig] = tile[tidx] over the same replica loops; orig
+  nf_lstmt *acc = build_at(L, &n.l[c + 1], n.n - c - 1, ig, nig, at, nat,
+                           store(L, (uint32_t)tb, rank, tidx, rhs, st->red));
+  /* write back: out[oidx] = tile[tidx] over the same replica loops; oidx
    * is rewritten like tidx, so pass both through one replica */
   const nf_expr *both[2 * NF_MAX_RANK];
   for (int d = 0; d < rank; d++) {
     both[d] = tidx[d];
-    both[rank + d] = n.orig[d];
+    both[rank + d] = oidx[d];
   }
   nf_lstmt *wb = replica(L, &n, c, wb_payload, &w, both, 2 * rank);
   if (!init || !acc || !wb) return L->oom ? NF_ENOMEM : NF_EINTERNAL;
@@ -835,17 +1163,44 @@ static int lower_stmt(lw *L, const nf_schedule *s, int si, nf_lstmt **out, int *
   nf_lstmt *al = wrap1(L, NF_LS_ALLOC, seq(L, items, 3));
   if (!al) return NF_ENOMEM;
   al->buf = (uint32_t)tb;
-  *out = build(L, n.l, c + 1, og, nog, al);
+  *out = build_at(L, n.l, c + 1, og, nog, at, nat, al);
   return *out ? NF_OK : NF_ENOMEM;
 }
 
 /* ---- whole graphs ---- */
+
+typedef struct rb_ctx {
+  uint32_t b;
+  int hit;
+} rb_ctx;
+
+static void rb_fn(const nf_expr *e, void *user) {
+  rb_ctx *r = user;
+  if (e->op == NF_OP_ACCESS && e->u.tensor == r->b) r->hit = 1;
+}
+
+/* Whether any expression in s accesses buffer b (1 also when out of memory). */
+static int reads_buf(const nf_lstmt *s, uint32_t b) {
+  rb_ctx r = {.b = b, .hit = 0};
+  if (!s) return 0;
+  if (s->kind == NF_LS_STORE) {
+    if (nf_expr_visit(s->value, rb_fn, &r) < 0) return 1;
+    for (int d = 0; d < s->n_idx; d++)
+      if (nf_expr_visit(s->idx[d], rb_fn, &r) < 0) return 1;
+  }
+  if (s->kind == NF_LS_IF && nf_expr_visit(s->cond, rb_fn, &r) < 0) return 1;
+  if (r.hit) return 1;
+  for (int i = 0; i < s->n_body; i++)
+    if (reads_buf(s->body[i], b)) return 1;
+  return 0;
+}
 
 static void lw_free(lw *L) {
   free(L->vr);
   free(L->buf_of);
   free(L->stmt_of);
   free(L->inlined);
+  free(L->at_of);
 }
 
 /* Sets up buffers, inlining and checks that s fits g. */
@@ -858,7 +1213,10 @@ static int lw_init(lw *L, const nf_graph *g, const nf_schedule *s, nf_ir_ctx *ct
   L->buf_of = malloc((g->n_tensors ? g->n_tensors : 1) * sizeof *L->buf_of);
   L->stmt_of = malloc((g->n_tensors ? g->n_tensors : 1) * sizeof *L->stmt_of);
   L->inlined = calloc(g->n_stmts ? g->n_stmts : 1, 1);
-  if (!L->buf_of || !L->stmt_of || !L->inlined) return NF_ENOMEM;
+  L->at_of = malloc((g->n_stmts ? g->n_stmts : 1) * sizeof *L->at_of);
+  L->s = s;
+  if (!L->buf_of || !L->stmt_of || !L->inlined || !L->at_of) return NF_ENOMEM;
+  for (uint32_t i = 0; i < g->n_stmts; i++) L->at_of[i] = -1;
   for (uint32_t t = 0; t < g->n_tensors; t++) L->buf_of[t] = L->stmt_of[t] = -1;
   for (uint32_t i = 0; i < g->n_stmts; i++) L->stmt_of[g->stmts[i].out] = (int32_t)i;
   if (s && s->version != NF_SCHEDULE_VERSION)
@@ -882,10 +1240,25 @@ static int lw_init(lw *L, const nf_graph *g, const nf_schedule *s, nf_ir_ctx *ct
     L->inlined[si] = 1;
   }
   for (int k = 0; s && k < s->n_items; k++) {
-    int si;
-    resolve_stmt(L, s->items[k].stmt, s->items[k].stmt_name, &si);
-    if (L->inlined[si] && s->items[k].kind != NF_SCH_INLINE)
+    const nf_sched_item *it = &s->items[k];
+    int si, ci, rc;
+    resolve_stmt(L, it->stmt, it->stmt_name, &si);
+    if (L->inlined[si] && it->kind != NF_SCH_INLINE)
       return lerr(L, NF_EINVAL, si, "statement is inlined: it has no loops to schedule");
+    if (it->kind != NF_SCH_COMPUTE_AT) continue;
+    if ((rc = resolve_stmt(L, it->stmt2, it->stmt2_name, &ci)) < 0) return rc;
+    const nf_tensor *pt = &g->tensors[g->stmts[si].out];
+    if (pt->kind != NF_T_LOCAL)
+      return lerr(L, NF_EINVAL, si, "compute_at: '%s' is a graph output (it must be stored whole)",
+                  pt->name ? pt->name : "?");
+    if (ci <= si)
+      return lerr(L, NF_EINVAL, si,
+                  "compute_at: statement %d does not come after this one (it cannot consume it)",
+                  ci);
+    if (L->inlined[ci])
+      return lerr(L, NF_EINVAL, si, "compute_at: statement %d is inlined (it has no loops)", ci);
+    if (L->at_of[si] >= 0) return lerr(L, NF_EINVAL, si, "compute_at given twice");
+    L->at_of[si] = k;
   }
   for (uint32_t k = 0; k < g->n_inputs; k++) {
     const nf_tensor *t = &g->tensors[g->inputs[k]];
@@ -934,9 +1307,19 @@ int nf_lower_ex(const nf_graph *g, const nf_schedule *s, nf_ir_ctx *ctx, nf_lpro
     if (!items) rc = NF_ENOMEM;
   }
   for (uint32_t i = 0; rc == NF_OK && i < g->n_stmts; i++) {
-    if (L.inlined[i]) continue;
-    rc = lower_stmt(&L, s, (int)i, &items[n_items], &reassoc);
+    if (L.inlined[i] || L.at_of[i] >= 0) continue;
+    rc = lower_stmt(&L, s, (int)i, NULL, &items[n_items], &reassoc);
     if (rc == NF_OK) n_items++;
+  }
+  /* a statement computed at a consumer's loop must have no other reader */
+  for (uint32_t i = 0; rc == NF_OK && i < g->n_stmts; i++) {
+    if (L.at_of[i] < 0) continue;
+    int32_t vb = L.buf_of[g->stmts[i].out];
+    for (int k = 0; k < n_items && rc == NF_OK; k++)
+      if (reads_buf(items[k], (uint32_t)vb))
+        rc = lerr(&L, NF_EINVAL, (int)i,
+                  "compute_at: '%s' is also read outside the loop '%s' it is computed at",
+                  L.bufs[vb].name, s->items[L.at_of[i]].names[0]);
   }
   if (rc == NF_OK && (L.oom || nf_ir_ctx_oom(ctx))) rc = NF_ENOMEM;
   nf_lstmt *root = NULL;
@@ -945,6 +1328,10 @@ int nf_lower_ex(const nf_graph *g, const nf_schedule *s, nf_ir_ctx *ctx, nf_lpro
     /* graph temporaries live for the whole program */
     for (uint32_t b = n_temps_graph; b-- > 0 && body;) {
       if (L.bufs[b].kind != NF_BUF_TEMP) continue;
+      int virt = 0; /* the whole buffer of a statement computed at a loop */
+      for (uint32_t i = 0; i < g->n_stmts; i++)
+        if (L.at_of[i] >= 0 && L.buf_of[g->stmts[i].out] == (int32_t)b) virt = 1;
+      if (virt) continue;
       body = wrap1(&L, NF_LS_ALLOC, body);
       if (body) body->buf = b;
     }
@@ -1002,7 +1389,21 @@ static int64_t rnd_in(uint64_t *s, int64_t lo, int64_t hi) { /* inclusive */
 /* Whether the nest of si under s is legal; fills *n. */
 static int try_nest(lw *L, const nf_schedule *s, int si, nest *n) {
   nf_buf_reset(L->err);
-  return stmt_nest(L, s, si, n) == NF_OK;
+  return stmt_nest(L, s, si, NULL, n) == NF_OK;
+}
+
+/* Up to 16 distinct tensors a statement reads directly. */
+typedef struct use_list {
+  int n;
+  uint32_t t[16];
+} use_list;
+
+static void use_fn(const nf_expr *e, void *user) {
+  use_list *u = user;
+  if (e->op != NF_OP_ACCESS || u->n == 16) return;
+  for (int k = 0; k < u->n; k++)
+    if (u->t[k] == e->u.tensor) return;
+  u->t[u->n++] = e->u.tensor;
 }
 
 int nf_schedule_random(const nf_graph *g, uint64_t seed, nf_schedule **out) {
@@ -1099,7 +1500,6 @@ int nf_schedule_random(const nf_graph *g, uint64_t seed, nf_schedule **out) {
       if (L.oom || nf_ir_ctx_oom(ctx)) rc = NF_ENOMEM;
     }
   }
-  if (ctx) lw_free(&L);
   /* whole-program check: drop primitives from the end until the program
    * lowers and validates (bounds the checker cannot prove) */
   while (rc == NF_OK) {
@@ -1113,6 +1513,55 @@ int nf_schedule_random(const nf_graph *g, uint64_t seed, nf_schedule **out) {
     }
     s->n_items--;
   }
+  /* compute_at and cache_read at random loops, each kept only if the whole
+   * program still lowers */
+  for (uint32_t i = 0; rc == NF_OK && i < g->n_stmts; i++) {
+    if (L.inlined[i]) continue;
+    for (int kind = 0; kind < 2 && rc == NF_OK; kind++) {
+      if (rnd(&rs) % 3 == 0) continue;
+      nf_sched_item it;
+      memset(&it, 0, sizeof it);
+      int cons = (int)i;
+      if (kind == 0) { /* compute statement i at a later statement's loop */
+        if (g->tensors[g->stmts[i].out].kind != NF_T_LOCAL || i + 1 >= g->n_stmts) continue;
+        /* prefer a statement that reads it directly */
+        int readers[16], nr = 0;
+        for (uint32_t j = i + 1; j < g->n_stmts && nr < 16; j++) {
+          use_list u = {0};
+          nf_expr_visit(g->stmts[j].rhs, use_fn, &u);
+          for (int q = 0; q < u.n; q++)
+            if (u.t[q] == g->stmts[i].out && !L.inlined[j]) readers[nr++] = (int)j;
+        }
+        cons = nr ? readers[rnd(&rs) % (uint64_t)nr] : (int)rnd_in(&rs, i + 1, g->n_stmts - 1);
+        if (L.inlined[cons]) continue;
+        it.kind = NF_SCH_COMPUTE_AT;
+        it.stmt = (int32_t)i;
+        it.stmt2 = cons;
+      } else { /* cache_read of a tensor statement i reads */
+        const nf_stmt *st = &g->stmts[i];
+        use_list u = {0};
+        nf_expr_visit(st->rhs, use_fn, &u);
+        if (u.n == 0) continue;
+        uint32_t t = u.t[rnd(&rs) % (uint64_t)u.n];
+        const char *tn = g->tensors[t].name;
+        if (!tn || strlen(tn) >= NF_SCHED_NAME || strspn(tn, NAME_CHARS) != strlen(tn)) continue;
+        it.kind = NF_SCH_CACHE_READ;
+        it.stmt = (int32_t)i;
+        memcpy(it.names[1], g->tensors[t].name, strlen(g->tensors[t].name) + 1);
+      }
+      nest cn;
+      if (!try_nest(&L, s, cons, &cn) || cn.n == 0) continue;
+      memcpy(it.names[0], cn.l[rnd(&rs) % (uint64_t)cn.n].name, NF_SCHED_NAME);
+      it.n_names = kind == 0 ? 1 : 2;
+      if ((rc = nf_schedule_add(s, &it)) < 0) break;
+      nf_lprog *p;
+      nf_buf_reset(&err);
+      int lr = nf_lower(g, s, ctx, &p, &err);
+      if (lr == NF_ENOMEM) rc = NF_ENOMEM;
+      if (lr != NF_OK) s->n_items--;
+    }
+  }
+  if (ctx) lw_free(&L);
   nf_ir_ctx_free(ctx);
   nf_buf_free(&err);
   if (rc < 0) {

@@ -116,7 +116,9 @@ static int parse_int(const char *t, int n, int64_t *v) {
 static int valid_name(const char *t, int n) {
   if (n <= 0 || n >= NF_SCHED_NAME) return 0;
   for (int i = 0; i < n; i++)
-    if (!(isalnum((unsigned char)t[i]) || t[i] == '_' || t[i] == '.')) return 0;
+    if (!(isalnum((unsigned char)t[i]) || t[i] == '_' || t[i] == '.' || t[i] == '[' ||
+          t[i] == ']'))
+      return 0;
   return 1;
 }
 
