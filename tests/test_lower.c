@@ -553,8 +553,25 @@ START_TEST(lower_default_matmul) {
   nf_schedule_print(s, &out);
   ck_assert_str_eq(nf_buf_str(&out),
                    "neoflow-schedule 1\nstmts 1\nstmt 0 split i 4\nstmt 0 split j 8\n"
-                   "stmt 0 reorder i.o j.o k i.i j.i\nstmt 0 cache_write j.o\n"
-                   "stmt 0 parallel i.o\nstmt 0 vectorize j.i\n");
+                   "stmt 0 reorder i.o j.o k i.i j.i\nstmt 0 parallel i.o\n"
+                   "stmt 0 vectorize j.i\nstmt 0 cache_write j.o\n");
+  nf_schedule_free(s);
+  nf_buf_free(&out);
+  inst_free(&I);
+  /* linear: the bias add is the fused epilogue; the product is computed
+   * tile by tile at the epilogue's j.o loop */
+  static const tcase lin = {"linear", "linear", P0, 3,
+                            {NZ(1, 2, 64, 32), NZ(1, 2, 48, 32), NZ(1, 1, 48)}, NULL, 0, 0};
+  inst_make(&I, g_nn, &lin, 3);
+  ck_assert_int_eq(nf_schedule_default(I.g, &s), NF_OK);
+  nf_schedule_print(s, &out);
+  ck_assert_str_eq(nf_buf_str(&out),
+                   "neoflow-schedule 1\nstmts 2\nstmt 0 compute_at 1 o.o\n"
+                   "stmt 0 reorder i n0 o\nstmt 0 vectorize o\nstmt 1 split n0 8\n"
+                   "stmt 1 split o 16\nstmt 1 reorder n0.o o.o n0.i o.i\n"
+                   "stmt 1 parallel n0.o\nstmt 1 vectorize o.i\n");
+  char msg[3000] = "";
+  ck_assert_msg(!run_one(&I, s, msg, sizeof msg), "%s", msg);
   nf_schedule_free(s);
   nf_buf_free(&out);
   inst_free(&I);
