@@ -1,0 +1,191 @@
+/* test_compiled.c - schedules end to end: nf_lower + the LLVM backend +
+ * the loader, against the reference interpreter.
+ *
+ * Every def of lib/nn.nf (the cases of nf_test_cases.h: odd shapes,
+ * conv2d with stride, dilation and groups), the larger cases where the
+ * default schedule tiles and fuses, and every workload of
+ * examples/workloads.nf (small shapes, all statements in one program) are
+ * compiled with the default schedule and with NF_COMPILED_ITERS (default
+ * 50) seeded random legal schedules (the same seeds test_lower checks
+ * with the loop IR's evaluator).  Each kernel runs on a 2-thread pool on
+ * the case's random inputs with every output poisoned with NaN first; the
+ * f32 results must match the interpreter (f64) to a relative L2 error
+ * under 1e-5 per output, with no NaN where the reference has none (an
+ * unwritten element shows), and integer outputs exactly.
+ *
+ * Library ops compile at the tier-1 level (opt_level 2); the workloads'
+ * large programs at opt_level 1 to keep the suite's time reasonable (the
+ * lowering and IR generation under test are the same at every level). */
+#include <check.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nf_codegen.h"
+#include "nf_exec.h"
+#include "nf_lower.h"
+#include "nf_test_inst.h"
+
+static nf_module *g_nn, *g_wl;
+static nf_pool *g_pool;
+
+static int iters(void) {
+  const char *e = getenv("NF_COMPILED_ITERS");
+  return e ? atoi(e) : 50;
+}
+
+static void setup(void) {
+  g_pool = nf_pool_new(2);
+  ck_assert_ptr_nonnull(g_pool);
+}
+
+static void teardown(void) {
+  nf_pool_free(g_pool);
+  g_pool = NULL;
+  nf_module_free(g_nn);
+  nf_module_free(g_wl);
+  g_nn = g_wl = NULL;
+}
+
+/* Compiles I's graph with s (NULL: default) and compares; 0 when fine,
+ * else a message in msg. */
+static int run_compiled(inst *I, const nf_schedule *s, int opt_level, char *msg, size_t n_msg) {
+  nf_ir_ctx *pctx = nf_ir_ctx_new();
+  nf_buf err = NF_BUF_INIT;
+  nf_lprog *p = NULL;
+  nf_blob so = NF_BLOB_INIT;
+  nf_kernel *k = NULL;
+  nf_array got[8];
+  void *bufs[MAX_IN + 8];
+  int bad = 0, n_out = I->n_out;
+  memset(got, 0, sizeof got);
+  nf_cpu_target tgt = {NULL, NULL, NULL, opt_level};
+  int rc = nf_lower(I->g, s, pctx, &p, &err);
+  if (rc != NF_OK) {
+    snprintf(msg, n_msg, "lower: %s: %s", nf_status_name(rc), nf_buf_str(&err));
+    bad = 1;
+  }
+  if (!bad && (rc = nf_cpu_compile(p, &tgt, &so, NULL, &err)) != NF_OK) {
+    snprintf(msg, n_msg, "compile: %s: %s", nf_status_name(rc), nf_buf_str(&err));
+    bad = 1;
+  }
+  if (!bad && (rc = nf_kernel_load(so.data, so.len, &k, &err)) != NF_OK) {
+    snprintf(msg, n_msg, "load: %s: %s", nf_status_name(rc), nf_buf_str(&err));
+    bad = 1;
+  }
+  for (int j = 0; !bad && j < n_out; j++) {
+    const nf_tensor *t = &I->g->tensors[I->g->outputs[j]];
+    ck_assert_int_eq(nf_array_alloc(&got[j], (nf_dtype)t->dtype, t->rank, t->shape), NF_OK);
+    if (t->dtype == NF_F32)
+      for (int64_t i = 0; i < got[j].numel; i++) ((float *)got[j].data)[i] = NAN;
+    else if (t->dtype == NF_F64)
+      for (int64_t i = 0; i < got[j].numel; i++) ((double *)got[j].data)[i] = NAN;
+    else
+      memset(got[j].data, 0x5a, (size_t)got[j].numel * nf_dtype_size((nf_dtype)t->dtype));
+  }
+  for (int j = 0; j < I->n_in; j++) bufs[j] = I->in[j].data;
+  for (int j = 0; j < n_out; j++) bufs[I->n_in + j] = got[j].data;
+  if (!bad && (rc = nf_kernel_run(k, bufs, (uint32_t)(I->n_in + n_out), g_pool, &err)) != NF_OK) {
+    snprintf(msg, n_msg, "run: %s: %s", nf_status_name(rc), nf_buf_str(&err));
+    bad = 1;
+  }
+  for (int j = 0; !bad && j < n_out; j++) {
+    const nf_array *w = &I->want[j];
+    int fl = nf_dtype_is_float((nf_dtype)got[j].dtype);
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < w->numel && !bad; i++) {
+      double want = aget(w, i), have = aget(&got[j], i);
+      if (!fl && have != want) {
+        snprintf(msg, n_msg, "output %d element %lld: got %.17g, want %.17g", j, (long long)i,
+                 have, want);
+        bad = 1;
+      }
+      if (isnan(have) && !isnan(want)) {
+        snprintf(msg, n_msg, "output %d element %lld: NaN (unwritten?), want %.9g", j,
+                 (long long)i, want);
+        bad = 1;
+      }
+      if (fl && !isnan(want) && isfinite(want)) {
+        num += (have - want) * (have - want);
+        den += want * want;
+      }
+    }
+    if (!bad && fl && sqrt(num) > 1e-5 * sqrt(den) + 1e-30) {
+      snprintf(msg, n_msg, "output %d: relative L2 error %.3g (over 1e-5)", j,
+               sqrt(num) / (sqrt(den) > 0 ? sqrt(den) : 1));
+      bad = 1;
+    }
+  }
+  if (bad && p) {
+    size_t l = strlen(msg);
+    nf_buf lst = NF_BUF_INIT;
+    nf__loop_print(p, &lst);
+    snprintf(msg + l, n_msg - l, "\n%.1500s", nf_buf_str(&lst));
+    nf_buf_free(&lst);
+  }
+  for (int j = 0; j < n_out; j++) nf_array_free(&got[j]);
+  if (k) nf_kernel_free_unload(k);
+  nf_blob_free(&so);
+  nf_buf_free(&err);
+  nf_ir_ctx_free(pctx);
+  return bad;
+}
+
+static void check_case(nf_module *m, const libcase *c, int n_random, int opt_level) {
+  inst I;
+  char msg[3000] = "";
+  inst_make(&I, m, c, 0x1234 + (uint64_t)strlen(c->label));
+  ck_assert_msg(!run_compiled(&I, NULL, opt_level, msg, sizeof msg), "%s default: %s", c->label,
+                msg);
+  for (int k = 0; k < n_random; k++) {
+    nf_schedule *s = NULL;
+    ck_assert_int_eq(nf_schedule_random(I.g, 1000 + (uint64_t)k, &s), NF_OK);
+    if (run_compiled(&I, s, opt_level, msg, sizeof msg)) {
+      nf_buf t = NF_BUF_INIT;
+      nf_schedule_print(s, &t);
+      ck_abort_msg("%s random %d:\n%s%s", c->label, k, nf_buf_str(&t), msg);
+    }
+    nf_schedule_free(s);
+  }
+  inst_free(&I);
+}
+
+#define N_LIB ((int)(sizeof lib_cases / sizeof lib_cases[0]))
+#define N_WL ((int)(sizeof workload_cases / sizeof workload_cases[0]))
+#define N_BIG ((int)(sizeof big_cases / sizeof big_cases[0]))
+
+START_TEST(compiled_library) {
+  g_nn = load("nn.nf");
+  check_case(g_nn, &lib_cases[_i], iters(), 2);
+}
+END_TEST
+
+START_TEST(compiled_big) {
+  g_nn = load("nn.nf");
+  check_case(g_nn, &big_cases[_i], iters(), 2);
+}
+END_TEST
+
+START_TEST(compiled_workloads) {
+  g_wl = load("../examples/workloads.nf");
+  check_case(g_wl, &workload_cases[_i], iters(), 1);
+}
+END_TEST
+
+int main(void) {
+  Suite *su = suite_create("compiled");
+  TCase *tc = tcase_create("compiled");
+  tcase_add_checked_fixture(tc, setup, teardown);
+  tcase_set_timeout(tc, 600);
+  tcase_add_loop_test(tc, compiled_library, 0, N_LIB);
+  tcase_add_loop_test(tc, compiled_big, 0, N_BIG);
+  tcase_add_loop_test(tc, compiled_workloads, 0, N_WL);
+  suite_add_tcase(su, tc);
+  SRunner *sr = srunner_create(su);
+  srunner_run_all(sr, CK_NORMAL);
+  int nf = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return nf ? EXIT_FAILURE : EXIT_SUCCESS;
+}
