@@ -23,8 +23,14 @@
  * embedding) are clamped into the buffer: the compiled code cannot report
  * the interpreter's out-of-bounds error, and must not read out of bounds.
  *
- * Not implemented yet (rejected with NF_EUNSUPPORTED): compute_at and
- * cache_read/pack. */
+ * compute_at and cache_read attach a prologue to a loop of the consumer's
+ * nest: the region the consumer's (translated) rhs reads inside the loop
+ * is inferred from its affine accesses (infer_region), a local buffer of
+ * that shape is ALLOC'd around the loop's body, the producer's nest (a
+ * recursive lower_stmt over the region, guarded to the tensor's bounds)
+ * or a copy nest fills it first, and the consumer's accesses are rebased
+ * onto it.  A producer computed at a loop has no whole buffer: any other
+ * reader makes the schedule illegal. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

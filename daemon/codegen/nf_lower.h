@@ -42,7 +42,7 @@ typedef enum nf_sched_kind {
   NF_SCH_VECTORIZE,    /* names[0] */
   NF_SCH_UNROLL,       /* names[0] */
   NF_SCH_INLINE,       /* compute_inline: the statement itself */
-  NF_SCH_COMPUTE_AT,   /* consumer stmt2, loop names[0] */
+  NF_SCH_COMPUTE_AT,   /* consumer stmt2, loop names[0] (of stmt2's nest) */
   NF_SCH_CACHE_WRITE,  /* loop names[0] */
   NF_SCH_CACHE_READ,   /* input names[1], loop names[0] */
   NF_SCH_N_KINDS
@@ -83,8 +83,9 @@ void nf_schedule_free(nf_schedule *s);
 
 /* The tier-1 default schedule of g (cheap: no search, no lowering):
  * inline single-use elementwise producers, register-tile matmul-shaped
- * reductions (split 4 x 8, reduction outside the tile, cache_write),
- * parallel outer loop, 8-wide vectorized inner loop. */
+ * reductions (8 x 16, reduction outside the tile, cache_write), fuse an
+ * elementwise epilogue into that tile (compute_at), parallel outer loop,
+ * vectorized inner loop (docs/schedules.md). */
 int nf_schedule_default(const nf_graph *g, nf_schedule **out);
 /* A random legal schedule of g from seed (for tests and search): every
  * primitive is kept only if lowering accepts it. */
@@ -99,8 +100,9 @@ typedef struct nf_lower_info {
  * until ctx is freed).  Buffers: inputs (arg = input position), outputs
  * (arg = n_inputs + output position), then temporaries.  Returns NF_OK,
  * NF_EINVAL for an illegal schedule or one made for another graph,
- * NF_EUNSUPPORTED for primitives not implemented yet, NF_ENOMEM; the
- * message goes to err. */
+ * NF_ELIMIT when a tile or region is too large, NF_EUNSUPPORTED for a
+ * graph lowering cannot handle (an output that is also an input),
+ * NF_ENOMEM; the message goes to err. */
 int nf_lower(const nf_graph *g, const nf_schedule *s, nf_ir_ctx *ctx,
              nf_lprog **out, nf_buf *err);
 /* Same, and fills *info (may be NULL). */
