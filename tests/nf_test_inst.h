@@ -17,6 +17,8 @@
 #include "nf_lang.h"
 #include "nf_test_cases.h"
 
+#define MAX_OUT 16 /* outputs of one case */
+
 typedef libcase tcase;
 
 /* lib_cases: every def of lib/nn.nf (nf_test_cases.h). */
@@ -111,8 +113,8 @@ typedef struct inst {
   nf_ir_ctx *ctx;
   nf_graph *g;
   int n_in, n_out;
-  nf_array in[MAX_IN], want[8];
-  void *bufs[MAX_IN + 8];
+  nf_array in[MAX_IN], want[MAX_OUT];
+  void *bufs[MAX_IN + MAX_OUT];
 } inst;
 
 static void inst_make(inst *I, nf_module *m, const tcase *c, uint64_t seed) {

@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "nf_autodiff.h"
 #include "nf_codegen.h"
 #include "nf_exec.h"
 #include "nf_lower.h"
@@ -34,6 +35,11 @@ static nf_pool *g_pool;
 static int iters(void) {
   const char *e = getenv("NF_COMPILED_ITERS");
   return e ? atoi(e) : 50;
+}
+
+static int grad_iters(void) {
+  const char *e = getenv("NF_COMPILED_GRAD_ITERS");
+  return e ? atoi(e) : 3;
 }
 
 static void setup(void) {
@@ -57,8 +63,8 @@ static int run_compiled(inst *I, const nf_schedule *s, int opt_level, char *msg,
   nf_lprog *p = NULL;
   nf_blob so = NF_BLOB_INIT;
   nf_kernel *k = NULL;
-  nf_array got[8];
-  void *bufs[MAX_IN + 8];
+  nf_array got[MAX_OUT];
+  void *bufs[MAX_IN + MAX_OUT];
   int bad = 0, n_out = I->n_out;
   memset(got, 0, sizeof got);
   nf_cpu_target tgt = {NULL, NULL, NULL, opt_level};
@@ -168,21 +174,93 @@ START_TEST(compiled_big) {
 }
 END_TEST
 
+/* The training step's gradient graph of workload case c (every float
+ * input, forward outputs kept) as an instance: the forward inputs of the
+ * case, random seeds for the output adjoints, the interpreter's f64
+ * outputs. */
+static void grad_inst(inst *I, nf_module *m, const libcase *c, uint64_t seed) {
+  inst F;
+  inst_make(&F, m, c, seed);
+  memset(I, 0, sizeof *I);
+  I->ctx = nf_ir_ctx_new();
+  nf_buf err = NF_BUF_INIT;
+  nf_grad_opts o = {.n_wrt = 0, .wrt = NULL, .keep_outputs = 1};
+  const char *wrt[MAX_IN];
+  for (uint32_t k = 0; k < F.g->n_inputs; k++) {
+    const nf_tensor *t = &F.g->tensors[F.g->inputs[k]];
+    if (nf_dtype_is_float((nf_dtype)t->dtype)) wrt[o.n_wrt++] = t->name;
+  }
+  o.wrt = wrt;
+  int rc = nf_grad(F.g, &o, I->ctx, &I->g, NULL, &err);
+  ck_assert_msg(rc == NF_OK, "%s: grad: %s", c->label, nf_buf_str(&err));
+  I->n_in = (int)I->g->n_inputs;
+  I->n_out = (int)I->g->n_outputs;
+  ck_assert_int_le(I->n_in, MAX_IN);
+  ck_assert_int_le(I->n_out, MAX_OUT);
+  rng r = {seed ^ 0xd5eedull};
+  for (int k = 0; k < I->n_in; k++) {
+    const nf_tensor *t = &I->g->tensors[I->g->inputs[k]];
+    if (k < F.n_in) { /* the forward inputs, copied */
+      ck_assert_int_eq(nf_array_alloc(&I->in[k], F.in[k].dtype, t->rank, t->shape), NF_OK);
+      memcpy(I->in[k].data, F.in[k].data,
+             (size_t)F.in[k].numel * nf_dtype_size((nf_dtype)F.in[k].dtype));
+      continue;
+    }
+    ispec sp = NZ(1, 0, 0);
+    sp.rank = t->rank;
+    for (int d = 0; d < t->rank; d++) sp.dims[d] = t->shape[d];
+    I->in[k] = make_input(&r, &sp);
+  }
+  rc = nf_interp_run(I->g, I->in, NF_INTERP_F64, I->want, &err);
+  ck_assert_msg(rc == NF_OK, "%s: interp of the gradient: %s", c->label, nf_buf_str(&err));
+  nf_buf_free(&err);
+  inst_free(&F);
+}
+
+START_TEST(compiled_workload_grads) {
+  g_wl = load("../examples/workloads.nf");
+  const libcase *c = &workload_cases[_i];
+  inst I;
+  char msg[3000] = "";
+  grad_inst(&I, g_wl, c, 0x77 + (uint64_t)_i);
+  ck_assert_msg(!run_compiled(&I, NULL, 1, msg, sizeof msg), "%s gradient default: %s", c->label,
+                msg);
+  int n = grad_iters();
+  for (int k = 0; k < n; k++) {
+    nf_schedule *s = NULL;
+    ck_assert_int_eq(nf_schedule_random(I.g, 5000 + (uint64_t)k, &s), NF_OK);
+    if (run_compiled(&I, s, 1, msg, sizeof msg)) {
+      nf_buf t = NF_BUF_INIT;
+      nf_schedule_print(s, &t);
+      ck_abort_msg("%s gradient random %d:\n%s%s", c->label, k, nf_buf_str(&t), msg);
+    }
+    nf_schedule_free(s);
+  }
+  inst_free(&I);
+}
+END_TEST
+
 START_TEST(compiled_workloads) {
   g_wl = load("../examples/workloads.nf");
   check_case(g_wl, &workload_cases[_i], iters(), 1);
 }
 END_TEST
 
+static void add_loop(Suite *su, const char *name, const TTest *t, int n) {
+  TCase *tc = tcase_create(name);
+  tcase_add_checked_fixture(tc, setup, teardown);
+  tcase_set_timeout(tc, 900);
+  tcase_add_loop_test(tc, t, 0, n);
+  suite_add_tcase(su, tc);
+}
+
+/* CK_RUN_CASE=library|big|workloads|workload_grads runs one part. */
 int main(void) {
   Suite *su = suite_create("compiled");
-  TCase *tc = tcase_create("compiled");
-  tcase_add_checked_fixture(tc, setup, teardown);
-  tcase_set_timeout(tc, 600);
-  tcase_add_loop_test(tc, compiled_library, 0, N_LIB);
-  tcase_add_loop_test(tc, compiled_big, 0, N_BIG);
-  tcase_add_loop_test(tc, compiled_workloads, 0, N_WL);
-  suite_add_tcase(su, tc);
+  add_loop(su, "library", compiled_library, N_LIB);
+  add_loop(su, "big", compiled_big, N_BIG);
+  add_loop(su, "workloads", compiled_workloads, N_WL);
+  add_loop(su, "workload_grads", compiled_workload_grads, N_WL);
   SRunner *sr = srunner_create(su);
   srunner_run_all(sr, CK_NORMAL);
   int nf = srunner_ntests_failed(sr);
