@@ -674,9 +674,8 @@ static int compile_graph(const opts *o, const nf_graph *g, nf_blob *so, nf_cpu_s
   int rc = 1;
   if (ctx && !parse_target(o, &t, tbuf, sizeof tbuf) && !lower_graph(o, g, ctx, &p)) {
     nf_buf err = NF_BUF_INIT;
-    /* Tier-1 kernels use LLVM's O2 pipeline: measured here, it compiles
-     * the library ops in a median of 95 ms against 134 ms for O3, with
-     * the same matmul 1024^3 speed (bench/codegen_bench.c). */
+    /* Tier-1 level (the backend's short function pipeline: about 30 ms
+     * median per library op here, bench/compile_bench.c). */
     t.opt_level = 2;
     if (nf_cpu_compile(p, &t, so, st, &err))
       fprintf(stderr, "%s: error: cannot compile %s: %s\n", o->file, o->def, nf_buf_str(&err));

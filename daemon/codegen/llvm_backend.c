@@ -50,7 +50,39 @@
  * entry and are freed at its exit: nf_main returns NF_KERNEL_ENOMEM when
  * one fails, an outlined body traps (it cannot report).  Reusing one area
  * for every execution of the ALLOC is valid because a function's
- * executions of one ALLOC never overlap. */
+ * executions of one ALLOC never overlap.
+ *
+ * Masks are avoided where they are not needed: a load whose indices lie
+ * in bounds for the whole loop ranges (nf_expr_bounds) is unmasked; a
+ * uniform load under a mask reads its address when any lane is active
+ * (else the buffer's first element); loads of stride 2..4 are one wide
+ * load and a shuffle (masked element by element: only elements between
+ * two accessed ones), not gathers; a masked store into a temporary this
+ * function ALLOCs is load-blend-store (no other thread sees it); lane
+ * comparisons of the vector variable with a uniform bound are i32
+ * compares; an outermost lane-varying IF runs its body unmasked when all
+ * lanes pass (every vector but the last of a non-dividing split).
+ *
+ * Unrolling is done here, not by LLVM (whose unroller, with SCEV, cost
+ * more than the rest of its O2 pipeline): register tiles (a serial loop
+ * accumulating into a temporary allocated outside it, at an address that
+ * depends only on the small loops inside: their loops are unrolled, the
+ * reduction loop twice, its second copy running the tile rows backwards
+ * where the rows are independent, which halves the spills of a tile
+ * larger than the register file), nests of at most 16 stores, and 4
+ * copies of small innermost loops.  A large program (weight of its
+ * expressions, vector math counting 40, over 400) gets register tiles
+ * only.
+ *
+ * Pass pipelines (nf_cpu_target.opt_level; 0 means 3): levels 2 (tier 1)
+ * and 3 run the same function passes (SROA, EarlyCSE, InstCombine,
+ * SimplifyCFG, LICM, loop-idiom, GVN, DSE, ADCE) on each function before
+ * the outlined bodies' inner functions are inlined (their noalias
+ * arguments let LICM hoist), then InstCombine and SimplifyCFG once more;
+ * no LLVM vectorizer or unroller runs (the IR is already vectorized and
+ * unrolled).  Level 1 runs SROA, EarlyCSE, InstCombine and SimplifyCFG
+ * only and the default code generator; 2 and 3 the aggressive one.
+ * Target machines are reused across compilations (see tm_acquire). */
 #include <llvm-c/Analysis.h>
 #include <llvm-c/Core.h>
 #include <llvm-c/Target.h>
@@ -65,6 +97,13 @@
 #include "nf_kernel.h"
 
 #define MAX_W 64
+#define TILE_MAX_UNROLL 64 /* iterations of a register tile's inner loops */
+#define TILE_MAX_WEIGHT 800 /* weight (stmt_weight) of its unrolled body */
+#define SMALL_UNROLL 16 /* stores of a loop nest unrolled in the backend */
+#define INNER_UNROLL 4 /* copies of a small innermost loop's body */
+#define UNROLL_MAX_WEIGHT 600 /* weight of a nest or body unrolled outside tiles */
+#define LEAN_WEIGHT 400 /* program weight (stmt_weight) above which g->lean */
+#define MAX_STRIDE 4 /* strided vector loads up to this stride; gathers beyond */
 #define STACK_TEMP_MAX (64 * 1024)
 #define STACK_FN_MAX (128 * 1024)
 #define MAX_CAP_B 256 /* live buffers captured by a parallel loop */
@@ -103,6 +142,8 @@ typedef struct fstate {
   LLVMBasicBlockRef entry; /* allocas, heap temps; terminator added last */
   LLVMBasicBlockRef start; /* first block of the code */
   LLVMValueRef *bufp;      /* n_bufs typed pointers (NULL: not live) */
+  uint8_t *own;            /* n_bufs: 1 for temporaries this function
+                              ALLOCs (private to one invocation) */
   LLVMValueRef *var;       /* n_vars i64 values (NULL: not bound) */
   LLVMValueRef pfor, rt;   /* main only */
   int is_main, in_parallel;
@@ -124,6 +165,11 @@ typedef struct cg {
   LLVMValueRef mask; /* <W x i1> or NULL: all lanes */
   memo_ent *memo;
   int n_memo, cap_memo;
+  nf_range *range; /* n_vars: each loop variable's [0, extent - 1] */
+  int in_tile;      /* inside a register tile's reduction loop */
+  int lean;         /* a large program: no unrolling or versioning beyond
+                       register tiles (code size, compile time) */
+  int tile_odd;     /* emitting its second copy (unrolled by 2) */
   int n_bodies;
   int rc;
   nf_buf *err;
@@ -287,6 +333,77 @@ static LLVMValueRef bool_from_mem(cg *g, LLVMValueRef x) {
   return LLVMBuildICmp(g->B, LLVMIntNE, x, LLVMConstNull(LLVMTypeOf(x)), "");
 }
 
+static int64_t n_elems(const nf_lbuf *lb) {
+  int64_t n = 1;
+  for (int d = 0; d < lb->rank; d++) {
+    if (lb->shape[d] <= 0) return 0;
+    if (n > INT64_MAX / lb->shape[d]) return INT64_MAX;
+    n *= lb->shape[d];
+  }
+  return n;
+}
+
+/* 1 when every index of an access to lb lies within its shape for all
+ * values of the loop variables (their loop ranges, ignoring enclosing
+ * conditions): such a load is safe whatever the lane mask. */
+static int in_bounds(cg *g, const nf_lbuf *lb, int n_idx, const nf_expr *const *idx) {
+  if (!g->range || n_idx != lb->rank) return 0;
+  for (int d = 0; d < n_idx; d++) {
+    nf_range r;
+    if (!nf_expr_bounds(idx[d], g->range, (int)g->p->n_vars, &r) || r.lo < 0 ||
+        r.hi >= lb->shape[d])
+      return 0;
+  }
+  return 1;
+}
+
+/* Lanes l = 0..W-1 at base[off.s + l * off.st] for a small stride st:
+ * one masked load of the W*st elements from the first lane's, then a
+ * shuffle, instead of a gather.  Element j (lane l = j / st, r = j % st)
+ * is read only when lane l is active and, for r > 0, lane l+1 too: it
+ * then lies between two addresses the program accesses, inside the same
+ * buffer (elements past the last lane's are never read).  The element
+ * mask is built on i32 lanes, which x86 shuffles well (i1 vectors it
+ * does not). */
+static LLVMValueRef strided_load(cg *g, LLVMTypeRef et, LLVMValueRef base, vv off,
+                                 LLVMValueRef mask, unsigned align) {
+  unsigned W = g->W, st = (unsigned)off.st, n = (W - 1) * st + 1, n2 = W * st;
+  if (!mask && st == 2) {
+    /* Elements 0..W-1 and W-1..2W-2: two plain loads inside the span. */
+    LLVMTypeRef vt = vec_of(et, W);
+    LLVMValueRef half[2], pick[MAX_W];
+    for (int h = 0; h < 2; h++) {
+      LLVMValueRef o = h ? LLVMBuildAdd(g->B, off.s, c64(g, W - 1), "") : off.s;
+      LLVMValueRef p = LLVMBuildGEP2(g->B, et, base, &o, 1, "");
+      p = LLVMBuildBitCast(g->B, p, LLVMPointerType(vt, 0), "");
+      half[h] = LLVMBuildLoad2(g->B, vt, p, "");
+      LLVMSetAlignment(half[h], align);
+    }
+    for (unsigned l = 0; l < W; l++) pick[l] = c32(g, 2 * l < W ? 2 * l : W + 2 * l - (W - 1));
+    return LLVMBuildShuffleVector(g->B, half[0], half[1], LLVMConstVector(pick, W), "");
+  }
+  LLVMTypeRef wt = vec_of(et, n2), mt = vec_of(g->i32, W);
+  LLVMValueRef p = LLVMBuildGEP2(g->B, et, base, &off.s, 1, "");
+  p = LLVMBuildBitCast(g->B, p, LLVMPointerType(wt, 0), "");
+  LLVMValueRef ia[MAX_W * MAX_STRIDE], ib[MAX_W * MAX_STRIDE];
+  for (unsigned j = 0; j < n2; j++) {
+    ia[j] = c32(g, j < n ? j / st : W); /* lane W: the zero vector */
+    ib[j] = c32(g, j < n ? j / st + (j % st != 0) : W);
+  }
+  LLVMValueRef mx = mask ? LLVMBuildSExt(g->B, mask, mt, "") : LLVMConstAllOnes(mt);
+  LLVMValueRef zero = LLVMConstNull(mt);
+  LLVMValueRef m = LLVMBuildAnd(
+      g->B, LLVMBuildShuffleVector(g->B, mx, zero, LLVMConstVector(ia, n2), ""),
+      LLVMBuildShuffleVector(g->B, mx, zero, LLVMConstVector(ib, n2), ""), "");
+  m = LLVMBuildICmp(g->B, LLVMIntNE, m, LLVMConstNull(LLVMTypeOf(m)), "");
+  LLVMTypeRef ovl[2] = {wt, LLVMTypeOf(p)};
+  LLVMValueRef a[4] = {p, c32(g, align), m, LLVMGetUndef(wt)};
+  LLVMValueRef wide = intr(g, "llvm.masked.load", ovl, 2, a, 4);
+  LLVMValueRef pick[MAX_W];
+  for (unsigned l = 0; l < W; l++) pick[l] = c32(g, l * st);
+  return LLVMBuildShuffleVector(g->B, wide, LLVMGetUndef(wt), LLVMConstVector(pick, W), "");
+}
+
 static vv emit_load(cg *g, const nf_expr *e) {
   uint32_t buf = e->u.tensor;
   const nf_lbuf *lb = &g->p->bufs[buf];
@@ -299,8 +416,14 @@ static vv emit_load(cg *g, const nf_expr *e) {
   }
   vv off = offset_of(g, buf, e->n_args, e->args);
   LLVMValueRef r;
-  if (off.k == K_UNI && !g->mask) {
+  /* An access in bounds for every lane needs no mask. */
+  LLVMValueRef mask = g->mask && !in_bounds(g, lb, e->n_args, e->args) ? g->mask : NULL;
+  if (off.k == K_UNI && (!mask || n_elems(lb) > 0)) {
     LLVMValueRef p = LLVMBuildGEP2(g->B, et, base, &off.s, 1, "");
+    /* One address for all lanes: valid when any lane is active; else
+     * read the buffer's first element (the buffer is not empty). */
+    if (mask)
+      p = LLVMBuildSelect(g->B, intr(g, "llvm.vector.reduce.or", NULL, 1, &mask, 1), p, base, "");
     r = LLVMBuildLoad2(g->B, et, p, "");
     LLVMSetAlignment(r, align);
     if (lb->dtype == NF_BOOL) r = bool_from_mem(g, r);
@@ -310,20 +433,21 @@ static vv emit_load(cg *g, const nf_expr *e) {
   if (off.k == K_LIN && off.st == 1) {
     LLVMValueRef p = LLVMBuildGEP2(g->B, et, base, &off.s, 1, "");
     p = LLVMBuildBitCast(g->B, p, LLVMPointerType(vt, 0), "");
-    if (!g->mask) {
+    if (!mask) {
       r = LLVMBuildLoad2(g->B, vt, p, "");
       LLVMSetAlignment(r, align);
     } else {
       LLVMTypeRef ovl[2] = {vt, LLVMTypeOf(p)};
-      LLVMValueRef a[4] = {p, c32(g, align), g->mask, LLVMGetUndef(vt)};
+      LLVMValueRef a[4] = {p, c32(g, align), mask, LLVMGetUndef(vt)};
       r = intr(g, "llvm.masked.load", ovl, 2, a, 4);
     }
+  } else if (off.k == K_LIN && off.st >= 2 && off.st <= MAX_STRIDE) {
+    r = strided_load(g, et, base, off, mask, align);
   } else {
     LLVMValueRef ix = mat(g, off);
     LLVMValueRef ps = LLVMBuildGEP2(g->B, et, base, &ix, 1, "");
     LLVMTypeRef ovl[2] = {vt, LLVMTypeOf(ps)};
-    LLVMValueRef a[4] = {ps, c32(g, align), g->mask ? g->mask : all_true(g),
-                         LLVMGetUndef(vt)};
+    LLVMValueRef a[4] = {ps, c32(g, align), mask ? mask : all_true(g), LLVMGetUndef(vt)};
     r = intr(g, "llvm.masked.gather", ovl, 2, a, 4);
   }
   if (lb->dtype == NF_BOOL) r = bool_from_mem(g, r);
@@ -555,6 +679,42 @@ static vv emit_select(cg *g, const nf_expr *e) {
 
 static int is_fmul(const nf_expr *e) { return e->op == NF_OP_MUL && is_float(e->dtype); }
 
+/* x OP y for an i64 comparison of a linear value with stride 1 (the
+ * vector loop variable plus a uniform offset, as in the guards of
+ * non-dividing splits and of padding) and a uniform one: lane l compares
+ * l with d = y - base, so the mask is <0, 1, ..., W-1> < d' on i32 lanes
+ * with d' clamped to [0, W] (instead of i64 vectors, which x86 compares
+ * two registers at a time and then packs).  NULL for other shapes. */
+static LLVMValueRef lane_compare(cg *g, int op, vv x, vv y) {
+  if (op != NF_OP_LT && op != NF_OP_LE && op != NF_OP_GT && op != NF_OP_GE) return NULL;
+  if (x.k == K_UNI && y.k == K_LIN) { /* y OP' x */
+    vv t = x;
+    x = y;
+    y = t;
+    op = op == NF_OP_LT   ? NF_OP_GT
+         : op == NF_OP_LE ? NF_OP_GE
+         : op == NF_OP_GT ? NF_OP_LT
+                          : NF_OP_LE;
+  }
+  if (x.k != K_LIN || x.st != 1 || y.k != K_UNI) return NULL;
+  LLVMBuilderRef b = g->B;
+  /* l < t (LT: t = d, LE: t = d + 1); GE is not LT, GT is not LE. */
+  LLVMValueRef d = LLVMBuildSub(b, y.s, x.s, "");
+  if (op == NF_OP_LE || op == NF_OP_GT) d = LLVMBuildAdd(b, d, c64(g, 1), "");
+  LLVMValueRef lo = c64(g, 0), hi = c64(g, g->W);
+  d = LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntSLT, d, lo, ""), lo, d, "");
+  d = LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntSGT, d, hi, ""), hi, d, "");
+  LLVMValueRef d32 = LLVMBuildTrunc(b, d, g->i32, "");
+  LLVMValueRef iota[MAX_W];
+  for (unsigned l = 0; l < g->W; l++) iota[l] = c32(g, l);
+  LLVMValueRef sp = LLVMBuildShuffleVector(
+      b, LLVMBuildInsertElement(b, LLVMGetUndef(vec_of(g->i32, g->W)), d32, c32(g, 0), ""),
+      LLVMGetUndef(vec_of(g->i32, g->W)), LLVMConstNull(vec_of(g->i32, g->W)), "");
+  LLVMValueRef m = LLVMBuildICmp(b, LLVMIntSLT, LLVMConstVector(iota, g->W), sp, "");
+  if (op == NF_OP_GE || op == NF_OP_GT) m = LLVMBuildNot(b, m, "");
+  return m;
+}
+
 static vv emit_raw(cg *g, const nf_expr *e) {
   switch (e->op) {
   case NF_OP_CONST: {
@@ -608,6 +768,10 @@ static vv emit_raw(cg *g, const nf_expr *e) {
   }
   vv a = emit(g, e->args[0]), b2 = emit(g, e->args[1]);
   if (a.k == K_UNI && b2.k == K_UNI) return uni(op_binary(g, e->op, adt, a.s, b2.s));
+  if (adt == NF_I64 && !g->rc) {
+    LLVMValueRef m = lane_compare(g, e->op, a, b2);
+    if (m) return vec(m);
+  }
   if (e->dtype == NF_I64 && a.k != K_VEC && b2.k != K_VEC) {
     if (e->op == NF_OP_ADD) return lane_add(g, a, b2);
     if (e->op == NF_OP_SUB) return lane_add(g, a, lane_mulc(g, b2, -1));
@@ -715,12 +879,23 @@ static void emit_store(cg *g, const nf_lstmt *s) {
   if (off.k == K_LIN && off.st == 1) {
     LLVMValueRef ptr = LLVMBuildGEP2(b, et, base, &off.s, 1, "");
     ptr = LLVMBuildBitCast(b, ptr, LLVMPointerType(vt, 0), "");
+    /* A masked store into a private temporary whose lanes are all in
+     * bounds: load, blend, store (no other thread sees the inactive lanes
+     * rewritten with their own values), which keeps a register tile
+     * promotable to registers. */
+    LLVMValueRef blend = NULL;
+    if (g->mask && g->f->own[s->buf] && in_bounds(g, lb, s->n_idx, s->idx)) {
+      blend = LLVMBuildLoad2(b, vt, ptr, "");
+      LLVMSetAlignment(blend, align);
+    }
     LLVMValueRef nv;
     if (op == NF_RED_NONE) {
       nv = mat(g, val);
     } else {
       LLVMValueRef cur;
-      if (!g->mask) {
+      if (blend) {
+        cur = blend;
+      } else if (!g->mask) {
         cur = LLVMBuildLoad2(b, vt, ptr, "");
         LLVMSetAlignment(cur, align);
       } else {
@@ -732,7 +907,8 @@ static void emit_store(cg *g, const nf_lstmt *s) {
       nv = fma ? fmuladd(g, mat(g, fa), mat(g, fb), cur) : combine(g, op, dt, cur, mat(g, val));
     }
     nv = to_mem(g, dt, nv);
-    if (!g->mask) {
+    if (blend) nv = LLVMBuildSelect(b, g->mask, nv, blend, "");
+    if (!g->mask || blend) {
       LLVMValueRef st = LLVMBuildStore(b, nv, ptr);
       LLVMSetAlignment(st, align);
     } else {
@@ -819,30 +995,292 @@ static void emit_body(cg *g, const nf_lstmt *s) {
   }
 }
 
-/* for (v = lo; v < hi; v++) body, lo < hi known by the caller when
- * checked == 0. */
+/* ---- static analyses of statements (code size, tiles, dependences) ----
+ * Expressions are DAGs: the walks go through nf_expr_visit (each node
+ * once) and answer conservatively when it runs out of memory. */
+
+static void weight_fn(const nf_expr *e, void *user) {
+  int64_t *w = user;
+  switch (e->op) {
+  case NF_OP_EXP:
+  case NF_OP_LOG:
+  case NF_OP_TANH:
+  case NF_OP_SIGMOID:
+  case NF_OP_ERF:
+  case NF_OP_POW: *w += 40; break; /* an inline polynomial or a call */
+  default: *w += 1;
+  }
+}
+
+/* Weight of the code an expression emits: its distinct nodes, the vector
+ * math functions counting for their size; at least cap when unknown. */
+static int64_t expr_weight(const nf_expr *e, int64_t cap) {
+  int64_t w = 0;
+  return nf_expr_visit(e, weight_fn, &w) == NF_OK ? w : cap;
+}
+
+/* Weight of the code a statement emits before the backend's own
+ * unrolling (UNROLL loops multiply their body). */
+static int64_t stmt_weight(const nf_lstmt *s, int64_t cap) {
+  int64_t w = 0;
+  if (s->kind == NF_LS_STORE) {
+    w = 1 + expr_weight(s->value, cap);
+    for (int i = 0; i < s->n_idx && w < cap; i++) w += expr_weight(s->idx[i], cap - w);
+    return w;
+  }
+  if (s->kind == NF_LS_IF) w += expr_weight(s->cond, cap);
+  for (int i = 0; i < s->n_body && w < cap; i++) w += stmt_weight(s->body[i], cap - w);
+  if (s->kind == NF_LS_LOOP && s->loop_kind == NF_LOOP_UNROLL && s->extent > 1)
+    w = w > cap / s->extent ? cap : w * s->extent;
+  return w < cap ? w : cap;
+}
+
+typedef struct var_use {
+  const uint32_t *vars;
+  int n_vars;
+  unsigned used; /* bit k: vars[k] occurs */
+} var_use;
+
+static void var_use_fn(const nf_expr *e, void *user) {
+  var_use *u = user;
+  if (e->op != NF_OP_VAR) return;
+  for (int k = 0; k < u->n_vars; k++)
+    if (e->u.var == u->vars[k]) u->used |= 1u << k;
+}
+
+/* Bit k set when vars[k] (n_vars <= 32) occurs in e; -1 when unknown. */
+static long vars_used(const nf_expr *e, const uint32_t *vars, int n_vars) {
+  var_use u = {vars, n_vars, 0};
+  return nf_expr_visit(e, var_use_fn, &u) == NF_OK ? (long)u.used : -1;
+}
+
+/* Scans the body of a loop over `var` for a register tile: returns -1
+ * when a loop inside is not small (the loops other than vector loops
+ * nested at any depth must multiply to at most TILE_MAX_UNROLL
+ * iterations: they get fully unrolled) or an ALLOC is inside; 1 when a
+ * reduction store accumulates into a temporary allocated outside the
+ * loop at an address that depends on the loops inside (the tile's
+ * elements) but not on var; 0 otherwise.  inner[0..n_inner) are the
+ * variables of the enclosing loops inside. */
+static int scan_tile(cg *g, const nf_lstmt *s, uint32_t var, int64_t trips,
+                     uint32_t *inner, int n_inner) {
+  int found = 0;
+  if (s->kind == NF_LS_ALLOC) return -1;
+  if (s->kind == NF_LS_LOOP) {
+    if (s->loop_kind != NF_LOOP_VECTOR) trips *= s->extent;
+    if (trips > TILE_MAX_UNROLL || n_inner == 8) return -1;
+    inner[n_inner++] = s->var;
+  }
+  if (s->kind == NF_LS_STORE) {
+    if (s->op == NF_RED_NONE || s->buf >= g->p->n_bufs ||
+        g->p->bufs[s->buf].kind != NF_BUF_TEMP || !g->f->bufp[s->buf])
+      return 0;
+    /* vars[0] = var, then the inner loops' variables */
+    uint32_t vars[9];
+    vars[0] = var;
+    memcpy(vars + 1, inner, sizeof *inner * (size_t)n_inner);
+    long per_element = 0;
+    for (int i = 0; i < s->n_idx; i++) {
+      long u = vars_used(s->idx[i], vars, n_inner + 1);
+      if (u < 0 || (u & 1)) return 0;
+      per_element |= u;
+    }
+    return per_element != 0;
+  }
+  for (int i = 0; i < s->n_body; i++) {
+    int r = scan_tile(g, s->body[i], var, trips, inner, n_inner);
+    if (r < 0) return -1;
+    found |= r;
+  }
+  return found;
+}
+
+typedef struct buf_read {
+  const uint8_t *bufs;
+  uint32_t n_bufs;
+  int hit;
+} buf_read;
+
+static void buf_read_fn(const nf_expr *e, void *user) {
+  buf_read *r = user;
+  if (e->op == NF_OP_ACCESS && (e->u.tensor >= r->n_bufs || r->bufs[e->u.tensor])) r->hit = 1;
+}
+
+/* 1 when e may read one of the marked buffers (bufs[0..n_bufs)). */
+static int expr_reads(const nf_expr *e, const uint8_t *bufs, uint32_t n_bufs) {
+  buf_read r = {bufs, n_bufs, 0};
+  return nf_expr_visit(e, buf_read_fn, &r) != NF_OK || r.hit;
+}
+
+static void mark_stored(const nf_lstmt *s, uint8_t *bufs, uint32_t n_bufs) {
+  if (s->kind == NF_LS_STORE && s->buf < n_bufs) bufs[s->buf] = 1;
+  for (int i = 0; i < s->n_body; i++) mark_stored(s->body[i], bufs, n_bufs);
+}
+
+/* 1 when some index of a store is affine in var with a nonzero
+ * coefficient: distinct values of var store to distinct elements. */
+static int injective_in(const nf_lstmt *st, uint32_t var) {
+  for (int i = 0; i < st->n_idx; i++) {
+    nf_affine a;
+    if (nf_expr_affine(st->idx[i], &a) != 1) continue;
+    for (int k = 0; k < a.n; k++)
+      if (a.var[k] == var && a.coef[k] != 0) return 1;
+  }
+  return 0;
+}
+
+/* No statement under s reads a buffer stored under s, and every store
+ * under s is injective in var: then the iterations of the loop s over
+ * var touch disjoint elements and may run in any order. */
+static int reorder_ok(const nf_lstmt *s, uint32_t var, const uint8_t *stored, uint32_t n) {
+  if (s->kind == NF_LS_STORE) {
+    if (!injective_in(s, var) || expr_reads(s->value, stored, n)) return 0;
+    for (int i = 0; i < s->n_idx; i++)
+      if (expr_reads(s->idx[i], stored, n)) return 0;
+  }
+  if (s->kind == NF_LS_IF && expr_reads(s->cond, stored, n)) return 0;
+  for (int i = 0; i < s->n_body; i++)
+    if (!reorder_ok(s->body[i], var, stored, n)) return 0;
+  return 1;
+}
+
+static int iterations_independent(cg *g, const nf_lstmt *loop) {
+  uint8_t *stored = calloc(g->p->n_bufs + 1, 1);
+  if (!stored) return 0;
+  for (int i = 0; i < loop->n_body; i++) mark_stored(loop->body[i], stored, g->p->n_bufs);
+  int ok = 1;
+  for (int i = 0; i < loop->n_body && ok; i++)
+    ok = reorder_ok(loop->body[i], loop->var, stored, g->p->n_bufs);
+  free(stored);
+  return ok;
+}
+
+/* Weight of the code a loop body emits with its serial loops unrolled. */
+static int64_t unrolled_weight(const nf_lstmt *s, int64_t trips, int64_t cap) {
+  if (s->kind == NF_LS_STORE) {
+    int64_t w = stmt_weight(s, cap);
+    return w > cap / trips ? cap : w * trips;
+  }
+  if (s->kind == NF_LS_LOOP && s->loop_kind != NF_LOOP_VECTOR) {
+    if (s->extent > cap / trips) return cap;
+    trips *= s->extent;
+  }
+  int64_t w = s->kind == NF_LS_IF ? expr_weight(s->cond, cap) * trips : 0;
+  for (int i = 0; i < s->n_body && w < cap; i++) w += unrolled_weight(s->body[i], trips, cap - w);
+  return w < cap ? w : cap;
+}
+
+/* A serial loop that accumulates into a register tile: the reduction
+ * loop of a cache_write tile (small loops only inside, a reduction into
+ * a temporary at an address independent of the loop variable).  Its
+ * inner loops are fully unrolled so that the tile can live in registers,
+ * and the loop itself is unrolled twice, which lets the register
+ * allocator keep the accumulators in place instead of copying them
+ * around the back edge. */
+static int tile_reduction_loop(cg *g, const nf_lstmt *s) {
+  if (s->extent < 8) return 0;
+  int found = 0;
+  for (int i = 0; i < s->n_body; i++) {
+    uint32_t inner[8];
+    int r = scan_tile(g, s->body[i], s->var, 1, inner, 0);
+    if (r < 0) return 0;
+    found |= r;
+  }
+  /* Two copies of the unrolled body must stay small (an expensive
+   * operand, say a tanh per row, would be replicated for every row). */
+  int64_t w = 0;
+  for (int i = 0; i < s->n_body && found && w <= TILE_MAX_WEIGHT; i++)
+    w += unrolled_weight(s->body[i], 1, TILE_MAX_WEIGHT + 1);
+  return found && w <= TILE_MAX_WEIGHT;
+}
+
+/* Stores a loop nest executes when its serial loops are unrolled (vector
+ * loops count once); SMALL_UNROLL + 1 as soon as it is larger, or holds
+ * an ALLOC or a PARALLEL loop. */
+static int64_t unrolled_stores(const nf_lstmt *s) {
+  if (s->kind == NF_LS_STORE) return 1;
+  if (s->kind == NF_LS_ALLOC || (s->kind == NF_LS_LOOP && s->loop_kind == NF_LOOP_PARALLEL))
+    return SMALL_UNROLL + 1;
+  int64_t n = 0;
+  for (int i = 0; i < s->n_body && n <= SMALL_UNROLL; i++) n += unrolled_stores(s->body[i]);
+  if (s->kind == NF_LS_LOOP && s->loop_kind != NF_LOOP_VECTOR) {
+    if (s->extent > SMALL_UNROLL) return SMALL_UNROLL + 1;
+    n *= s->extent;
+  }
+  return n;
+}
+
+static int has_serial_loop(const nf_lstmt *s) {
+  if (s->kind == NF_LS_LOOP && s->loop_kind != NF_LOOP_VECTOR) return 1;
+  for (int i = 0; i < s->n_body; i++)
+    if (has_serial_loop(s->body[i])) return 1;
+  return 0;
+}
+
+/* Unroll factor of a constant-extent serial loop emitted as a loop:
+ * 2 for the reduction loop of a register tile (*tile set), INNER_UNROLL
+ * for an innermost loop (nothing but vector loops inside) with a small
+ * body, which halves the loop overhead of reductions and elementwise
+ * loops (their chains and streams need no more), else 1. */
+static int64_t unroll_factor(cg *g, const nf_lstmt *s, int *tile) {
+  *tile = 0;
+  if (g->in_tile || s->extent < 4) return 1;
+  if (tile_reduction_loop(g, s)) {
+    *tile = 1;
+    return 2;
+  }
+  if (g->lean) return 1;
+  int64_t n = 0, w = 0;
+  for (int i = 0; i < s->n_body; i++) {
+    if (has_serial_loop(s->body[i])) return 1;
+    n += unrolled_stores(s->body[i]);
+    w += unrolled_weight(s->body[i], 1, UNROLL_MAX_WEIGHT + 1);
+  }
+  return n >= 1 && n <= 2 && w * INNER_UNROLL <= UNROLL_MAX_WEIGHT ? INNER_UNROLL : 1;
+}
+
+/* for (v = lo; v < hi; v++) body.  checked == 0: lo = 0, hi = the
+ * constant extent >= 1, and the body may be unrolled (unroll_factor):
+ * u copies per iteration up to extent - extent % u, then the remaining
+ * iterations straight. */
 static void emit_counted(cg *g, const nf_lstmt *s, LLVMValueRef lo, LLVMValueRef hi,
                          int checked) {
   LLVMBuilderRef b = g->B;
-  LLVMBasicBlockRef pre = LLVMGetInsertBlock(b);
-  LLVMBasicBlockRef head = new_block(g, "loop"), exit = new_block(g, "loop.end");
-  if (checked)
-    LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, lo, hi, ""), head, exit);
-  else
-    LLVMBuildBr(b, head);
-  LLVMPositionBuilderAtEnd(b, head);
-  LLVMValueRef phi = LLVMBuildPhi(b, g->i64, s->var_name ? s->var_name : "i");
+  int tile = 0;
+  int64_t u = checked ? 1 : unroll_factor(g, s, &tile);
+  int64_t main_end = checked ? 0 : s->extent / u * u;
+  if (!checked) hi = c64(g, main_end);
   LLVMValueRef saved = g->f->var[s->var];
-  g->f->var[s->var] = phi;
-  emit_body(g, s);
+  g->in_tile += tile;
+  if (checked || main_end > 0) {
+    LLVMBasicBlockRef pre = LLVMGetInsertBlock(b);
+    LLVMBasicBlockRef head = new_block(g, "loop"), exit = new_block(g, "loop.end");
+    if (checked)
+      LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, lo, hi, ""), head, exit);
+    else
+      LLVMBuildBr(b, head);
+    LLVMPositionBuilderAtEnd(b, head);
+    LLVMValueRef phi = LLVMBuildPhi(b, g->i64, s->var_name ? s->var_name : "i");
+    for (int64_t k = 0; k < u && !g->rc; k++) {
+      g->f->var[s->var] = k ? LLVMBuildAdd(b, phi, c64(g, k), "") : phi;
+      g->tile_odd = tile && (k & 1);
+      emit_body(g, s);
+    }
+    g->tile_odd = 0;
+    LLVMBasicBlockRef latch = LLVMGetInsertBlock(b);
+    LLVMValueRef next = LLVMBuildAdd(b, phi, c64(g, u), "");
+    LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, next, hi, ""), head, exit);
+    LLVMValueRef vals[2] = {lo, next};
+    LLVMBasicBlockRef bbs[2] = {pre, latch};
+    LLVMAddIncoming(phi, vals, bbs, 2);
+    LLVMPositionBuilderAtEnd(b, exit);
+  }
+  for (int64_t i = main_end; !checked && i < s->extent && !g->rc; i++) {
+    g->f->var[s->var] = c64(g, i);
+    emit_body(g, s);
+  }
+  g->in_tile -= tile;
   g->f->var[s->var] = saved;
-  LLVMBasicBlockRef latch = LLVMGetInsertBlock(b);
-  LLVMValueRef next = LLVMBuildAdd(b, phi, c64(g, 1), "");
-  LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, next, hi, ""), head, exit);
-  LLVMValueRef vals[2] = {lo, next};
-  LLVMBasicBlockRef bbs[2] = {pre, latch};
-  LLVMAddIncoming(phi, vals, bbs, 2);
-  LLVMPositionBuilderAtEnd(b, exit);
 }
 
 static int vectorizable(const nf_lstmt *s) {
@@ -853,8 +1291,24 @@ static int vectorizable(const nf_lstmt *s) {
   return 1;
 }
 
+/* A VECTOR loop is emitted with explicit vectors when nothing in its
+ * body is a loop or an ALLOC. */
+static int vectorizable_body(const nf_lstmt *loop) {
+  for (int i = 0; i < loop->n_body; i++)
+    if (!vectorizable(loop->body[i])) return 0;
+  return 1;
+}
+
 static void add_attr(cg *g, LLVMValueRef fn, LLVMAttributeIndex idx, unsigned kind) {
   LLVMAddAttributeAtIndex(fn, idx, LLVMCreateEnumAttribute(g->C, kind, 0));
+}
+
+/* Functions that hold loops realign their stack: spilled vector registers
+ * (a register tile larger than the register file) then get aligned slots
+ * instead of unaligned ones that may straddle cache lines. */
+static void add_stackrealign(cg *g, LLVMValueRef fn) {
+  LLVMAddAttributeAtIndex(fn, LLVMAttributeFunctionIndex,
+                          LLVMCreateStringAttribute(g->C, "stackrealign", 12, "", 0));
 }
 
 static void fstate_init(cg *g, fstate *f, LLVMValueRef fn) {
@@ -862,7 +1316,8 @@ static void fstate_init(cg *g, fstate *f, LLVMValueRef fn) {
   f->fn = fn;
   f->bufp = calloc(g->p->n_bufs + 1, sizeof *f->bufp);
   f->var = calloc(g->p->n_vars + 1, sizeof *f->var);
-  if (!f->bufp || !f->var) fail(g, NF_ENOMEM, "%s", "out of memory");
+  f->own = calloc(g->p->n_bufs + 1, 1);
+  if (!f->bufp || !f->var || !f->own) fail(g, NF_ENOMEM, "%s", "out of memory");
   f->entry = LLVMAppendBasicBlockInContext(g->C, fn, "entry");
   f->start = LLVMAppendBasicBlockInContext(g->C, fn, "start");
   LLVMPositionBuilderAtEnd(g->AB, f->entry);
@@ -871,6 +1326,7 @@ static void fstate_init(cg *g, fstate *f, LLVMValueRef fn) {
 
 static void fstate_free(fstate *f) {
   free(f->bufp);
+  free(f->own);
   free(f->var);
   free(f->heap);
 }
@@ -962,9 +1418,12 @@ static void emit_alloc(cg *g, const nf_lstmt *s) {
     ptr = LLVMBuildBitCast(g->AB, raw, LLVMPointerType(et, 0), "");
   }
   LLVMValueRef saved = f->bufp[s->buf];
+  uint8_t saved_own = f->own[s->buf];
   f->bufp[s->buf] = ptr;
+  f->own[s->buf] = 1;
   emit_body(g, s);
   f->bufp[s->buf] = saved;
+  f->own[s->buf] = saved_own;
 }
 
 static void emit_parallel(cg *g, const nf_lstmt *s) {
@@ -1019,6 +1478,7 @@ static void emit_parallel(cg *g, const nf_lstmt *s) {
   LLVMValueRef body = LLVMAddFunction(g->M, name, g->body_ty);
   LLVMSetLinkage(body, LLVMInternalLinkage);
   add_attr(g, body, LLVMAttributeFunctionIndex, g->kind_nounwind);
+  add_stackrealign(g, body);
 
   LLVMBasicBlockRef resume = LLVMGetInsertBlock(g->B);
   /* The body: unpack and call inner. */
@@ -1074,7 +1534,7 @@ static void emit_loop(cg *g, const nf_lstmt *s) {
   if (s->extent == 0) return;
   fstate *f = g->f;
   int kind = s->loop_kind;
-  if (kind == NF_LOOP_VECTOR && !g->W && s->extent >= 2 && s->extent <= MAX_W && vectorizable(s)) {
+  if (kind == NF_LOOP_VECTOR && !g->W && s->extent >= 2 && s->extent <= MAX_W && vectorizable_body(s)) {
     LLVMValueRef saved = f->var[s->var];
     g->W = (unsigned)s->extent;
     g->vvar = s->var;
@@ -1094,10 +1554,23 @@ static void emit_loop(cg *g, const nf_lstmt *s) {
     emit_parallel(g, s);
     return;
   }
-  if ((kind == NF_LOOP_UNROLL && s->extent <= 64) || s->extent == 1) {
+  /* Small nests are unrolled here rather than by LLVM (whose unroller
+   * costs more compile time than the rest of the pipeline): tile loops,
+   * and any nest that amounts to a few stores, which also lets SROA put
+   * small temporaries in registers. */
+  if ((kind == NF_LOOP_UNROLL && s->extent <= 64) || s->extent == 1 || g->in_tile ||
+      (!g->lean && unrolled_stores(s) <= SMALL_UNROLL &&
+       unrolled_weight(s, 1, UNROLL_MAX_WEIGHT + 1) <= UNROLL_MAX_WEIGHT)) {
     LLVMValueRef saved = f->var[s->var];
+    /* In the second copy of an unrolled tile reduction loop, the tile
+     * loops run backwards where their iterations are independent: the
+     * accumulators the first copy updated last are updated first, which
+     * keeps them in registers when the tile needs more registers than the
+     * machine has (the allocator then spills the ones used in the middle,
+     * once per pair of iterations). */
+    int rev = g->in_tile && g->tile_odd && iterations_independent(g, s);
     for (int64_t i = 0; i < s->extent && !g->rc; i++) {
-      f->var[s->var] = c64(g, i);
+      f->var[s->var] = c64(g, rev ? s->extent - 1 - i : i);
       emit_body(g, s);
     }
     f->var[s->var] = saved;
@@ -1129,6 +1602,28 @@ static void emit_if(cg *g, const nf_lstmt *s) {
   }
   LLVMValueRef saved = g->mask;
   LLVMValueRef cv = mat(g, c);
+  if (!saved && !g->in_tile && !g->lean) {
+    /* A guard of a non-dividing split is true on every lane of all but
+     * the last vector: that case runs the body without a mask (plain
+     * loads and stores; masked ones are slow on some x86 cores), the
+     * others under the mask.  Only outermost guards are versioned, so
+     * the body is emitted at most twice, and not inside a register tile
+     * (whose unrolled body would grow by a factor of two per row). */
+    LLVMValueRef all = intr(g, "llvm.vector.reduce.and", NULL, 1, &cv, 1);
+    LLVMBasicBlockRef ba = new_block(g, "if.all"), bm = new_block(g, "if.some"),
+                      bj = new_block(g, "if.end");
+    LLVMBuildCondBr(g->B, all, ba, bm);
+    LLVMPositionBuilderAtEnd(g->B, ba);
+    emit_body(g, s);
+    LLVMBuildBr(g->B, bj);
+    LLVMPositionBuilderAtEnd(g->B, bm);
+    g->mask = cv;
+    emit_body(g, s);
+    g->mask = saved;
+    LLVMBuildBr(g->B, bj);
+    LLVMPositionBuilderAtEnd(g->B, bj);
+    return;
+  }
   g->mask = saved ? LLVMBuildAnd(g->B, saved, cv, "") : cv;
   emit_body(g, s);
   g->mask = saved;
@@ -1153,6 +1648,16 @@ static void emit_stmt(cg *g, const nf_lstmt *s) {
 }
 
 /* ---- module ---- */
+
+
+
+static void collect_ranges(const nf_lstmt *s, nf_range *range, uint32_t n_vars) {
+  if (s->kind == NF_LS_LOOP && s->var < n_vars && s->extent > 0) {
+    range[s->var].lo = 0;
+    range[s->var].hi = s->extent - 1;
+  }
+  for (int i = 0; i < s->n_body; i++) collect_ranges(s->body[i], range, n_vars);
+}
 
 static int check_prog(cg *g) {
   const nf_lprog *p = g->p;
@@ -1214,6 +1719,7 @@ static void build_module(cg *g) {
   LLVMValueRef mainf = LLVMAddFunction(g->M, "nf_main", main_ty);
   LLVMSetLinkage(mainf, LLVMInternalLinkage);
   add_attr(g, mainf, LLVMAttributeFunctionIndex, g->kind_nounwind);
+  add_stackrealign(g, mainf);
   for (uint32_t i = 0; i < na; i++) add_attr(g, mainf, i + 1, g->kind_noalias);
   fstate fm;
   fstate_init(g, &fm, mainf);
@@ -1275,13 +1781,136 @@ static void build_module(cg *g) {
   free(argbuf);
 }
 
+/* ---- target machines ----
+ *
+ * Creating a target machine is cheap, but its first use for a CPU and
+ * feature string builds the subtarget (instruction tables, lowering
+ * tables): the machines are therefore kept.  A machine is used by one
+ * compilation at a time: compilations take one from an idle list
+ * (mutex-protected, keyed by triple, CPU, features and code generation
+ * level) or create one, and put it back when done (at most TM_IDLE_MAX
+ * idle machines are kept, the others are disposed of).  The idle machines
+ * and the host's triple, CPU name and features (queried once) are freed
+ * by an atexit handler; compiling while the process exits is not
+ * supported. */
+
+#define TM_IDLE_MAX 16
+
+typedef struct tm_ent {
+  struct tm_ent *next;
+  LLVMTargetMachineRef tm;
+  char key[]; /* "triple\ncpu\nfeatures\nlevel" */
+} tm_ent;
+
 static pthread_once_t llvm_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t tm_lock = PTHREAD_MUTEX_INITIALIZER;
+static tm_ent *tm_idle;
+static int n_tm_idle, tm_closed;
+static char *host_triple, *host_cpu, *host_features;
+
+static void llvm_fini(void) {
+  pthread_mutex_lock(&tm_lock);
+  tm_closed = 1;
+  while (tm_idle) {
+    tm_ent *e = tm_idle;
+    tm_idle = e->next;
+    LLVMDisposeTargetMachine(e->tm);
+    free(e);
+  }
+  n_tm_idle = 0;
+  LLVMDisposeMessage(host_triple);
+  LLVMDisposeMessage(host_cpu);
+  LLVMDisposeMessage(host_features);
+  host_triple = host_cpu = host_features = NULL;
+  pthread_mutex_unlock(&tm_lock);
+}
+
 static void llvm_init(void) {
   LLVMInitializeX86TargetInfo();
   LLVMInitializeX86Target();
   LLVMInitializeX86TargetMC();
   LLVMInitializeX86AsmPrinter();
+  host_triple = LLVMGetDefaultTargetTriple();
+  host_cpu = LLVMGetHostCPUName();
+  host_features = LLVMGetHostCPUFeatures();
+  atexit(llvm_fini);
 }
+
+/* A machine for (triple, cpu, feat, level): an idle one or a new one;
+ * NULL when none can be created (*bad_target set when the triple is not
+ * supported).  Give it back with tm_release. */
+static tm_ent *tm_acquire(const char *triple, const char *cpu, const char *feat,
+                          LLVMCodeGenOptLevel level, int *bad_target) {
+  size_t n = strlen(triple) + strlen(cpu) + strlen(feat) + 16;
+  tm_ent *e = malloc(sizeof *e + n);
+  if (!e) return NULL;
+  snprintf(e->key, n, "%s\n%s\n%s\n%d", triple, cpu, feat, (int)level);
+  pthread_mutex_lock(&tm_lock);
+  for (tm_ent **pp = &tm_idle; *pp; pp = &(*pp)->next)
+    if (!strcmp((*pp)->key, e->key)) {
+      tm_ent *hit = *pp;
+      *pp = hit->next;
+      n_tm_idle--;
+      pthread_mutex_unlock(&tm_lock);
+      free(e);
+      hit->next = NULL;
+      return hit;
+    }
+  pthread_mutex_unlock(&tm_lock);
+  LLVMTargetRef target;
+  char *msg = NULL;
+  if (strncmp(triple, "x86_64", 6) != 0 || LLVMGetTargetFromTriple(triple, &target, &msg)) {
+    LLVMDisposeMessage(msg);
+    *bad_target = 1;
+    free(e);
+    return NULL;
+  }
+  e->next = NULL;
+  e->tm = LLVMCreateTargetMachine(target, triple, cpu, feat, level, LLVMRelocPIC,
+                                  LLVMCodeModelDefault);
+  if (!e->tm) {
+    free(e);
+    return NULL;
+  }
+  return e;
+}
+
+static void tm_release(tm_ent *e) {
+  if (!e) return;
+  pthread_mutex_lock(&tm_lock);
+  if (!tm_closed && n_tm_idle < TM_IDLE_MAX) {
+    e->next = tm_idle;
+    tm_idle = e;
+    n_tm_idle++;
+    e = NULL;
+  }
+  pthread_mutex_unlock(&tm_lock);
+  if (e) {
+    LLVMDisposeTargetMachine(e->tm);
+    free(e);
+  }
+}
+
+/* ---- pass pipelines ----
+ *
+ * The generated IR is already vectorized (explicit vectors), its register
+ * tiles and small loop nests already unrolled (emit_loop, emit_counted):
+ * what is left for LLVM is scalar cleanup, promotion of tiles and small
+ * temporaries to registers (SROA, helped by loop-idiom's memsets),
+ * hoisting (LICM), redundancy elimination (GVN), dead stores.  The
+ * function passes run on the outlined bodies' inner functions before they
+ * are inlined, while their buffer arguments are still noalias (LICM then
+ * hoists gathers out of tile loops), then once more on the inlined result.
+ * Neither LLVM's vectorizers nor its unroller run (the unroller alone
+ * cost more than the rest of default<O2>). */
+static const char *const pipeline_o1 =
+    "function(sroa,early-cse,simplifycfg,instcombine),"
+    "always-inline,function(instcombine,simplifycfg)";
+static const char *const pipeline_o2 =
+    "function(sroa,early-cse,simplifycfg,instcombine,loop-mssa(licm),"
+    "loop(loop-idiom,loop-deletion),sroa,instcombine,gvn,loop-mssa(licm),dse,adce,"
+    "simplifycfg,instcombine),"
+    "always-inline,function(instcombine,simplifycfg)";
 
 static double now_ms(void) {
   struct timespec ts;
@@ -1299,6 +1928,14 @@ int nf_cpu_compile_object(const nf_lprog *p, const nf_cpu_target *t, nf_blob *ob
   g.p = p;
   g.err = err;
   if (check_prog(&g)) return g.rc;
+  g.range = malloc(sizeof *g.range * (p->n_vars + 1));
+  if (!g.range) {
+    fail(&g, NF_ENOMEM, "%s", "out of memory");
+    return g.rc;
+  }
+  for (uint32_t v = 0; v < p->n_vars; v++) g.range[v].lo = 1, g.range[v].hi = 0;
+  collect_ranges(p->root, g.range, p->n_vars);
+  g.lean = stmt_weight(p->root, LEAN_WEIGHT + 1) > LEAN_WEIGHT;
   g.C = LLVMContextCreate();
   g.M = LLVMModuleCreateWithNameInContext(p->name ? p->name : "kernel", g.C);
   g.B = LLVMCreateBuilderInContext(g.C);
@@ -1314,8 +1951,8 @@ int nf_cpu_compile_object(const nf_lprog *p, const nf_cpu_target *t, nf_blob *ob
   g.kind_alwaysinline = LLVMGetEnumAttributeKindForName("alwaysinline", 12);
   g.kind_nounwind = LLVMGetEnumAttributeKindForName("nounwind", 8);
 
-  char *triple = NULL, *cpu = NULL, *feat = NULL, *msg = NULL;
-  LLVMTargetMachineRef tm = NULL;
+  char *msg = NULL;
+  tm_ent *tme = NULL;
   LLVMPassBuilderOptionsRef opts = NULL;
   LLVMMemoryBufferRef mb = NULL;
   double t1 = 0, t2 = 0, t3 = 0;
@@ -1330,31 +1967,30 @@ int nf_cpu_compile_object(const nf_lprog *p, const nf_cpu_target *t, nf_blob *ob
   msg = NULL;
   t1 = now_ms();
 
-  triple = (t && t->triple && *t->triple) ? LLVMCreateMessage(t->triple) : LLVMGetDefaultTargetTriple();
-  cpu = (t && t->cpu && *t->cpu) ? LLVMCreateMessage(t->cpu) : LLVMGetHostCPUName();
-  feat = (t && t->cpu && *t->cpu) ? LLVMCreateMessage(t->features ? t->features : "")
-         : (t && t->features && *t->features) ? LLVMCreateMessage(t->features)
-                                              : LLVMGetHostCPUFeatures();
-  LLVMTargetRef target;
-  if (strncmp(triple, "x86_64", 6) != 0 || LLVMGetTargetFromTriple(triple, &target, &msg)) {
-    fail(&g, NF_EUNSUPPORTED, "unsupported target triple '%s'", triple);
-    goto done;
-  }
-  tm = LLVMCreateTargetMachine(target, triple, cpu, feat, LLVMCodeGenLevelAggressive,
-                               LLVMRelocPIC, LLVMCodeModelDefault);
-  if (!tm) {
-    fail(&g, NF_EUNSUPPORTED, "cannot create a target machine for CPU '%s'", cpu);
+  /* Level 0 means 3; levels 2 and 3 run the same passes (see the file's
+   * header), level 1 a shorter list and the default code generator. */
+  int lvl = t && t->opt_level > 0 && t->opt_level <= 3 ? t->opt_level : 3;
+  const char *triple = t && t->triple && *t->triple ? t->triple : host_triple;
+  const char *cpu = t && t->cpu && *t->cpu ? t->cpu : host_cpu;
+  const char *feat = t && t->cpu && *t->cpu ? (t->features ? t->features : "")
+                     : t && t->features && *t->features ? t->features
+                                                        : host_features;
+  int bad_target = 0;
+  LLVMCodeGenOptLevel cgl = lvl >= 2 ? LLVMCodeGenLevelAggressive : LLVMCodeGenLevelDefault;
+  tme = tm_acquire(triple, cpu, feat, cgl, &bad_target);
+  if (!tme) {
+    if (bad_target)
+      fail(&g, NF_EUNSUPPORTED, "unsupported target triple '%s'", triple);
+    else
+      fail(&g, NF_EUNSUPPORTED, "cannot create a target machine for CPU '%s'", cpu);
     goto done;
   }
   LLVMSetTarget(g.M, triple);
-  LLVMTargetDataRef td = LLVMCreateTargetDataLayout(tm);
+  LLVMTargetDataRef td = LLVMCreateTargetDataLayout(tme->tm);
   LLVMSetModuleDataLayout(g.M, td);
   LLVMDisposeTargetData(td);
   opts = LLVMCreatePassBuilderOptions();
-  int lvl = t && t->opt_level > 0 && t->opt_level <= 3 ? t->opt_level : 3;
-  char pipeline[32];
-  snprintf(pipeline, sizeof pipeline, "default<O%d>", lvl);
-  LLVMErrorRef perr = LLVMRunPasses(g.M, pipeline, tm, opts);
+  LLVMErrorRef perr = LLVMRunPasses(g.M, lvl >= 2 ? pipeline_o2 : pipeline_o1, tme->tm, opts);
   if (perr) {
     char *em = LLVMGetErrorMessage(perr);
     fail(&g, NF_EINTERNAL, "LLVM passes: %s", em);
@@ -1362,7 +1998,7 @@ int nf_cpu_compile_object(const nf_lprog *p, const nf_cpu_target *t, nf_blob *ob
     goto done;
   }
   t2 = now_ms();
-  if (LLVMTargetMachineEmitToMemoryBuffer(tm, g.M, LLVMObjectFile, &msg, &mb)) {
+  if (LLVMTargetMachineEmitToMemoryBuffer(tme->tm, g.M, LLVMObjectFile, &msg, &mb)) {
     fail(&g, NF_EINTERNAL, "LLVM emission: %s", msg ? msg : "?");
     goto done;
   }
@@ -1388,11 +2024,9 @@ done:
   if (msg) LLVMDisposeMessage(msg);
   if (mb) LLVMDisposeMemoryBuffer(mb);
   if (opts) LLVMDisposePassBuilderOptions(opts);
-  if (tm) LLVMDisposeTargetMachine(tm);
-  if (triple) LLVMDisposeMessage(triple);
-  if (cpu) LLVMDisposeMessage(cpu);
-  if (feat) LLVMDisposeMessage(feat);
+  tm_release(tme);
   free(g.memo);
+  free(g.range);
   LLVMDisposeBuilder(g.B);
   LLVMDisposeBuilder(g.AB);
   LLVMDisposeModule(g.M);

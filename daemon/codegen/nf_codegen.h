@@ -16,7 +16,9 @@
  *                         traps instead, as it cannot report)
  *
  * Thread safety: every function here may be called concurrently from
- * several threads (each call builds its own LLVM context). */
+ * several threads (each call builds its own LLVM context; LLVM target
+ * machines are shared through a locked pool, one user at a time, and
+ * freed at process exit: do not compile while the process exits). */
 #ifndef NF_CODEGEN_H
 #define NF_CODEGEN_H
 

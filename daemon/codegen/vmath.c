@@ -93,9 +93,13 @@ static LLVMValueRef horner(LLVMBuilderRef b, LLVMValueRef x, const double *c, in
   return y;
 }
 
+/* The NaN test is the first operand of the `or`: the order in which the
+ * x86 backend turns it into maxss/minss and one blend (the other order
+ * costs a compare and a second blend on the dependency chain of a max/min
+ * reduction). */
 LLVMValueRef nf__vm_fminmax(LLVMBuilderRef b, int is_max, LLVMValueRef x, LLVMValueRef y) {
   LLVMValueRef c = FCMP(is_max ? LLVMRealOGT : LLVMRealOLT, x, y);
-  c = LLVMBuildOr(b, c, isnan_(b, x), "");
+  c = LLVMBuildOr(b, isnan_(b, x), c, "");
   return sel(b, c, x, y);
 }
 
