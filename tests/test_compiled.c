@@ -13,6 +13,10 @@
  * under 1e-5 per output, with no NaN where the reference has none (an
  * unwritten element shows), and integer outputs exactly.
  *
+ * The gradient graph of every workload (the training step's backward,
+ * every float input, forward outputs kept) is compiled with the default
+ * schedule and NF_COMPILED_GRAD_ITERS (default 10) random schedules.
+ *
  * Library ops compile at the tier-1 level (opt_level 2); the workloads'
  * large programs at opt_level 1 to keep the suite's time reasonable (the
  * lowering and IR generation under test are the same at every level). */
@@ -39,7 +43,7 @@ static int iters(void) {
 
 static int grad_iters(void) {
   const char *e = getenv("NF_COMPILED_GRAD_ITERS");
-  return e ? atoi(e) : 3;
+  return e ? atoi(e) : 10;
 }
 
 static void setup(void) {
@@ -247,6 +251,17 @@ START_TEST(compiled_workloads) {
 END_TEST
 
 static void add_loop(Suite *su, const char *name, const TTest *t, int n) {
+  const char *parts = getenv("NF_COMPILED_PARTS");
+  if (parts) { /* a comma-separated list of the parts to run */
+    size_t l = strlen(name);
+    const char *q = parts;
+    int found = 0;
+    while ((q = strstr(q, name)) != NULL) {
+      if ((q == parts || q[-1] == ',') && (q[l] == 0 || q[l] == ',')) found = 1;
+      q += l;
+    }
+    if (!found) return;
+  }
   TCase *tc = tcase_create(name);
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_set_timeout(tc, 900);
@@ -254,7 +269,9 @@ static void add_loop(Suite *su, const char *name, const TTest *t, int n) {
   suite_add_tcase(su, tc);
 }
 
-/* CK_RUN_CASE=library|big|workloads|workload_grads runs one part. */
+/* NF_COMPILED_PARTS=library,big,workloads,workload_grads (any subset)
+ * selects the parts; tests/meson.build runs the library in one test and
+ * the rest in another, so that they run in parallel. */
 int main(void) {
   Suite *su = suite_create("compiled");
   add_loop(su, "library", compiled_library, N_LIB);
