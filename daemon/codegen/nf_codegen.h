@@ -99,6 +99,14 @@ LLVMValueRef nf__vm_pow(LLVMModuleRef m, LLVMBuilderRef b, LLVMValueRef x, LLVMV
 /* NaN-propagating min/max with the interpreter's tie rule:
  * max(a, b) = (a > b || a != a) ? a : b (min with <). */
 LLVMValueRef nf__vm_fminmax(LLVMBuilderRef b, int is_max, LLVMValueRef x, LLVMValueRef y);
+/* llvm_target.c: sets M's target (t's triple, CPU and features; the
+ * host's where NULL or empty), runs the pass pipeline of t->opt_level and
+ * emits an ELF object into *object; the times of the two steps go to
+ * *opt_ms and *emit_ms (may be NULL).  NF_OK, NF_EUNSUPPORTED (unknown
+ * target), NF_EINTERNAL (passes or emission failed) or NF_ENOMEM, with a
+ * message in err. */
+int nf__llvm_optimize_emit(LLVMModuleRef M, const nf_cpu_target *t, nf_blob *object,
+                           double *opt_ms, double *emit_ms, nf_buf *err);
 /* Calls the overloaded intrinsic `name` (e.g. "llvm.sqrt") on args;
  * the overload types are the types of the first n_ovl arguments, or
  * ovl[] when given. */
