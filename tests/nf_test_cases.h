@@ -150,4 +150,24 @@ static const libcase lib_cases[] = {
     {"embedding repeats", "embedding", P0, 2, {NZ(1, 2, 5, 3), IDX(5, 1, 13)}, NULL, 1, 0},
 };
 
+/* The six workloads of examples/workloads.nf at small shapes. */
+static const libcase workload_cases[] = {
+    {"matmul_loss", "matmul_loss", P0, 3, {NZ(1, 2, 3, 5), NZ(1, 2, 5, 4), NZ(1, 2, 3, 4)},
+     NULL, 1, 0},
+    {"conv2d_relu_loss", "conv2d_relu_loss", P0, 2,
+     {NZ(1, 4, 2, 3, 5, 6), NZ(1, 4, 4, 3, 3, 3)}, NULL, 0, 0},
+    {"lltm_loss", "lltm_loss", P0, 5,
+     {NZ(1, 3, 8, 2, 3), NZ(0.5, 2, 2, 4), NZ(0.5, 2, 2, 4), NZ(0.5, 2, 12, 7),
+      NZ(0.5, 1, 12)},
+     NULL, 0, 0},
+    {"milstm_loss", "milstm_loss", P0, 9,
+     {NZ(1, 3, 8, 2, 3), NZ(0.5, 2, 2, 5), NZ(0.5, 2, 2, 5), NZ(0.5, 2, 20, 3),
+      NZ(0.5, 2, 20, 5), NZ(1, 1, 20), NZ(1, 1, 20), NZ(1, 1, 20), NZ(0.5, 1, 20)},
+     NULL, 0, 0},
+    {"capsnet_loss", "capsnet_loss", P0, 3,
+     {NZ(1, 3, 2, 5, 3), NZ(0.5, 4, 5, 3, 4, 3), ONEHOT(2, 2, 3)}, NULL, 0, 0},
+    {"mobilenet_dws_loss", "mobilenet_dws_loss", P0, 3,
+     {NZ(3, 4, 2, 3, 5, 6), NZ(1, 4, 3, 1, 3, 3), NZ(1, 4, 4, 3, 1, 1)}, NULL, 0, 0},
+};
+
 #endif

@@ -395,13 +395,16 @@ static uint64_t loop_mask(const nest *n, const nf_expr *e) {
   return m;
 }
 
-/* Splits an output index into the part using loops outside the cache
- * loop c and the part using loops inside; fails on a summand that mixes. */
-static int split_index(lw *L, const nest *n, int c, const nf_expr *e, const nf_expr **inner) {
+/* Splits an index into the summands that use loops inside position px of
+ * n (and constants): *inner, and the rest: *outer (loops at or outside px
+ * and variables of enclosing nests).  0 when a summand mixes both. */
+static int split_at(lw *L, const nest *n, int px, const nf_expr *e, const nf_expr **outer,
+                    const nf_expr **inner) {
   const nf_expr *stack[64];
   int sp = 0;
-  uint64_t outer_m = (c + 1 >= 64) ? ~0ull : ((1ull << (c + 1)) - 1);
+  uint64_t in_m = px + 1 >= 64 ? 0 : ~((1ull << (px + 1)) - 1);
   *inner = ci(L, 0);
+  *outer = ci(L, 0);
   stack[sp++] = e;
   while (sp > 0) {
     const nf_expr *x = stack[--sp];
@@ -411,11 +414,15 @@ static int split_index(lw *L, const nest *n, int c, const nf_expr *e, const nf_e
       continue;
     }
     uint64_t m = loop_mask(n, x);
-    if ((m & outer_m) && (m & ~outer_m)) return 0;
-    if (m & ~outer_m) *inner = bin(L, NF_OP_ADD, *inner, x);
+    if ((m & in_m) && (m & ~in_m)) return 0;
+    if ((m & in_m) || x->op == NF_OP_CONST)
+      *inner = bin(L, NF_OP_ADD, *inner, x);
+    else
+      *outer = bin(L, NF_OP_ADD, *outer, x);
   }
   *inner = simp(L, *inner);
-  return *inner != NULL;
+  *outer = simp(L, *outer);
+  return *inner && *outer;
 }
 
 /* Checks the annotations and cache_write of a finished nest. */
@@ -470,9 +477,9 @@ static int nest_finish(lw *L, int si, nest *n) {
     const nf_tensor *t = &L->g->tensors[L->g->stmts[si].out];
     int64_t elems = 1;
     for (int d = 0; d < t->rank; d++) {
-      const nf_expr *in;
+      const nf_expr *in, *out_part;
       nf_range r;
-      if (!split_index(L, n, c, n->orig[d], &in))
+      if (!split_at(L, n, c, n->orig[d], &out_part, &in))
         return lerr(L, NF_EINVAL, si,
                     "cache_write: output index %d mixes loops inside and outside '%s'", d,
                     n->cw_name);
@@ -791,36 +798,6 @@ static void acc_fn(const nf_expr *e, void *user) {
   l->a[l->n++] = e;
 }
 
-/* Splits an index into the summands that use loops inside position px of
- * n (and constants): *inner, and the rest: *outer (loops at or outside px
- * and variables of enclosing nests).  0 when a summand mixes both. */
-static int split_at(lw *L, const nest *n, int px, const nf_expr *e, const nf_expr **outer,
-                    const nf_expr **inner) {
-  const nf_expr *stack[64];
-  int sp = 0;
-  uint64_t in_m = px + 1 >= 64 ? 0 : ~((1ull << (px + 1)) - 1);
-  *inner = ci(L, 0);
-  *outer = ci(L, 0);
-  stack[sp++] = e;
-  while (sp > 0) {
-    const nf_expr *x = stack[--sp];
-    if (x->op == NF_OP_ADD && sp < 62) {
-      stack[sp++] = x->args[0];
-      stack[sp++] = x->args[1];
-      continue;
-    }
-    uint64_t m = loop_mask(n, x);
-    if ((m & in_m) && (m & ~in_m)) return 0;
-    if ((m & in_m) || x->op == NF_OP_CONST)
-      *inner = bin(L, NF_OP_ADD, *inner, x);
-    else
-      *outer = bin(L, NF_OP_ADD, *outer, x);
-  }
-  *inner = simp(L, *inner);
-  *outer = simp(L, *outer);
-  return *inner && *outer;
-}
-
 /* The region of tensor shape (rank dims) that accesses a[0..na) read
  * inside loop px of n: R->start and R->ext.  NF_OK or NF_EINVAL/NF_ELIMIT
  * with a message. */
@@ -1128,7 +1105,9 @@ static int lower_stmt(lw *L, const nf_schedule *s, int si, const region *R, nf_l
   int64_t tshape[NF_MAX_RANK];
   for (int d = 0; d < rank; d++) {
     nf_range r;
-    if (!split_index(L, &n, c, oidx[d], &tin[d]) || !nf_expr_bounds(tin[d], L->vr, (int)L->nv, &r))
+    const nf_expr *tout;
+    if (!split_at(L, &n, c, oidx[d], &tout, &tin[d]) ||
+        !nf_expr_bounds(tin[d], L->vr, (int)L->nv, &r))
       return lerr(L, NF_EINVAL, si, "cache_write: output index %d mixes loops inside and outside '%s'",
                   d, n.cw_name);
     tshape[d] = r.hi - r.lo + 1;
