@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PKGS=(meson ninja-build pkg-config gcc g++ check libsubunit-dev libsodium-dev
-      python3 python3-numpy llvm-14-dev binutils "$@")
+      python3 python3-numpy llvm-14-dev binutils libxgboost-dev "$@")
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -1,0 +1,2 @@
+/* features.c - lands with the search issue (work in progress). */
+typedef int nf__features_placeholder;

@@ -1,0 +1,36 @@
+/* nf_cost_model.h - the learned cost model of the schedule search:
+ * gradient-boosted trees (XGBoost C API) over nf_features vectors, trained
+ * online on one subgraph's measured records.
+ *
+ * Labels are normalized throughputs: best time / time, in (0, 1] (a
+ * failed candidate counts 0), so the model ranks candidates of one
+ * subgraph; predictions are higher for faster candidates.  Training is
+ * deterministic for a fixed seed (one XGBoost thread unless n_threads
+ * says otherwise: training is cheap next to measuring). */
+#ifndef NF_COST_MODEL_H
+#define NF_COST_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nf_buf.h"
+#include "nf_features.h"
+
+typedef struct nf_cost_model nf_cost_model;
+
+/* NULL when out of memory. */
+nf_cost_model *nf_cost_model_new(uint64_t seed, int n_threads);
+void nf_cost_model_free(nf_cost_model *m);
+/* Adds a record: features and the measured median time in ms (<= 0 or
+ * not finite: a failed candidate).  NF_OK or NF_ENOMEM. */
+int nf_cost_model_add(nf_cost_model *m, const float *feat, double time_ms);
+size_t nf_cost_model_n_records(const nf_cost_model *m);
+/* (Re)trains on every record.  NF_OK, NF_EINVAL (fewer than 2 records or
+ * no successful one), NF_EINTERNAL (XGBoost failed: message in err). */
+int nf_cost_model_train(nf_cost_model *m, nf_buf *err);
+int nf_cost_model_trained(const nf_cost_model *m);
+/* Scores n feature vectors (n * NF_FEAT_N floats, row-major); higher is
+ * faster.  Untrained: every score 0.  NF_OK or NF_EINTERNAL/NF_ENOMEM. */
+int nf_cost_model_predict(nf_cost_model *m, const float *feat, size_t n, float *score);
+
+#endif

@@ -1,0 +1,26 @@
+/* nf_features.h - a fixed-length feature vector of a lowered program
+ * (loop IR) for the learned cost model (daemon/search).
+ *
+ * The features describe what makes a schedule fast on a CPU: per store
+ * statement (the heaviest NF_FEAT_STORES by executed iterations), its
+ * arithmetic (float ops per iteration, total), vectorization (vector
+ * width, vectorized fraction), unrolling, parallel extent (and its
+ * balance over threads), loop depth, and per loop level from the
+ * innermost outwards the bytes touched by the body (the footprint of each
+ * buffer's accesses, from the affine index ranges) and the arithmetic
+ * intensity (ops / touched bytes); plus program-wide totals (allocated
+ * local buffer bytes, number of loops, guards).  Values are log-scaled
+ * where they span orders of magnitude.  Extraction is deterministic. */
+#ifndef NF_FEATURES_H
+#define NF_FEATURES_H
+
+#include "nf_loop.h"
+
+#define NF_FEAT_N 96 /* floats per program */
+
+/* Fills out[0..NF_FEAT_N).  NF_OK, or NF_EINVAL for a malformed program. */
+int nf_features(const nf_lprog *p, float *out);
+/* A short name of feature i (for dumps and docs), "" past the end. */
+const char *nf_feature_name(int i);
+
+#endif
