@@ -32,6 +32,9 @@
 #include "nf_ir.h"
 #include "nf_lang.h"
 #include "nf_npy.h"
+#if NF_HAVE_SEARCH
+#include "tune.h"
+#endif
 
 #define MAX_ARGS 64
 
@@ -51,6 +54,8 @@ static const char usage_text[] =
     "  grad FILE.nf DEF --wrt X[,Y...]\n"
     "                        print the gradient graph as .nf with a FLOP table;\n"
     "                        with --out DIR, evaluate it and write DIR/grad_<X>.npy\n"
+    "  tune FILE.nf DEF      search DEF's schedules (compiled and measured for real);\n"
+    "                        prints the best schedule and the best-so-far curve\n"
     "  version               print the version\n"
     "\n"
     "options:\n"
@@ -67,7 +72,14 @@ static const char usage_text[] =
     "  --target cpu[:CPU[:FEATURES]]  code generation target (host by default)\n"
     "  --engine interp|compiled  evaluate with the interpreter (default) or a kernel\n"
     "  --threads N             threads of the compiled engine (default 1)\n"
-    "  -o FILE                 output of compile\n";
+    "  -o FILE                 output of compile; tune: the best schedule\n"
+    "  --trials N              tune: measured candidates (default 200)\n"
+    "  --seconds S             tune: wall-time budget\n"
+    "  --wrt X[,Y...]          tune: the gradient graph instead of DEF's\n"
+    "  --json                  tune: end with one JSON object\n"
+    "  --csv FILE, --svg FILE  tune: the best-so-far curve as CSV / an SVG plot\n"
+    "  --random                tune: random search (no cost model)\n"
+    "  --compare-random        tune: also run random search and plot both curves\n";
 
 typedef struct opts {
   const char *cmd, *file, *def;
@@ -87,7 +99,11 @@ typedef struct opts {
   const char *target;   /* --target cpu[:CPU[:FEATURES]] */
   const char *engine;   /* --engine interp|compiled */
   const char *output;   /* -o FILE */
-  int threads;          /* --threads N (compiled engine) */
+  int threads;          /* --threads N (compiled engine, tune) */
+  int trials;           /* --trials N (tune) */
+  double seconds;       /* --seconds S (tune) */
+  int json, random_search, compare_random; /* --json, --random, --compare-random */
+  const char *csv, *svg; /* --csv FILE, --svg FILE (tune) */
   int n_dout;
   const char *dout_names[MAX_ARGS]; /* NULL: the only output */
   const char *dout_files[MAX_ARGS];
@@ -136,7 +152,16 @@ static int parse_args(int argc, char **argv, opts *o) {
         flag = flagbuf;
         val = eq + 1;
       }
-      int takes = strcmp(flag, "--shape") == 0 || strcmp(flag, "--param") == 0 ||
+      if (strcmp(a, "--json") == 0 || strcmp(a, "--random") == 0 ||
+          strcmp(a, "--compare-random") == 0) {
+        if (a[2] == 'j') o->json = 1;
+        else if (a[2] == 'r') o->random_search = 1;
+        else o->compare_random = 1;
+        continue;
+      }
+      int takes = strcmp(flag, "--trials") == 0 || strcmp(flag, "--seconds") == 0 ||
+                  strcmp(flag, "--csv") == 0 || strcmp(flag, "--svg") == 0 ||
+                  strcmp(flag, "--shape") == 0 || strcmp(flag, "--param") == 0 ||
                   strcmp(flag, "--in") == 0 || strcmp(flag, "--seed") == 0 ||
                   strcmp(flag, "--precision") == 0 || strcmp(flag, "--out") == 0 ||
                   strcmp(flag, "--wrt") == 0 || strcmp(flag, "--dout") == 0 ||
@@ -207,6 +232,22 @@ static int parse_args(int argc, char **argv, opts *o) {
         if (strcmp(val, "interp") != 0 && strcmp(val, "compiled") != 0)
           return usage_error("--engine is interp or compiled, got '%s'", val);
         o->engine = val;
+      } else if (strcmp(flag, "--trials") == 0) {
+        int64_t x;
+        if (!parse_i64(val, &x) || x < 1 || x > 1000000)
+          return usage_error("--trials wants 1..1000000, got '%s'", val);
+        o->trials = (int)x;
+      } else if (strcmp(flag, "--seconds") == 0) {
+        char *end;
+        errno = 0;
+        double x = strtod(val, &end);
+        if (errno || end == val || *end || !(x > 0) || x > 1e7)
+          return usage_error("--seconds wants a positive number, got '%s'", val);
+        o->seconds = x;
+      } else if (strcmp(flag, "--csv") == 0) {
+        o->csv = val;
+      } else if (strcmp(flag, "--svg") == 0) {
+        o->svg = val;
       } else if (strcmp(flag, "--threads") == 0) {
         int64_t x;
         if (!parse_i64(val, &x) || x < 1 || x > 256)
@@ -983,6 +1024,62 @@ done:
   return rc;
 }
 
+#if NF_HAVE_SEARCH
+/* neoflow tune FILE.nf DEF [--wrt X,...]: the search on DEF's graph (or its
+ * gradient graph), reported by tune.c. */
+static int cmd_tune(opts *o) {
+  if (!o->def) return usage_error("%s needs a DEF", "tune");
+  nf_module *m = load(o->file);
+  if (!m) return 1;
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  nf_graph *g = NULL, *gg = NULL;
+  char tbuf[256], *wrt_copy = NULL;
+  int rc = 1;
+  nf_tune_cli t = {.def = o->def,
+                   .trials = o->trials,
+                   .seconds = o->seconds,
+                   .threads = o->threads,
+                   .json = o->json,
+                   .random_search = o->random_search,
+                   .compare_random = o->compare_random,
+                   .seed = o->seed,
+                   .csv = o->csv,
+                   .svg = o->svg,
+                   .out = o->output};
+  if (!ctx || instantiate(m, o, ctx, &g) || parse_target(o, &t.target, tbuf, sizeof tbuf))
+    goto done;
+  if (o->wrt) {
+    const char *wrt[MAX_ARGS];
+    int n_wrt = 0;
+    wrt_copy = strdup(o->wrt);
+    if (!wrt_copy) goto done;
+    for (char *p = wrt_copy; p && *p && n_wrt < MAX_ARGS;) {
+      char *comma = strchr(p, ',');
+      if (comma) *comma = 0;
+      if (*p) wrt[n_wrt++] = p;
+      p = comma ? comma + 1 : NULL;
+    }
+    nf_grad_opts go = {.n_wrt = n_wrt, .wrt = wrt};
+    nf_grad_report rep;
+    nf_buf err = NF_BUF_INIT;
+    if (n_wrt == 0 || nf_grad(g, &go, ctx, &gg, &rep, &err)) {
+      fprintf(stderr, "%s: error: cannot differentiate %s: %s\n", o->file, o->def,
+              n_wrt ? nf_buf_str(&err) : "--wrt names no input");
+      nf_buf_free(&err);
+      goto done;
+    }
+    nf_buf_free(&err);
+    g = gg;
+  }
+  rc = nf_tune_main(g, &t);
+done:
+  free(wrt_copy);
+  nf_ir_ctx_free(ctx);
+  nf_module_free(m);
+  return rc;
+}
+#endif
+
 int main(int argc, char **argv) {
   opts o;
   int rc = parse_args(argc, argv, &o);
@@ -1002,7 +1099,7 @@ int main(int argc, char **argv) {
   int known = strcmp(o.cmd, "check") == 0 || strcmp(o.cmd, "print") == 0 ||
               strcmp(o.cmd, "hash") == 0 || strcmp(o.cmd, "eval") == 0 ||
               strcmp(o.cmd, "grad") == 0 || strcmp(o.cmd, "lower") == 0 ||
-              strcmp(o.cmd, "compile") == 0;
+              strcmp(o.cmd, "compile") == 0 || strcmp(o.cmd, "tune") == 0;
   if (!known) return usage_error("unknown command '%s'", o.cmd);
   if (!o.file) return usage_error("%s needs a FILE.nf", o.cmd);
   if (strcmp(o.cmd, "check") == 0) return cmd_check(&o);
@@ -1010,6 +1107,14 @@ int main(int argc, char **argv) {
   if (strcmp(o.cmd, "hash") == 0) return cmd_hash(&o);
   if (strcmp(o.cmd, "grad") == 0) return cmd_grad(&o);
   if (strcmp(o.cmd, "lower") == 0) return cmd_lower(&o);
+  if (strcmp(o.cmd, "tune") == 0) {
+#if NF_HAVE_SEARCH
+    return cmd_tune(&o);
+#else
+    fprintf(stderr, "neoflow: error: this build has no schedule search (it needs LLVM and XGBoost)\n");
+    return 1;
+#endif
+  }
   if (strcmp(o.cmd, "compile") == 0) {
 #if NF_HAVE_LLVM
     return cmd_compile(&o);

@@ -112,5 +112,10 @@ int nf_lower_ex(const nf_graph *g, const nf_schedule *s, nf_ir_ctx *ctx,
 /* Internal (schedule.c, lower.c): the loop name of variable k of s:
  * var_names[k] when set and unique within s, else "v<k>". */
 void nf__sched_var_name(const nf_stmt *s, int k, char out[NF_SCHED_NAME]);
+/* Internal (schedule.c, daemon/search): whether tensor t is read exactly
+ * once in g (one access in one statement); whether the default schedule
+ * inlines statement si (an elementwise local statement read once). */
+int nf__sched_used_once(const nf_graph *g, uint32_t t);
+int nf__sched_inlined_by_default(const nf_graph *g, uint32_t si);
 
 #endif

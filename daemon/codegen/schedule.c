@@ -339,7 +339,7 @@ static void count_fn(const nf_expr *e, void *user) {
   if (e->op == NF_OP_ACCESS && e->u.tensor == u->t) u->n++;
 }
 
-static int used_once(const nf_graph *g, uint32_t t) {
+int nf__sched_used_once(const nf_graph *g, uint32_t t) {
   use_count u = {.t = t, .n = 0};
   for (uint32_t i = 0; i < g->n_stmts; i++)
     if (nf_expr_visit(g->stmts[i].rhs, count_fn, &u) < 0) return 0;
@@ -361,10 +361,10 @@ static void find_fn(const nf_expr *e, void *user) {
   }
 }
 
-static int inlined_by_default(const nf_graph *g, uint32_t si) {
+int nf__sched_inlined_by_default(const nf_graph *g, uint32_t si) {
   const nf_stmt *st = &g->stmts[si];
   return st->red == NF_RED_NONE && st->n_red == 0 && g->tensors[st->out].kind == NF_T_LOCAL &&
-         used_once(g, st->out);
+         nf__sched_used_once(g, st->out);
 }
 
 static int tiled_by_default(const nf_graph *g, uint32_t si) {
@@ -381,13 +381,13 @@ static int tiled_by_default(const nf_graph *g, uint32_t si) {
 static int epilogue_of(const nf_graph *g, uint32_t si) {
   const nf_stmt *st = &g->stmts[si];
   const nf_tensor *t = &g->tensors[st->out];
-  if (!tiled_by_default(g, si) || t->kind != NF_T_LOCAL || !used_once(g, st->out)) return -1;
+  if (!tiled_by_default(g, si) || t->kind != NF_T_LOCAL || !nf__sched_used_once(g, st->out)) return -1;
   for (uint32_t c = si + 1; c < g->n_stmts; c++) {
     const nf_stmt *cs = &g->stmts[c];
     find_acc f = {.t = st->out, .n = 0, .a = NULL};
     if (nf_expr_visit(cs->rhs, find_fn, &f) < 0 || f.n == 0) continue;
     const nf_tensor *ct = &g->tensors[cs->out];
-    if (cs->red != NF_RED_NONE || cs->n_red || inlined_by_default(g, c) || ct->rank != t->rank)
+    if (cs->red != NF_RED_NONE || cs->n_red || nf__sched_inlined_by_default(g, c) || ct->rank != t->rank)
       return -1;
     for (int d = 0; d < t->rank; d++)
       if (ct->shape[d] != t->shape[d] || f.a->args[d]->op != NF_OP_VAR ||
@@ -454,7 +454,7 @@ int nf_schedule_default(const nf_graph *g, nf_schedule **out) {
     const nf_stmt *st = &g->stmts[si];
     const nf_tensor *t = &g->tensors[st->out];
     int rank = t->rank, st_i = (int)si;
-    if (inlined_by_default(g, si)) {
+    if (nf__sched_inlined_by_default(g, si)) {
       rc = add1(s, st_i, NF_SCH_INLINE, NULL, 0);
       continue;
     }

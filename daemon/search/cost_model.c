@@ -1,2 +1,163 @@
-/* cost_model.c - lands with the search issue (work in progress). */
-typedef int nf__cost_model_placeholder;
+/* cost_model.c - the learned cost model (nf_cost_model.h): XGBoost
+ * gradient-boosted regression trees over nf_features vectors.
+ *
+ * Records (a feature row and a measured time) accumulate in growing
+ * arrays.  Training labels every record with best_time / time (0 for a
+ * failed record), builds a fresh booster on all records (squared error,
+ * depth-6 trees, eta 0.25, FEAT_ROUNDS rounds, histogram method) and
+ * replaces the previous one only when every XGBoost call succeeded, so a
+ * failed retraining keeps the last good model.  Missing values are NaN.
+ *
+ * Determinism: the histogram method with no row or column subsampling
+ * and a fixed seed gives the same trees for the same records, and with
+ * nthread 1 the same floating-point sums.
+ *
+ * Not thread-safe: one model is used by one thread at a time (XGBoost's
+ * prediction buffer belongs to the booster).  XGBoost's own messages are
+ * silenced (verbosity 0); its errors come back through
+ * XGBGetLastError into the caller's err. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <xgboost/c_api.h>
+
+#include "nf_cost_model.h"
+
+#define CM_ROUNDS 50
+
+struct nf_cost_model {
+  uint64_t seed;
+  int n_threads;
+  size_t n, cap;
+  float *feat;  /* n rows of NF_FEAT_N */
+  double *time; /* ms; <= 0: failed */
+  BoosterHandle bst; /* NULL until trained */
+};
+
+nf_cost_model *nf_cost_model_new(uint64_t seed, int n_threads) {
+  nf_cost_model *m = calloc(1, sizeof *m);
+  if (!m) return NULL;
+  m->seed = seed;
+  m->n_threads = n_threads > 0 ? n_threads : 1;
+  return m;
+}
+
+void nf_cost_model_free(nf_cost_model *m) {
+  if (!m) return;
+  if (m->bst) XGBoosterFree(m->bst);
+  free(m->feat);
+  free(m->time);
+  free(m);
+}
+
+int nf_cost_model_add(nf_cost_model *m, const float *feat, double time_ms) {
+  if (!m || !feat) return NF_EINVAL;
+  if (m->n == m->cap) {
+    size_t cap = m->cap ? m->cap * 2 : 256;
+    float *f = realloc(m->feat, cap * NF_FEAT_N * sizeof *f);
+    if (!f) return NF_ENOMEM;
+    m->feat = f;
+    double *t = realloc(m->time, cap * sizeof *t);
+    if (!t) return NF_ENOMEM;
+    m->time = t;
+    m->cap = cap;
+  }
+  memcpy(m->feat + m->n * NF_FEAT_N, feat, NF_FEAT_N * sizeof *feat);
+  m->time[m->n] = isfinite(time_ms) && time_ms > 0 ? time_ms : 0;
+  m->n++;
+  return NF_OK;
+}
+
+size_t nf_cost_model_n_records(const nf_cost_model *m) { return m ? m->n : 0; }
+
+int nf_cost_model_trained(const nf_cost_model *m) { return m && m->bst != NULL; }
+
+/* Appends XGBoost's last error after what; returns NF_EINTERNAL. */
+static int xgb_fail(nf_buf *err, const char *what) {
+  if (err) nf_buf_printf(err, "xgboost: %s: %s", what, XGBGetLastError());
+  return NF_EINTERNAL;
+}
+
+int nf_cost_model_train(nf_cost_model *m, nf_buf *err) {
+  if (!m) return NF_EINVAL;
+  double best = 0;
+  for (size_t i = 0; i < m->n; i++)
+    if (m->time[i] > 0 && (best == 0 || m->time[i] < best)) best = m->time[i];
+  if (m->n < 2 || best == 0) {
+    if (err)
+      nf_buf_printf(err, "cost model: %zu records, %s successful: too few to train", m->n,
+                    best == 0 ? "none" : "some");
+    return NF_EINVAL;
+  }
+  float *label = malloc(m->n * sizeof *label);
+  if (!label) return NF_ENOMEM;
+  for (size_t i = 0; i < m->n; i++)
+    label[i] = m->time[i] > 0 ? (float)(best / m->time[i]) : 0.0f;
+
+  DMatrixHandle dm = NULL;
+  BoosterHandle b = NULL;
+  int rc = NF_OK;
+  char seed[32], nthread[16];
+  snprintf(seed, sizeof seed, "%d", (int)(m->seed & 0x7fffffff));
+  snprintf(nthread, sizeof nthread, "%d", m->n_threads);
+  const char *params[][2] = {
+      {"verbosity", "0"},          {"objective", "reg:squarederror"},
+      {"booster", "gbtree"},       {"tree_method", "hist"},
+      {"max_depth", "6"},          {"eta", "0.25"},
+      {"min_child_weight", "1"},   {"lambda", "1"},
+      {"seed", seed},              {"nthread", nthread},
+  };
+  if (XGDMatrixCreateFromMat(m->feat, (bst_ulong)m->n, NF_FEAT_N, NAN, &dm) != 0) {
+    rc = xgb_fail(err, "creating the training matrix");
+    goto done;
+  }
+  if (XGDMatrixSetFloatInfo(dm, "label", label, (bst_ulong)m->n) != 0) {
+    rc = xgb_fail(err, "setting labels");
+    goto done;
+  }
+  if (XGBoosterCreate(&dm, 1, &b) != 0) {
+    rc = xgb_fail(err, "creating the booster");
+    goto done;
+  }
+  for (size_t k = 0; k < sizeof params / sizeof params[0]; k++)
+    if (XGBoosterSetParam(b, params[k][0], params[k][1]) != 0) {
+      rc = xgb_fail(err, "setting a parameter");
+      goto done;
+    }
+  for (int it = 0; it < CM_ROUNDS; it++)
+    if (XGBoosterUpdateOneIter(b, it, dm) != 0) {
+      rc = xgb_fail(err, "training");
+      goto done;
+    }
+  if (m->bst) XGBoosterFree(m->bst);
+  m->bst = b;
+  b = NULL;
+done:
+  if (b) XGBoosterFree(b);
+  if (dm) XGDMatrixFree(dm);
+  free(label);
+  return rc;
+}
+
+int nf_cost_model_predict(nf_cost_model *m, const float *feat, size_t n, float *score) {
+  if (!m || (n > 0 && (!feat || !score))) return NF_EINVAL;
+  if (n == 0) return NF_OK;
+  if (!m->bst) {
+    memset(score, 0, n * sizeof *score);
+    return NF_OK;
+  }
+  DMatrixHandle dm = NULL;
+  bst_ulong len = 0;
+  const float *res = NULL;
+  int rc = NF_OK;
+  if (XGDMatrixCreateFromMat(feat, (bst_ulong)n, NF_FEAT_N, NAN, &dm) != 0)
+    rc = NF_EINTERNAL;
+  else if (XGBoosterPredict(m->bst, dm, 0, 0, 0, &len, &res) != 0 || len != n)
+    rc = NF_EINTERNAL;
+  else
+    memcpy(score, res, n * sizeof *score);
+  if (dm) XGDMatrixFree(dm);
+  return rc;
+}

@@ -21,16 +21,19 @@ typedef struct nf_cost_model nf_cost_model;
 /* NULL when out of memory. */
 nf_cost_model *nf_cost_model_new(uint64_t seed, int n_threads);
 void nf_cost_model_free(nf_cost_model *m);
-/* Adds a record: features and the measured median time in ms (<= 0 or
- * not finite: a failed candidate).  NF_OK or NF_ENOMEM. */
+/* Adds a record (copies NF_FEAT_N floats): features and the measured
+ * median time in ms (<= 0 or not finite: a failed candidate).  NF_OK,
+ * NF_ENOMEM, NF_EINVAL for a NULL argument.  A model is used by one thread
+ * at a time. */
 int nf_cost_model_add(nf_cost_model *m, const float *feat, double time_ms);
 size_t nf_cost_model_n_records(const nf_cost_model *m);
 /* (Re)trains on every record.  NF_OK, NF_EINVAL (fewer than 2 records or
  * no successful one), NF_EINTERNAL (XGBoost failed: message in err). */
 int nf_cost_model_train(nf_cost_model *m, nf_buf *err);
 int nf_cost_model_trained(const nf_cost_model *m);
-/* Scores n feature vectors (n * NF_FEAT_N floats, row-major); higher is
- * faster.  Untrained: every score 0.  NF_OK or NF_EINTERNAL/NF_ENOMEM. */
+/* Scores n feature vectors (n * NF_FEAT_N floats, row-major; NaN counts
+ * as missing) into score[0..n); higher is faster.  Untrained: every score
+ * 0.  NF_OK, NF_EINVAL for NULL arrays with n > 0, NF_EINTERNAL. */
 int nf_cost_model_predict(nf_cost_model *m, const float *feat, size_t n, float *score);
 
 #endif

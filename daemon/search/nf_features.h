@@ -16,9 +16,17 @@
 
 #include "nf_loop.h"
 
-#define NF_FEAT_N 96 /* floats per program */
+#define NF_FEAT_STORES 4 /* stores described, heaviest first (zeros pad) */
+#define NF_FEAT_LEVELS 6 /* loop levels per store, innermost outwards */
+/* floats per program: 35 per store (23 + 2 per level), then 12 totals */
+#define NF_FEAT_N (NF_FEAT_STORES * (23 + 2 * NF_FEAT_LEVELS) + 12)
 
-/* Fills out[0..NF_FEAT_N).  NF_OK, or NF_EINVAL for a malformed program. */
+/* Fills out[0..NF_FEAT_N) (every value finite; the same program always
+ * gives the same vector).  NF_OK, NF_EINVAL for a malformed program (or a
+ * store nested in more than 128 loops), NF_ENOMEM; out is zeroed on
+ * failure.  Thread-safe (no shared state).  nf_feature_name documents
+ * each position: "s<k>.<name>" for the k-th heaviest store, then the
+ * program totals. */
 int nf_features(const nf_lprog *p, float *out);
 /* A short name of feature i (for dumps and docs), "" past the end. */
 const char *nf_feature_name(int i);

@@ -21,7 +21,11 @@
  * for the next candidate, so one bad candidate never affects the next.
  *
  * Thread safety: one measurer per thread; different measurers are
- * independent. */
+ * independent.  The worker dies with the *thread* that started it
+ * (PR_SET_PDEATHSIG), so create a measurer on a thread that outlives its
+ * use.  The process must not reap children it did not start
+ * (waitpid(-1), SIGCHLD set to SIG_IGN): the worker's exit status is how
+ * a crash is explained.  SIGPIPE needs no special setup (measure.c). */
 #ifndef NF_MEASURE_H
 #define NF_MEASURE_H
 
@@ -52,7 +56,9 @@ typedef struct nf_measure_opts {
   int n_threads;           /* threads of the worker's pool; < 1: 1 */
   unsigned timeout_ms;     /* wall time per candidate; 0: 10000 */
   uint64_t mem_limit;      /* worker address space in bytes; 0: automatic
-                              (data size x 4 + 1 GiB) */
+                              (data size x 4 + 1 GiB + 64 MiB per thread;
+                              data: inputs, their rotated copies with
+                              outputs, expected values) */
   double min_time_ms;      /* timing: repeat for at least this; 0: 40 */
   int warmup;              /* warm-up runs; 0: 1 */
   int max_repeat;          /* most timed runs; 0: 200 */
@@ -96,5 +102,46 @@ int nf_measurer_worker_pid(const nf_measurer *m);
  * it.  NULL is ignored. */
 void nf_measurer_free(nf_measurer *m);
 const char *nf_measure_status_name(int status);
+
+/* ---- the worker protocol (internal: shared by measure.c and worker.c
+ * only; nothing else speaks it) ----
+ * Frames both ways over the worker's stdin and stdout: a 16-byte header
+ * {u32 type, u32 zero, u64 length} in host byte order (both ends run on
+ * one machine), then length payload bytes.  Each end checks the type
+ * against what it expects next and the length against the type's cap
+ * before allocating or reading the payload; anything else ends the
+ * conversation (the worker exits with status 2, the measurer kills it).
+ *   parent -> worker: PROBLEM (version, counts, options, tensors), then
+ *     one DATA per input (its dense bytes) and one per output (the
+ *     expected values as f64); then any number of CANDIDATE (the shared
+ *     object's bytes) and finally EXIT.
+ *   worker -> parent: READY after the problem, one RESULT per candidate
+ *     (i32 status, i32 n_runs, f64 median_ms, min_ms, max_rel_err, then
+ *     the reason's bytes), or FAIL (a message) when it cannot go on.
+ * The worker's argv carries what it needs before reading anything:
+ * --parent=PID --mem-limit=BYTES --threads=N. */
+#define NF__MEAS_PROTO_VERSION 1u
+enum {
+  NF__MEAS_F_PROBLEM = 1,
+  NF__MEAS_F_DATA = 2,
+  NF__MEAS_F_CANDIDATE = 3,
+  NF__MEAS_F_EXIT = 4,
+  NF__MEAS_F_READY = 16,
+  NF__MEAS_F_RESULT = 17,
+  NF__MEAS_F_FAIL = 18
+};
+#define NF__MEAS_HEADER_BYTES 16u
+#define NF__MEAS_MAX_TENSORS 1024u            /* inputs + outputs */
+#define NF__MEAS_MAX_ELEMS ((int64_t)1 << 40) /* per tensor */
+#define NF__MEAS_MAX_SO ((uint64_t)256 << 20) /* candidate bytes */
+#define NF__MEAS_MAX_MSG 1024u                /* FAIL message bytes */
+#define NF__MEAS_MAX_REPEAT 100000            /* timed runs */
+#define NF__MEAS_MAX_COPIES 8u                /* rotated input copies */
+/* PROBLEM: u32 version, n_inputs, n_outputs, n_copies; i32 warmup,
+ * max_repeat; f64 rtol, min_time_ms; per tensor u8 dtype, u8 rank and
+ * rank i64 dims. */
+#define NF__MEAS_PROBLEM_FIXED 40u
+/* RESULT: the fixed part, then up to 255 bytes of reason. */
+#define NF__MEAS_RESULT_FIXED 32u
 
 #endif

@@ -1,2 +1,613 @@
-/* search.c - lands with the search issue (work in progress). */
-typedef int nf__search_placeholder;
+/* search.c - the tuning loop of one graph (nf_search.h): reference,
+ * default baseline, evolutionary rounds ranked by the cost model, real
+ * compilation and sandboxed measurement, budgets and records. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "nf_autodiff.h"
+#include "nf_cost_model.h"
+#include "nf_interp.h"
+#include "nf_search.h"
+#include "nf_sketch.h"
+#include "nf_status.h"
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static uint64_t fnv(const char *s, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)s[i]) * 1099511628211ull;
+  return h ? h : 1;
+}
+
+/* ---- a set of schedule hashes (open addressing, 0 = empty) ---- */
+
+typedef struct hset {
+  uint64_t *v;
+  size_t cap, n;
+} hset;
+
+static int hset_has(const hset *h, uint64_t k) {
+  if (!h->cap) return 0;
+  for (size_t i = k & (h->cap - 1);; i = (i + 1) & (h->cap - 1)) {
+    if (h->v[i] == k) return 1;
+    if (h->v[i] == 0) return 0;
+  }
+}
+
+static int hset_add(hset *h, uint64_t k) {
+  if ((h->n + 1) * 2 > h->cap) {
+    size_t nc = h->cap ? h->cap * 2 : 1024;
+    uint64_t *nv = calloc(nc, sizeof *nv);
+    if (!nv) return NF_ENOMEM;
+    for (size_t i = 0; i < h->cap; i++) {
+      if (!h->v[i]) continue;
+      size_t j = h->v[i] & (nc - 1);
+      while (nv[j]) j = (j + 1) & (nc - 1);
+      nv[j] = h->v[i];
+    }
+    free(h->v);
+    h->v = nv;
+    h->cap = nc;
+  }
+  size_t i = k & (h->cap - 1);
+  while (h->v[i] && h->v[i] != k) i = (i + 1) & (h->cap - 1);
+  if (!h->v[i]) {
+    h->v[i] = k;
+    h->n++;
+  }
+  return NF_OK;
+}
+
+/* ---- candidates ---- */
+
+typedef struct cand {
+  nf_sk_point pt;
+  uint64_t hash;
+  float feat[NF_FEAT_N];
+  float score;
+  double time_ms; /* measured points only */
+} cand;
+
+typedef struct run {
+  const nf_graph *g;
+  const nf_search_opts *o;
+  nf_sk_space *sp;
+  nf_cost_model *model;
+  nf_measurer *meas;
+  hset seen;
+  uint64_t rng;
+  double t0;
+  nf_search_result *res;
+  size_t cap_records;
+  cand *measured; /* points measured in this run, for the population */
+  size_t n_measured, cap_measured;
+  int last_gain_trial;
+  int measuring_default;
+  nf_buf *err;
+  nf_buf tmp;
+} run;
+
+static void cand_free(cand *c) { nf_sk_point_free(&c->pt); }
+
+/* Schedule text, hash, lowering check and features of c->pt.  Returns 1
+ * when legal, 0 when not, < 0 on memory failure. */
+static int cand_eval(run *R, cand *c) {
+  nf_schedule *s;
+  int rc = nf_sk_schedule(R->sp, &c->pt, &s);
+  if (rc != NF_OK) return rc;
+  nf_buf_reset(&R->tmp);
+  nf_schedule_print(s, &R->tmp);
+  c->hash = fnv(nf_buf_str(&R->tmp), R->tmp.len);
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  if (!ctx) {
+    nf_schedule_free(s);
+    return NF_ENOMEM;
+  }
+  nf_lprog *p;
+  nf_buf e = NF_BUF_INIT;
+  int lr = nf_lower(R->g, s, ctx, &p, &e);
+  int legal = lr == NF_OK && nf_features(p, c->feat) == NF_OK;
+  nf_buf_free(&e);
+  nf_ir_ctx_free(ctx);
+  nf_schedule_free(s);
+  if (lr == NF_ENOMEM) return NF_ENOMEM;
+  return legal;
+}
+
+static int push_record(run *R, nf_search_record *rec) {
+  nf_search_result *r = R->res;
+  if (r->n_records == R->cap_records) {
+    size_t nc = R->cap_records ? R->cap_records * 2 : 64;
+    nf_search_record *nr = realloc(r->records, nc * sizeof *nr);
+    if (!nr) return NF_ENOMEM;
+    r->records = nr;
+    R->cap_records = nc;
+  }
+  r->records[r->n_records++] = *rec;
+  return NF_OK;
+}
+
+/* Lowers, compiles and measures schedule s into rec (schedule text set by
+ * the caller). */
+static int measure_schedule(run *R, const nf_schedule *s, nf_search_record *rec) {
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  if (!ctx) return NF_ENOMEM;
+  nf_lprog *p;
+  nf_buf e = NF_BUF_INIT;
+  int rc = nf_lower(R->g, s, ctx, &p, &e);
+  if (rc != NF_OK) {
+    rec->status = NF_MEAS_LOAD;
+    snprintf(rec->reason, sizeof rec->reason, "does not lower: %s", nf_buf_str(&e));
+    nf_buf_free(&e);
+    nf_ir_ctx_free(ctx);
+    return rc == NF_ENOMEM ? NF_ENOMEM : NF_OK;
+  }
+  nf_features(p, rec->feat);
+  if (R->o->measure_hook) {
+    rc = R->o->measure_hook(R->o->user, s, p, rec);
+  } else {
+    nf_blob so = NF_BLOB_INIT;
+    rc = nf_cpu_compile(p, &R->o->target, &so, NULL, &e);
+    if (rc != NF_OK) {
+      rec->status = NF_MEAS_LOAD;
+      snprintf(rec->reason, sizeof rec->reason, "does not compile: %s", nf_buf_str(&e));
+      rc = rc == NF_ENOMEM ? NF_ENOMEM : NF_OK;
+    } else {
+      nf_measure_result mr;
+      if (R->o->candidate_hook)
+        R->o->candidate_hook(R->o->user, R->measuring_default ? 0 : R->res->trials + 1, &so);
+      rc = nf_measure(R->meas, so.data, so.len, &mr);
+      rec->status = mr.status;
+      rec->time_ms = mr.status == NF_MEAS_OK ? mr.median_ms : 0;
+      snprintf(rec->reason, sizeof rec->reason, "%s", mr.reason);
+      if (rc == NF_EIO) nf_buf_printf(R->err, "measurement: %s", mr.reason);
+    }
+    nf_blob_free(&so);
+  }
+  nf_buf_free(&e);
+  nf_ir_ctx_free(ctx);
+  if (rec->status != NF_MEAS_OK) rec->time_ms = 0;
+  return rc;
+}
+
+static void report(run *R, double last_ms) {
+  if (!R->o->progress) return;
+  nf_search_progress pg = {.trial = R->res->trials,
+                           .max_trials = R->o->max_trials > 0 ? R->o->max_trials : 200,
+                           .failures = R->res->failures,
+                           .best_ms = R->res->best_ms,
+                           .default_ms = R->res->default_ms,
+                           .last_ms = last_ms,
+                           .elapsed_s = now_s() - R->t0};
+  R->o->progress(R->o->user, &pg);
+}
+
+/* Measures candidate c (legal, unseen) as the next trial. */
+static int trial(run *R, cand *c) {
+  nf_search_record rec;
+  memset(&rec, 0, sizeof rec);
+  nf_schedule *s;
+  int rc = nf_sk_schedule(R->sp, &c->pt, &s);
+  if (rc != NF_OK) return rc;
+  nf_buf_reset(&R->tmp);
+  nf_schedule_print(s, &R->tmp);
+  rec.schedule = strdup(nf_buf_str(&R->tmp));
+  rc = rec.schedule ? hset_add(&R->seen, c->hash) : NF_ENOMEM;
+  if (rc == NF_OK) rc = measure_schedule(R, s, &rec);
+  nf_schedule_free(s);
+  if (rc != NF_OK) {
+    free(rec.schedule);
+    return rc;
+  }
+  nf_search_result *r = R->res;
+  rec.trial = ++r->trials;
+  rec.at_s = now_s() - R->t0;
+  if (rec.status != NF_MEAS_OK) r->failures++;
+  if (nf_cost_model_add(R->model, rec.feat, rec.status == NF_MEAS_OK ? rec.time_ms : 0) != NF_OK)
+    rc = NF_ENOMEM;
+  if (rec.status == NF_MEAS_OK) {
+    if (r->best_ms <= 0 || rec.time_ms < r->best_ms) {
+      if (r->best_ms <= 0 || rec.time_ms < r->best_ms * 0.99) R->last_gain_trial = r->trials;
+      r->best_ms = rec.time_ms;
+      free(r->best_schedule);
+      r->best_schedule = strdup(rec.schedule);
+      if (!r->best_schedule) rc = NF_ENOMEM;
+    }
+    if (R->n_measured == R->cap_measured) {
+      size_t nc = R->cap_measured ? R->cap_measured * 2 : 64;
+      cand *nm = realloc(R->measured, nc * sizeof *nm);
+      if (!nm) rc = NF_ENOMEM;
+      else {
+        R->measured = nm;
+        R->cap_measured = nc;
+      }
+    }
+    if (R->n_measured < R->cap_measured && nf_sk_point_init(R->sp, &R->measured[R->n_measured].pt) == NF_OK) {
+      cand *m = &R->measured[R->n_measured++];
+      nf_sk_point_copy(&m->pt, &c->pt);
+      m->hash = c->hash;
+      memcpy(m->feat, rec.feat, sizeof m->feat);
+      m->time_ms = rec.time_ms;
+    }
+  }
+  double last = rec.time_ms;
+  if (push_record(R, &rec) != NF_OK) {
+    free(rec.schedule);
+    return NF_ENOMEM;
+  }
+  report(R, last);
+  return rc;
+}
+
+static int budget_left(run *R) {
+  const nf_search_opts *o = R->o;
+  int max_trials = o->max_trials > 0 ? o->max_trials : 200;
+  if (R->res->trials >= max_trials) return 0;
+  if (o->max_seconds > 0 && now_s() - R->t0 >= o->max_seconds) return 0;
+  int patience = o->patience ? o->patience : (max_trials / 2 > 64 ? max_trials / 2 : 64);
+  if (patience > 0 && R->res->best_ms > 0 && R->res->trials - R->last_gain_trial >= patience) {
+    R->res->stopped_early = 1;
+    return 0;
+  }
+  return 1;
+}
+
+/* A random legal point not seen yet (bounded tries): 1 found, 0 none. */
+static int random_cand(run *R, cand *c, const hset *also) {
+  for (int t = 0; t < 64; t++) {
+    nf_sk_sample(R->sp, &R->rng, &c->pt);
+    int lg = cand_eval(R, c);
+    if (lg < 0) return lg;
+    if (lg && !hset_has(&R->seen, c->hash) && !(also && hset_has(also, c->hash))) return 1;
+  }
+  return 0;
+}
+
+static int cmp_score(const void *a, const void *b) {
+  const cand *x = a, *y = b;
+  if (x->score != y->score) return x->score > y->score ? -1 : 1;
+  return x->hash < y->hash ? -1 : x->hash > y->hash;
+}
+
+static int cmp_time(const void *a, const void *b) {
+  const cand *x = a, *y = b;
+  if (x->time_ms != y->time_ms) return x->time_ms < y->time_ms ? -1 : 1;
+  return x->hash < y->hash ? -1 : x->hash > y->hash;
+}
+
+static int score_all(run *R, cand *c, size_t n) {
+  if (n == 0) return NF_OK;
+  float *f = calloc(n * NF_FEAT_N, sizeof *f), *sc = calloc(n, sizeof *sc);
+  int rc = f && sc ? NF_OK : NF_ENOMEM;
+  if (rc == NF_OK) {
+    for (size_t i = 0; i < n; i++) memcpy(f + i * NF_FEAT_N, c[i].feat, NF_FEAT_N * sizeof *f);
+    rc = nf_cost_model_predict(R->model, f, n, sc);
+    for (size_t i = 0; rc == NF_OK && i < n; i++) c[i].score = sc[i];
+  }
+  free(f);
+  free(sc);
+  return rc;
+}
+
+/* Tournament of two by score. */
+static const cand *tourney(run *R, const cand *pop, size_t n) {
+  const cand *a = &pop[nf_sk_rand(&R->rng) % n], *b = &pop[nf_sk_rand(&R->rng) % n];
+  return a->score >= b->score ? a : b;
+}
+
+/* One round: picks up to want candidates into out (initialised points),
+ * returns how many. */
+static int pick_round(run *R, cand *out, int want, int *n_out) {
+  const nf_search_opts *o = R->o;
+  int rc = NF_OK;
+  *n_out = 0;
+  hset chosen = {0};
+  int use_model = !o->random_search && nf_cost_model_trained(R->model);
+  double eps = o->eps < 0 ? 0 : (o->eps == 0 ? 0.2 : o->eps);
+  int n_rand = use_model ? (int)ceil(want * eps) : want;
+  if (n_rand > want) n_rand = want;
+  if (use_model) {
+    size_t popn = (size_t)(o->population > 0 ? o->population : 512);
+    int gens = o->generations > 0 ? o->generations : 4;
+    cand *pop = calloc(2 * popn, sizeof *pop);
+    size_t n = 0;
+    if (!pop) return NF_ENOMEM;
+    for (size_t i = 0; i < 2 * popn && rc == NF_OK; i++) rc = nf_sk_point_init(R->sp, &pop[i].pt);
+    /* seeds: the best measured points, then random samples */
+    qsort(R->measured, R->n_measured, sizeof *R->measured, cmp_time);
+    for (size_t i = 0; rc == NF_OK && i < R->n_measured && n < popn / 4; i++) {
+      nf_sk_point_copy(&pop[n].pt, &R->measured[i].pt);
+      memcpy(pop[n].feat, R->measured[i].feat, sizeof pop[n].feat);
+      pop[n].hash = R->measured[i].hash;
+      n++;
+    }
+    while (rc == NF_OK && n < popn) {
+      int lg = random_cand(R, &pop[n], NULL);
+      if (lg < 0) rc = lg;
+      else if (lg) n++;
+      else break;
+    }
+    if (rc == NF_OK) rc = score_all(R, pop, n);
+    for (int gen = 0; rc == NF_OK && gen < gens && n > 0; gen++) {
+      size_t m = n;
+      for (size_t k = 0; rc == NF_OK && k < popn; k++) {
+        cand *ch = &pop[m];
+        const cand *a = tourney(R, pop, n);
+        if (nf_sk_rand(&R->rng) % 10 < 7) {
+          nf_sk_mutate(R->sp, &R->rng, &a->pt, &ch->pt);
+        } else {
+          const cand *b = tourney(R, pop, n);
+          nf_sk_crossover(R->sp, &R->rng, &a->pt, &b->pt, &ch->pt);
+          if (nf_sk_rand(&R->rng) % 2) {
+            nf_sk_point tmp;
+            if (nf_sk_point_init(R->sp, &tmp) != NF_OK) {
+              rc = NF_ENOMEM;
+              break;
+            }
+            nf_sk_point_copy(&tmp, &ch->pt);
+            nf_sk_mutate(R->sp, &R->rng, &tmp, &ch->pt);
+            nf_sk_point_free(&tmp);
+          }
+        }
+        int lg = cand_eval(R, ch);
+        if (lg < 0) rc = lg;
+        else if (lg) m++;
+      }
+      if (rc == NF_OK) rc = score_all(R, pop + n, m - n);
+      if (rc != NF_OK) break;
+      /* keep the best popn distinct ones */
+      qsort(pop, m, sizeof *pop, cmp_score);
+      size_t w = 0;
+      hset dd = {0};
+      for (size_t k = 0; k < m; k++) {
+        if (w < popn && !hset_has(&dd, pop[k].hash)) {
+          if (hset_add(&dd, pop[k].hash) != NF_OK) rc = NF_ENOMEM;
+          if (w != k) {
+            cand t = pop[w];
+            pop[w] = pop[k];
+            pop[k] = t;
+          }
+          w++;
+        }
+      }
+      free(dd.v);
+      n = w;
+    }
+    for (size_t k = 0; rc == NF_OK && k < n && *n_out < want - n_rand; k++) {
+      if (hset_has(&R->seen, pop[k].hash) || hset_has(&chosen, pop[k].hash)) continue;
+      nf_sk_point_copy(&out[*n_out].pt, &pop[k].pt);
+      out[*n_out].hash = pop[k].hash;
+      memcpy(out[*n_out].feat, pop[k].feat, sizeof pop[k].feat);
+      if (hset_add(&chosen, pop[k].hash) != NF_OK) rc = NF_ENOMEM;
+      (*n_out)++;
+    }
+    for (size_t i = 0; i < 2 * popn; i++) cand_free(&pop[i]);
+    free(pop);
+  }
+  while (rc == NF_OK && *n_out < want) {
+    int lg = random_cand(R, &out[*n_out], &chosen);
+    if (lg < 0) rc = lg;
+    if (lg <= 0) break;
+    if (hset_add(&chosen, out[*n_out].hash) != NF_OK) rc = NF_ENOMEM;
+    (*n_out)++;
+  }
+  free(chosen.v);
+  return rc;
+}
+
+/* ---- the problem: inputs and the reference ---- */
+
+typedef struct problem {
+  nf_measure_tensor *t;
+  nf_array *in, *ref;
+  void **in_ptr;
+  double **exp;
+  uint32_t n_in, n_out;
+} problem;
+
+static void problem_free(problem *P) {
+  for (uint32_t k = 0; P->in && k < P->n_in; k++) nf_array_free(&P->in[k]);
+  for (uint32_t k = 0; P->ref && k < P->n_out; k++) nf_array_free(&P->ref[k]);
+  for (uint32_t k = 0; P->exp && k < P->n_out; k++) free(P->exp[k]);
+  free(P->t);
+  free(P->in);
+  free(P->ref);
+  free(P->in_ptr);
+  free(P->exp);
+}
+
+static int problem_make(const nf_graph *g, uint64_t seed, problem *P, nf_buf *err) {
+  memset(P, 0, sizeof *P);
+  P->n_in = g->n_inputs;
+  P->n_out = g->n_outputs;
+  uint32_t n = g->n_inputs + g->n_outputs;
+  P->t = calloc(n ? n : 1, sizeof *P->t);
+  P->in = calloc(g->n_inputs ? g->n_inputs : 1, sizeof *P->in);
+  P->ref = calloc(g->n_outputs ? g->n_outputs : 1, sizeof *P->ref);
+  P->in_ptr = calloc(g->n_inputs ? g->n_inputs : 1, sizeof *P->in_ptr);
+  P->exp = calloc(g->n_outputs ? g->n_outputs : 1, sizeof *P->exp);
+  if (!P->t || !P->in || !P->ref || !P->in_ptr || !P->exp) return NF_ENOMEM;
+  uint64_t r = seed * 0x9e3779b97f4a7c15ull + 7;
+  for (uint32_t k = 0; k < n; k++) {
+    const nf_tensor *t = &g->tensors[k < g->n_inputs ? g->inputs[k] : g->outputs[k - g->n_inputs]];
+    if (t->dtype != NF_F32 && t->dtype != NF_F64 && t->dtype != NF_I32 && t->dtype != NF_I64 &&
+        t->dtype != NF_BOOL) {
+      nf_buf_printf(err, "tensor '%s' is %s: the CPU code generator takes f32, f64, i32, i64 and bool",
+                    t->name ? t->name : "?", nf_dtype_name(t->dtype));
+      return NF_EINVAL;
+    }
+    P->t[k].dtype = t->dtype;
+    P->t[k].rank = t->rank;
+    memcpy(P->t[k].shape, t->shape, sizeof t->shape);
+    if (k >= g->n_inputs) continue;
+    nf_array *a = &P->in[k];
+    if (nf_array_alloc(a, t->dtype, t->rank, t->shape) != NF_OK) return NF_ENOMEM;
+    for (int64_t i = 0; i < a->numel; i++) {
+      double u = (double)(nf_sk_rand(&r) >> 11) / 9007199254740992.0; /* [0, 1) */
+      switch (a->dtype) {
+      case NF_F32: ((float *)a->data)[i] = (float)(2 * u - 1); break;
+      case NF_F64: ((double *)a->data)[i] = 2 * u - 1; break;
+      case NF_I32: ((int32_t *)a->data)[i] = u < 0.5 ? 0 : 1; break;
+      case NF_I64: ((int64_t *)a->data)[i] = u < 0.5 ? 0 : 1; break;
+      default: ((uint8_t *)a->data)[i] = u < 0.5; break;
+      }
+    }
+    P->in_ptr[k] = a->data;
+  }
+  int rc = nf_interp_run(g, P->in, NF_INTERP_F64, P->ref, err);
+  if (rc != NF_OK) {
+    memset(P->ref, 0, g->n_outputs * sizeof *P->ref);
+    return rc;
+  }
+  for (uint32_t k = 0; k < g->n_outputs; k++) {
+    const nf_array *a = &P->ref[k];
+    P->exp[k] = malloc((a->numel ? a->numel : 1) * sizeof(double));
+    if (!P->exp[k]) return NF_ENOMEM;
+    for (int64_t i = 0; i < a->numel; i++) {
+      double v;
+      switch (a->dtype) {
+      case NF_F32: v = ((const float *)a->data)[i]; break;
+      case NF_F64: v = ((const double *)a->data)[i]; break;
+      case NF_I32: v = ((const int32_t *)a->data)[i]; break;
+      case NF_I64: v = (double)((const int64_t *)a->data)[i]; break;
+      default: v = ((const uint8_t *)a->data)[i]; break;
+      }
+      P->exp[k][i] = v;
+    }
+  }
+  return NF_OK;
+}
+
+/* ---- the run ---- */
+
+void nf_search_record_free(nf_search_record *r) {
+  free(r->schedule);
+  r->schedule = NULL;
+}
+
+void nf_search_result_free(nf_search_result *r) {
+  for (size_t i = 0; i < r->n_records; i++) nf_search_record_free(&r->records[i]);
+  free(r->records);
+  free(r->best_schedule);
+  memset(r, 0, sizeof *r);
+}
+
+static int add_prior(run *R) {
+  const nf_search_opts *o = R->o;
+  for (size_t i = 0; i < o->n_prior; i++) {
+    const nf_search_record *p = &o->prior[i];
+    if (!p->schedule) continue;
+    if (hset_add(&R->seen, fnv(p->schedule, strlen(p->schedule))) != NF_OK) return NF_ENOMEM;
+    int ok = p->status == NF_MEAS_OK && p->time_ms > 0;
+    if (nf_cost_model_add(R->model, p->feat, ok ? p->time_ms : 0) != NF_OK) return NF_ENOMEM;
+    if (ok && (R->res->best_ms <= 0 || p->time_ms < R->res->best_ms)) {
+      R->res->best_ms = p->time_ms;
+      free(R->res->best_schedule);
+      R->res->best_schedule = strdup(p->schedule);
+      if (!R->res->best_schedule) return NF_ENOMEM;
+    }
+  }
+  return NF_OK;
+}
+
+int nf_search_run(const nf_graph *g, const nf_search_opts *o, nf_search_result *res,
+                  nf_buf *err) {
+  run R;
+  problem P;
+  int rc;
+  memset(&R, 0, sizeof R);
+  memset(res, 0, sizeof *res);
+  R.g = g;
+  R.o = o;
+  R.res = res;
+  R.err = err;
+  R.t0 = now_s();
+  R.rng = (o->seed ? o->seed : 1) * 0x2545f4914f6cdd1dull | 1;
+  R.tmp = (nf_buf)NF_BUF_INIT;
+  for (uint32_t i = 0; i < g->n_stmts; i++) res->flops += (double)nf_stmt_flops(g, i);
+  rc = problem_make(g, o->seed ? o->seed : 1, &P, err);
+  if (rc == NF_OK) rc = nf_sk_space_new(g, &R.sp);
+  if (rc == NF_OK) {
+    R.model = nf_cost_model_new(o->seed ? o->seed : 1, 1);
+    if (!R.model) rc = NF_ENOMEM;
+  }
+  if (rc == NF_OK && !o->measure_hook) {
+    nf_measure_problem mp = {.n_inputs = P.n_in,
+                             .n_outputs = P.n_out,
+                             .tensors = P.t,
+                             .check_inputs = (const void *const *)P.in_ptr,
+                             .expected = (const double *const *)P.exp,
+                             .rtol = 1e-4};
+    rc = nf_measurer_new(&o->measure, &mp, &R.meas, err);
+  }
+  /* the default schedule, measured first */
+  if (rc == NF_OK) {
+    nf_schedule *s;
+    rc = nf_schedule_default(g, &s);
+    if (rc == NF_OK) {
+      nf_search_record rec;
+      memset(&rec, 0, sizeof rec);
+      nf_buf_reset(&R.tmp);
+      nf_schedule_print(s, &R.tmp);
+      rec.schedule = strdup(nf_buf_str(&R.tmp));
+      rc = rec.schedule ? hset_add(&R.seen, fnv(rec.schedule, R.tmp.len)) : NF_ENOMEM;
+      R.measuring_default = 1;
+      if (rc == NF_OK) rc = measure_schedule(&R, s, &rec);
+      R.measuring_default = 0;
+      nf_schedule_free(s);
+      if (rc == NF_OK) {
+        rec.at_s = now_s() - R.t0;
+        if (rec.status == NF_MEAS_OK) {
+          res->default_ms = res->best_ms = rec.time_ms;
+          res->best_schedule = strdup(rec.schedule);
+          if (!res->best_schedule) rc = NF_ENOMEM;
+        }
+        if (nf_cost_model_add(R.model, rec.feat, rec.status == NF_MEAS_OK ? rec.time_ms : 0))
+          rc = NF_ENOMEM;
+      }
+      if (rc == NF_OK) rc = push_record(&R, &rec);
+      if (rc != NF_OK) free(rec.schedule);
+    }
+  }
+  if (rc == NF_OK) rc = add_prior(&R);
+  if (rc == NF_OK && nf_cost_model_n_records(R.model) >= 2 && !o->random_search) {
+    nf_buf e = NF_BUF_INIT;
+    nf_cost_model_train(R.model, &e); /* too few successes is fine: random */
+    nf_buf_free(&e);
+  }
+  int batch = o->batch > 0 ? o->batch : 16;
+  cand *round = calloc((size_t)batch, sizeof *round);
+  if (!round) rc = NF_ENOMEM;
+  for (int i = 0; rc == NF_OK && i < batch; i++) rc = nf_sk_point_init(R.sp, &round[i].pt);
+  while (rc == NF_OK && nf_sk_space_n_tunable(R.sp) > 0 && budget_left(&R)) {
+    int n = 0;
+    rc = pick_round(&R, round, batch, &n);
+    if (rc != NF_OK || n == 0) break; /* the space is exhausted */
+    for (int i = 0; rc == NF_OK && i < n && budget_left(&R); i++) rc = trial(&R, &round[i]);
+    if (rc == NF_OK && !o->random_search) {
+      nf_buf e = NF_BUF_INIT;
+      nf_cost_model_train(R.model, &e);
+      nf_buf_free(&e);
+    }
+  }
+  for (int i = 0; round && i < batch; i++) cand_free(&round[i]);
+  free(round);
+  res->seconds = now_s() - R.t0;
+  for (size_t i = 0; i < R.n_measured; i++) cand_free(&R.measured[i]);
+  free(R.measured);
+  free(R.seen.v);
+  nf_measurer_free(R.meas);
+  nf_cost_model_free(R.model);
+  nf_sk_space_free(R.sp);
+  problem_free(&P);
+  nf_buf_free(&R.tmp);
+  if (rc != NF_OK) nf_search_result_free(res);
+  return rc;
+}

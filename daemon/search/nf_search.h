@@ -1,0 +1,109 @@
+/* nf_search.h - tuning one graph (a subgraph): evolutionary search over
+ * the sketch space (nf_sketch.h) ranked by a cost model learned online
+ * (nf_cost_model.h), with the best few candidates of every round compiled
+ * and measured for real in a worker process (nf_measure.h).
+ *
+ * One run:
+ *   1. check inputs are drawn from the seed and the reference interpreter
+ *      (f64) computes the outputs every candidate must reproduce;
+ *   2. the default (tier-1) schedule is measured first: default_ms;
+ *   3. prior records (a resumed search, or the cache's) train the model
+ *      and count as seen, and their best is the starting best;
+ *   4. rounds until a budget ends: a population (the best measured
+ *      points, random samples) evolves for a few generations by mutation
+ *      and crossover; every legal candidate (its schedule lowers) is
+ *      scored by the model; the top `batch` unseen ones, plus an eps
+ *      share drawn at random for exploration, are compiled and measured;
+ *      the model is retrained on every record;
+ *   5. budgets: max_trials measured candidates, max_seconds of wall time,
+ *      and early stop after `patience` trials without a 1% gain.
+ * Failed candidates (crash, hang, wrong answer, compile error) are
+ * records with their reason and never become the best.
+ *
+ * Reproducibility: the candidates drawn depend only on the seed and the
+ * measured times, so a run with a deterministic measure_hook repeats
+ * exactly; with real timings the sequence follows the measurements.
+ *
+ * Not thread-safe per run; runs on different graphs may go concurrently. */
+#ifndef NF_SEARCH_H
+#define NF_SEARCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nf_buf.h"
+#include "nf_codegen.h"
+#include "nf_features.h"
+#include "nf_ir.h"
+#include "nf_lower.h"
+#include "nf_measure.h"
+
+typedef struct nf_search_record {
+  char *schedule;  /* canonical text (nf_schedule_print), malloc'd */
+  float feat[NF_FEAT_N];
+  int status;      /* nf_measure_status; NF_MEAS_LOAD also for a candidate
+                      that did not compile */
+  double time_ms;  /* median run time (NF_MEAS_OK), else 0 */
+  double at_s;     /* seconds since the run started when it was measured */
+  int trial;       /* 1-based trial number (0: the default schedule, -1:
+                      a prior record) */
+  char reason[256];
+} nf_search_record;
+
+typedef struct nf_search_progress {
+  int trial, max_trials, failures;
+  double best_ms, default_ms, last_ms; /* last_ms 0 when it failed */
+  double elapsed_s;
+} nf_search_progress;
+
+typedef struct nf_search_opts {
+  int max_trials;       /* measured candidates; 0: 200 */
+  double max_seconds;   /* wall time; 0: no limit */
+  int batch;            /* candidates measured per round; 0: 16 */
+  int population;       /* evolved candidates per round; 0: 512 */
+  int generations;      /* evolution steps per round; 0: 4 */
+  double eps;           /* share of each batch drawn at random; < 0: 0, 0: 0.2 */
+  int patience;         /* early stop after this many trials without a 1%
+                           gain; 0: max(64, max_trials / 2); < 0: never */
+  int random_search;    /* 1: no model, every candidate drawn at random
+                           (the baseline the model is measured against) */
+  uint64_t seed;        /* 0 counts as 1 */
+  nf_cpu_target target; /* code generation target (host when empty) */
+  nf_measure_opts measure;
+  /* resume: records of an earlier run on the same graph */
+  const nf_search_record *prior;
+  size_t n_prior;
+  /* called after every trial (may be NULL) */
+  void (*progress)(void *user, const nf_search_progress *p);
+  void *user;
+  /* tests: replaces compile + measure.  Fills rec->status, time_ms and
+   * reason for the lowered candidate; returns NF_OK. */
+  int (*measure_hook)(void *user, const nf_schedule *s, const nf_lprog *p,
+                      nf_search_record *rec);
+  /* tests (fault injection): may replace a compiled candidate's bytes
+   * before it is measured; trial is its trial number (0: the default). */
+  void (*candidate_hook)(void *user, int trial, nf_blob *so);
+} nf_search_opts;
+
+typedef struct nf_search_result {
+  nf_search_record *records; /* every trial in order, the default's first */
+  size_t n_records;
+  int trials;         /* measured candidates (the default not counted) */
+  int failures;       /* of them, failed */
+  double default_ms;  /* 0 when the default failed */
+  double best_ms;     /* best correct time (the default's if nothing beat it) */
+  char *best_schedule; /* its schedule's text */
+  double flops;       /* floating-point operations of one run */
+  double seconds;     /* wall time of the run */
+  int stopped_early;  /* patience ran out */
+} nf_search_result;
+
+/* Tunes g.  NF_OK with *res filled (free with nf_search_result_free), or
+ * NF_EINVAL (a graph that cannot be run: f16 buffers, an output that is
+ * an input), NF_EIO (no worker), NF_ENOMEM, with a message in err. */
+int nf_search_run(const nf_graph *g, const nf_search_opts *o, nf_search_result *res,
+                  nf_buf *err);
+void nf_search_result_free(nf_search_result *r);
+void nf_search_record_free(nf_search_record *r);
+
+#endif

@@ -1,0 +1,410 @@
+/* test_search.c - the schedule search (daemon/search): the sketch space
+ * on every library def and workload, real tuning runs whose every
+ * candidate is checked against the reference interpreter in a worker,
+ * crashing, hanging and wrong candidates injected into a run,
+ * reproducibility for a fixed seed, budgets and resuming. */
+#include <check.h>
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "nf_codegen.h"
+#include "nf_cost_model.h"
+#include "nf_lower.h"
+#include "nf_search.h"
+#include "nf_sketch.h"
+#include "nf_test_inst.h"
+
+/* Lowers s on g: NF_OK, or the rejection status (never anything else). */
+static int lowers(const nf_graph *g, const nf_schedule *s) {
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  nf_lprog *p;
+  nf_buf err = NF_BUF_INIT;
+  int rc = nf_lower(g, s, ctx, &p, &err);
+  ck_assert_msg(rc == NF_OK || rc == NF_EINVAL || rc == NF_ELIMIT || rc == NF_EUNSUPPORTED,
+                "lowering a sketch schedule: %s: %s", nf_status_name(rc), nf_buf_str(&err));
+  nf_buf_free(&err);
+  nf_ir_ctx_free(ctx);
+  return rc;
+}
+
+/* Samples, mutations and crossovers of every case's space: each
+ * schedule lowers or is rejected cleanly, and tunable spaces have legal
+ * points (the rate is printed). */
+static void space_cases(const char *file, const tcase *cases, size_t n, int min_rate_pct) {
+  nf_module *m = load(file);
+  int total = 0, legal_total = 0;
+  for (size_t c = 0; c < n; c++) {
+    if (cases[c].known) continue;
+    inst I;
+    inst_make(&I, m, &cases[c], 3);
+    nf_sk_space *sp;
+    ck_assert_int_eq(nf_sk_space_new(I.g, &sp), NF_OK);
+    nf_sk_point a, b, x;
+    ck_assert_int_eq(nf_sk_point_init(sp, &a), NF_OK);
+    ck_assert_int_eq(nf_sk_point_init(sp, &b), NF_OK);
+    ck_assert_int_eq(nf_sk_point_init(sp, &x), NF_OK);
+    uint64_t r = 11 + c;
+    int legal = 0, tries = 24;
+    for (int k = 0; k < tries; k++) {
+      nf_sk_point *p = &x;
+      if (k < 8) {
+        nf_sk_sample(sp, &r, &a);
+        p = &a;
+      } else if (k < 16) {
+        nf_sk_mutate(sp, &r, &a, &x);
+      } else {
+        nf_sk_sample(sp, &r, &b);
+        nf_sk_crossover(sp, &r, &a, &b, &x);
+      }
+      nf_schedule *s;
+      ck_assert_int_eq(nf_sk_schedule(sp, p, &s), NF_OK);
+      /* the text form parses back to the same schedule */
+      nf_buf t1 = NF_BUF_INIT, t2 = NF_BUF_INIT, e = NF_BUF_INIT;
+      nf_schedule_print(s, &t1);
+      nf_schedule *s2;
+      ck_assert_msg(nf_schedule_parse(nf_buf_str(&t1), "sketch", &s2, &e) == NF_OK, "%s: %s\n%s",
+                    cases[c].label, nf_buf_str(&e), nf_buf_str(&t1));
+      nf_schedule_print(s2, &t2);
+      ck_assert_str_eq(nf_buf_str(&t1), nf_buf_str(&t2));
+      legal += lowers(I.g, s) == NF_OK;
+      nf_schedule_free(s);
+      nf_schedule_free(s2);
+      nf_buf_free(&t1);
+      nf_buf_free(&t2);
+      nf_buf_free(&e);
+    }
+    if (nf_sk_space_n_tunable(sp) > 0) {
+      total += tries;
+      legal_total += legal;
+      ck_assert_msg(legal > 0, "%s: no legal point in %d", cases[c].label, tries);
+    }
+    nf_sk_point_free(&a);
+    nf_sk_point_free(&b);
+    nf_sk_point_free(&x);
+    nf_sk_space_free(sp);
+    inst_free(&I);
+  }
+  printf("sketch points that lower: %d of %d (%.0f%%)\n", legal_total, total,
+         total ? 100.0 * legal_total / total : 0);
+  ck_assert_int_ge(legal_total * 100, total * min_rate_pct);
+  nf_module_free(m);
+}
+
+START_TEST(space_library) { space_cases("nn.nf", lib_cases, sizeof lib_cases / sizeof *lib_cases, 50); }
+END_TEST
+
+START_TEST(space_workloads) {
+  space_cases("../examples/workloads.nf", workload_cases, sizeof workload_cases / sizeof *workload_cases, 50);
+  space_cases("nn.nf", big_cases, sizeof big_cases / sizeof *big_cases, 50);
+}
+END_TEST
+
+/* ---- runs ---- */
+
+static nf_graph *graph_of(nf_module *m, nf_ir_ctx *ctx, const tcase *c) {
+  nf_arg_shape shapes[MAX_IN];
+  for (int k = 0; k < c->n_in; k++) {
+    memset(&shapes[k], 0, sizeof shapes[k]);
+    shapes[k].rank = c->in[k].rank;
+    for (int a = 0; a < c->in[k].rank; a++) shapes[k].dims[a] = c->in[k].dims[a];
+  }
+  nf_graph *g = NULL;
+  nf_diag *d = nf_diag_new();
+  nf_inst_opts io = {.n_shapes = c->n_in, .shapes = shapes, .n_params = c->n_par,
+                     .param_names = c->pn, .param_values = c->pv};
+  int rc = nf_module_instantiate(m, c->def, &io, ctx, &g, d);
+  ck_assert_msg(rc == NF_OK, "%s: %s", c->label, nf_diag_text(d));
+  nf_diag_free(d);
+  return g;
+}
+
+static int no_children(void) {
+  int st;
+  pid_t p = waitpid(-1, &st, WNOHANG);
+  return p == -1 && errno == ECHILD;
+}
+
+static nf_search_opts quick_opts(int trials, uint64_t seed) {
+  nf_search_opts o;
+  memset(&o, 0, sizeof o);
+  o.max_trials = trials;
+  o.batch = 6;
+  o.population = 48;
+  o.generations = 2;
+  o.seed = seed;
+  o.patience = -1;
+  o.measure.min_time_ms = 2;
+  o.measure.max_repeat = 10;
+  o.measure.timeout_ms = 20000;
+  return o;
+}
+
+/* Real tuning: every candidate is compiled, checked against the
+ * reference in the worker and timed; none may fail. */
+START_TEST(tune_real) {
+  nf_module *m = load("nn.nf");
+  static const tcase cases[] = {
+      {"matmul 24x40x56", "matmul", P0, 2, {NZ(1, 2, 24, 40), NZ(1, 2, 40, 56)}, NULL, 0, 0},
+      {"linear 2x5x33x20", "linear", P0, 3, {NZ(1, 3, 2, 5, 33), NZ(1, 2, 20, 33), NZ(1, 1, 20)},
+       NULL, 0, 0},
+      {"conv2d pad 1 13x11", "conv2d", P1("pad", 1), 2, {NZ(1, 4, 2, 3, 13, 11), NZ(1, 4, 8, 3, 3, 3)},
+       NULL, 0, 0},
+  };
+  for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+    nf_ir_ctx *ctx = nf_ir_ctx_new();
+    nf_graph *g = graph_of(m, ctx, &cases[c]);
+    nf_search_opts o = quick_opts(10, 5);
+    nf_search_result r;
+    nf_buf err = NF_BUF_INIT;
+    int rc = nf_search_run(g, &o, &r, &err);
+    ck_assert_msg(rc == NF_OK, "%s: %s", cases[c].label, nf_buf_str(&err));
+    ck_assert_int_eq(r.trials, 10);
+    ck_assert_int_eq((int)r.n_records, 11);
+    for (size_t i = 0; i < r.n_records; i++)
+      ck_assert_msg(r.records[i].status == NF_MEAS_OK, "%s: trial %d %s: %s\n%s", cases[c].label,
+                    r.records[i].trial, nf_measure_status_name(r.records[i].status),
+                    r.records[i].reason, r.records[i].schedule);
+    ck_assert_int_eq(r.failures, 0);
+    ck_assert(r.default_ms > 0 && r.best_ms > 0 && r.best_ms <= r.default_ms);
+    ck_assert_ptr_nonnull(r.best_schedule);
+    /* the best's record is the minimum */
+    double mn = r.records[0].time_ms;
+    for (size_t i = 1; i < r.n_records; i++)
+      if (r.records[i].time_ms < mn) mn = r.records[i].time_ms;
+    ck_assert(mn == r.best_ms);
+    ck_assert(r.flops > 0);
+    nf_search_result_free(&r);
+    nf_buf_free(&err);
+    nf_ir_ctx_free(ctx);
+  }
+  ck_assert(no_children());
+  nf_module_free(m);
+}
+END_TEST
+
+/* ---- faults injected into a real run ---- */
+
+typedef struct faults {
+  nf_blob crash, hang, wrong;
+} faults;
+
+static void read_file(const char *path, nf_blob *b) {
+  FILE *f = fopen(path, "rb");
+  ck_assert_msg(f != NULL, "%s: %s", path, strerror(errno));
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  b->data = malloc((size_t)n);
+  b->len = (size_t)n;
+  ck_assert(fread(b->data, 1, b->len, f) == b->len);
+  fclose(f);
+}
+
+static void inject(void *user, int trial, nf_blob *so) {
+  faults *F = user;
+  const nf_blob *with = trial == 2 ? &F->crash : trial == 3 ? &F->hang : trial == 4 ? &F->wrong : NULL;
+  if (!with) return;
+  nf_blob_free(so);
+  so->data = malloc(with->len);
+  memcpy(so->data, with->data, with->len);
+  so->len = with->len;
+}
+
+START_TEST(tune_faults) {
+  const char *dir = getenv("NF_SEARCH_KERNELS");
+  ck_assert_msg(dir != NULL, "NF_SEARCH_KERNELS is not set");
+  char path[4096];
+  faults F;
+  memset(&F, 0, sizeof F);
+  snprintf(path, sizeof path, "%s/crash.so", dir);
+  read_file(path, &F.crash);
+  snprintf(path, sizeof path, "%s/hang.so", dir);
+  read_file(path, &F.hang);
+  /* a wrong kernel with the right signature: 2 A B compiled */
+  nf_module *m = nf_module_new();
+  nf_diag *d = nf_diag_new();
+  ck_assert_int_eq(nf_module_load_source(m, "wrong.nf",
+                                         "def mm(A: f32[M, K], B: f32[K, N]) -> (C: f32[M, N]) {\n"
+                                         "  C(i, j) +=! A(i, k) * B(k, j)\n}\n"
+                                         "def mm2(A: f32[M, K], B: f32[K, N]) -> (C: f32[M, N]) {\n"
+                                         "  C(i, j) +=! 2.0 * A(i, k) * B(k, j)\n}\n",
+                                         d),
+                   NF_OK);
+  tcase c = {"mm", "mm", P0, 2, {NZ(1, 2, 16, 24), NZ(1, 2, 24, 32)}, NULL, 0, 0};
+  tcase c2 = c;
+  c2.def = "mm2";
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  nf_graph *g = graph_of(m, ctx, &c), *g2 = graph_of(m, ctx, &c2);
+  nf_lprog *p2;
+  nf_buf err = NF_BUF_INIT;
+  ck_assert_int_eq(nf_lower(g2, NULL, ctx, &p2, &err), NF_OK);
+  ck_assert_int_eq(nf_cpu_compile(p2, NULL, &F.wrong, NULL, &err), NF_OK);
+
+  nf_search_opts o = quick_opts(8, 9);
+  o.measure.timeout_ms = 1500;
+  o.candidate_hook = inject;
+  o.user = &F;
+  nf_search_result r;
+  ck_assert_msg(nf_search_run(g, &o, &r, &err) == NF_OK, "%s", nf_buf_str(&err));
+  ck_assert_int_eq(r.trials, 8);
+  ck_assert_int_eq(r.failures, 3);
+  int seen[5] = {0};
+  for (size_t i = 0; i < r.n_records; i++) {
+    const nf_search_record *x = &r.records[i];
+    if (x->trial == 2) {
+      ck_assert_int_eq(x->status, NF_MEAS_CRASH);
+      ck_assert_msg(strstr(x->reason, "SIGSEGV") != NULL, "%s", x->reason);
+    } else if (x->trial == 3) {
+      ck_assert_int_eq(x->status, NF_MEAS_TIMEOUT);
+    } else if (x->trial == 4) {
+      ck_assert_int_eq(x->status, NF_MEAS_WRONG);
+    } else {
+      ck_assert_msg(x->status == NF_MEAS_OK, "trial %d: %s", x->trial, x->reason);
+    }
+    if (x->trial >= 0 && x->trial <= 4) seen[x->trial] = 1;
+    /* a failed candidate is never the best */
+    if (x->status != NF_MEAS_OK) ck_assert_str_ne(x->schedule, r.best_schedule);
+  }
+  for (int k = 0; k < 5; k++) ck_assert(seen[k]);
+  ck_assert(no_children());
+  nf_search_result_free(&r);
+  nf_blob_free(&F.crash);
+  nf_blob_free(&F.hang);
+  nf_blob_free(&F.wrong);
+  nf_buf_free(&err);
+  nf_ir_ctx_free(ctx);
+  nf_diag_free(d);
+  nf_module_free(m);
+}
+END_TEST
+
+/* ---- reproducibility, budgets, resume (deterministic fake timings) ---- */
+
+/* A made-up but structured timing: a fixed function of the features,
+ * so the model has something to learn and runs can be compared. */
+static int fake_measure(void *user, const nf_schedule *s, const nf_lprog *p,
+                        nf_search_record *rec) {
+  (void)user;
+  (void)s;
+  (void)p;
+  double t = 1.0;
+  for (int i = 0; i < NF_FEAT_N; i++) t += 0.01 * (double)((i * 7919) % 13) * fabs(rec->feat[i]);
+  rec->status = NF_MEAS_OK;
+  rec->time_ms = t;
+  return NF_OK;
+}
+
+static nf_search_result fake_run(const nf_graph *g, uint64_t seed, int trials,
+                                 const nf_search_record *prior, size_t n_prior) {
+  nf_search_opts o = quick_opts(trials, seed);
+  o.measure_hook = fake_measure;
+  o.prior = prior;
+  o.n_prior = n_prior;
+  nf_search_result r;
+  nf_buf err = NF_BUF_INIT;
+  ck_assert_msg(nf_search_run(g, &o, &r, &err) == NF_OK, "%s", nf_buf_str(&err));
+  nf_buf_free(&err);
+  return r;
+}
+
+START_TEST(reproducible) {
+  nf_module *m = load("nn.nf");
+  tcase c = {"conv2d", "conv2d", P1("pad", 1), 2, {NZ(1, 4, 2, 8, 14, 14), NZ(1, 4, 16, 8, 3, 3)},
+             NULL, 0, 0};
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  nf_graph *g = graph_of(m, ctx, &c);
+  nf_search_result a = fake_run(g, 7, 30, NULL, 0), b = fake_run(g, 7, 30, NULL, 0),
+                   x = fake_run(g, 8, 30, NULL, 0);
+  ck_assert_int_eq((int)a.n_records, (int)b.n_records);
+  int differ = 0;
+  for (size_t i = 0; i < a.n_records; i++) {
+    ck_assert_str_eq(a.records[i].schedule, b.records[i].schedule);
+    ck_assert(a.records[i].time_ms == b.records[i].time_ms);
+    if (i < x.n_records && strcmp(a.records[i].schedule, x.records[i].schedule) != 0) differ = 1;
+  }
+  ck_assert_msg(differ, "another seed drew the same candidates");
+  /* no candidate is measured twice */
+  for (size_t i = 0; i < a.n_records; i++)
+    for (size_t j = i + 1; j < a.n_records; j++)
+      ck_assert_str_ne(a.records[i].schedule, a.records[j].schedule);
+  /* resume: the prior records count as seen and their best carries over */
+  nf_search_result r = fake_run(g, 9, 10, a.records, a.n_records);
+  ck_assert(r.best_ms <= a.best_ms);
+  for (size_t i = 1; i < r.n_records; i++)
+    for (size_t j = 0; j < a.n_records; j++)
+      ck_assert_str_ne(r.records[i].schedule, a.records[j].schedule);
+  nf_search_result_free(&a);
+  nf_search_result_free(&b);
+  nf_search_result_free(&x);
+  nf_search_result_free(&r);
+  nf_ir_ctx_free(ctx);
+  nf_module_free(m);
+}
+END_TEST
+
+START_TEST(budgets) {
+  nf_module *m = load("nn.nf");
+  tcase c = {"matmul", "matmul", P0, 2, {NZ(1, 2, 64, 64), NZ(1, 2, 64, 64)}, NULL, 0, 0};
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  nf_graph *g = graph_of(m, ctx, &c);
+  /* early stop: patience 8 trials without a gain */
+  nf_search_opts o = quick_opts(400, 3);
+  o.measure_hook = fake_measure;
+  o.patience = 8;
+  nf_search_result r;
+  nf_buf err = NF_BUF_INIT;
+  ck_assert_int_eq(nf_search_run(g, &o, &r, &err), NF_OK);
+  ck_assert(r.stopped_early);
+  ck_assert_int_lt(r.trials, 400);
+  int last_gain = 0;
+  double best = r.records[0].time_ms;
+  for (size_t i = 1; i < r.n_records; i++)
+    if (r.records[i].time_ms < best * 0.99) {
+      best = r.records[i].time_ms;
+      last_gain = r.records[i].trial;
+    }
+  ck_assert_int_eq(r.trials - last_gain, 8);
+  nf_search_result_free(&r);
+  /* wall-time budget */
+  o.patience = -1;
+  o.max_seconds = 0.5;
+  ck_assert_int_eq(nf_search_run(g, &o, &r, &err), NF_OK);
+  ck_assert(r.seconds < 5);
+  ck_assert_int_lt(r.trials, 400);
+  nf_search_result_free(&r);
+  nf_buf_free(&err);
+  nf_ir_ctx_free(ctx);
+  nf_module_free(m);
+}
+END_TEST
+
+static Suite *suite(void) {
+  Suite *s = suite_create("search");
+  TCase *t = tcase_create("space");
+  tcase_set_timeout(t, 300);
+  tcase_add_test(t, space_library);
+  tcase_add_test(t, space_workloads);
+  suite_add_tcase(s, t);
+  t = tcase_create("runs");
+  tcase_set_timeout(t, 300);
+  tcase_add_test(t, tune_real);
+  tcase_add_test(t, tune_faults);
+  tcase_add_test(t, reproducible);
+  tcase_add_test(t, budgets);
+  suite_add_tcase(s, t);
+  return s;
+}
+
+int main(void) {
+  SRunner *r = srunner_create(suite());
+  srunner_run_all(r, CK_NORMAL);
+  int failed = srunner_ntests_failed(r);
+  srunner_free(r);
+  return failed ? 1 : 0;
+}
