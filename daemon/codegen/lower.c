@@ -13,9 +13,12 @@
  *
  * Reductions: the output is first set to the operator's identity by its
  * own nest, then the main nest accumulates with STORE op=.  With
- * cache_write at loop L (all reduction loops must be inside L) the tile
+ * cache_write at loop L the tile
  * of the output that the spatial loops inside L cover is ALLOC'd inside L,
- * set to the identity, accumulated and written back with plain stores.
+ * set to the identity, accumulated and written back with plain stores;
+ * when some reduction loops are outside L (a blocked reduction: k.o
+ * outside the register tile) the output is set to the identity first and
+ * each tile starts from the output's partial sums instead.
  * Each element's accumulation order is the IR's unless a reorder swaps
  * reduction loops (reported in nf_lower_info).
  *
@@ -46,6 +49,7 @@ typedef struct lloop {
   int64_t ext;
   uint8_t kind; /* nf_loop_kind */
   uint8_t red;  /* derived from reduction variables */
+  uint8_t whole; /* a variable's initial loop (never split or fused) */
   char name[NF_SCHED_NAME];
 } lloop;
 
@@ -56,6 +60,10 @@ typedef struct nest {
   const nf_expr *orig[NF_MAX_VARS];
   int ng;
   const nf_expr *guard[MAX_GUARDS];
+  /* guard k bounds a variable's whole range (a split of its initial loop
+   * that does not divide, or a region's edge): the points it excludes
+   * have an index of their own outside the range */
+  uint8_t gbound[MAX_GUARDS];
   int has_cw;
   uint32_t cw_var;
   char cw_name[NF_SCHED_NAME];
@@ -194,6 +202,7 @@ static int nest_subst(lw *L, nest *n, uint32_t v, const nf_expr *to) {
     const nf_expr *g = simp(L, subst(L, n->guard[k], v, to));
     if (!g) return NF_ENOMEM;
     if (g->op == NF_OP_CONST && g->u.i) continue;
+    n->gbound[w] = n->gbound[k];
     n->guard[w++] = g;
   }
   n->ng = w;
@@ -217,6 +226,7 @@ static void nest_init(lw *L, int si, const region *R, nest *n) {
     lp->ext = red ? st->red_ext[k - t->rank] : R ? R->ext[k] : t->shape[k];
     lp->var = new_var(L, lp->ext);
     lp->red = (uint8_t)red;
+    lp->whole = 1;
     nf__sched_var_name(st, k, lp->name);
     if (R && !red) {
       const nf_expr *o = simp(L, bin(L, NF_OP_ADD, R->start[k], var(L, lp->var)));
@@ -228,8 +238,10 @@ static void nest_init(lw *L, int si, const region *R, nest *n) {
           L->oom = 1;
           return;
         }
-        if (!(gd[j]->op == NF_OP_CONST && gd[j]->u.i) && n->ng < MAX_GUARDS)
+        if (!(gd[j]->op == NF_OP_CONST && gd[j]->u.i) && n->ng < MAX_GUARDS) {
+          n->gbound[n->ng] = 1;
           n->guard[n->ng++] = gd[j];
+        }
       }
       continue;
     }
@@ -275,7 +287,10 @@ static int apply_item(lw *L, int si, nest *n, const nf_sched_item *it) {
       if (n->ng == MAX_GUARDS) return lerr(L, NF_ELIMIT, si, "split: too many guards");
       const nf_expr *gd = simp(L, bin(L, NF_OP_LT, to, ci(L, E)));
       if (!gd) return NF_ENOMEM;
-      if (!(gd->op == NF_OP_CONST && gd->u.i)) n->guard[n->ng++] = gd;
+      if (!(gd->op == NF_OP_CONST && gd->u.i)) {
+        n->gbound[n->ng] = old.whole;
+        n->guard[n->ng++] = gd;
+      }
     }
     memmove(&n->l[p + 2], &n->l[p + 1], (size_t)(n->n - p - 1) * sizeof n->l[0]);
     n->l[p] = lo;
@@ -466,10 +481,6 @@ static int nest_finish(lw *L, int si, nest *n) {
     return lerr(L, NF_EINVAL, si, "cache_write: loop '%s' no longer exists (split or fused later)",
                 n->cw_name);
   if (c >= 0) {
-    for (int i = 0; i <= c; i++)
-      if (n->l[i].red)
-        return lerr(L, NF_EINVAL, si, "cache_write: reduction loop '%s' is outside '%s'",
-                    n->l[i].name, n->cw_name);
     if (c == n->n - 1)
       return lerr(L, NF_EINVAL, si, "cache_write: no loops inside '%s'", n->cw_name);
     if (n->l[n->n - 1].kind == NF_LOOP_VECTOR && c == n->n - 2)
@@ -1050,6 +1061,55 @@ static nf_lstmt *wb_payload(lw *L, void *ud, const nf_expr *const *both) {
   return store(L, w->out, w->rank, both + w->rank, v, NF_RED_NONE);
 }
 
+/* e with every access index that uses one of vars[0..n) clamped into
+ * its buffer. */
+static const nf_expr *clamp_reads(lw *L, const nf_expr *e, const uint32_t *vars, int n) {
+  if (!e || e->n_args == 0) return e;
+  const nf_expr *args[NF_MAX_RANK > 3 ? NF_MAX_RANK : 3];
+  int changed = 0;
+  for (int i = 0; i < e->n_args; i++) {
+    args[i] = clamp_reads(L, e->args[i], vars, n);
+    if (!args[i]) return NULL;
+    if (e->op == NF_OP_ACCESS) {
+      int uses = 0;
+      for (int k = 0; k < n && !uses; k++) uses = uses_var(args[i], vars[k]);
+      if (uses) {
+        int64_t hi = L->bufs[e->u.tensor].shape[i] - 1;
+        args[i] = simp(L, bin(L, NF_OP_MIN, bin(L, NF_OP_MAX, args[i], ci(L, 0)),
+                              ci(L, hi < 0 ? 0 : hi)));
+        if (!args[i]) return NULL;
+      }
+    }
+    changed |= args[i] != e->args[i];
+  }
+  return changed ? nf_e_rebuild(L->ctx, e, args) : e;
+}
+
+/* tile[tidx] = out[oidx] (a tile that continues a partial reduction) */
+static nf_lstmt *load_payload(lw *L, void *ud, const nf_expr *const *both) {
+  wb_ctx *w = ud;
+  const nf_lbuf *ob = &L->bufs[w->out];
+  const nf_expr *v = nf_e_access(L->ctx, w->out, (nf_dtype)ob->dtype, w->rank, both + w->rank);
+  return store(L, w->tile, w->rank, both, v, NF_RED_NONE);
+}
+
+/* out = identity over the whole output of st (or region R). */
+static nf_lstmt *identity_nest(lw *L, const nf_stmt *st, const region *R, uint32_t ob,
+                               const nf_expr *idv) {
+  const nf_tensor *t = &L->g->tensors[st->out];
+  lloop il[NF_MAX_RANK];
+  const nf_expr *ix[NF_MAX_RANK];
+  for (int d = 0; d < t->rank; d++) {
+    memset(&il[d], 0, sizeof il[d]);
+    il[d].ext = R ? R->ext[d] : t->shape[d];
+    il[d].var = new_var(L, il[d].ext);
+    nf__sched_var_name(st, d, il[d].name);
+    ix[d] = var(L, il[d].var);
+  }
+  if (L->oom) return NULL;
+  return build(L, il, t->rank, NULL, 0, store(L, ob, t->rank, ix, idv, NF_RED_NONE));
+}
+
 static int lower_stmt(lw *L, const nf_schedule *s, int si, const region *R, nf_lstmt **out,
                       int *reassoc) {
   const nf_stmt *st = &L->g->stmts[si];
@@ -1085,18 +1145,7 @@ static int lower_stmt(lw *L, const nf_schedule *s, int si, const region *R, nf_l
       return NF_OK;
     }
     /* identity first, over the whole output (or region) */
-    lloop il[NF_MAX_RANK];
-    const nf_expr *ix[NF_MAX_RANK];
-    for (int d = 0; d < rank; d++) {
-      memset(&il[d], 0, sizeof il[d]);
-      il[d].ext = R ? R->ext[d] : t->shape[d];
-      il[d].var = new_var(L, il[d].ext);
-      nf__sched_var_name(st, d, il[d].name);
-      ix[d] = var(L, il[d].var);
-    }
-    if (L->oom) return NF_ENOMEM;
-    nf_lstmt *items[2] = {build(L, il, rank, NULL, 0, store(L, ob, rank, ix, idv, NF_RED_NONE)),
-                          main};
+    nf_lstmt *items[2] = {identity_nest(L, st, R, ob, idv), main};
     *out = seq(L, items, 2);
     return *out ? NF_OK : NF_ENOMEM;
   }
@@ -1120,28 +1169,66 @@ static int lower_stmt(lw *L, const nf_schedule *s, int si, const region *R, nf_l
   if (tb < 0) return NF_ENOMEM;
   wb_ctx w = {.tile = (uint32_t)tb, .out = ob, .rank = rank, .orig = oidx, .n = &n, .c = c,
               .idv = idv};
-  /* init */
-  nf_lstmt *init = replica(L, &n, c, init_payload, &w, tidx, rank);
-  /* accumulate */
-  const nf_expr *ig[MAX_GUARDS], *og[MAX_GUARDS];
-  int nig = 0, nog = 0;
-  for (int k = 0; k < n.ng; k++) {
-    int inner = 0;
-    for (int i = c + 1; i < n.n; i++) inner |= uses_var(n.guard[k], n.l[i].var);
-    if (inner)
-      ig[nig++] = n.guard[k];
-    else
-      og[nog++] = n.guard[k];
-  }
-  nf_lstmt *acc = build_at(L, &n.l[c + 1], n.n - c - 1, ig, nig, at, nat,
-                           store(L, (uint32_t)tb, rank, tidx, rhs, st->red));
-  /* write back: out[oidx] = tile[tidx] over the same replica loops; oidx
-   * is rewritten like tidx, so pass both through one replica */
+  /* init: the identity, or (reduction loops outside the tile: the tile
+   * continues the output's partial sums) the output's current values */
+  int red_out = 0;
+  for (int i = 0; i <= c; i++) red_out |= n.l[i].red;
   const nf_expr *both[2 * NF_MAX_RANK];
   for (int d = 0; d < rank; d++) {
     both[d] = tidx[d];
     both[rank + d] = oidx[d];
   }
+  nf_lstmt *init = red_out ? replica(L, &n, c, load_payload, &w, both, 2 * rank)
+                           : replica(L, &n, c, init_payload, &w, tidx, rank);
+  /* accumulate */
+  const nf_expr *ig[MAX_GUARDS], *og[MAX_GUARDS];
+  uint8_t igb[MAX_GUARDS];
+  int nig = 0, nog = 0;
+  for (int k = 0; k < n.ng; k++) {
+    int inner = 0;
+    for (int i = c + 1; i < n.n; i++) inner |= uses_var(n.guard[k], n.l[i].var);
+    if (inner) {
+      igb[nig] = n.gbound[k];
+      ig[nig++] = n.guard[k];
+    } else
+      og[nog++] = n.guard[k];
+  }
+  /* Bound guards of spatial loops inside the tile (a split of a whole
+   * variable that does not divide: the tile's last rows fall outside the
+   * output) are dropped from the accumulation: the rows outside have tile
+   * slots of their own, which are never written back (the write-back
+   * keeps its guards), and the reads they make are clamped into their
+   * buffers.  The register tile then has no branch between its rows.
+   * Guards of intermediate splits (their points would alias valid tile
+   * slots), guards on reduction or vector loops, and every guard inside
+   * a compute_at region or of a tile with fewer slots than points stay. */
+  uint32_t dropv[MAX_LOOPS];
+  int ndrop = 0, nkeep = 0;
+  /* only outside regions, and only when the tile has one slot per point
+   * of the spatial loops inside c (then no two points share a slot) */
+  int64_t slots = 1, points = 1;
+  for (int d = 0; d < rank; d++) slots *= tshape[d];
+  for (int i = c + 1; i < n.n; i++)
+    if (!n.l[i].red) points *= n.l[i].ext;
+  int may_drop = !R && slots == points;
+  for (int k = 0; k < nig; k++) {
+    int keep = !igb[k] || !may_drop;
+    for (int i = 0; i < n.n; i++)
+      if ((n.l[i].red || n.l[i].kind == NF_LOOP_VECTOR) && uses_var(ig[k], n.l[i].var)) keep = 1;
+    if (keep) {
+      ig[nkeep++] = ig[k];
+      continue;
+    }
+    for (int i = c + 1; i < n.n; i++)
+      if (uses_var(ig[k], n.l[i].var) && ndrop < MAX_LOOPS) dropv[ndrop++] = n.l[i].var;
+  }
+  nig = nkeep;
+  const nf_expr *arhs = ndrop ? clamp_reads(L, rhs, dropv, ndrop) : rhs;
+  if (!arhs) return NF_ENOMEM;
+  nf_lstmt *acc = build_at(L, &n.l[c + 1], n.n - c - 1, ig, nig, at, nat,
+                           store(L, (uint32_t)tb, rank, tidx, arhs, st->red));
+  /* write back: out[oidx] = tile[tidx] over the same replica loops; oidx
+   * is rewritten like tidx, so both go through one replica */
   nf_lstmt *wb = replica(L, &n, c, wb_payload, &w, both, 2 * rank);
   if (!init || !acc || !wb) return L->oom ? NF_ENOMEM : NF_EINTERNAL;
   nf_lstmt *items[3] = {init, acc, wb};
@@ -1149,6 +1236,10 @@ static int lower_stmt(lw *L, const nf_schedule *s, int si, const region *R, nf_l
   if (!al) return NF_ENOMEM;
   al->buf = (uint32_t)tb;
   *out = build_at(L, n.l, c + 1, og, nog, at, nat, al);
+  if (*out && red_out) {
+    nf_lstmt *two[2] = {identity_nest(L, st, R, ob, idv), *out};
+    *out = two[0] ? seq(L, two, 2) : NULL;
+  }
   return *out ? NF_OK : NF_ENOMEM;
 }
 

@@ -6,11 +6,13 @@
  *    variable split into three levels S0 (outer) S1 (middle) S2 (inner,
  *    the register tile) and each reduction variable into two, R0 and R1,
  *    ordered by one of two templates
- *        tmpl 0:  S0 S1 R S2       (reduction whole, cache_write at S1)
- *        tmpl 1:  S0 R0 S1 R1 S2   (reduction blocked, cache_write at S0)
+ *        tmpl 0:  S0 S1 R S2       (reduction whole)
+ *        tmpl 1:  S0 R0 S1 R1 S2   (reduction blocked)
  *    with the last output variable innermost and vectorized, the leading
  *    spatial loops fused and made parallel, and reduction results
- *    accumulated in a local tile (cache_write);
+ *    accumulated in the register tile S2 (cache_write at the loop just
+ *    outside the innermost reduction group; with R0 outside, each tile
+ *    continues the output's partial sums);
  *  - a reduction read once by an elementwise statement (linear's XW + b,
  *    conv + bias) may be computed at that consumer's S0 or S1 tile (a
  *    fused epilogue), its own nest then tiling the region;

@@ -2,7 +2,7 @@
  * random annotation, mutation, crossover, and points -> schedules
  * (nf_sketch.h has the rules).
  *
- * Limits: the register tile (the S2 level) is kept to at most 256
+ * Limits: the register tile (the S2 level) is kept to at most 128
  * elements and 16 per non-vector variable, because the backend fully
  * unrolls it and compile time grows with it; fused parallel loops are at
  * most three; only tensors read directly by a statement are packed. */
@@ -13,7 +13,7 @@
 #include "nf_sketch.h"
 #include "nf_status.h"
 
-#define MAX_TILE 256   /* elements of the S2 (register) tile */
+#define MAX_TILE 128   /* elements of the S2 (register) tile: 16 AVX2 registers */
 #define MAX_ROW 16     /* S2 factor of a non-vector variable */
 #define MAX_MID 64     /* S1 factor */
 #define MAX_RED 512    /* R1 factor */
@@ -178,13 +178,15 @@ void nf_sk_point_copy(nf_sk_point *dst, const nf_sk_point *src) {
   memcpy(dst->g, src->g, src->n * sizeof *src->g);
 }
 
-static const int64_t vec_f[] = {8, 16, 24, 32, 48, 64};
+/* powers of two: <24 x float> and <48 x float> legalise badly (a 4 x 24
+ * tile ran at a sixth of 4 x 32) */
+static const int64_t vec_f[] = {8, 16, 32, 64};
 static const int64_t row_f[] = {1, 2, 3, 4, 6, 8, 12, 16};
 
 static void sample_s2(const sk_stmt *k, uint64_t *r, nf_sk_gene *ge, int v) {
   int64_t e = k->ext[v], f;
   if (v == k->rank - 1)
-    f = e < 8 ? e : pick(r, vec_f, 6);
+    f = e < 8 ? e : pick(r, vec_f, 4);
   else
     f = pick(r, row_f, 8);
   if (f > e) f = e;
@@ -535,9 +537,17 @@ static int emit_stmt(const nf_sk_space *sp, const nf_sk_point *p, uint32_t i, nf
     rc = add_item(s, NF_SCH_FUSE, st, 0, acc, pl.order[q].name, 0);
   }
   if (k->n_red && rc == NF_OK) {
-    const loopref *x = ge->tmpl == 0 ? last_of(&pl, k, 0, 1) : NULL;
-    if (!x) x = last_of(&pl, k, 0, 0);
-    if (x) rc = add_item(s, NF_SCH_CACHE_WRITE, st, 0, renamed(&pl, x), NULL, 0);
+    /* the accumulator: the tile inside the loop directly outside the
+     * innermost reduction group (R in tmpl 0, R1 in tmpl 1): the register
+     * tile S2, continuing partial sums when R0 is outside */
+    int first = -1;
+    for (int q = 0; q < pl.n_order && first < 0; q++)
+      for (int v = 0; v < k->n_red; v++) {
+        const loopref *inner = pl.r[1][v].name[0] ? &pl.r[1][v] : &pl.r[0][v];
+        if (ge->tmpl == 0) inner = &pl.r[0][v];
+        if (inner->name[0] && strcmp(pl.order[q].name, inner->name) == 0) first = q;
+      }
+    if (first > 0) rc = add_item(s, NF_SCH_CACHE_WRITE, st, 0, renamed(&pl, &pl.order[first - 1]), NULL, 0);
   }
   for (int q = 0; q < k->n_reads && rc == NF_OK; q++) {
     if (!ge->pack[q]) continue;
