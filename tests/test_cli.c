@@ -359,6 +359,64 @@ START_TEST(cli_compile_and_run_compiled) {
 END_TEST
 #endif
 
+#if NF_HAVE_SEARCH
+static int count_lines(const char *name) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/%s", tmpdir, name);
+  FILE *f = fopen(path, "r");
+  if (!f) return -1;
+  int n = 0, c;
+  while ((c = fgetc(f)) != EOF) n += c == '\n';
+  fclose(f);
+  return n;
+}
+
+static double json_num(const char *out, const char *key) {
+  char k[64];
+  snprintf(k, sizeof k, "\"%s\":", key);
+  const char *p = strstr(out, k);
+  return p ? strtod(p + strlen(k), NULL) : -1;
+}
+
+START_TEST(cli_tune) {
+  char *out;
+  ck_assert_int_eq(run(&out, "tune mm.nf mm --shape A=16,24 --shape B=24,32 --trials 6 --json "
+                             "--csv c.csv --svg c.svg -o best.sched"),
+                   0);
+  ck_assert_msg(strstr(out, "{\"def\":\"mm\"") != NULL, "%s", out);
+  ck_assert_msg(json_num(out, "trials") == 6 && json_num(out, "failures") == 0, "%s", out);
+  double best = json_num(out, "best_ms"), def = json_num(out, "default_ms");
+  ck_assert_msg(best > 0 && def > 0 && best <= def && json_num(out, "gflops") > 0, "%s", out);
+  free(out);
+  ck_assert_int_eq(count_lines("c.csv"), 1 + 7); /* header, the default, 6 trials */
+  char path[512];
+  snprintf(path, sizeof path, "%s/c.svg", tmpdir);
+  FILE *f = fopen(path, "r");
+  char head[8] = {0};
+  ck_assert_ptr_nonnull(f);
+  ck_assert_uint_eq(fread(head, 1, 4, f), 4);
+  fclose(f);
+  ck_assert_str_eq(head, "<svg");
+  /* the best schedule compiles the same function */
+  expect("lower mm.nf mm --shape A=16,24 --shape B=24,32 --schedule best.sched", 0, "kernel mm(");
+  /* the gradient graph, and the comparison with random search */
+  ck_assert_int_eq(run(&out, "tune mm.nf mm --shape A=16,24 --shape B=24,32 --wrt A,B "
+                             "--trials 3 --json --compare-random"),
+                   0);
+  ck_assert_msg(strstr(out, "\"random\":{") != NULL && json_num(out, "trials") == 3, "%s", out);
+  free(out);
+  /* text report */
+  expect("tune mm.nf mm --shape A=8,8 --shape B=8,8 --trials 2", 0, "best-so-far");
+  expect("tune mm.nf mm --shape A=8,8 --shape B=8,8 --trials 0", 2, "--trials wants");
+  expect("tune mm.nf mm --shape A=8,8 --shape B=8,8 --seconds -1", 2, "--seconds wants");
+  expect("tune mm.nf", 2, "tune needs a DEF");
+  expect("tune mm.nf mm --shape A=8,8 --shape B=8,8 --wrt Q", 1, "cannot differentiate");
+  expect("tune mm.nf mm --shape A=8,8 --shape B=8,8 --trials 2 --csv /nonexistent/x.csv", 1,
+         "cannot write");
+}
+END_TEST
+#endif
+
 static Suite *suite(void) {
   Suite *s = suite_create("cli");
   TCase *tc = tcase_create("core");
@@ -377,6 +435,9 @@ static Suite *suite(void) {
   tcase_add_test(tc, cli_lower_and_schedules);
 #if NF_HAVE_LLVM
   tcase_add_test(tc, cli_compile_and_run_compiled);
+#endif
+#if NF_HAVE_SEARCH
+  tcase_add_test(tc, cli_tune);
 #endif
   suite_add_tcase(s, tc);
   return s;

@@ -16,7 +16,10 @@
  *      share drawn at random for exploration, are compiled and measured;
  *      the model is retrained on every record;
  *   5. budgets: max_trials measured candidates, max_seconds of wall time,
- *      and early stop after `patience` trials without a 1% gain.
+ *      and early stop after `patience` trials without a 1% gain;
+ *   6. the default and the five best are measured once more, in turn (the
+ *      best of many noisy medians flatters): best_ms and default_ms are
+ *      those second measurements.
  * Failed candidates (crash, hang, wrong answer, compile error) are
  * records with their reason and never become the best.
  *
@@ -45,6 +48,8 @@ typedef struct nf_search_record {
                       that did not compile */
   double time_ms;  /* median run time (NF_MEAS_OK), else 0 */
   double at_s;     /* seconds since the run started when it was measured */
+  double confirmed_ms; /* the second measurement of the default and the
+                          best few (0: not re-measured, or it failed) */
   int trial;       /* 1-based trial number (0: the default schedule, -1:
                       a prior record) */
   char reason[256];
@@ -90,8 +95,9 @@ typedef struct nf_search_result {
   size_t n_records;
   int trials;         /* measured candidates (the default not counted) */
   int failures;       /* of them, failed */
-  double default_ms;  /* 0 when the default failed */
-  double best_ms;     /* best correct time (the default's if nothing beat it) */
+  double default_ms;  /* 0 when the default failed (re-measured, step 6) */
+  double best_ms;     /* best correct time (the default's if nothing beat
+                         it), re-measured (step 6) */
   char *best_schedule; /* its schedule's text */
   double flops;       /* floating-point operations of one run */
   double seconds;     /* wall time of the run */

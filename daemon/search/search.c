@@ -517,6 +517,60 @@ static int add_prior(run *R) {
   return NF_OK;
 }
 
+/* The winner's curse: the best of many noisy medians is flattering.  The
+ * default and the best few of this run are measured once more, in turn,
+ * and the best and default times become those second measurements. */
+#define N_CONFIRM 5
+
+static int confirm(run *R) {
+  nf_search_result *r = R->res;
+  size_t pick[N_CONFIRM + 1];
+  int n = 0;
+  if (r->n_records && r->records[0].trial == 0 && r->records[0].status == NF_MEAS_OK)
+    pick[n++] = 0;
+  for (int k = 0; k < N_CONFIRM; k++) {
+    size_t best = (size_t)-1;
+    for (size_t i = 1; i < r->n_records; i++) {
+      const nf_search_record *x = &r->records[i];
+      int taken = 0;
+      for (int q = 0; q < n; q++) taken |= pick[q] == i;
+      if (x->status != NF_MEAS_OK || taken) continue;
+      if (best == (size_t)-1 || x->time_ms < r->records[best].time_ms) best = i;
+    }
+    if (best == (size_t)-1) break;
+    pick[n++] = best;
+  }
+  double best_ms = 0;
+  for (int q = 0; q < n; q++) {
+    nf_search_record *x = &r->records[pick[q]], again;
+    nf_schedule *s;
+    nf_buf e = NF_BUF_INIT;
+    memset(&again, 0, sizeof again);
+    int rc = nf_schedule_parse(x->schedule, "record", &s, &e);
+    nf_buf_free(&e);
+    if (rc == NF_ENOMEM) return rc;
+    if (rc != NF_OK) continue;
+    R->measuring_default = pick[q] == 0;
+    rc = measure_schedule(R, s, &again);
+    R->measuring_default = 0;
+    nf_schedule_free(s);
+    if (rc != NF_OK) return rc;
+    /* a candidate that fails now (it passed before: flaky) is not kept */
+    double t = again.status == NF_MEAS_OK ? again.time_ms : 0;
+    if (pick[q] == 0) r->default_ms = t;
+    x->confirmed_ms = t;
+    if (t > 0 && (best_ms <= 0 || t < best_ms)) {
+      best_ms = t;
+      char *bs = strdup(x->schedule);
+      if (!bs) return NF_ENOMEM;
+      free(r->best_schedule);
+      r->best_schedule = bs;
+    }
+  }
+  if (best_ms > 0) r->best_ms = best_ms;
+  return NF_OK;
+}
+
 int nf_search_run(const nf_graph *g, const nf_search_opts *o, nf_search_result *res,
                   nf_buf *err) {
   run R;
@@ -599,6 +653,7 @@ int nf_search_run(const nf_graph *g, const nf_search_opts *o, nf_search_result *
   }
   for (int i = 0; round && i < batch; i++) cand_free(&round[i]);
   free(round);
+  if (rc == NF_OK && res->trials > 0) rc = confirm(&R);
   res->seconds = now_s() - R.t0;
   for (size_t i = 0; i < R.n_measured; i++) cand_free(&R.measured[i]);
   free(R.measured);

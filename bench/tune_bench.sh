@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# bench/tune_bench.sh [BUILD_DIR] - the schedule search's figures, run by
+# hand (never by the tests; about 30-60 min on a 2-core machine with the
+# default budgets):
+#
+#  1. matmul 1024^3 tuned at 1 and at 2 threads, then codegen_bench runs
+#     the tuned kernels next to OpenBLAS sgemm in one run (ratio of
+#     GFLOP/s: >= 0.9 is the goal);
+#  2. the conv2d workload's convolution (N 8, C 64, 56 x 56, K 64, 3 x 3,
+#     pad 1): forward and the gradients of the input and of the weight,
+#     each tuned at 1 and 2 threads, then PyTorch's (oneDNN) times for the
+#     same three at the same thread counts (bench/conv_torch.py); ratio =
+#     PyTorch ms / NeoFlow ms (>= 1: NeoFlow is faster);
+#  3. the cost model against random search: the same budget and seed on
+#     matmul 512^3 and the conv2d forward, both curves in one SVG.
+#
+#   TRIALS   trials per tuning run (default 200)
+#   SECONDS  wall-time cap per tuning run (default 600)
+#   OUT      output directory (default bench-out): schedules, JSON, CSV, SVG
+set -euo pipefail
+cd "$(dirname "$0")/.."
+B=${1:-build}
+NF="$B/client/neoflow"
+TRIALS=${TRIALS:-200}
+SECONDS_CAP=${SECONDS:-600}
+OUT=${OUT:-bench-out}
+PY=/usr/bin/python3
+[ -x "$PY" ] || PY=python3
+mkdir -p "$OUT"
+export NEOFLOW_LIB="$PWD/lib"
+[ -x "$NF" ] || { echo "tune_bench: $NF not built" >&2; exit 1; }
+
+tune() { # name threads args...
+  local name=$1 th=$2
+  shift 2
+  echo "== tuning $name at $th thread(s)" >&2
+  "$NF" tune lib/nn.nf "$@" --threads "$th" --trials "$TRIALS" --seconds "$SECONDS_CAP" \
+    --json --csv "$OUT/$name.t$th.csv" --svg "$OUT/$name.t$th.svg" \
+    -o "$OUT/$name.t$th.sched" | tee "$OUT/$name.t$th.json" >&2
+}
+field() { $PY -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$1" "$2"; }
+
+# 1. matmul 1024^3 against OpenBLAS
+MM=(matmul --shape A=1024,1024 --shape B=1024,1024)
+tune matmul1024 1 "${MM[@]}"
+tune matmul1024 2 "${MM[@]}"
+echo "== matmul 1024^3: tuned kernels next to OpenBLAS sgemm (one run)"
+NF_MATMUL_SCHEDULE="$OUT/matmul1024.t1.sched" NF_MATMUL_SCHEDULE_T2="$OUT/matmul1024.t2.sched" \
+  "$B/bench/codegen_bench" 10 | grep -E "case|matmul"
+
+# 2. conv2d workload convolution against PyTorch
+CV=(conv2d --param pad=1 --shape I=8,64,56,56 --shape W=64,64,3,3)
+for th in 1 2; do
+  tune conv_fwd $th "${CV[@]}"
+  tune conv_gradI $th "${CV[@]}" --wrt I
+  tune conv_gradW $th "${CV[@]}" --wrt W
+done
+echo "== conv2d workload convolution: NeoFlow tuned vs PyTorch (ms; ratio = torch / neoflow)"
+printf "%-10s %8s %12s %12s %12s %8s\n" part threads default_ms neoflow_ms torch_ms ratio
+for th in 1 2; do
+  OMP_WAIT_POLICY=PASSIVE OPENBLAS_NUM_THREADS=$th OMP_NUM_THREADS=$th \
+    $PY bench/conv_torch.py $th > "$OUT/torch_conv.t$th.json"
+  for part in fwd:forward_ms gradI:grad_I_ms gradW:grad_W_ms; do
+    p=${part%%:*}
+    k=${part#*:}
+    nfms=$(field "$OUT/conv_$p.t$th.json" best_ms)
+    dms=$(field "$OUT/conv_$p.t$th.json" default_ms)
+    tms=$(field "$OUT/torch_conv.t$th.json" "$k")
+    printf "%-10s %8s %12.2f %12.2f %12.2f %8.2f\n" "$p" "$th" "$dms" "$nfms" "$tms" \
+      "$($PY -c "print($tms / $nfms)")"
+  done
+done
+
+# 3. the cost model against random search
+echo "== cost model vs random search (same budget and seed)"
+"$NF" tune lib/nn.nf matmul --shape A=512,512 --shape B=512,512 --trials "$TRIALS" \
+  --seconds "$SECONDS_CAP" --compare-random --json --svg "$OUT/model_vs_random.matmul512.svg" |
+  tee "$OUT/model_vs_random.matmul512.json"
+"$NF" tune lib/nn.nf "${CV[@]}" --trials "$TRIALS" --seconds "$SECONDS_CAP" --compare-random \
+  --json --svg "$OUT/model_vs_random.conv.svg" | tee "$OUT/model_vs_random.conv.json"
