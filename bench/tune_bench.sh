@@ -78,3 +78,26 @@ echo "== cost model vs random search (same budget and seed)"
   tee "$OUT/model_vs_random.matmul512.json"
 "$NF" tune lib/nn.nf "${CV[@]}" --trials "$TRIALS" --seconds "$SECONDS_CAP" --compare-random \
   --json --svg "$OUT/model_vs_random.conv.svg" | tee "$OUT/model_vs_random.conv.json"
+
+# 4. every workload's forward graph (the whole def as one graph: the
+#    partitioner that cuts it into subgraphs lands with the client runtime),
+#    tuned with a small budget against its default schedule
+WL_TRIALS=${WL_TRIALS:-30}
+WL_SECONDS=${WL_SECONDS:-150}
+echo "== workloads (forward graphs, $WL_TRIALS trials): default vs tuned, 1 thread"
+printf "%-20s %12s %12s %8s\n" workload default_ms best_ms speedup
+wl() { # name args...
+  local name=$1
+  shift
+  "$NF" tune examples/workloads.nf "$name" "$@" --trials "$WL_TRIALS" --seconds "$WL_SECONDS" \
+    --json > "$OUT/wl_$name.json"
+  printf "%-20s %12.3f %12.3f %8.2f\n" "$name" "$(field "$OUT/wl_$name.json" default_ms)" \
+    "$(field "$OUT/wl_$name.json" best_ms)" "$(field "$OUT/wl_$name.json" speedup)"
+}
+wl matmul_loss --shape A=1024,1024 --shape B=1024,1024 --shape G=1024,1024
+wl conv2d_relu_loss --shape I=8,64,56,56 --shape Wt=64,64,3,3
+wl lltm_loss --shape X=8,64,256 --shape H0=64,512 --shape C0=64,512 --shape W=1536,768 --shape b=1536
+wl milstm_loss --shape X=8,64,512 --shape H0=64,512 --shape C0=64,512 --shape W=2048,512 \
+  --shape U=2048,512 --shape alpha=2048 --shape beta1=2048 --shape beta2=2048 --shape b=2048
+wl capsnet_loss --shape u=32,1152,8 --shape W=1152,10,16,8 --shape targets=32,10
+wl mobilenet_dws_loss --shape X=16,128,28,28 --shape Wdw=128,1,3,3 --shape Wpw=128,128,1,1

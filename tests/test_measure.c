@@ -3,7 +3,7 @@
  * (their directory in $NF_SEARCH_KERNELS) on the problem of mm.h.
  *
  *  - a correct kernel is measured OK with plausible times; the run-count
- *    rules (at least 3, at most max_repeat) hold;
+ *    rules (at least 3, at most max_repeat; 1 over the cutoff) hold;
  *  - a crashing kernel is a CRASH "killed by SIGSEGV", a hanging one a
  *    TIMEOUT within the deadline; in both cases the worker is reaped (no
  *    child, no zombie, its pid gone) and the next candidate is measured
@@ -272,6 +272,19 @@ START_TEST(measure_repeat_rules) {
   /* a long min_time: max_repeat stops it */
   nf_measure_opts o2 = {.min_time_ms = 1e6, .max_repeat = 7, .rotate_bytes = 1 << 20};
   m = new_measurer(f, &o2);
+  r = measure_kernel(m, "good");
+  expect_status(&r, NF_MEAS_OK, "good");
+  ck_assert_int_eq(r.n_runs, 7);
+  /* a cutoff below any run: timed once; none again: the full rules */
+  nf_measurer_set_cutoff(m, 1e-9);
+  r = measure_kernel(m, "good");
+  expect_status(&r, NF_MEAS_OK, "good");
+  ck_assert_int_eq(r.n_runs, 1);
+  ck_assert(r.median_ms > 0 && r.median_ms == r.min_ms);
+  /* a wrong kernel is still judged wrong, never timed */
+  r = measure_kernel(m, "wrong");
+  expect_status(&r, NF_MEAS_WRONG, "wrong");
+  nf_measurer_set_cutoff(m, 0);
   r = measure_kernel(m, "good");
   expect_status(&r, NF_MEAS_OK, "good");
   ck_assert_int_eq(r.n_runs, 7);

@@ -1110,6 +1110,40 @@ static nf_lstmt *identity_nest(lw *L, const nf_stmt *st, const region *R, uint32
   return build(L, il, t->rank, NULL, 0, store(L, ob, t->rank, ix, idv, NF_RED_NONE));
 }
 
+/* Whether every access in e is inside its buffer for every value of the
+ * loop variables (no select guards it: it may be evaluated anywhere). */
+static int reads_in_bounds(lw *L, const nf_expr *e) {
+  if (e->op == NF_OP_SELECT) return 0;
+  if (e->op == NF_OP_ACCESS)
+    for (int d = 0; d < e->n_args; d++) {
+      nf_range r;
+      if (!nf_expr_bounds(e->args[d], L->vr, (int)L->nv, &r) || r.lo < 0 ||
+          r.hi >= L->bufs[e->u.tensor].shape[d])
+        return 0;
+    }
+  for (int i = 0; i < e->n_args; i++)
+    if (!reads_in_bounds(L, e->args[i])) return 0;
+  return 1;
+}
+
+/* A sum's term c ? x * y : 0 (a padded convolution's) becomes
+ * (c ? x : 0) * y when y reads only in bounds: the guard then covers the
+ * one load that needs it (a masked load) and the product fuses with the
+ * accumulation.  Equal for finite y; where y is inf or NaN at a cell the
+ * guard excludes, the term is NaN instead of 0. */
+static const nf_expr *hoist_select(lw *L, const nf_expr *e) {
+  if (!e || e->op != NF_OP_SELECT || !nf_dtype_is_float((nf_dtype)e->dtype)) return e;
+  const nf_expr *c = e->args[0], *t = e->args[1], *f = e->args[2];
+  if (f->op != NF_OP_CONST || f->u.f != 0.0 || t->op != NF_OP_MUL) return e;
+  for (int side = 0; side < 2; side++) {
+    const nf_expr *x = t->args[side], *y = t->args[1 - side];
+    if (!reads_in_bounds(L, y)) continue;
+    const nf_expr *g = nf_e_select(L->ctx, c, x, f);
+    return g ? bin(L, NF_OP_MUL, g, y) : NULL;
+  }
+  return e;
+}
+
 static int lower_stmt(lw *L, const nf_schedule *s, int si, const region *R, nf_lstmt **out,
                       int *reassoc) {
   const nf_stmt *st = &L->g->stmts[si];
@@ -1123,6 +1157,7 @@ static int lower_stmt(lw *L, const nf_schedule *s, int si, const region *R, nf_l
   const nf_expr *rhs = translate(L, st->rhs, n.orig, n.n_orig, &memo, 0);
   tmap_free(&memo);
   rhs = simp(L, rhs);
+  if (rhs && st->red == NF_RED_SUM) rhs = hoist_select(L, rhs);
   if (!rhs) return lerr(L, L->oom || nf_ir_ctx_oom(L->ctx) ? NF_ENOMEM : NF_ELIMIT, si,
                         "cannot translate the right-hand side");
   attach at[MAX_ATTACH];

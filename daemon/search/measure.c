@@ -71,6 +71,7 @@ struct nf_measurer {
   uint64_t mem_limit;
   double min_time_ms;
   int warmup, max_repeat;
+  double cutoff_ms; /* nf_measurer_set_cutoff */
   /* the worker */
   pid_t pid;           /* -1: none */
   int to_w, from_w, err_r; /* -1 when closed */
@@ -96,6 +97,10 @@ const char *nf_measure_status_name(int status) {
   case NF_MEAS_ERROR: return "ERROR";
   default: return "?";
   }
+}
+
+void nf_measurer_set_cutoff(nf_measurer *m, double ms) {
+  if (m) m->cutoff_ms = ms > 0 && ms < 1e12 ? ms : 0;
 }
 
 int nf_measurer_worker_pid(const nf_measurer *m) { return m && m->pid > 0 ? (int)m->pid : -1; }
@@ -705,7 +710,8 @@ int nf_measure(nf_measurer *m, const void *so, size_t n, nf_measure_result *res)
   }
   m->tail_len = 0;
   int64_t deadline = now_ms() + m->timeout_ms;
-  int io = send_frame(m, NF__MEAS_F_CANDIDATE, so, n, deadline);
+  int io = send_frame(m, NF__MEAS_F_CUTOFF, &m->cutoff_ms, sizeof m->cutoff_ms, deadline);
+  if (io == IO_OK) io = send_frame(m, NF__MEAS_F_CANDIDATE, so, n, deadline);
   uint32_t type = 0;
   char buf[NF__MEAS_MAX_MSG + 1];
   size_t len = 0;
@@ -719,7 +725,8 @@ int nf_measure(nf_measurer *m, const void *so, size_t n, nf_measure_result *res)
     memcpy(&mn, buf + 16, 8);
     memcpy(&err, buf + 24, 8);
     int ok_status = st == NF_MEAS_OK || st == NF_MEAS_WRONG || st == NF_MEAS_LOAD;
-    int ok_times = st != NF_MEAS_OK || (n_runs >= 3 && n_runs <= m->max_repeat && mn >= 0 &&
+    int min_runs = m->cutoff_ms > 0 ? 1 : 3;
+    int ok_times = st != NF_MEAS_OK || (n_runs >= min_runs && n_runs <= m->max_repeat && mn >= 0 &&
                                         med >= mn && med < 1e12);
     if (ok_status && ok_times && !isnan(err) && err >= 0) {
       res->status = st;

@@ -96,6 +96,12 @@ int nf_measurer_new(const nf_measure_opts *o, const nf_measure_problem *pb,
  * candidate did), or NF_EIO when no worker could be started (res->status
  * is then NF_MEAS_ERROR). */
 int nf_measure(nf_measurer *m, const void *so, size_t n, nf_measure_result *res);
+/* Candidates measured after this call whose check run or first timed run
+ * takes longer than ms (> 0) are timed once: n_runs 1, that run's time.
+ * The search sets a multiple of its best time, so a clearly slow
+ * candidate costs one run instead of a full timing.  0 (the default):
+ * no cutoff. */
+void nf_measurer_set_cutoff(nf_measurer *m, double ms);
 /* The current worker's pid, or -1 when none runs (tests). */
 int nf_measurer_worker_pid(const nf_measurer *m);
 /* Stops the worker (asks it to exit, kills it after a moment) and reaps
@@ -126,6 +132,7 @@ enum {
   NF__MEAS_F_DATA = 2,
   NF__MEAS_F_CANDIDATE = 3,
   NF__MEAS_F_EXIT = 4,
+  NF__MEAS_F_CUTOFF = 5, /* 8 bytes: a double, the cutoff in ms (0: none) */
   NF__MEAS_F_READY = 16,
   NF__MEAS_F_RESULT = 17,
   NF__MEAS_F_FAIL = 18

@@ -200,6 +200,8 @@ static int trial(run *R, cand *c) {
   nf_schedule_print(s, &R->tmp);
   rec.schedule = strdup(nf_buf_str(&R->tmp));
   rc = rec.schedule ? hset_add(&R->seen, c->hash) : NF_ENOMEM;
+  /* a candidate over twice the best is timed once: enough to rank it */
+  if (R->meas) nf_measurer_set_cutoff(R->meas, R->res->best_ms > 0 ? 2 * R->res->best_ms : 0);
   if (rc == NF_OK) rc = measure_schedule(R, s, &rec);
   nf_schedule_free(s);
   if (rc != NF_OK) {
@@ -541,6 +543,7 @@ static int confirm(run *R) {
     pick[n++] = best;
   }
   double best_ms = 0;
+  if (R->meas) nf_measurer_set_cutoff(R->meas, 0);
   for (int q = 0; q < n; q++) {
     nf_search_record *x = &r->records[pick[q]], again;
     nf_schedule *s;

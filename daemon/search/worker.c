@@ -159,6 +159,7 @@ static struct {
   uint32_t n_in, n_out, n_copies;
   int warmup, max_repeat;
   double rtol, min_time_ms;
+  double cutoff_ms; /* CUTOFF frame: time a slower candidate once (0: none) */
   tensor *t;            /* n_in + n_out */
   void **pristine;      /* n_in: the check inputs, never run on */
   double **expected;    /* n_out */
@@ -428,13 +429,17 @@ static void measure(const void *so, size_t n, result *r) {
   }
   nf_buf_free(&err);
   poison(0);
+  double check_t0 = now_ms();
   if (run(k, 0, r)) goto done;
+  double check_ms = now_ms() - check_t0;
   for (uint32_t o = 0; o < P.n_out; o++)
     if (compare(o, r)) goto done;
   if (inputs_intact(0, r)) goto done;
 
   uint32_t next = 1 % P.n_copies;
-  for (int i = 0; i < P.warmup; i++, next = (next + 1) % P.n_copies)
+  /* a candidate already slower than the cutoff: its check run warmed it */
+  int slow = P.cutoff_ms > 0 && check_ms > P.cutoff_ms;
+  for (int i = 0; i < P.warmup && !slow; i++, next = (next + 1) % P.n_copies)
     if (run(k, next, r)) goto done;
   double start = now_ms();
   int n_runs = 0;
@@ -445,6 +450,7 @@ static void measure(const void *so, size_t n, result *r) {
     next = (next + 1) % P.n_copies;
     P.times[n_runs++] = t1 - t0;
     if (n_runs >= 3 && t1 - start >= P.min_time_ms) break;
+    if (n_runs == 1 && P.cutoff_ms > 0 && t1 - t0 > P.cutoff_ms) break; /* clearly slow */
   }
   int bad = 0; /* check (and restore) every copy, not just up to the first bad one */
   for (uint32_t c = 0; c < P.n_copies; c++) bad |= inputs_intact(c, r);
@@ -539,6 +545,14 @@ int main(int argc, char **argv) {
     if (type == NF__MEAS_F_EXIT) {
       if (len) die(2, "protocol: EXIT with a payload");
       break;
+    }
+    if (type == NF__MEAS_F_CUTOFF) {
+      double c;
+      if (len != sizeof c) die(2, "protocol: CUTOFF of %" PRIu64 " bytes", len);
+      recv_payload(&c, sizeof c);
+      if (!(c >= 0 && c < 1e12)) die(2, "protocol: cutoff %g", c);
+      P.cutoff_ms = c;
+      continue;
     }
     if (type != NF__MEAS_F_CANDIDATE) die(2, "protocol: unexpected frame type %u", type);
     if (len == 0 || len > NF__MEAS_MAX_SO)
