@@ -17,6 +17,7 @@
 #   TRIALS   trials per tuning run (default 200)
 #   SECONDS  wall-time cap per tuning run (default 600)
 #   OUT      output directory (default bench-out): schedules, JSON, CSV, SVG
+#   PARTS    which of the four parts to run (default "1 2 3 4")
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${1:-build}
@@ -38,18 +39,23 @@ tune() { # name threads args...
     --json --csv "$OUT/$name.t$th.csv" --svg "$OUT/$name.t$th.svg" \
     -o "$OUT/$name.t$th.sched" | tee "$OUT/$name.t$th.json" >&2
 }
+PARTS=${PARTS:-1 2 3 4}
+part() { case " $PARTS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 field() { $PY -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$1" "$2"; }
 
 # 1. matmul 1024^3 against OpenBLAS
 MM=(matmul --shape A=1024,1024 --shape B=1024,1024)
-tune matmul1024 1 "${MM[@]}"
-tune matmul1024 2 "${MM[@]}"
-echo "== matmul 1024^3: tuned kernels next to OpenBLAS sgemm (one run)"
-NF_MATMUL_SCHEDULE="$OUT/matmul1024.t1.sched" NF_MATMUL_SCHEDULE_T2="$OUT/matmul1024.t2.sched" \
-  "$B/bench/codegen_bench" 10 | grep -E "case|matmul"
+if part 1; then
+  tune matmul1024 1 "${MM[@]}"
+  tune matmul1024 2 "${MM[@]}"
+  echo "== matmul 1024^3: tuned kernels next to OpenBLAS sgemm (one run)"
+  NF_MATMUL_SCHEDULE="$OUT/matmul1024.t1.sched" NF_MATMUL_SCHEDULE_T2="$OUT/matmul1024.t2.sched" \
+    "$B/bench/codegen_bench" 10 | grep -E "case|matmul"
+fi
 
 # 2. conv2d workload convolution against PyTorch
 CV=(conv2d --param pad=1 --shape I=8,64,56,56 --shape W=64,64,3,3)
+if part 2; then
 for th in 1 2; do
   tune conv_fwd $th "${CV[@]}"
   tune conv_gradI $th "${CV[@]}" --wrt I
@@ -70,18 +76,22 @@ for th in 1 2; do
       "$($PY -c "print($tms / $nfms)")"
   done
 done
+fi
 
 # 3. the cost model against random search
+if part 3; then
 echo "== cost model vs random search (same budget and seed)"
 "$NF" tune lib/nn.nf matmul --shape A=512,512 --shape B=512,512 --trials "$TRIALS" \
   --seconds "$SECONDS_CAP" --compare-random --json --svg "$OUT/model_vs_random.matmul512.svg" |
   tee "$OUT/model_vs_random.matmul512.json"
 "$NF" tune lib/nn.nf "${CV[@]}" --trials "$TRIALS" --seconds "$SECONDS_CAP" --compare-random \
   --json --svg "$OUT/model_vs_random.conv.svg" | tee "$OUT/model_vs_random.conv.json"
+fi
 
 # 4. every workload's forward graph (the whole def as one graph: the
 #    partitioner that cuts it into subgraphs lands with the client runtime),
 #    tuned with a small budget against its default schedule
+part 4 || exit 0
 WL_TRIALS=${WL_TRIALS:-30}
 WL_SECONDS=${WL_SECONDS:-150}
 echo "== workloads (forward graphs, $WL_TRIALS trials): default vs tuned, 1 thread"

@@ -43,11 +43,14 @@ static double *best_curve(const nf_search_result *r) {
   return c;
 }
 
-/* The first trial whose best-so-far is within 1/frac of the final best
- * (90%: best_so_far <= final / 0.9). */
+/* The first trial whose best-so-far is within 1/frac of the curve's final
+ * best (90%: best_so_far <= final / 0.9).  The curve's own end, not the
+ * re-measured best_ms, so that one lucky or unlucky second measurement
+ * does not move it. */
 static int trials_to(const nf_search_result *r, const double *c, double frac) {
+  double final = r->n_records ? c[r->n_records - 1] : 0;
   for (size_t i = 0; i < r->n_records; i++)
-    if (c[i] > 0 && c[i] <= r->best_ms / frac) return r->records[i].trial;
+    if (c[i] > 0 && c[i] <= final / frac) return r->records[i].trial;
   return r->trials;
 }
 

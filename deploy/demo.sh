@@ -37,6 +37,8 @@ run compile lib/nn.nf conv2d --shape I=2,6,11,11 --shape W=6,2,3,3 \
     --param stride=2 --param pad=1 --param dilation=2 --param groups=3 -o "$out/conv.so"
 run eval lib/nn.nf conv2d --shape I=2,6,11,11 --shape W=6,2,3,3 \
     --param stride=2 --param pad=1 --param dilation=2 --param groups=3 --engine compiled --threads 2
+echo "== the schedule search: matmul 256^3 tuned (40 candidates measured in a sandboxed worker)"
+run tune lib/nn.nf matmul --shape A=256,256 --shape B=256,256 --trials 40 -o "$out/matmul.sched"
 echo "== gradients: capsule routing (3 iterations) with respect to W, as .nf"
 $NF grad examples/workloads.nf capsnet_loss --wrt W --shape u=4,32,8 \
     --shape W=32,10,16,8 --shape targets=4,10 | sed -n '1,6p'

@@ -17,7 +17,8 @@
  *      the model is retrained on every record;
  *   5. budgets: max_trials measured candidates, max_seconds of wall time,
  *      and early stop after `patience` trials without a 1% gain;
- *   6. the default and the five best are measured once more, in turn (the
+ *   6. the default, the five best and a resumed run's prior best are
+ *      measured once more, in turn (the
  *      best of many noisy medians flatters): best_ms and default_ms are
  *      those second measurements.
  * Failed candidates (crash, hang, wrong answer, compile error) are

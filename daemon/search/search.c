@@ -520,8 +520,9 @@ static int add_prior(run *R) {
 }
 
 /* The winner's curse: the best of many noisy medians is flattering.  The
- * default and the best few of this run are measured once more, in turn,
- * and the best and default times become those second measurements. */
+ * default, the best few of this run and a resumed run's prior best are
+ * measured once more, in turn, and the best and default times become
+ * those second measurements. */
 #define N_CONFIRM 5
 
 static int confirm(run *R) {
@@ -544,8 +545,21 @@ static int confirm(run *R) {
   }
   double best_ms = 0;
   if (R->meas) nf_measurer_set_cutoff(R->meas, 0);
-  for (int q = 0; q < n; q++) {
-    nf_search_record *x = &r->records[pick[q]], again;
+  /* a resumed run's prior best competes too (pick n: measured, not kept
+   * in a record) */
+  const nf_search_record *prior = NULL;
+  for (size_t i = 0; i < R->o->n_prior; i++) {
+    const nf_search_record *p = &R->o->prior[i];
+    if (p->schedule && p->status == NF_MEAS_OK && p->time_ms > 0 &&
+        (!prior || p->time_ms < prior->time_ms))
+      prior = p;
+  }
+  for (int q = 0; q < n + (prior != NULL); q++) {
+    nf_search_record scratch, *x = q < n ? &r->records[pick[q]] : &scratch, again;
+    if (q == n) {
+      memset(&scratch, 0, sizeof scratch);
+      scratch.schedule = prior->schedule;
+    }
     nf_schedule *s;
     nf_buf e = NF_BUF_INIT;
     memset(&again, 0, sizeof again);
@@ -553,14 +567,14 @@ static int confirm(run *R) {
     nf_buf_free(&e);
     if (rc == NF_ENOMEM) return rc;
     if (rc != NF_OK) continue;
-    R->measuring_default = pick[q] == 0;
+    R->measuring_default = q < n && pick[q] == 0;
     rc = measure_schedule(R, s, &again);
     R->measuring_default = 0;
     nf_schedule_free(s);
     if (rc != NF_OK) return rc;
     /* a candidate that fails now (it passed before: flaky) is not kept */
     double t = again.status == NF_MEAS_OK ? again.time_ms : 0;
-    if (pick[q] == 0) r->default_ms = t;
+    if (q < n && pick[q] == 0) r->default_ms = t;
     x->confirmed_ms = t;
     if (t > 0 && (best_ms <= 0 || t < best_ms)) {
       best_ms = t;

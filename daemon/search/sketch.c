@@ -185,9 +185,12 @@ static const int64_t row_f[] = {1, 2, 3, 4, 6, 8, 12, 16};
 
 static void sample_s2(const sk_stmt *k, uint64_t *r, nf_sk_gene *ge, int v) {
   int64_t e = k->ext[v], f;
-  if (v == k->rank - 1)
-    f = e < 8 ? e : pick(r, vec_f, 4);
-  else
+  if (v == k->rank - 1) {
+    /* vector widths up to the extent (a whole 56 would be a <56 x float>) */
+    int nv = 0;
+    while (nv < 4 && vec_f[nv] <= e) nv++;
+    f = nv ? pick(r, vec_f, nv) : e;
+  } else
     f = pick(r, row_f, 8);
   if (f > e) f = e;
   ge->f[v][1] = f;
@@ -563,7 +566,9 @@ static int emit_stmt(const nf_sk_space *sp, const nf_sk_point *p, uint32_t i, nf
   if (pl.n_fused && rc == NF_OK) rc = add_item(s, NF_SCH_PARALLEL, st, 0, pl.fused, NULL, 0);
   if (ge->vec && pl.n_order > pl.n_fused && rc == NF_OK) {
     const loopref *last = &pl.order[pl.n_order - 1];
-    if (last->spatial && last->ext >= 2 && last->ext <= 64)
+    /* powers of two only: a <56 x float> or <24 x float> vector
+     * legalises into slow code */
+    if (last->spatial && last->ext >= 2 && last->ext <= 64 && (last->ext & (last->ext - 1)) == 0)
       rc = add_item(s, NF_SCH_VECTORIZE, st, 0, last->name, NULL, 0);
   }
   return rc;
