@@ -99,8 +99,11 @@ printf "%-20s %12s %12s %8s\n" workload default_ms best_ms speedup
 wl() { # name args...
   local name=$1
   shift
-  "$NF" tune examples/workloads.nf "$name" "$@" --trials "$WL_TRIALS" --seconds "$WL_SECONDS" \
-    --json > "$OUT/wl_$name.json"
+  if ! "$NF" tune examples/workloads.nf "$name" "$@" --trials "$WL_TRIALS" --seconds "$WL_SECONDS" \
+    --json > "$OUT/wl_$name.json"; then
+    printf "%-20s %s\n" "$name" "(tuning failed: see above)"
+    return 0
+  fi
   printf "%-20s %12.3f %12.3f %8.2f\n" "$name" "$(field "$OUT/wl_$name.json" default_ms)" \
     "$(field "$OUT/wl_$name.json" best_ms)" "$(field "$OUT/wl_$name.json" speedup)"
 }

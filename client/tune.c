@@ -209,7 +209,10 @@ int nf_tune_main(const nf_graph *g, const nf_tune_cli *t) {
   if (!ca || (have_b && !cb)) goto done;
   if (a.best_ms <= 0) {
     fprintf(stderr, "neoflow: error: tuning %s: no candidate ran correctly (%d failed)\n", t->def,
-            a.failures);
+            a.failures + (a.n_records && a.records[0].trial == 0));
+    for (size_t i = 0; i < a.n_records && i < 3; i++)
+      fprintf(stderr, "  trial %d: %s: %s\n", a.records[i].trial,
+              nf_measure_status_name(a.records[i].status), a.records[i].reason);
     goto done;
   }
   double gflops = a.flops / (a.best_ms * 1e6);

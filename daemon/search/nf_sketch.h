@@ -17,7 +17,10 @@
  *    conv + bias) may be computed at that consumer's S0 or S1 tile (a
  *    fused epilogue), its own nest then tiling the region;
  *  - every tensor a tiled statement reads may be packed (cache_read) at
- *    the end of S0, R0 or S1.
+ *    the end of S0, R0 or S1;
+ *  - any statement may keep the default schedule's primitives instead
+ *    (NF_SK_DEFAULT): in a graph of many statements a point then tunes a
+ *    few of them at a time and keeps the tier-1 arrangement elsewhere.
  * A point of the space (nf_sk_point) fixes the annotations: the template,
  * tile sizes (from the extents' divisors and powers of two, so
  * non-dividing tiles with tails occur), how many loops are fused for
@@ -41,7 +44,8 @@ typedef enum nf_sk_role {
   NF_SK_FIXED = 0, /* no primitives (rank-0 output, empty nest) */
   NF_SK_INLINE,    /* compute_inline */
   NF_SK_NEST,      /* a tiled nest of its own */
-  NF_SK_AT         /* computed at its consumer's tile (epilogue fusion) */
+  NF_SK_AT,        /* computed at its consumer's tile (epilogue fusion) */
+  NF_SK_DEFAULT    /* the default (tier-1) schedule's primitives for it */
 } nf_sk_role;
 
 /* The annotations of one statement. */

@@ -2,7 +2,7 @@
  * random annotation, mutation, crossover, and points -> schedules
  * (nf_sketch.h has the rules).
  *
- * Limits: the register tile (the S2 level) is kept to at most 128
+ * Limits: the register tile (the S2 level) is kept to at most 96
  * elements and 16 per non-vector variable, because the backend fully
  * unrolls it and compile time grows with it; fused parallel loops are at
  * most three; only tensors read directly by a statement are packed. */
@@ -13,7 +13,8 @@
 #include "nf_sketch.h"
 #include "nf_status.h"
 
-#define MAX_TILE 128   /* elements of the S2 (register) tile: 16 AVX2 registers */
+#define MAX_TILE 96    /* elements of the S2 (register) tile: 12 of the 16 AVX2
+                          registers, the rest for operands */
 #define MAX_ROW 16     /* S2 factor of a non-vector variable */
 #define MAX_MID 64     /* S1 factor */
 #define MAX_RED 512    /* R1 factor */
@@ -35,6 +36,8 @@ struct nf_sk_space {
   uint32_t n;
   sk_stmt *st;
   int n_tunable;
+  nf_schedule *def; /* the default schedule (NF_SK_DEFAULT) */
+  uint32_t p_default; /* chance in 1/1024 that a sampled statement keeps it */
 };
 
 uint64_t nf_sk_rand(uint64_t *s) {
@@ -146,12 +149,20 @@ int nf_sk_space_new(const nf_graph *g, nf_sk_space **out) {
       break;
     }
   }
+  if (nf_schedule_default(g, &sp->def) != NF_OK) {
+    nf_sk_space_free(sp);
+    return NF_ENOMEM;
+  }
+  /* about two statements tuned per point; one of ten single statements
+   * keeps the default */
+  sp->p_default = sp->n_tunable > 2 ? (uint32_t)(1024 - 2048 / sp->n_tunable) : 102;
   *out = sp;
   return NF_OK;
 }
 
 void nf_sk_space_free(nf_sk_space *sp) {
   if (!sp) return;
+  nf_schedule_free(sp->def);
   free(sp->st);
   free(sp);
 }
@@ -229,6 +240,7 @@ static void sample_gene(const nf_sk_space *sp, uint32_t i, uint64_t *r, nf_sk_ge
   memset(ge, 0, sizeof *ge);
   ge->role = k->base;
   if (k->base != NF_SK_NEST) return;
+  int keep_default = nf_sk_rand(r) % 1024 < sp->p_default;
   if (k->consumer >= 0 && nf_sk_rand(r) % 2) {
     ge->role = NF_SK_AT;
     ge->at_level = (uint8_t)(nf_sk_rand(r) % 2);
@@ -244,6 +256,8 @@ static void sample_gene(const nf_sk_space *sp, uint32_t i, uint64_t *r, nf_sk_ge
   ge->vec = nf_sk_rand(r) % 10 != 0;
   for (int q = 0; q < k->n_reads; q++)
     ge->pack[q] = (uint8_t)(nf_sk_rand(r) % 2 ? 0 : 1 + nf_sk_rand(r) % 3);
+  /* the genes are drawn either way (a later mutation may switch to them) */
+  if (keep_default) ge->role = NF_SK_DEFAULT;
 }
 
 void nf_sk_sample(const nf_sk_space *sp, uint64_t *rng, nf_sk_point *out) {
@@ -268,6 +282,14 @@ void nf_sk_mutate(const nf_sk_space *sp, uint64_t *rng, const nf_sk_point *src,
     const sk_stmt *k = &sp->st[i];
     nf_sk_gene *ge = &out->g[i];
     int v = (int)(nf_sk_rand(rng) % (uint64_t)k->rank);
+    if (ge->role == NF_SK_DEFAULT || nf_sk_rand(rng) % 10 == 0) {
+      /* switch between the default's primitives and a tiled nest */
+      if (ge->role == NF_SK_DEFAULT)
+        ge->role = NF_SK_NEST;
+      else
+        ge->role = NF_SK_DEFAULT;
+      continue;
+    }
     switch (nf_sk_rand(rng) % 9) {
     case 0: case 1: /* register tile of one variable */
       sample_s2(k, rng, ge, v);
@@ -509,6 +531,11 @@ static int emit_stmt(const nf_sk_space *sp, const nf_sk_point *p, uint32_t i, nf
   int st = (int)i, rc = NF_OK;
   if (ge->role == NF_SK_FIXED) return NF_OK;
   if (ge->role == NF_SK_INLINE) return add_item(s, NF_SCH_INLINE, st, 0, NULL, NULL, 0);
+  if (ge->role == NF_SK_DEFAULT) {
+    for (int q = 0; q < sp->def->n_items && rc == NF_OK; q++)
+      if (sp->def->items[q].stmt == st) rc = nf_schedule_add(s, &sp->def->items[q]);
+    return rc;
+  }
   int64_t ext[NF_MAX_VARS];
   char at_loop[NF_SCHED_NAME];
   int at = ge->role == NF_SK_AT && k->consumer >= 0 && at_target(sp, p, i, at_loop, ext);
