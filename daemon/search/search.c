@@ -323,7 +323,7 @@ static int pick_round(run *R, cand *out, int want, int *n_out) {
     if (!pop) return NF_ENOMEM;
     for (size_t i = 0; i < 2 * popn && rc == NF_OK; i++) rc = nf_sk_point_init(R->sp, &pop[i].pt);
     /* seeds: the best measured points, then random samples */
-    qsort(R->measured, R->n_measured, sizeof *R->measured, cmp_time);
+    if (R->n_measured) qsort(R->measured, R->n_measured, sizeof *R->measured, cmp_time);
     for (size_t i = 0; rc == NF_OK && i < R->n_measured && n < popn / 4; i++) {
       nf_sk_point_copy(&pop[n].pt, &R->measured[i].pt);
       memcpy(pop[n].feat, R->measured[i].feat, sizeof pop[n].feat);
