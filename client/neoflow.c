@@ -926,6 +926,21 @@ static void flop_table(const nf_graph *fwd, const nf_graph *gg, const nf_grad_re
   for (int i = 0; i < rep->n_notes; i++) printf("# note: %s\n", rep->notes[i]);
 }
 
+/* Splits --wrt X[,Y...] into wrt[] (at most MAX_ARGS names, empty ones
+ * skipped); returns the copy the names point into (free it), NULL when
+ * out of memory. */
+static char *split_wrt(const char *arg, const char **wrt, int *n_wrt) {
+  char *copy = strdup(arg);
+  *n_wrt = 0;
+  for (char *p = copy; p && *p && *n_wrt < MAX_ARGS;) {
+    char *comma = strchr(p, ',');
+    if (comma) *comma = 0;
+    if (*p) wrt[(*n_wrt)++] = p;
+    p = comma ? comma + 1 : NULL;
+  }
+  return copy;
+}
+
 static int cmd_grad(opts *o) {
   if (!o->def) return usage_error("%s needs a DEF", "grad");
   if (!o->wrt) return usage_error("%s needs --wrt X[,Y...]", "grad");
@@ -937,18 +952,12 @@ static int cmd_grad(opts *o) {
   const char *dout_for[MAX_ARGS];
   nf_array *ins = NULL;
   nf_graph *g = NULL, *gg = NULL;
-  char *wrt_copy = strdup(o->wrt);
   const char *wrt[MAX_ARGS];
   int n_wrt = 0;
+  char *wrt_copy = split_wrt(o->wrt, wrt, &n_wrt);
   memset(files, 0, sizeof files);
   memset(dout, 0, sizeof dout);
   if (!wrt_copy) goto done;
-  for (char *p = wrt_copy; p && *p && n_wrt < MAX_ARGS;) {
-    char *comma = strchr(p, ',');
-    if (comma) *comma = 0;
-    if (*p) wrt[n_wrt++] = p;
-    p = comma ? comma + 1 : NULL;
-  }
   if (n_wrt == 0) {
     rc = usage_error("--wrt wants X[,Y...], got '%s'", o->wrt);
     goto done;
@@ -1051,14 +1060,8 @@ static int cmd_tune(opts *o) {
   if (o->wrt) {
     const char *wrt[MAX_ARGS];
     int n_wrt = 0;
-    wrt_copy = strdup(o->wrt);
+    wrt_copy = split_wrt(o->wrt, wrt, &n_wrt);
     if (!wrt_copy) goto done;
-    for (char *p = wrt_copy; p && *p && n_wrt < MAX_ARGS;) {
-      char *comma = strchr(p, ',');
-      if (comma) *comma = 0;
-      if (*p) wrt[n_wrt++] = p;
-      p = comma ? comma + 1 : NULL;
-    }
     nf_grad_opts go = {.n_wrt = n_wrt, .wrt = wrt};
     nf_grad_report rep;
     nf_buf err = NF_BUF_INIT;

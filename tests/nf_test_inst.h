@@ -101,27 +101,34 @@ typedef struct inst {
   void *bufs[MAX_IN + MAX_OUT];
 } inst;
 
-static void inst_make(inst *I, nf_module *m, const tcase *c, uint64_t seed) {
+/* Case c's graph, instantiated in ctx (no inputs drawn). */
+static nf_graph *inst_graph(nf_module *m, const tcase *c, nf_ir_ctx *ctx) {
   nf_diag *d = nf_diag_new();
   nf_arg_shape shapes[MAX_IN];
-  rng r = {seed};
-  memset(I, 0, sizeof *I);
-  I->ctx = nf_ir_ctx_new();
-  I->n_in = c->n_in;
   for (int k = 0; k < c->n_in; k++) {
     memset(&shapes[k], 0, sizeof shapes[k]);
     shapes[k].rank = c->in[k].rank;
     for (int a = 0; a < c->in[k].rank; a++) shapes[k].dims[a] = c->in[k].dims[a];
-    I->in[k] = make_input(&r, &c->in[k]);
   }
   nf_inst_opts o = {.n_shapes = c->n_in, .shapes = shapes, .n_params = c->n_par,
                     .param_names = c->pn, .param_values = c->pv};
-  int rc = nf_module_instantiate(m, c->def, &o, I->ctx, &I->g, d);
+  nf_graph *g = NULL;
+  int rc = nf_module_instantiate(m, c->def, &o, ctx, &g, d);
   ck_assert_msg(rc == NF_OK, "%s: %s\n%s", c->label, nf_status_name(rc), nf_diag_text(d));
   nf_diag_free(d);
+  return g;
+}
+
+static void inst_make(inst *I, nf_module *m, const tcase *c, uint64_t seed) {
+  rng r = {seed};
+  memset(I, 0, sizeof *I);
+  I->ctx = nf_ir_ctx_new();
+  I->n_in = c->n_in;
+  for (int k = 0; k < c->n_in; k++) I->in[k] = make_input(&r, &c->in[k]);
+  I->g = inst_graph(m, c, I->ctx);
   I->n_out = (int)I->g->n_outputs;
   nf_buf err = NF_BUF_INIT;
-  rc = nf_interp_run(I->g, I->in, NF_INTERP_F64, I->want, &err);
+  int rc = nf_interp_run(I->g, I->in, NF_INTERP_F64, I->want, &err);
   ck_assert_msg(rc == NF_OK, "%s: interp: %s", c->label, nf_buf_str(&err));
   nf_buf_free(&err);
   /* eval buffers: doubles for floats, int64 otherwise */

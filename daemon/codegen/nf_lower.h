@@ -116,6 +116,8 @@ void nf__sched_var_name(const nf_stmt *s, int k, char out[NF_SCHED_NAME]);
  * once in g (one access in one statement); whether the default schedule
  * inlines statement si (an elementwise local statement read once). */
 int nf__sched_used_once(const nf_graph *g, uint32_t t);
+/* dst = a followed by suffix, cut to a loop name (NF_SCHED_NAME bytes). */
+void nf__sched_cat(char *dst, const char *a, const char *suffix);
 int nf__sched_inlined_by_default(const nf_graph *g, uint32_t si);
 
 #endif

@@ -318,7 +318,7 @@ static int add1(nf_schedule *s, int st, int kind, const char *a, int64_t f) {
 
 /* dst = a suffix, truncated to a name (names from nf__sched_var_name are
  * short enough that nothing is cut in practice). */
-static void cat(char *dst, const char *a, const char *suffix) {
+void nf__sched_cat(char *dst, const char *a, const char *suffix) {
   size_t na = strlen(a), ns = strlen(suffix);
   if (na > NF_SCHED_NAME - 1) na = NF_SCHED_NAME - 1;
   if (na + ns > NF_SCHED_NAME - 1) ns = NF_SCHED_NAME - 1 - na;
@@ -420,16 +420,16 @@ static int tile_nest(nf_schedule *s, int st_i, char nm[][NF_SCHED_NAME], int ran
   memset(&it, 0, sizeof it);
   it.kind = NF_SCH_REORDER;
   it.stmt = st_i;
-  for (int k = 0; k < rank - 2; k++) cat(it.names[it.n_names++], nm[k], "");
-  cat(it.names[it.n_names++], i, ".o");
-  cat(it.names[it.n_names++], j, ".o");
-  for (int k = 0; k < n_mid; k++) cat(it.names[it.n_names++], mid[k], "");
-  cat(it.names[it.n_names++], i, ".i");
-  cat(it.names[it.n_names++], j, ".i");
+  for (int k = 0; k < rank - 2; k++) nf__sched_cat(it.names[it.n_names++], nm[k], "");
+  nf__sched_cat(it.names[it.n_names++], i, ".o");
+  nf__sched_cat(it.names[it.n_names++], j, ".o");
+  for (int k = 0; k < n_mid; k++) nf__sched_cat(it.names[it.n_names++], mid[k], "");
+  nf__sched_cat(it.names[it.n_names++], i, ".i");
+  nf__sched_cat(it.names[it.n_names++], j, ".i");
   if (rc == NF_OK) rc = nf_schedule_add(s, &it);
-  cat(b, rank > 2 ? nm[0] : i, rank > 2 ? "" : ".o");
+  nf__sched_cat(b, rank > 2 ? nm[0] : i, rank > 2 ? "" : ".o");
   if (rc == NF_OK) rc = add1(s, st_i, NF_SCH_PARALLEL, b, 0);
-  cat(a, j, ".i");
+  nf__sched_cat(a, j, ".i");
   if (rc == NF_OK) rc = add1(s, st_i, NF_SCH_VECTORIZE, a, 0);
   return rc;
 }
@@ -469,22 +469,22 @@ int nf_schedule_default(const nf_graph *g, nf_schedule **out) {
       const nf_stmt *cs = &g->stmts[ec];
       char cj[NF_SCHED_NAME], jo[NF_SCHED_NAME];
       nf__sched_var_name(cs, rank - 1, cj);
-      cat(jo, cj, ".o");
+      nf__sched_cat(jo, cj, ".o");
       nf_sched_item it;
       memset(&it, 0, sizeof it);
       it.kind = NF_SCH_COMPUTE_AT;
       it.stmt = st_i;
       it.stmt2 = ec;
       it.n_names = 1;
-      cat(it.names[0], jo, "");
+      nf__sched_cat(it.names[0], jo, "");
       rc = nf_schedule_add(s, &it);
       memset(&it, 0, sizeof it);
       it.kind = NF_SCH_REORDER;
       it.stmt = st_i;
-      for (int k = 0; k < rank - 2; k++) cat(it.names[it.n_names++], nm[k], "");
-      for (int k = 0; k < st->n_red; k++) cat(it.names[it.n_names++], nm[rank + k], "");
-      cat(it.names[it.n_names++], nm[rank - 2], "");
-      cat(it.names[it.n_names++], nm[rank - 1], "");
+      for (int k = 0; k < rank - 2; k++) nf__sched_cat(it.names[it.n_names++], nm[k], "");
+      for (int k = 0; k < st->n_red; k++) nf__sched_cat(it.names[it.n_names++], nm[rank + k], "");
+      nf__sched_cat(it.names[it.n_names++], nm[rank - 2], "");
+      nf__sched_cat(it.names[it.n_names++], nm[rank - 1], "");
       if (rc == NF_OK) rc = nf_schedule_add(s, &it);
       if (rc == NF_OK) rc = add1(s, st_i, NF_SCH_VECTORIZE, nm[rank - 1], 0);
       continue;
@@ -501,7 +501,7 @@ int nf_schedule_default(const nf_graph *g, nf_schedule **out) {
       int64_t ti, tj;
       reg_tile(ei, ej, &ti, &tj);
       rc = tile_nest(s, st_i, nm, rank, &nm[rank], st->n_red, ti, tj);
-      cat(a, nm[rank - 1], ".o");
+      nf__sched_cat(a, nm[rank - 1], ".o");
       if (rc == NF_OK) rc = add1(s, st_i, NF_SCH_CACHE_WRITE, a, 0);
       continue;
     }
@@ -510,27 +510,27 @@ int nf_schedule_default(const nf_graph *g, nf_schedule **out) {
     const char *j = nm[rank - 1];
     if (vec) {
       rc = add1(s, st_i, NF_SCH_SPLIT, j, 8);
-      cat(b, j, ".i");
+      nf__sched_cat(b, j, ".i");
       if (rc == NF_OK) rc = add1(s, st_i, NF_SCH_VECTORIZE, b, 0);
     }
     /* parallel outer loop: the first output variable, fused with the
      * second when it is small */
     char outer[NF_SCHED_NAME];
-    cat(outer, nm[0], rank == 1 && vec ? ".o" : "");
+    nf__sched_cat(outer, nm[0], rank == 1 && vec ? ".o" : "");
     if (rank >= 2 && t->shape[0] < 16) {
       char second[NF_SCHED_NAME];
-      cat(second, nm[1], rank == 2 && vec ? ".o" : "");
+      nf__sched_cat(second, nm[1], rank == 2 && vec ? ".o" : "");
       nf_sched_item it;
       memset(&it, 0, sizeof it);
       it.kind = NF_SCH_FUSE;
       it.stmt = st_i;
       it.n_names = 2;
-      cat(it.names[0], outer, "");
-      cat(it.names[1], second, "");
+      nf__sched_cat(it.names[0], outer, "");
+      nf__sched_cat(it.names[1], second, "");
       if (rc == NF_OK) rc = nf_schedule_add(s, &it);
-      cat(a, outer, ".");
-      cat(b, a, second);
-      cat(outer, b, ".fused");
+      nf__sched_cat(a, outer, ".");
+      nf__sched_cat(b, a, second);
+      nf__sched_cat(outer, b, ".fused");
     }
     if (rc == NF_OK) rc = add1(s, st_i, NF_SCH_PARALLEL, outer, 0);
   }

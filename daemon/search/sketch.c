@@ -358,19 +358,8 @@ typedef struct nest_plan {
   int n_fused;               /* leading loops fused into it */
 } nest_plan;
 
-/* dst = a + b, cut to a name (variable names are short: nothing is cut
- * in practice, and a cut name only makes lowering reject the point). */
-static void join(char *dst, const char *a, const char *b) {
-  size_t na = strlen(a), nb = strlen(b);
-  if (na > NF_SCHED_NAME - 1) na = NF_SCHED_NAME - 1;
-  if (na + nb > NF_SCHED_NAME - 1) nb = NF_SCHED_NAME - 1 - na;
-  memmove(dst, a, na);
-  memcpy(dst + na, b, nb);
-  dst[na + nb] = 0;
-}
-
 static void set_ref(loopref *l, const char *base, const char *suffix, int64_t ext, int spatial) {
-  join(l->name, base, suffix);
+  nf__sched_cat(l->name, base, suffix);
   l->ext = ext;
   l->spatial = spatial;
 }
@@ -395,10 +384,10 @@ static void plan_nest(const sk_stmt *k, const nf_sk_gene *ge, const int64_t *ext
     if (f2 > 1) {
       add_split(pl, k->nm[v], f2);
       set_ref(&pl->s[2][v], k->nm[v], ".i", f2, 1);
-      join(rest, k->nm[v], ".o");
+      nf__sched_cat(rest, k->nm[v], ".o");
       erest = (e + f2 - 1) / f2;
     } else {
-      join(rest, k->nm[v], "");
+      nf__sched_cat(rest, k->nm[v], "");
       erest = e;
     }
     if (f1 >= erest) {
@@ -562,7 +551,7 @@ static int emit_stmt(const nf_sk_space *sp, const nf_sk_point *p, uint32_t i, nf
     for (int u = 1; u < q; u++) {
       char nx[2 * NF_SCHED_NAME + 16];
       snprintf(nx, sizeof nx, "%s.%s.fused", acc, pl.order[u].name);
-      join(acc, nx, "");
+      nf__sched_cat(acc, nx, "");
     }
     rc = add_item(s, NF_SCH_FUSE, st, 0, acc, pl.order[q].name, 0);
   }
