@@ -35,6 +35,7 @@
 #if NF_HAVE_SEARCH
 #include "tune.h"
 #endif
+#include "daemon_cmd.h"
 
 #define MAX_ARGS 64
 
@@ -56,6 +57,9 @@ static const char usage_text[] =
     "                        with --out DIR, evaluate it and write DIR/grad_<X>.npy\n"
     "  tune FILE.nf DEF      search DEF's schedules (compiled and measured for real);\n"
     "                        prints the best schedule and the best-so-far curve\n"
+    "  status                what neoflowd is doing (neoflow status --help)\n"
+    "  cache SUBCOMMAND      the tuning cache: stats, list, export, import, verify,\n"
+    "                        gc (neoflow cache --help)\n"
     "  version               print the version\n"
     "\n"
     "options:\n"
@@ -79,7 +83,11 @@ static const char usage_text[] =
     "  --json                  tune: end with one JSON object\n"
     "  --csv FILE, --svg FILE  tune: the best-so-far curve as CSV / an SVG plot\n"
     "  --random                tune: random search (no cost model)\n"
-    "  --compare-random        tune: also run random search and plot both curves\n";
+    "  --compare-random        tune: also run random search and plot both curves\n"
+    "  --daemon                tune through neoflowd (answered from its cache when\n"
+    "                          the graph was tuned before); -o FILE: the kernel\n"
+    "  --socket ADDR           tune --daemon: a socket path or tcp:HOST:PORT\n"
+    "  --key FILE              tune --daemon: the key for a daemon on TCP\n";
 
 typedef struct opts {
   const char *cmd, *file, *def;
@@ -104,6 +112,8 @@ typedef struct opts {
   double seconds;       /* --seconds S (tune) */
   int json, random_search, compare_random; /* --json, --random, --compare-random */
   const char *csv, *svg; /* --csv FILE, --svg FILE (tune) */
+  int daemon;           /* --daemon (tune) */
+  const char *socket, *key; /* --socket ADDR, --key FILE (tune --daemon) */
   int n_dout;
   const char *dout_names[MAX_ARGS]; /* NULL: the only output */
   const char *dout_files[MAX_ARGS];
@@ -153,8 +163,9 @@ static int parse_args(int argc, char **argv, opts *o) {
         val = eq + 1;
       }
       if (strcmp(a, "--json") == 0 || strcmp(a, "--random") == 0 ||
-          strcmp(a, "--compare-random") == 0) {
+          strcmp(a, "--compare-random") == 0 || strcmp(a, "--daemon") == 0) {
         if (a[2] == 'j') o->json = 1;
+        else if (a[2] == 'd') o->daemon = 1;
         else if (a[2] == 'r') o->random_search = 1;
         else o->compare_random = 1;
         continue;
@@ -166,7 +177,8 @@ static int parse_args(int argc, char **argv, opts *o) {
                   strcmp(flag, "--precision") == 0 || strcmp(flag, "--out") == 0 ||
                   strcmp(flag, "--wrt") == 0 || strcmp(flag, "--dout") == 0 ||
                   strcmp(flag, "--schedule") == 0 || strcmp(flag, "--target") == 0 ||
-                  strcmp(flag, "--engine") == 0 || strcmp(flag, "--threads") == 0;
+                  strcmp(flag, "--engine") == 0 || strcmp(flag, "--threads") == 0 ||
+                  strcmp(flag, "--socket") == 0 || strcmp(flag, "--key") == 0;
       if (!takes) {
         if (strcmp(a, "--help") == 0) return 3;
         return usage_error("unknown option '%s'", a);
@@ -253,6 +265,10 @@ static int parse_args(int argc, char **argv, opts *o) {
         if (!parse_i64(val, &x) || x < 1 || x > 256)
           return usage_error("--threads wants 1..256, got '%s'", val);
         o->threads = (int)x;
+      } else if (strcmp(flag, "--socket") == 0) {
+        o->socket = val;
+      } else if (strcmp(flag, "--key") == 0) {
+        o->key = val;
       } else if (strcmp(flag, "--dout") == 0) {
         if (o->n_dout >= MAX_ARGS) return usage_error("too many %s options", flag);
         char *eq = strchr(val, '=');
@@ -1057,6 +1073,10 @@ static int cmd_tune(opts *o) {
                    .out = o->output};
   if (!ctx || instantiate(m, o, ctx, &g) || parse_target(o, &t.target, tbuf, sizeof tbuf))
     goto done;
+  if (!o->daemon && (o->socket || o->key)) {
+    rc = usage_error("%s: --socket and --key go with --daemon", "tune");
+    goto done;
+  }
   if (o->wrt) {
     const char *wrt[MAX_ARGS];
     int n_wrt = 0;
@@ -1074,6 +1094,17 @@ static int cmd_tune(opts *o) {
     nf_buf_free(&err);
     g = gg;
   }
+  if (o->daemon) {
+    nf_tune_daemon_cli d = {.def = o->def,
+                            .address = o->socket,
+                            .key_file = o->key,
+                            .trials = o->trials,
+                            .seconds = o->seconds,
+                            .json = o->json,
+                            .out = o->output};
+    rc = nf__cli_tune_daemon(g, &d);
+    goto done;
+  }
   rc = nf_tune_main(g, &t);
 done:
   free(wrt_copy);
@@ -1084,6 +1115,9 @@ done:
 #endif
 
 int main(int argc, char **argv) {
+  /* the commands without a FILE.nf have their own options */
+  if (argc >= 2 && strcmp(argv[1], "status") == 0) return nf__cli_status(argc - 1, argv + 1);
+  if (argc >= 2 && strcmp(argv[1], "cache") == 0) return nf__cli_cache(argc - 1, argv + 1);
   opts o;
   int rc = parse_args(argc, argv, &o);
   if (rc == 3 || (rc == 0 && !o.cmd)) {

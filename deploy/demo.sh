@@ -39,6 +39,22 @@ run eval lib/nn.nf conv2d --shape I=2,6,11,11 --shape W=6,2,3,3 \
     --param stride=2 --param pad=1 --param dilation=2 --param groups=3 --engine compiled --threads 2
 echo "== the schedule search: matmul 256^3 tuned (40 candidates measured in a sandboxed worker)"
 run tune lib/nn.nf matmul --shape A=256,256 --shape B=256,256 --trials 40 -o "$out/matmul.sched"
+echo "== neoflowd: tuning through the compile daemon; the second request comes from its cache"
+NFD=build/daemon/neoflowd
+"$NFD" --socket "$out/run/neoflowd.sock" --cache "$out/cache.db" --log-level warn &
+nfd_pid=$!
+for _ in $(seq 100); do [ -S "$out/run/neoflowd.sock" ] && break; sleep 0.05; done
+export NEOFLOW_SOCKET="$out/run/neoflowd.sock"
+run tune lib/nn.nf matmul --shape A=128,128 --shape B=128,128 --daemon --trials 20
+TIMEFORMAT=%R
+time_hit=$( { time $NF tune lib/nn.nf matmul --shape A=128,128 --shape B=128,128 \
+    --daemon --trials 20 > "$out/hit.txt"; } 2>&1 )
+head -n 1 "$out/hit.txt"
+echo "   (answered in ${time_hit} s)"
+run status
+$NF cache stats --cache "$out/cache.db"
+kill -TERM $nfd_pid; wait $nfd_pid
+unset NEOFLOW_SOCKET
 echo "== gradients: capsule routing (3 iterations) with respect to W, as .nf"
 $NF grad examples/workloads.nf capsnet_loss --wrt W --shape u=4,32,8 \
     --shape W=32,10,16,8 --shape targets=4,10 | sed -n '1,6p'

@@ -10,13 +10,16 @@
 #include <llvm-c/Target.h>
 #include <llvm-c/TargetMachine.h>
 #include <llvm-c/Transforms/PassBuilder.h>
+#include <llvm/Config/llvm-config.h>
 #include <pthread.h>
+#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "nf_codegen.h"
+#include "nf_kernel.h"
 
 /* ---- target machines ----
  *
@@ -222,4 +225,18 @@ done:
   if (opts) LLVMDisposePassBuilderOptions(opts);
   tm_release(tme);
   return rc;
+}
+
+void nf_cpu_codegen_version(char *out, size_t n) {
+  char *cpu = LLVMGetHostCPUName();
+  char *feat = LLVMGetHostCPUFeatures();
+  uint8_t h[crypto_hash_sha256_BYTES];
+  const char *f = feat ? feat : "";
+  crypto_hash_sha256(h, (const unsigned char *)f, strlen(f));
+  char hex[17];
+  for (int i = 0; i < 8; i++) snprintf(hex + 2 * i, 3, "%02x", h[i]);
+  snprintf(out, n, "neoflow-cpu r%d abi%d llvm-%s %s f%s", NF_CODEGEN_REVISION,
+           NF_KERNEL_ABI_VERSION, LLVM_VERSION_STRING, cpu ? cpu : "?", hex);
+  LLVMDisposeMessage(cpu);
+  LLVMDisposeMessage(feat);
 }

@@ -79,6 +79,16 @@ int nf_cpu_compile_object(const nf_lprog *p, const nf_cpu_target *t,
 int nf_cpu_link(const void *object, size_t n, unsigned timeout_ms,
                 nf_blob *shared_object, nf_buf *err);
 
+/* Bump when lowering or code generation changes the kernels it makes for
+ * the same graph and schedule: it is part of every tuning-cache key. */
+#define NF_CODEGEN_REVISION 1
+
+/* The code generator's version for cache keys (into out, n bytes):
+ * "neoflow-cpu r<revision> abi<kernel ABI> llvm-<version> <host cpu>
+ * f<first 16 hex digits of SHA-256 of the host's LLVM feature string>".
+ * A different LLVM, CPU model or feature set is another key. */
+void nf_cpu_codegen_version(char *out, size_t n);
+
 /* Both steps: p -> shared object bytes ready for nf_kernel_load. */
 int nf_cpu_compile(const nf_lprog *p, const nf_cpu_target *t,
                    nf_blob *shared_object, nf_cpu_stats *stats, nf_buf *err);

@@ -73,6 +73,9 @@ typedef struct nf_search_opts {
                            gain; 0: max(64, max_trials / 2); < 0: never */
   int random_search;    /* 1: no model, every candidate drawn at random
                            (the baseline the model is measured against) */
+  int max_failures;     /* stop after this many consecutive failed
+                           candidates (every candidate failing: give up,
+                           keep the fallback); 0: 150; < 0: never */
   uint64_t seed;        /* 0 counts as 1 */
   nf_cpu_target target; /* code generation target (host when empty) */
   nf_measure_opts measure;
@@ -81,6 +84,10 @@ typedef struct nf_search_opts {
   size_t n_prior;
   /* called after every trial (may be NULL) */
   void (*progress)(void *user, const nf_search_progress *p);
+  /* called with every record as it is made, the default's first (may be
+   * NULL); rec is valid only during the call.  neoflowd's job process
+   * streams records and improvements through it. */
+  void (*on_record)(void *user, const nf_search_record *rec);
   void *user;
   /* tests: replaces compile + measure.  Fills rec->status, time_ms and
    * reason for the lowered candidate; returns NF_OK. */
@@ -103,6 +110,7 @@ typedef struct nf_search_result {
   double flops;       /* floating-point operations of one run */
   double seconds;     /* wall time of the run */
   int stopped_early;  /* patience ran out */
+  int gave_up;        /* max_failures consecutive failures */
 } nf_search_result;
 
 /* Tunes g.  NF_OK with *res filled (free with nf_search_result_free), or

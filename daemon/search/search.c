@@ -90,6 +90,7 @@ typedef struct run {
   size_t n_measured, cap_measured;
   int last_gain_trial;
   int measuring_default;
+  int consec_failures; /* failed trials in a row */
   nf_buf *err;
   nf_buf tmp;
 } run;
@@ -130,6 +131,7 @@ static int push_record(run *R, nf_search_record *rec) {
     r->records = nr;
     R->cap_records = nc;
   }
+  if (R->o->on_record) R->o->on_record(R->o->user, rec);
   r->records[r->n_records++] = *rec;
   return NF_OK;
 }
@@ -211,7 +213,12 @@ static int trial(run *R, cand *c) {
   nf_search_result *r = R->res;
   rec.trial = ++r->trials;
   rec.at_s = now_s() - R->t0;
-  if (rec.status != NF_MEAS_OK) r->failures++;
+  if (rec.status != NF_MEAS_OK) {
+    r->failures++;
+    R->consec_failures++;
+  } else {
+    R->consec_failures = 0;
+  }
   if (nf_cost_model_add(R->model, rec.feat, rec.status == NF_MEAS_OK ? rec.time_ms : 0) != NF_OK)
     rc = NF_ENOMEM;
   if (rec.status == NF_MEAS_OK) {
@@ -252,6 +259,11 @@ static int budget_left(run *R) {
   const nf_search_opts *o = R->o;
   int max_trials = o->max_trials > 0 ? o->max_trials : 200;
   if (R->res->trials >= max_trials) return 0;
+  int max_failures = o->max_failures ? o->max_failures : 150;
+  if (max_failures > 0 && R->consec_failures >= max_failures) {
+    R->res->gave_up = 1;
+    return 0;
+  }
   if (o->max_seconds > 0 && now_s() - R->t0 >= o->max_seconds) return 0;
   int patience = o->patience ? o->patience : (max_trials / 2 > 64 ? max_trials / 2 : 64);
   if (patience > 0 && R->res->best_ms > 0 && R->res->trials - R->last_gain_trial >= patience) {

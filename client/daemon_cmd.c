@@ -1,0 +1,264 @@
+/* daemon_cmd.c - `neoflow status` (what a daemon is doing: clients, jobs
+ * with progress, the cache and its hit rate) and `neoflow tune --daemon`
+ * (tuning through the daemon: the answer comes from its cache when the
+ * subgraph was tuned before, by anyone). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "daemon_cmd.h"
+#include "nf_dconn.h"
+#include "nf_wire.h"
+
+static const char status_usage[] =
+    "usage: neoflow status [--socket ADDR] [--key FILE] [--json]\n"
+    "Shows what neoflowd is doing: connected clients, queued and running jobs\n"
+    "with their progress, and the tuning cache with its hit rate.\n"
+    "  --socket ADDR  a Unix socket path or tcp:HOST:PORT (default: $NEOFLOW_SOCKET,\n"
+    "                 else the daemon's default socket)\n"
+    "  --key FILE     the key for a daemon on TCP\n"
+    "  --json         one JSON object\n";
+
+static void hex16(const uint8_t *k, size_t n, char out[17]) {
+  for (size_t i = 0; i < 8; i++) snprintf(out + 2 * i, 3, "%02x", i < n ? k[i] : 0);
+}
+
+static void json_str(FILE *f, const char *s) {
+  fputc('"', f);
+  for (; s && *s; s++) {
+    unsigned char ch = (unsigned char)*s;
+    if (ch == '"' || ch == '\\') fprintf(f, "\\%c", ch);
+    else if (ch < 0x20) fprintf(f, "\\u%04x", ch);
+    else fputc(ch, f);
+  }
+  fputc('"', f);
+}
+
+static const char *state_name(int s) {
+  switch (s) {
+    case NEOFLOW__JOB_STATE__JOB_QUEUED: return "queued";
+    case NEOFLOW__JOB_STATE__JOB_COMPILING: return "compiling";
+    case NEOFLOW__JOB_STATE__JOB_TUNING: return "tuning";
+    case NEOFLOW__JOB_STATE__JOB_DONE: return "done";
+    default: return "failed";
+  }
+}
+
+static void print_status(const Neoflow__StatusReply *s, int json) {
+  uint64_t looks = s->cache_hits + s->cache_misses;
+  double rate = looks ? 100.0 * (double)s->cache_hits / (double)looks : 0;
+  if (json) {
+    printf("{\"version\":");
+    json_str(stdout, s->daemon_version);
+    printf(",\"pid\":%u,\"uptime_s\":%.1f,\"cache\":{\"path\":", s->pid, s->uptime_s);
+    json_str(stdout, s->cache_path);
+    printf(",\"entries\":%llu,\"bytes\":%llu,\"hits\":%llu,\"misses\":%llu,\"hit_rate\":%.4f},",
+           (unsigned long long)s->cache_entries, (unsigned long long)s->cache_bytes,
+           (unsigned long long)s->cache_hits, (unsigned long long)s->cache_misses,
+           looks ? (double)s->cache_hits / (double)looks : 0.0);
+    printf("\"jobs_done\":%llu,\"jobs_failed\":%llu,\"connections_refused\":%llu,\"clients\":[",
+           (unsigned long long)s->jobs_done, (unsigned long long)s->jobs_failed,
+           (unsigned long long)s->connections_refused);
+    for (size_t i = 0; i < s->n_clients; i++) {
+      const Neoflow__ClientInfo *c = s->clients[i];
+      printf("%s{\"session\":%llu,\"name\":", i ? "," : "", (unsigned long long)c->session_id);
+      json_str(stdout, c->name);
+      printf(",\"pid\":%u,\"uid\":%u,\"transport\":\"%s\",\"requests\":%u,\"connected_s\":%.1f}",
+             c->pid, c->uid, c->transport, c->requests, c->connected_s);
+    }
+    printf("],\"jobs\":[");
+    for (size_t i = 0; i < s->n_jobs; i++) {
+      const Neoflow__JobInfo *j = s->jobs[i];
+      char k[17];
+      hex16(j->key.data, j->key.len, k);
+      printf("%s{\"key\":\"%s\",\"graph\":", i ? "," : "", k);
+      json_str(stdout, j->graph);
+      printf(",\"state\":\"%s\",\"mode\":\"%s\",\"waiters\":%u,\"trial\":%u,\"max_trials\":%u,"
+             "\"best_ms\":%.6g,\"default_ms\":%.6g,\"step_ms\":%.6g,\"age_s\":%.1f}",
+             state_name(j->state), j->mode == NEOFLOW__MODE__MODE_TUNE ? "tune" : "compile",
+             j->waiters, j->trial, j->max_trials, j->best_ms, j->default_ms, j->step_ms, j->age_s);
+    }
+    printf("]}\n");
+    return;
+  }
+  printf("neoflowd %s (pid %u), up %.0f s\n", s->daemon_version, s->pid, s->uptime_s);
+  printf("cache %s: %llu entries, %.1f MiB; hit rate %.1f%% (%llu hits, %llu misses)\n",
+         s->cache_path, (unsigned long long)s->cache_entries, (double)s->cache_bytes / 1048576.0,
+         rate, (unsigned long long)s->cache_hits, (unsigned long long)s->cache_misses);
+  printf("jobs: %llu done, %llu failed; connections refused: %llu\n",
+         (unsigned long long)s->jobs_done, (unsigned long long)s->jobs_failed,
+         (unsigned long long)s->connections_refused);
+  printf("clients (%zu):\n", s->n_clients);
+  if (s->n_clients)
+    printf("  %-8s %-20s %8s %6s %-5s %8s %10s\n", "session", "name", "pid", "uid", "via",
+           "requests", "connected");
+  for (size_t i = 0; i < s->n_clients; i++) {
+    const Neoflow__ClientInfo *c = s->clients[i];
+    printf("  %-8llu %-20.20s %8u %6u %-5s %8u %9.0fs\n", (unsigned long long)c->session_id,
+           c->name, c->pid, c->uid, c->transport, c->requests, c->connected_s);
+  }
+  printf("jobs (%zu):\n", s->n_jobs);
+  if (s->n_jobs)
+    printf("  %-16s %-20s %-9s %-7s %7s %11s %10s %10s\n", "key", "graph", "state", "mode",
+           "waiters", "trials", "best ms", "default ms");
+  for (size_t i = 0; i < s->n_jobs; i++) {
+    const Neoflow__JobInfo *j = s->jobs[i];
+    char k[17], tr[32];
+    hex16(j->key.data, j->key.len, k);
+    snprintf(tr, sizeof tr, "%u/%u", j->trial, j->max_trials);
+    printf("  %-16s %-20.20s %-9s %-7s %7u %11s %10.4g %10.4g\n", k, j->graph, state_name(j->state),
+           j->mode == NEOFLOW__MODE__MODE_TUNE ? "tune" : "compile", j->waiters, tr, j->best_ms,
+           j->default_ms);
+  }
+}
+
+int nf__cli_status(int argc, char **argv) {
+  const char *addr = NULL, *key = NULL;
+  int json = 0;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--json")) json = 1;
+    else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+      fputs(status_usage, stdout);
+      return 0;
+    } else if ((!strcmp(argv[i], "--socket") || !strcmp(argv[i], "--key")) && i + 1 < argc) {
+      if (argv[i][2] == 's') addr = argv[++i];
+      else key = argv[++i];
+    } else {
+      fprintf(stderr, "neoflow status: unexpected argument '%s'\n\n%s", argv[i], status_usage);
+      return 2;
+    }
+  }
+  nf_buf err = NF_BUF_INIT;
+  nf_dconn *c = NULL;
+  nf_dconn_opts o = {.address = addr, .key_file = key, .client_name = "neoflow status"};
+  if (nf_dconn_open(&o, &c, &err) != NF_OK) {
+    fprintf(stderr, "neoflow status: %s\n", nf_buf_str(&err));
+    nf_buf_free(&err);
+    return 1;
+  }
+  Neoflow__StatusRequest sr = NEOFLOW__STATUS_REQUEST__INIT;
+  Neoflow__ClientMessage cm = NEOFLOW__CLIENT_MESSAGE__INIT;
+  cm.msg_case = NEOFLOW__CLIENT_MESSAGE__MSG_STATUS;
+  cm.status = &sr;
+  int rc = nf_dconn_send(c, &cm, &err);
+  Neoflow__ServerMessage *m = NULL;
+  while (rc == NF_OK) {
+    rc = nf_dconn_recv(c, 10000, &m, &err);
+    if (rc != NF_OK) break;
+    if (m->msg_case == NEOFLOW__SERVER_MESSAGE__MSG_STATUS) break;
+    nf_wire_free_server(m);
+    m = NULL;
+  }
+  if (rc == NF_OK) print_status(m->status, json);
+  else fprintf(stderr, "neoflow status: %s\n", nf_buf_str(&err));
+  nf_wire_free_server(m);
+  nf_dconn_close(c);
+  nf_buf_free(&err);
+  return rc == NF_OK ? 0 : 1;
+}
+
+/* ---- tune --daemon ---- */
+
+typedef struct tprog {
+  int tty;
+  const char *def;
+  int shown;
+} tprog;
+
+static void show_progress(void *user, const Neoflow__Progress *p) {
+  tprog *t = user;
+  if (!t->tty) return;
+  fprintf(stderr, "\r%s: %s", t->def, state_name(p->state));
+  if (p->state == NEOFLOW__JOB_STATE__JOB_TUNING)
+    fprintf(stderr, " %u/%u  best %.4g ms  default %.4g ms  failed %u", p->trial, p->max_trials,
+            p->best_ms, p->default_ms, p->failures);
+  fprintf(stderr, "        ");
+  fflush(stderr);
+  t->shown = 1;
+}
+
+int nf__cli_tune_daemon(const nf_graph *g, const nf_tune_daemon_cli *t) {
+  nf_buf err = NF_BUF_INIT;
+  nf_dconn *c = NULL;
+  nf_dconn_opts o = {.address = t->address, .key_file = t->key_file, .client_name = "neoflow tune"};
+  Neoflow__Graph *pg = NULL;
+  int rc = nf_wire_graph_from_ir(g, &pg);
+  if (rc != NF_OK) {
+    fprintf(stderr, "neoflow: error: %s: cannot encode the graph: %s\n", t->def, nf_strerror(rc));
+    return 1;
+  }
+  if (nf_dconn_open(&o, &c, &err) != NF_OK) {
+    fprintf(stderr, "neoflow: error: %s\n", nf_buf_str(&err));
+    nf_wire_graph_free(pg);
+    nf_buf_free(&err);
+    return 1;
+  }
+  if (!nf_dconn_same_target(c))
+    fprintf(stderr, "neoflow: warning: the daemon compiles for another machine (%s)\n",
+            nf_dconn_daemon_target(c));
+  Neoflow__Submit s = NEOFLOW__SUBMIT__INIT;
+  s.request_id = 1;
+  s.graph = pg;
+  s.mode = t->compile_only ? NEOFLOW__MODE__MODE_COMPILE : NEOFLOW__MODE__MODE_TUNE;
+  s.max_trials = t->trials > 0 ? (uint32_t)t->trials : 0;
+  s.max_seconds = t->seconds > 0 ? (uint32_t)(t->seconds + 0.999) : 0;
+  Neoflow__ClientMessage cm = NEOFLOW__CLIENT_MESSAGE__INIT;
+  cm.msg_case = NEOFLOW__CLIENT_MESSAGE__MSG_SUBMIT;
+  cm.submit = &s;
+  rc = nf_dconn_send(c, &cm, &err);
+  nf_wire_graph_free(pg);
+  tprog tp = {.tty = isatty(2), .def = t->def};
+  nf_dkernel k, last;
+  memset(&last, 0, sizeof last);
+  int code = 0, n_kernels = 0;
+  while (rc == NF_OK) {
+    rc = nf_dconn_next_kernel(c, 1, 0, show_progress, &tp, &k, &code, &err);
+    if (rc != NF_OK) break;
+    n_kernels++;
+    nf_dkernel_free(&last);
+    last = k;
+    if (last.final) break;
+  }
+  if (tp.shown) fputc('\n', stderr);
+  int status = 1;
+  if (rc == NF_OK) {
+    int from_cache = n_kernels == 1;
+    if (t->out) {
+      FILE *f = fopen(t->out, "wb");
+      if (!f || fwrite(last.binary, 1, last.len, f) != last.len || fclose(f) != 0) {
+        fprintf(stderr, "neoflow: error: cannot write '%s': %s\n", t->out, strerror(errno));
+        goto done;
+      }
+    }
+    char key[17];
+    hex16(last.key, 32, key);
+    if (t->json) {
+      printf("{\"def\":");
+      json_str(stdout, t->def);
+      printf(",\"key\":\"%s\",\"tier\":%d,\"time_ms\":%.6g,\"default_ms\":%.6g,\"bytes\":%zu,"
+             "\"kernels_received\":%d,\"schedule\":",
+             key, last.tier, last.time_ms, last.default_ms, last.len, n_kernels);
+      json_str(stdout, last.schedule);
+      printf("}\n");
+    } else {
+      printf("%s: key %s…: tier %d (%s) kernel of %zu bytes%s\n", t->def, key, last.tier,
+             last.tier == 2 ? "tuned" : "default schedule", last.len,
+             from_cache ? ", answered at once (cache)" : "");
+      if (last.time_ms > 0)
+        printf("time %.4g ms, default %.4g ms (%.2fx)\n", last.time_ms, last.default_ms,
+               last.time_ms > 0 && last.default_ms > 0 ? last.default_ms / last.time_ms : 1.0);
+      printf("schedule:\n%s", last.schedule);
+      if (last.schedule[0] && last.schedule[strlen(last.schedule) - 1] != '\n') putchar('\n');
+    }
+    status = 0;
+  } else {
+    fprintf(stderr, "neoflow: error: %s: %s\n", t->def, nf_buf_str(&err));
+  }
+done:
+  nf_dkernel_free(&last);
+  nf_dconn_close(c);
+  nf_buf_free(&err);
+  return status;
+}

@@ -1,0 +1,388 @@
+/* dconn.c - a blocking connection to neoflowd (nf_dconn.h).
+ *
+ * Everything received is decoded and validated by proto/ before use; a
+ * kernel is accepted only when its chunks arrive in order, add up to the
+ * announced size and hash to the announced SHA-256, and the key it
+ * answers is the one the daemon accepted the request under. */
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "nf_dconn.h"
+#include "nf_target.h"
+#include "nf_wire.h"
+#include "nf_wire_auth.h"
+#include "nfd_config.h"
+
+struct nf_dconn {
+  int fd;
+  int tcp;
+  uint64_t session;
+  int same_target;
+  char daemon_target[NF_WIRE_TEXT_MAX + 1];
+  nf_buf rx;
+  /* accepted keys by request (the last few) */
+  uint64_t acc_id[64];
+  uint8_t acc_key[64][32];
+  int n_acc;
+};
+
+void nf_dconn_host_target(Neoflow__Target *t, uint8_t fp[32], char desc[256]) {
+  nf_host_target h;
+  nf_host_target_get(&h);
+  memcpy(fp, h.fingerprint, 32);
+  snprintf(desc, 256, "%s", h.description);
+  neoflow__target__init(t);
+  t->kind = NEOFLOW__TARGET_KIND__TARGET_CPU;
+  t->fingerprint.data = fp;
+  t->fingerprint.len = 32;
+  t->description = desc;
+}
+
+static int wait_fd(int fd, short ev, int timeout_ms) {
+  struct pollfd p = {.fd = fd, .events = ev};
+  int r;
+  do r = poll(&p, 1, timeout_ms);
+  while (r < 0 && errno == EINTR);
+  return r;
+}
+
+static int connect_unix(const char *path, int timeout_ms, int *fd, nf_buf *err) {
+  struct sockaddr_un a;
+  memset(&a, 0, sizeof a);
+  a.sun_family = AF_UNIX;
+  if (strlen(path) >= sizeof a.sun_path) {
+    nf_buf_printf(err, "socket path too long: %s", path);
+    return NF_EINVAL;
+  }
+  memcpy(a.sun_path, path, strlen(path) + 1);
+  int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (s < 0 || connect(s, (struct sockaddr *)&a, sizeof a) != 0) {
+    nf_buf_printf(err, "cannot connect to %s: %s", path, strerror(errno));
+    if (s >= 0) close(s);
+    return NF_EIO;
+  }
+  (void)timeout_ms;
+  *fd = s;
+  return NF_OK;
+}
+
+static int connect_tcp(const char *spec, int timeout_ms, int *fd, nf_buf *err) {
+  char host[256];
+  const char *colon = strrchr(spec, ':');
+  if (!colon || colon == spec || (size_t)(colon - spec) >= sizeof host) {
+    nf_buf_printf(err, "expected tcp:HOST:PORT, got 'tcp:%s'", spec);
+    return NF_EINVAL;
+  }
+  memcpy(host, spec, (size_t)(colon - spec));
+  host[colon - spec] = 0;
+  if (host[0] == '[' && host[strlen(host) - 1] == ']') {
+    memmove(host, host + 1, strlen(host));
+    host[strlen(host) - 1] = 0;
+  }
+  struct addrinfo hints, *res = NULL;
+  memset(&hints, 0, sizeof hints);
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  int g = getaddrinfo(host, colon + 1, &hints, &res);
+  if (g != 0) {
+    nf_buf_printf(err, "tcp:%s: %s", spec, gai_strerror(g));
+    return NF_EIO;
+  }
+  int s = -1, e = 0;
+  for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+    s = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (s < 0) continue;
+    int r = connect(s, ai->ai_addr, ai->ai_addrlen);
+    if (r != 0 && errno == EINPROGRESS && wait_fd(s, POLLOUT, timeout_ms) > 0) {
+      socklen_t len = sizeof e;
+      getsockopt(s, SOL_SOCKET, SO_ERROR, &e, &len);
+      r = e ? -1 : 0;
+      errno = e;
+    }
+    if (r == 0) break;
+    e = errno;
+    close(s);
+    s = -1;
+  }
+  freeaddrinfo(res);
+  if (s < 0) {
+    nf_buf_printf(err, "cannot connect to tcp:%s: %s", spec, strerror(e ? e : ETIMEDOUT));
+    return NF_EIO;
+  }
+  int fl = 1;
+  setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &fl, sizeof fl);
+  /* back to blocking: the wire helpers poll with timeouts */
+  int flags = fcntl(s, F_GETFL);
+  if (flags >= 0) fcntl(s, F_SETFL, flags & ~O_NONBLOCK);
+  *fd = s;
+  return NF_OK;
+}
+
+int nf_dconn_send(nf_dconn *c, const Neoflow__ClientMessage *m, nf_buf *err) {
+  int rc = nf_wire_write_frame(c->fd, &m->base, NF_WIRE_FRAME_MAX, 30000);
+  if (rc != NF_OK) nf_buf_printf(err, "sending to the daemon: %s", strerror(errno));
+  return rc;
+}
+
+int nf_dconn_recv(nf_dconn *c, int timeout_ms, Neoflow__ServerMessage **m, nf_buf *err) {
+  *m = NULL;
+  int rc = nf_wire_read_frame(c->fd, NF_WIRE_FRAME_MAX, timeout_ms, &c->rx);
+  if (rc == NF_ENOENT) {
+    nf_buf_printf(err, "the daemon closed the connection");
+    return rc;
+  }
+  if (rc != NF_OK) {
+    nf_buf_printf(err, "receiving from the daemon: %s",
+                  rc == NF_EFORMAT ? "truncated frame"
+                  : rc == NF_ELIMIT ? "oversized frame"
+                                    : "timed out or failed");
+    return rc == NF_ELIMIT ? NF_EFORMAT : rc;
+  }
+  nf_wire_err e;
+  *m = nf_wire_decode_server((const uint8_t *)c->rx.data, c->rx.len, &e);
+  if (!*m) {
+    nf_buf_printf(err, "the daemon sent an invalid message: %s", e.msg);
+    return NF_EFORMAT;
+  }
+  return NF_OK;
+}
+
+static int handshake(nf_dconn *c, const nf_dconn_opts *o, int timeout_ms, const uint8_t *key,
+                     nf_buf *err) {
+  Neoflow__ServerMessage *m = NULL;
+  uint8_t sn[NF_AUTH_NONCE], cn[NF_AUTH_NONCE], mac[NF_AUTH_MAC];
+  int rc;
+  if (c->tcp) {
+    if ((rc = nf_dconn_recv(c, timeout_ms, &m, err)) != NF_OK) return rc;
+    if (m->msg_case != NEOFLOW__SERVER_MESSAGE__MSG_CHALLENGE) {
+      nf_buf_printf(err, "the daemon did not start the TCP handshake");
+      nf_wire_free_server(m);
+      return NF_EINVAL;
+    }
+    memcpy(sn, m->challenge->server_nonce.data, NF_AUTH_NONCE);
+    nf_wire_free_server(m);
+  }
+  Neoflow__Target t;
+  uint8_t fp[32];
+  char desc[256];
+  nf_dconn_host_target(&t, fp, desc);
+  Neoflow__Hello h = NEOFLOW__HELLO__INIT;
+  h.protocol_min = o->protocol_min ? (uint32_t)o->protocol_min : NF_WIRE_PROTOCOL_MIN;
+  h.protocol_max = o->protocol_max ? (uint32_t)o->protocol_max : NF_WIRE_PROTOCOL_MAX;
+  h.client_name = (char *)(o->client_name ? o->client_name : "neoflow");
+  h.pid = (uint32_t)getpid();
+  h.target = &t;
+  if (c->tcp && key) {
+    nf_auth_nonce(cn);
+    nf_auth_client_mac(key, sn, cn, mac);
+    h.client_nonce.data = cn;
+    h.client_nonce.len = NF_AUTH_NONCE;
+    h.mac.data = mac;
+    h.mac.len = NF_AUTH_MAC;
+  }
+  Neoflow__ClientMessage cm = NEOFLOW__CLIENT_MESSAGE__INIT;
+  cm.msg_case = NEOFLOW__CLIENT_MESSAGE__MSG_HELLO;
+  cm.hello = &h;
+  if ((rc = nf_dconn_send(c, &cm, err)) != NF_OK) return rc;
+  if ((rc = nf_dconn_recv(c, timeout_ms, &m, err)) != NF_OK) return rc;
+  if (m->msg_case == NEOFLOW__SERVER_MESSAGE__MSG_ERROR) {
+    nf_buf_printf(err, "the daemon refused the session: %s", m->error->message);
+    rc = m->error->code == NEOFLOW__ERROR_CODE__ERR_UNSUPPORTED_VERSION ? NF_EUNSUPPORTED
+                                                                         : NF_EINVAL;
+    nf_wire_free_server(m);
+    return rc;
+  }
+  if (m->msg_case != NEOFLOW__SERVER_MESSAGE__MSG_WELCOME) {
+    nf_buf_printf(err, "the daemon did not answer the Hello with a Welcome");
+    nf_wire_free_server(m);
+    return NF_EINVAL;
+  }
+  const Neoflow__Welcome *w = m->welcome;
+  if (c->tcp && key) {
+    uint8_t want[NF_AUTH_MAC];
+    nf_auth_server_mac(key, sn, cn, want);
+    if (w->server_mac.len != NF_AUTH_MAC || !nf_auth_mac_equal(want, w->server_mac.data)) {
+      nf_buf_printf(err, "the daemon did not prove it knows the key: refusing it");
+      nf_wire_free_server(m);
+      return NF_EINVAL;
+    }
+  }
+  c->session = w->session_id;
+  c->same_target = w->target && w->target->fingerprint.len == 32 &&
+                   memcmp(w->target->fingerprint.data, fp, 32) == 0;
+  snprintf(c->daemon_target, sizeof c->daemon_target, "%s",
+           w->target && w->target->description ? w->target->description : "");
+  nf_wire_free_server(m);
+  return NF_OK;
+}
+
+int nf_dconn_open(const nf_dconn_opts *o, nf_dconn **out, nf_buf *err) {
+  *out = NULL;
+  int timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 5000;
+  nfd_config dflt;
+  const char *addr = o->address;
+  if (!addr || !*addr) {
+    nfd_config_defaults(&dflt);
+    addr = dflt.socket_path;
+  }
+  uint8_t key[NF_AUTH_KEY];
+  int have_key = 0;
+  if (o->key_file && *o->key_file) {
+    int rc = nf_auth_load_key(o->key_file, key, err);
+    if (rc != NF_OK) return rc;
+    have_key = 1;
+  }
+  nf_dconn *c = calloc(1, sizeof *c);
+  if (!c) return NF_ENOMEM;
+  int rc;
+  if (strncmp(addr, "tcp:", 4) == 0) {
+    c->tcp = 1;
+    rc = connect_tcp(addr + 4, timeout_ms, &c->fd, err);
+  } else {
+    rc = connect_unix(strncmp(addr, "unix:", 5) == 0 ? addr + 5 : addr, timeout_ms, &c->fd, err);
+  }
+  if (rc == NF_OK) rc = handshake(c, o, timeout_ms, have_key ? key : NULL, err);
+  sodium_memzero(key, sizeof key);
+  if (rc != NF_OK) {
+    if (c->fd > 0) close(c->fd);
+    nf_buf_free(&c->rx);
+    free(c);
+    return rc;
+  }
+  *out = c;
+  return NF_OK;
+}
+
+void nf_dconn_close(nf_dconn *c) {
+  if (!c) return;
+  if (c->fd > 0) close(c->fd);
+  nf_buf_free(&c->rx);
+  free(c);
+}
+
+uint64_t nf_dconn_session(const nf_dconn *c) { return c->session; }
+int nf_dconn_same_target(const nf_dconn *c) { return c->same_target; }
+const char *nf_dconn_daemon_target(const nf_dconn *c) { return c->daemon_target; }
+int nf_dconn_fd(const nf_dconn *c) { return c->fd; }
+
+void nf_dkernel_free(nf_dkernel *k) {
+  free(k->schedule);
+  free(k->binary);
+  memset(k, 0, sizeof *k);
+}
+
+static const uint8_t *accepted_key(const nf_dconn *c, uint64_t id) {
+  for (int i = 0; i < c->n_acc; i++)
+    if (c->acc_id[i] == id) return c->acc_key[i];
+  return NULL;
+}
+
+int nf_dconn_next_kernel(nf_dconn *c, uint64_t request_id, int timeout_ms,
+                         void (*on_progress)(void *user, const Neoflow__Progress *p), void *user,
+                         nf_dkernel *k, int *code, nf_buf *err) {
+  memset(k, 0, sizeof *k);
+  *code = 0;
+  uint8_t want_sha[32];
+  uint64_t want = 0;
+  int in_kernel = 0;
+  for (;;) {
+    Neoflow__ServerMessage *m = NULL;
+    int rc = nf_dconn_recv(c, timeout_ms, &m, err);
+    if (rc != NF_OK) {
+      nf_dkernel_free(k);
+      return rc;
+    }
+    rc = 1; /* 1: go on */
+    switch (m->msg_case) {
+      case NEOFLOW__SERVER_MESSAGE__MSG_ACCEPTED:
+        if (m->accepted->request_id == request_id) {
+          int i = c->n_acc < 64 ? c->n_acc++ : 63;
+          c->acc_id[i] = request_id;
+          memcpy(c->acc_key[i], m->accepted->key.data, 32);
+        }
+        break;
+      case NEOFLOW__SERVER_MESSAGE__MSG_PROGRESS:
+        if (m->progress->request_id == request_id && on_progress) on_progress(user, m->progress);
+        break;
+      case NEOFLOW__SERVER_MESSAGE__MSG_ERROR:
+        if (m->error->request_id == request_id || m->error->request_id == 0) {
+          *code = (int)m->error->code;
+          nf_buf_printf(err, "%s", m->error->message);
+          rc = NF_EINVAL;
+        }
+        break;
+      case NEOFLOW__SERVER_MESSAGE__MSG_GOODBYE:
+        nf_buf_printf(err, "the daemon said goodbye: %s", m->goodbye->reason);
+        rc = NF_ENOENT;
+        break;
+      case NEOFLOW__SERVER_MESSAGE__MSG_KERNEL: {
+        const Neoflow__KernelUpdate *u = m->kernel;
+        if (u->request_id != request_id) break;
+        const uint8_t *ak = accepted_key(c, request_id);
+        if (!ak || memcmp(ak, u->key.data, 32) != 0) {
+          nf_buf_printf(err, "kernel rejected: it answers another key");
+          rc = NF_EFORMAT;
+          break;
+        }
+        nf_dkernel_free(k);
+        k->request_id = request_id;
+        k->tier = (int)u->tier;
+        k->final = u->final;
+        k->time_ms = u->time_ms;
+        k->default_ms = u->default_ms;
+        k->schedule = strdup(u->schedule ? u->schedule : "");
+        memcpy(k->key, u->key.data, 32);
+        k->binary = malloc(u->size ? u->size : 1);
+        if (!k->schedule || !k->binary) {
+          rc = NF_ENOMEM;
+          break;
+        }
+        want = u->size;
+        memcpy(want_sha, u->sha256.data, 32);
+        in_kernel = 1;
+        if (want == 0) rc = NF_EFORMAT;
+        break;
+      }
+      case NEOFLOW__SERVER_MESSAGE__MSG_CHUNK: {
+        const Neoflow__Chunk *ch = m->chunk;
+        if (ch->request_id != request_id) break;
+        if (!in_kernel || ch->offset != k->len || ch->data.len > want - k->len) {
+          nf_buf_printf(err, "kernel rejected: chunk at %llu out of order or past the size",
+                        (unsigned long long)ch->offset);
+          rc = NF_EFORMAT;
+          break;
+        }
+        memcpy(k->binary + k->len, ch->data.data, ch->data.len);
+        k->len += ch->data.len;
+        if (k->len == want) {
+          uint8_t got[32];
+          crypto_hash_sha256(got, k->binary, k->len);
+          if (memcmp(got, want_sha, 32) != 0) {
+            nf_buf_printf(err, "kernel rejected: SHA-256 mismatch");
+            rc = NF_EFORMAT;
+          } else {
+            rc = NF_OK;
+          }
+        }
+        break;
+      }
+      default: break;
+    }
+    nf_wire_free_server(m);
+    if (rc != 1) {
+      if (rc != NF_OK) nf_dkernel_free(k);
+      return rc;
+    }
+  }
+}

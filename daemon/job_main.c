@@ -1,0 +1,303 @@
+/* job_main.c - a neoflowd job process (`neoflowd --job`): compiles or
+ * tunes one subgraph for the daemon, so that LLVM, the search and the
+ * measurement workers never run inside the event-loop process.
+ *
+ * Protocol (proto/neoflow.proto): one JobRequest frame on stdin; JobEvent
+ * frames on stdout: for MODE_COMPILE one final kernel (tier 1, the default
+ * schedule, not measured); for MODE_TUNE progress (at most every 250 ms),
+ * every measured record, each improvement over the default by 3% or more
+ * (a non-final kernel), then the final kernel: the confirmed best (tier 2)
+ * when it beats the default, else the default's kernel with its measured
+ * time (tier 1, so the key counts as tuned).  Then Done.  Failures are an
+ * Error event with a typed code; the exit status is 0 whenever the events
+ * could be written.
+ *
+ * The process dies with the daemon (PR_SET_PDEATHSIG), dumps no core, and
+ * lives under the daemon's memory limit for jobs (RLIMIT_AS, not under
+ * AddressSanitizer, which reserves terabytes of address space). */
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "nf_codegen.h"
+#include "nf_features.h"
+#include "nf_lower.h"
+#include "nf_search.h"
+#include "nf_wire.h"
+
+int nfd_job_main(void);
+
+typedef struct job {
+  int fd;
+  int failed_write;
+  double t_progress;
+  double default_ms;
+  double sent_ms; /* best improvement streamed so far */
+  const nf_graph *g;
+  nf_cpu_target target;
+} job;
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void emit(job *J, Neoflow__JobEvent *ev) {
+  if (J->failed_write) return;
+  if (nf_wire_write_frame(J->fd, &ev->base, NF_WIRE_JOB_FRAME_MAX, 0) != NF_OK) {
+    J->failed_write = 1;
+  }
+}
+
+static void emit_error(job *J, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void emit_error(job *J, int code, const char *fmt, ...) {
+  char msg[NF_WIRE_TEXT_MAX];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  Neoflow__Error e = NEOFLOW__ERROR__INIT;
+  e.code = code;
+  e.message = msg;
+  Neoflow__JobEvent ev = NEOFLOW__JOB_EVENT__INIT;
+  ev.msg_case = NEOFLOW__JOB_EVENT__MSG_ERROR;
+  ev.error = &e;
+  emit(J, &ev);
+}
+
+/* Compiles g with schedule s (NULL: the default).  NF_OK with *so. */
+static int compile(job *J, const nf_schedule *s, nf_blob *so, nf_buf *err) {
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  if (!ctx) return NF_ENOMEM;
+  nf_lprog *p = NULL;
+  int rc = nf_lower(J->g, s, ctx, &p, err);
+  if (rc == NF_OK) rc = nf_cpu_compile(p, &J->target, so, NULL, err);
+  nf_ir_ctx_free(ctx);
+  return rc;
+}
+
+static void emit_kernel(job *J, int tier, const char *schedule, double ms, double default_ms,
+                        int trials, const nf_blob *so, int final) {
+  Neoflow__JobKernel k = NEOFLOW__JOB_KERNEL__INIT;
+  k.tier = tier;
+  k.schedule = (char *)schedule;
+  k.time_ms = ms;
+  k.default_ms = default_ms;
+  k.binary.data = so->data;
+  k.binary.len = so->len;
+  k.trials = (uint32_t)trials;
+  k.final = final;
+  Neoflow__JobEvent ev = NEOFLOW__JOB_EVENT__INIT;
+  ev.msg_case = NEOFLOW__JOB_EVENT__MSG_KERNEL;
+  ev.kernel = &k;
+  emit(J, &ev);
+}
+
+/* Compiles the schedule text and emits it as a kernel. */
+static int emit_schedule(job *J, int tier, const char *text, double ms, double default_ms,
+                         int trials, int final, nf_buf *err) {
+  nf_schedule *s = NULL;
+  int rc = nf_schedule_parse(text, "schedule", &s, err);
+  nf_blob so = NF_BLOB_INIT;
+  if (rc == NF_OK) rc = compile(J, s, &so, err);
+  if (rc == NF_OK) emit_kernel(J, tier, text, ms, default_ms, trials, &so, final);
+  nf_schedule_free(s);
+  nf_blob_free(&so);
+  return rc;
+}
+
+static void on_progress(void *user, const nf_search_progress *p) {
+  job *J = user;
+  double t = now_s();
+  if (t - J->t_progress < 0.25 && p->trial < p->max_trials) return;
+  J->t_progress = t;
+  Neoflow__Progress pg = NEOFLOW__PROGRESS__INIT;
+  pg.state = NEOFLOW__JOB_STATE__JOB_TUNING;
+  pg.trial = (uint32_t)p->trial;
+  pg.max_trials = (uint32_t)p->max_trials;
+  pg.failures = (uint32_t)p->failures;
+  pg.best_ms = p->best_ms > 0 ? p->best_ms : 0;
+  pg.default_ms = p->default_ms > 0 ? p->default_ms : 0;
+  Neoflow__JobEvent ev = NEOFLOW__JOB_EVENT__INIT;
+  ev.msg_case = NEOFLOW__JOB_EVENT__MSG_PROGRESS;
+  ev.progress = &pg;
+  emit(J, &ev);
+}
+
+static void on_record(void *user, const nf_search_record *rec) {
+  job *J = user;
+  Neoflow__Record r = NEOFLOW__RECORD__INIT;
+  r.schedule = rec->schedule ? rec->schedule : (char *)"";
+  r.status = rec->status;
+  r.time_ms = rec->status == NF_MEAS_OK && isfinite(rec->time_ms) ? rec->time_ms : 0;
+  r.features.data = (uint8_t *)rec->feat;
+  r.features.len = sizeof rec->feat;
+  char reason[sizeof rec->reason];
+  snprintf(reason, sizeof reason, "%s", rec->reason);
+  r.reason = reason;
+  Neoflow__JobEvent ev = NEOFLOW__JOB_EVENT__INIT;
+  ev.msg_case = NEOFLOW__JOB_EVENT__MSG_RECORD;
+  ev.record = &r;
+  if (rec->trial >= 0) emit(J, &ev); /* prior records are already stored */
+  if (rec->status != NF_MEAS_OK || rec->time_ms <= 0) return;
+  if (rec->trial == 0) {
+    J->default_ms = rec->time_ms;
+    return;
+  }
+  /* stream an improvement: 3% better than the default and than the last */
+  double ref = J->sent_ms > 0 ? J->sent_ms : J->default_ms;
+  if (ref > 0 && rec->time_ms < ref * 0.97 && rec->schedule) {
+    nf_buf err = NF_BUF_INIT;
+    if (emit_schedule(J, NEOFLOW__TIER__TIER_TUNED, rec->schedule, rec->time_ms, J->default_ms, 0,
+                      0, &err) == NF_OK)
+      J->sent_ms = rec->time_ms;
+    nf_buf_free(&err);
+  }
+}
+
+static int code_of(int rc) {
+  switch (rc) {
+    case NF_EINVAL: return NEOFLOW__ERROR_CODE__ERR_UNSUPPORTED_GRAPH;
+    case NF_EUNSUPPORTED: return NEOFLOW__ERROR_CODE__ERR_UNSUPPORTED_GRAPH;
+    case NF_ELIMIT: return NEOFLOW__ERROR_CODE__ERR_UNSUPPORTED_GRAPH;
+    default: return NEOFLOW__ERROR_CODE__ERR_COMPILE_ERROR;
+  }
+}
+
+static void run(job *J, const Neoflow__JobRequest *rq) {
+  nf_buf err = NF_BUF_INIT;
+  if (rq->mode == NEOFLOW__MODE__MODE_COMPILE) {
+    nf_schedule *s = NULL;
+    int rc = nf_schedule_default(J->g, &s);
+    nf_blob so = NF_BLOB_INIT;
+    if (rc == NF_OK) rc = compile(J, s, &so, &err);
+    if (rc == NF_OK) {
+      nf_buf text = NF_BUF_INIT;
+      nf_schedule_print(s, &text);
+      emit_kernel(J, NEOFLOW__TIER__TIER_DEFAULT, nf_buf_str(&text), 0, 0, 0, &so, 1);
+      nf_buf_free(&text);
+    } else {
+      emit_error(J, code_of(rc), "compile: %s", err.len ? nf_buf_str(&err) : nf_strerror(rc));
+    }
+    nf_schedule_free(s);
+    nf_blob_free(&so);
+    nf_buf_free(&err);
+    return;
+  }
+  /* tuning, warm-started from the cache's records */
+  nf_search_record *prior = calloc(rq->n_prior ? rq->n_prior : 1, sizeof *prior);
+  size_t n_prior = 0;
+  for (size_t i = 0; prior && i < rq->n_prior; i++) {
+    const Neoflow__Record *r = rq->prior[i];
+    if (r->features.len != sizeof prior[0].feat) continue; /* another feature version */
+    nf_search_record *p = &prior[n_prior];
+    p->schedule = r->schedule;
+    memcpy(p->feat, r->features.data, sizeof p->feat);
+    p->status = r->status;
+    p->time_ms = r->time_ms;
+    p->trial = -1;
+    n_prior++;
+  }
+  nf_search_opts o;
+  memset(&o, 0, sizeof o);
+  o.max_trials = (int)rq->max_trials;
+  o.max_seconds = rq->max_seconds;
+  o.seed = rq->seed;
+  o.target = J->target;
+  o.measure.timeout_ms = rq->measure_timeout_ms;
+  o.measure.n_threads = (int)rq->threads;
+  o.prior = prior;
+  o.n_prior = n_prior;
+  o.progress = on_progress;
+  o.on_record = on_record;
+  o.user = J;
+  nf_search_result res;
+  memset(&res, 0, sizeof res);
+  int rc = nf_search_run(J->g, &o, &res, &err);
+  if (rc != NF_OK) {
+    emit_error(J, code_of(rc), "tune: %s", err.len ? nf_buf_str(&err) : nf_strerror(rc));
+  } else if (res.best_ms <= 0 || !res.best_schedule) {
+    emit_error(J, NEOFLOW__ERROR_CODE__ERR_NO_VALID_CANDIDATE,
+               "tune: no candidate of %d ran correctly%s", res.trials,
+               res.gave_up ? " (gave up after consecutive failures)" : "");
+  } else {
+    int better = res.default_ms > 0 && res.best_ms < res.default_ms * 0.99;
+    const char *text = res.best_schedule;
+    nf_buf dtext = NF_BUF_INIT;
+    if (!better) {
+      nf_schedule *s = NULL;
+      if (nf_schedule_default(J->g, &s) == NF_OK) nf_schedule_print(s, &dtext);
+      nf_schedule_free(s);
+      text = nf_buf_str(&dtext);
+    }
+    double ms = better ? res.best_ms : (res.default_ms > 0 ? res.default_ms : res.best_ms);
+    rc = emit_schedule(J, better ? NEOFLOW__TIER__TIER_TUNED : NEOFLOW__TIER__TIER_DEFAULT, text,
+                       ms, res.default_ms, res.trials > 0 ? res.trials : 1, 1, &err);
+    if (rc != NF_OK)
+      emit_error(J, NEOFLOW__ERROR_CODE__ERR_COMPILE_ERROR, "tune: the best schedule: %s",
+                 nf_buf_str(&err));
+    nf_buf_free(&dtext);
+  }
+  nf_search_result_free(&res);
+  free(prior);
+  nf_buf_free(&err);
+}
+
+int nfd_job_main(void) {
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() == 1) return 1;
+  signal(SIGPIPE, SIG_IGN);
+  struct rlimit core = {0, 0};
+  setrlimit(RLIMIT_CORE, &core);
+  job J;
+  memset(&J, 0, sizeof J);
+  J.fd = 1;
+  nf_buf in = NF_BUF_INIT;
+  int rc = nf_wire_read_frame(0, NF_WIRE_JOB_FRAME_MAX, 30000, &in);
+  if (rc != NF_OK) {
+    fprintf(stderr, "neoflowd --job: no request on stdin: %s\n", nf_strerror(rc));
+    nf_buf_free(&in);
+    return 1;
+  }
+  nf_wire_err e;
+  Neoflow__JobRequest *rq = nf_wire_decode_job_request((const uint8_t *)in.data, in.len, &e);
+  nf_buf_free(&in);
+  if (!rq) {
+    emit_error(&J, e.code, "job request: %s", e.msg);
+    return 0;
+  }
+#if !defined(__SANITIZE_ADDRESS__)
+  if (rq->worker_memory_mb > 0) {
+    struct rlimit as = {(rlim_t)rq->worker_memory_mb << 20, (rlim_t)rq->worker_memory_mb << 20};
+    setrlimit(RLIMIT_AS, &as);
+  }
+#endif
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  nf_graph *g = NULL;
+  nf_buf err = NF_BUF_INIT;
+  rc = ctx ? nf_wire_graph_to_ir(rq->graph, ctx, &g, &err) : NF_ENOMEM;
+  if (rc != NF_OK) {
+    emit_error(&J, NEOFLOW__ERROR_CODE__ERR_INVALID_GRAPH, "job graph: %s", nf_buf_str(&err));
+  } else {
+    J.g = g;
+    run(&J, rq);
+  }
+  Neoflow__Goodbye done = NEOFLOW__GOODBYE__INIT;
+  done.reason = (char *)"done";
+  Neoflow__JobEvent ev = NEOFLOW__JOB_EVENT__INIT;
+  ev.msg_case = NEOFLOW__JOB_EVENT__MSG_DONE;
+  ev.done = &done;
+  emit(&J, &ev);
+  nf_buf_free(&err);
+  nf_ir_ctx_free(ctx);
+  nf_wire_free_job_request(rq);
+  return J.failed_write ? 1 : 0;
+}

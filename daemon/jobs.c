@@ -1,0 +1,708 @@
+/* jobs.c - neoflowd's jobs: one per cache key however many clients ask
+ * (single flight), run in job processes, scheduled fairly.
+ *
+ * A job's phases: QUEUED_COMPILE -> COMPILING (the default schedule's
+ * kernel, tier 1) -> [QUEUED_TUNE -> TUNING] when a subscriber asked to
+ * tune.  A job found with a tier-1 entry in the cache starts at
+ * QUEUED_TUNE.  Every phase runs `neoflowd --job` (job_main.c): the
+ * request goes down its stdin pipe, JobEvents come back on its stdout
+ * pipe.  The event loop never compiles or runs generated code.
+ *
+ * Scheduling: compile jobs first (up to compile_jobs at once), then
+ * tuning (up to tune_jobs).  Among compile jobs, fair share: the job whose
+ * least-served subscriber has been served least goes first, then the
+ * oldest.  Among tuning jobs: the largest step time reported by the
+ * subscribers (StepTimes), then fair share, then age.
+ *
+ * Results: a final kernel is stored in the cache (failures there are
+ * logged and the clients are served anyway), then sent to every
+ * subscriber; improvements found during tuning are streamed (not cached:
+ * the job's confirmed result replaces them).  Records are stored in
+ * batches as they come, so a job killed half-way loses no measurement.
+ *
+ * A job whose last subscriber leaves is dropped: its process group is
+ * killed.  Timeouts: compile_timeout_s for a compile, max_seconds + 120 s
+ * for tuning. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "nfd_int.h"
+
+enum { PH_QUEUED_COMPILE = 0, PH_COMPILING, PH_QUEUED_TUNE, PH_TUNING };
+
+#define REC_BATCH 32
+
+struct nfd_job {
+  nfd_job *prev, *next;
+  nfd_server *S;
+  uint8_t key[32], graph_hash[32];
+  char name[NF_WIRE_NAME_MAX + 1];
+  uint8_t *graph_pb;
+  size_t graph_len;
+  int phase;
+  int max_trials, max_seconds;
+  nfd_req *subs;
+  int n_subs;
+  uint64_t seq;
+  double t_created, t_started;
+  /* the process of the running phase */
+  uv_process_t proc;
+  uv_pipe_t in, out;
+  int n_open;        /* handles still open */
+  int running;       /* process not yet exited */
+  int exit_seen;
+  int64_t exit_status;
+  int term_signal;
+  int got_final;     /* a final kernel came for this phase */
+  int got_error;
+  int killed_why;    /* 0, or a Neoflow__ErrorCode for a kill by us */
+  int orphaned;      /* subscribers gone: destroy when the process is gone */
+  char why[256];     /* why the phase failed, when we know better than
+                        the exit status */
+  nf_frame_reader rd;
+  uint8_t *req_buf;  /* the JobRequest frame being written */
+  uv_write_t wr;
+  /* progress */
+  uint32_t trial, trials_max, failures;
+  double best_ms, default_ms;
+  /* records not yet stored */
+  nf_cache_record recs[REC_BATCH];
+  size_t n_recs;
+  int have_tier1;
+};
+
+static void job_destroy(nfd_job *j);
+
+static double clamp_pos(double v) { return v > 0 && v < 1e12 ? v : 0; }
+
+/* ---- subscribers ---- */
+
+static void sub_remove(nfd_job *j, nfd_req *r) {
+  for (nfd_req **p = &j->subs; *p; p = &(*p)->next_in_job)
+    if (*p == r) {
+      *p = r->next_in_job;
+      j->n_subs--;
+      break;
+    }
+  r->job = NULL;
+  r->next_in_job = NULL;
+}
+
+static int wants_tune(const nfd_job *j) {
+  for (nfd_req *r = j->subs; r; r = r->next_in_job)
+    if (r->mode == NEOFLOW__MODE__MODE_TUNE) return 1;
+  return 0;
+}
+
+static void send_progress(nfd_job *j, int state) {
+  for (nfd_req *r = j->subs; r; r = r->next_in_job) {
+    /* a client that does not read gets no progress: it is only news */
+    if (nfd_conn_out_pending(r->conn) > (size_t)j->S->cfg.output_soft_limit / 2) continue;
+    Neoflow__Progress p = NEOFLOW__PROGRESS__INIT;
+    p.request_id = r->id;
+    p.key.data = j->key;
+    p.key.len = 32;
+    p.state = state;
+    p.trial = j->trial;
+    p.max_trials = j->trials_max;
+    p.failures = j->failures;
+    p.best_ms = j->best_ms;
+    p.default_ms = j->default_ms;
+    Neoflow__ServerMessage m = NEOFLOW__SERVER_MESSAGE__INIT;
+    m.msg_case = NEOFLOW__SERVER_MESSAGE__MSG_PROGRESS;
+    m.progress = &p;
+    nfd_conn_send(r->conn, &m);
+  }
+}
+
+/* Sends an error to every subscriber and ends their requests. */
+static void fail_all(nfd_job *j, int code, const char *msg) {
+  while (j->subs) {
+    nfd_req *r = j->subs;
+    sub_remove(j, r);
+    nfd_conn_error(r->conn, r->id, code, 0, "%s", msg);
+    nfd_req_finish(r);
+  }
+}
+
+/* ---- records ---- */
+
+static void flush_records(nfd_job *j) {
+  nfd_server *S = j->S;
+  if (j->n_recs && S->cache) {
+    nf_buf err = NF_BUF_INIT;
+    if (nf_cache_add_records(S->cache, j->key, j->recs, j->n_recs, &err) != NF_OK)
+      NFD_WARN("cache: %zu records not stored: %s", j->n_recs, nf_buf_str(&err));
+    nf_buf_free(&err);
+  }
+  for (size_t i = 0; i < j->n_recs; i++) {
+    free(j->recs[i].schedule);
+    free(j->recs[i].features);
+    free(j->recs[i].reason);
+  }
+  j->n_recs = 0;
+}
+
+static void add_record(nfd_job *j, const Neoflow__Record *r) {
+  nf_cache_record *c = &j->recs[j->n_recs];
+  memset(c, 0, sizeof *c);
+  c->schedule = strdup(r->schedule ? r->schedule : "");
+  c->reason = strdup(r->reason ? r->reason : "");
+  c->features = malloc(r->features.len ? r->features.len : 1);
+  if (!c->schedule || !c->reason || !c->features) {
+    free(c->schedule);
+    free(c->reason);
+    free(c->features);
+    return;
+  }
+  memcpy(c->features, r->features.data, r->features.len);
+  c->n_features = r->features.len;
+  c->status = r->status;
+  c->time_ms = r->time_ms;
+  if (++j->n_recs == REC_BATCH) flush_records(j);
+}
+
+/* ---- events from the job process ---- */
+
+static void on_kernel(nfd_job *j, const Neoflow__JobKernel *jk) {
+  nfd_server *S = j->S;
+  int tier = jk->tier == NEOFLOW__TIER__TIER_TUNED ? 2 : 1;
+  nfd_kernel *k = nfd_kernel_new(j->key, tier, jk->schedule, clamp_pos(jk->time_ms),
+                                 clamp_pos(jk->default_ms), (int)jk->trials, jk->binary.data,
+                                 jk->binary.len);
+  if (!k) return;
+  if (jk->final) {
+    j->got_final = 1;
+    S->jobs_done++;
+    flush_records(j);
+    if (S->cache) {
+      nf_cache_entry e;
+      memset(&e, 0, sizeof e);
+      memcpy(e.key, j->key, 32);
+      memcpy(e.graph_hash, j->graph_hash, 32);
+      memcpy(e.target, S->target.fingerprint, 32);
+      e.codegen = S->codegen_version;
+      e.graph_name = j->name;
+      e.target_desc = S->target.description;
+      e.tier = tier;
+      e.schedule = k->schedule;
+      e.time_ms = k->time_ms;
+      e.default_ms = k->default_ms;
+      e.trials = k->trials;
+      e.binary = k->binary;
+      e.binary_len = k->len;
+      memcpy(e.sha256, k->sha256, 32);
+      int stored = 0;
+      nf_buf err = NF_BUF_INIT;
+      if (nf_cache_put(S->cache, &e, &stored, &err) != NF_OK)
+        NFD_WARN("cache: kernel not stored (clients served anyway): %s", nf_buf_str(&err));
+      nf_buf_free(&err);
+    }
+  }
+  if (k->time_ms > 0 && (j->best_ms <= 0 || k->time_ms < j->best_ms)) j->best_ms = k->time_ms;
+  nfd_req *next;
+  for (nfd_req *r = j->subs; r; r = next) {
+    next = r->next_in_job;
+    int last = jk->final && (j->phase == PH_TUNING || r->mode == NEOFLOW__MODE__MODE_COMPILE);
+    if (!jk->final && r->got_tier == 2 && r->got_ms > 0 && r->got_ms <= k->time_ms) continue;
+    r->got_tier = tier;
+    r->got_ms = k->time_ms;
+    nfd_conn *c = r->conn;
+    if (last) {
+      sub_remove(j, r);
+      nfd_conn_send_kernel(c, r->id, k, 1);
+      nfd_req_finish(r);
+    } else {
+      nfd_conn_send_kernel(c, r->id, k, 0);
+    }
+  }
+  nfd_kernel_unref(k);
+}
+
+static void on_event(nfd_job *j, const Neoflow__JobEvent *ev) {
+  switch (ev->msg_case) {
+    case NEOFLOW__JOB_EVENT__MSG_KERNEL: on_kernel(j, ev->kernel); break;
+    case NEOFLOW__JOB_EVENT__MSG_PROGRESS:
+      j->trial = ev->progress->trial;
+      j->trials_max = ev->progress->max_trials;
+      j->failures = ev->progress->failures;
+      j->best_ms = clamp_pos(ev->progress->best_ms);
+      j->default_ms = clamp_pos(ev->progress->default_ms);
+      send_progress(j, j->phase == PH_TUNING ? NEOFLOW__JOB_STATE__JOB_TUNING
+                                             : NEOFLOW__JOB_STATE__JOB_COMPILING);
+      break;
+    case NEOFLOW__JOB_EVENT__MSG_RECORD: add_record(j, ev->record); break;
+    case NEOFLOW__JOB_EVENT__MSG_ERROR:
+      j->got_error = 1;
+      NFD_WARN("job %.16s…: %s", j->name[0] ? j->name : "(unnamed)", ev->error->message);
+      fail_all(j, ev->error->code ? (int)ev->error->code : NEOFLOW__ERROR_CODE__ERR_INTERNAL,
+               ev->error->message);
+      break;
+    case NEOFLOW__JOB_EVENT__MSG_DONE: break;
+    default: break;
+  }
+}
+
+/* ---- the process ---- */
+
+static void kill_job(nfd_job *j, int why) {
+  if (!j->running) return;
+  if (!j->killed_why) j->killed_why = why ? why : -1;
+  /* the job process leads its own process group (UV_PROCESS_DETACHED) */
+  kill(-j->proc.pid, SIGKILL);
+  kill(j->proc.pid, SIGKILL);
+}
+
+/* Called when every handle of the phase is closed: decide what next. */
+static void phase_over(nfd_job *j) {
+  nfd_server *S = j->S;
+  nf_frame_reader_free(&j->rd);
+  free(j->req_buf);
+  j->req_buf = NULL;
+  flush_records(j);
+  if (j->phase == PH_COMPILING) S->n_running_compile--;
+  else S->n_running_tune--;
+  int ok = j->got_final;
+  if (!ok && !j->got_error && j->subs) {
+    char msg[256];
+    if (j->why[0])
+      snprintf(msg, sizeof msg, "%s", j->why);
+    else if (j->killed_why == NEOFLOW__ERROR_CODE__ERR_COMPILE_TIMEOUT)
+      snprintf(msg, sizeof msg, "compiling took longer than %d s (compile_timeout_s)",
+               S->cfg.compile_timeout_s);
+    else if (j->killed_why == NEOFLOW__ERROR_CODE__ERR_TIMEOUT)
+      snprintf(msg, sizeof msg, "tuning overran its time budget");
+    else if (j->killed_why == NEOFLOW__ERROR_CODE__ERR_SHUTTING_DOWN)
+      snprintf(msg, sizeof msg, "the daemon is shutting down");
+    else if (j->term_signal)
+      snprintf(msg, sizeof msg, "the job process was killed by signal %d", j->term_signal);
+    else
+      snprintf(msg, sizeof msg, "the job process exited with status %lld and no result",
+               (long long)j->exit_status);
+    int code = j->killed_why > 0 ? j->killed_why
+               : j->phase == PH_COMPILING ? NEOFLOW__ERROR_CODE__ERR_COMPILE_ERROR
+                                          : NEOFLOW__ERROR_CODE__ERR_INTERNAL;
+    NFD_WARN("job %s: %s", j->name[0] ? j->name : "(unnamed)", msg);
+    fail_all(j, code, msg);
+  }
+  if (!ok) S->jobs_failed++;
+  if (ok && j->phase == PH_COMPILING && j->subs && wants_tune(j) && !S->shutting_down) {
+    j->phase = PH_QUEUED_TUNE;
+    j->got_final = j->got_error = j->killed_why = 0;
+    j->running = j->exit_seen = 0;
+    j->trial = j->failures = 0;
+    send_progress(j, NEOFLOW__JOB_STATE__JOB_QUEUED);
+  } else {
+    /* requests still subscribed got what the phase gave; end them */
+    fail_all(j, S->shutting_down ? NEOFLOW__ERROR_CODE__ERR_SHUTTING_DOWN : NEOFLOW__ERROR_CODE__ERR_INTERNAL,
+             S->shutting_down ? "the daemon is shutting down" : "the job ended without a result");
+    job_destroy(j);
+  }
+  nfd_jobs_schedule(S);
+}
+
+static void on_handle_closed(uv_handle_t *h) {
+  nfd_job *j = h->data;
+  if (--j->n_open == 0) phase_over(j);
+}
+
+static void on_exit_cb(uv_process_t *p, int64_t status, int sig) {
+  nfd_job *j = p->data;
+  j->running = 0;
+  j->exit_seen = 1;
+  j->exit_status = status;
+  j->term_signal = sig;
+  uv_close((uv_handle_t *)p, on_handle_closed);
+}
+
+static void on_job_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+  (void)h;
+  static char jbuf[256 * 1024];
+  (void)suggested;
+  *buf = uv_buf_init(jbuf, sizeof jbuf);
+}
+
+static void on_job_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
+  nfd_job *j = st->data;
+  if (nread < 0) {
+    uv_read_stop(st);
+    if (!uv_is_closing((uv_handle_t *)st)) uv_close((uv_handle_t *)st, on_handle_closed);
+    return;
+  }
+  const uint8_t *p = (const uint8_t *)buf->base;
+  size_t n = (size_t)nread;
+  while (n > 0) {
+    size_t used = 0, flen = 0;
+    const uint8_t *frame = NULL;
+    int rc = nf_frame_reader_feed(&j->rd, p, n, &used, &frame, &flen);
+    p += used;
+    n -= used;
+    if (rc == 1) {
+      nf_wire_err e;
+      Neoflow__JobEvent *ev = nf_wire_decode_job_event(frame, flen, &e);
+      if (!ev) {
+        NFD_ERROR("job process sent a bad event: %s", e.msg);
+        kill_job(j, NEOFLOW__ERROR_CODE__ERR_INTERNAL);
+        return;
+      }
+      on_event(j, ev);
+      nf_wire_free_job_event(ev);
+    } else if (rc < 0) {
+      NFD_ERROR("job process sent an oversized frame");
+      kill_job(j, NEOFLOW__ERROR_CODE__ERR_INTERNAL);
+      return;
+    }
+  }
+}
+
+static void on_req_written(uv_write_t *w, int status) {
+  nfd_job *j = w->data;
+  (void)status;
+  free(j->req_buf);
+  j->req_buf = NULL;
+  if (!uv_is_closing((uv_handle_t *)&j->in)) uv_close((uv_handle_t *)&j->in, on_handle_closed);
+}
+
+/* Records of earlier runs, for a tuning job (best first, at most 2000). */
+static void add_prior(nfd_job *j, Neoflow__JobRequest *rq, nf_cache_record **recs, size_t *n) {
+  *recs = NULL;
+  *n = 0;
+  if (!j->S->cache) return;
+  nf_buf err = NF_BUF_INIT;
+  if (nf_cache_get_records(j->S->cache, j->key, 2000, recs, n, &err) != NF_OK) {
+    NFD_WARN("cache: no prior records: %s", nf_buf_str(&err));
+    *n = 0;
+  }
+  nf_buf_free(&err);
+  if (!*n) return;
+  Neoflow__Record *r = calloc(*n, sizeof *r);
+  Neoflow__Record **rp = calloc(*n, sizeof *rp);
+  if (!r || !rp) {
+    free(r);
+    free(rp);
+    return;
+  }
+  for (size_t i = 0; i < *n; i++) {
+    neoflow__record__init(&r[i]);
+    r[i].schedule = (*recs)[i].schedule;
+    r[i].status = (*recs)[i].status;
+    r[i].time_ms = (*recs)[i].time_ms;
+    r[i].features.data = (*recs)[i].features;
+    r[i].features.len = (*recs)[i].n_features;
+    r[i].reason = (*recs)[i].reason ? (*recs)[i].reason : (char *)"";
+    rp[i] = &r[i];
+  }
+  rq->prior = rp;
+  rq->n_prior = *n;
+}
+
+static int start_job(nfd_job *j) {
+  nfd_server *S = j->S;
+  int tune = j->phase == PH_QUEUED_TUNE;
+  Neoflow__Graph *g = neoflow__graph__unpack(NULL, j->graph_len, j->graph_pb);
+  if (!g) return NF_ENOMEM;
+  Neoflow__JobRequest rq = NEOFLOW__JOB_REQUEST__INIT;
+  rq.graph = g;
+  rq.mode = tune ? NEOFLOW__MODE__MODE_TUNE : NEOFLOW__MODE__MODE_COMPILE;
+  rq.max_trials = (uint32_t)j->max_trials;
+  rq.max_seconds = (uint32_t)j->max_seconds;
+  rq.seed = 1;
+  rq.measure_timeout_ms = (uint32_t)S->cfg.measure_timeout_ms;
+  rq.worker_memory_mb = (uint64_t)S->cfg.worker_memory_mb;
+  /* kernels are tuned for the thread count clients run them with: all
+   * of this machine's cores */
+  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  rq.threads = ncpu > 0 ? (uint32_t)ncpu : 1;
+  nf_cache_record *prior = NULL;
+  size_t n_prior = 0;
+  if (tune) add_prior(j, &rq, &prior, &n_prior);
+  nf_buf b = NF_BUF_INIT;
+  int rc = nf_wire_pack(&rq.base, NF_WIRE_JOB_FRAME_MAX, &b);
+  if (rq.n_prior) {
+    free(rq.prior[0]);
+    free(rq.prior);
+  }
+  nf_cache_records_free(prior, n_prior);
+  neoflow__graph__free_unpacked(g, NULL);
+  if (rc != NF_OK) {
+    nf_buf_free(&b);
+    return rc;
+  }
+  j->req_buf = (uint8_t *)b.data; /* taken over from the buffer */
+  size_t req_len = b.len;
+
+  uv_pipe_init(S->loop, &j->in, 0);
+  uv_pipe_init(S->loop, &j->out, 0);
+  j->in.data = j->out.data = j->proc.data = j;
+  uv_stdio_container_t stdio[3];
+  stdio[0].flags = UV_CREATE_PIPE | UV_READABLE_PIPE;
+  stdio[0].data.stream = (uv_stream_t *)&j->in;
+  stdio[1].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
+  stdio[1].data.stream = (uv_stream_t *)&j->out;
+  stdio[2].flags = UV_INHERIT_FD;
+  stdio[2].data.fd = 2;
+  char *args[] = {S->exe_path, (char *)"--job", NULL};
+  uv_process_options_t po;
+  memset(&po, 0, sizeof po);
+  po.file = S->exe_path;
+  po.args = args;
+  po.exit_cb = on_exit_cb;
+  po.stdio_count = 3;
+  po.stdio = stdio;
+  po.flags = UV_PROCESS_DETACHED; /* its own process group, killed as one */
+  rc = uv_spawn(S->loop, &j->proc, &po);
+  j->phase = tune ? PH_TUNING : PH_COMPILING;
+  if (tune) S->n_running_tune++;
+  else S->n_running_compile++;
+  if (rc != 0) {
+    /* the handles were initialised: close them; phase_over reports */
+    NFD_ERROR("cannot start a job process (%s): %s", S->exe_path, uv_strerror(rc));
+    snprintf(j->why, sizeof j->why, "cannot start a job process: %s", uv_strerror(rc));
+    j->killed_why = NEOFLOW__ERROR_CODE__ERR_INTERNAL;
+    j->n_open = 3;
+    uv_close((uv_handle_t *)&j->in, on_handle_closed);
+    uv_close((uv_handle_t *)&j->out, on_handle_closed);
+    uv_close((uv_handle_t *)&j->proc, on_handle_closed);
+    return NF_OK;
+  }
+  j->n_open = 3;
+  j->running = 1;
+  j->t_started = nfd_now();
+  nf_frame_reader_init(&j->rd, NF_WIRE_JOB_FRAME_MAX);
+  uv_buf_t wb = uv_buf_init((char *)j->req_buf, (unsigned)req_len);
+  j->wr.data = j;
+  if (uv_write(&j->wr, (uv_stream_t *)&j->in, &wb, 1, on_req_written) != 0) {
+    free(j->req_buf);
+    j->req_buf = NULL;
+    uv_close((uv_handle_t *)&j->in, on_handle_closed);
+    kill_job(j, NEOFLOW__ERROR_CODE__ERR_INTERNAL);
+  }
+  uv_read_start((uv_stream_t *)&j->out, on_job_alloc, on_job_read);
+  NFD_INFO("job %s: %s started (pid %d, %d waiting)", j->name[0] ? j->name : "(unnamed)",
+           tune ? "tuning" : "compile", j->proc.pid, j->n_subs);
+  send_progress(j, tune ? NEOFLOW__JOB_STATE__JOB_TUNING : NEOFLOW__JOB_STATE__JOB_COMPILING);
+  return NF_OK;
+}
+
+/* ---- the job table ---- */
+
+static nfd_job *find_job(nfd_server *S, const uint8_t key[32]) {
+  for (nfd_job *j = S->jobs; j; j = j->next)
+    if (!j->orphaned && j->killed_why == 0 && memcmp(j->key, key, 32) == 0) return j;
+  return NULL;
+}
+
+static void job_destroy(nfd_job *j) {
+  nfd_server *S = j->S;
+  for (nfd_req *r = j->subs; r; r = r->next_in_job) r->job = NULL;
+  if (j->prev) j->prev->next = j->next;
+  else S->jobs = j->next;
+  if (j->next) j->next->prev = j->prev;
+  S->n_jobs--;
+  for (size_t i = 0; i < j->n_recs; i++) {
+    free(j->recs[i].schedule);
+    free(j->recs[i].features);
+    free(j->recs[i].reason);
+  }
+  free(j->graph_pb);
+  free(j);
+}
+
+int nfd_job_subscribe(nfd_server *S, nfd_req *r, const uint8_t graph_hash[32],
+                      const char *graph_name, const uint8_t *graph_pb, size_t graph_len,
+                      int have_tier1, int max_trials, int max_seconds) {
+  nfd_job *j = find_job(S, r->key);
+  if (!j) {
+    if (S->n_jobs >= S->cfg.max_queued_jobs) return NF_ELIMIT;
+    j = calloc(1, sizeof *j);
+    if (!j) return NF_ENOMEM;
+    j->graph_pb = malloc(graph_len ? graph_len : 1);
+    if (!j->graph_pb) {
+      free(j);
+      return NF_ENOMEM;
+    }
+    memcpy(j->graph_pb, graph_pb, graph_len);
+    j->graph_len = graph_len;
+    j->S = S;
+    memcpy(j->key, r->key, 32);
+    memcpy(j->graph_hash, graph_hash, 32);
+    snprintf(j->name, sizeof j->name, "%s", graph_name ? graph_name : "");
+    j->phase = have_tier1 ? PH_QUEUED_TUNE : PH_QUEUED_COMPILE;
+    j->have_tier1 = have_tier1;
+    j->max_trials = max_trials;
+    j->max_seconds = max_seconds;
+    j->seq = ++S->job_seq;
+    j->t_created = nfd_now();
+    j->next = S->jobs;
+    if (S->jobs) S->jobs->prev = j;
+    S->jobs = j;
+    S->n_jobs++;
+  } else if (r->mode == NEOFLOW__MODE__MODE_TUNE) {
+    /* the largest budget asked for wins */
+    if (max_trials > j->max_trials) j->max_trials = max_trials;
+    if (max_seconds > j->max_seconds) j->max_seconds = max_seconds;
+  }
+  r->job = j;
+  r->next_in_job = j->subs;
+  j->subs = r;
+  j->n_subs++;
+  Neoflow__Progress p = NEOFLOW__PROGRESS__INIT;
+  p.request_id = r->id;
+  p.key.data = j->key;
+  p.key.len = 32;
+  p.state = j->phase == PH_COMPILING ? NEOFLOW__JOB_STATE__JOB_COMPILING
+            : j->phase == PH_TUNING  ? NEOFLOW__JOB_STATE__JOB_TUNING
+                                     : NEOFLOW__JOB_STATE__JOB_QUEUED;
+  Neoflow__ServerMessage m = NEOFLOW__SERVER_MESSAGE__INIT;
+  m.msg_case = NEOFLOW__SERVER_MESSAGE__MSG_PROGRESS;
+  m.progress = &p;
+  nfd_conn_send(r->conn, &m);
+  return NF_OK;
+}
+
+void nfd_job_unsubscribe(nfd_req *r) {
+  nfd_job *j = r->job;
+  if (!j) return;
+  sub_remove(j, r);
+  if (j->subs) return;
+  if (j->phase == PH_QUEUED_COMPILE || j->phase == PH_QUEUED_TUNE) {
+    job_destroy(j);
+  } else {
+    NFD_INFO("job %s: no one waits for it any more: stopped", j->name[0] ? j->name : "(unnamed)");
+    j->orphaned = 1;
+    kill_job(j, NEOFLOW__ERROR_CODE__ERR_INTERNAL);
+  }
+}
+
+static uint64_t min_served(const nfd_job *j, nfd_conn **who) {
+  uint64_t best = UINT64_MAX;
+  *who = NULL;
+  for (nfd_req *r = j->subs; r; r = r->next_in_job) {
+    uint64_t s = *nfd_conn_served(r->conn);
+    if (s < best) {
+      best = s;
+      *who = r->conn;
+    }
+  }
+  return best;
+}
+
+static double step_share(const nfd_job *j) {
+  double s = 0;
+  for (nfd_req *r = j->subs; r; r = r->next_in_job) s += r->step_ms;
+  return s;
+}
+
+/* The next queued job of phase ph, or NULL. */
+static nfd_job *pick(nfd_server *S, int ph) {
+  nfd_job *best = NULL;
+  uint64_t best_served = 0;
+  double best_share = 0;
+  for (nfd_job *j = S->jobs; j; j = j->next) {
+    if (j->phase != ph || !j->subs || j->orphaned) continue;
+    nfd_conn *who;
+    uint64_t sv = min_served(j, &who);
+    double sh = ph == PH_QUEUED_TUNE ? step_share(j) : 0;
+    int better = !best || sh > best_share ||
+                 (sh == best_share && (sv < best_served || (sv == best_served && j->seq < best->seq)));
+    if (better) {
+      best = j;
+      best_served = sv;
+      best_share = sh;
+    }
+  }
+  return best;
+}
+
+void nfd_jobs_schedule(nfd_server *S) {
+  if (S->shutting_down) return;
+  for (;;) {
+    nfd_job *j = NULL;
+    if (S->n_running_compile < S->cfg.compile_jobs) j = pick(S, PH_QUEUED_COMPILE);
+    if (!j && S->n_running_tune < S->cfg.tune_jobs) j = pick(S, PH_QUEUED_TUNE);
+    if (!j) return;
+    nfd_conn *who;
+    min_served(j, &who);
+    if (who) (*nfd_conn_served(who))++;
+    if (start_job(j) != NF_OK) {
+      fail_all(j, NEOFLOW__ERROR_CODE__ERR_INTERNAL, "cannot start a job process");
+      job_destroy(j);
+    }
+  }
+}
+
+void nfd_jobs_tick(nfd_server *S, double now) {
+  for (nfd_job *j = S->jobs; j; j = j->next) {
+    if (!j->running) continue;
+    double age = now - j->t_started;
+    if (j->phase == PH_COMPILING && age > S->cfg.compile_timeout_s)
+      kill_job(j, NEOFLOW__ERROR_CODE__ERR_COMPILE_TIMEOUT);
+    else if (j->phase == PH_TUNING && age > j->max_seconds + 120)
+      kill_job(j, NEOFLOW__ERROR_CODE__ERR_TIMEOUT);
+  }
+}
+
+void nfd_jobs_shutdown(nfd_server *S) {
+  nfd_job *next;
+  for (nfd_job *j = S->jobs; j; j = next) {
+    next = j->next;
+    flush_records(j);
+    if (j->running) {
+      kill_job(j, NEOFLOW__ERROR_CODE__ERR_SHUTTING_DOWN);
+    } else if (j->phase == PH_QUEUED_COMPILE || j->phase == PH_QUEUED_TUNE) {
+      fail_all(j, NEOFLOW__ERROR_CODE__ERR_SHUTTING_DOWN, "the daemon is shutting down");
+      job_destroy(j);
+    }
+  }
+}
+
+int nfd_jobs_busy(const nfd_server *S) { return S->jobs != NULL; }
+
+void nfd_jobs_status(nfd_server *S, Neoflow__StatusReply *st) {
+  size_t n = (size_t)S->n_jobs;
+  st->n_jobs = 0;
+  st->jobs = NULL;
+  if (!n) return;
+  Neoflow__JobInfo *ji = calloc(n, sizeof *ji);
+  Neoflow__JobInfo **jp = calloc(n, sizeof *jp);
+  if (!ji || !jp) {
+    free(ji);
+    free(jp);
+    return;
+  }
+  double now = nfd_now();
+  size_t i = 0;
+  for (nfd_job *j = S->jobs; j && i < n; j = j->next, i++) {
+    neoflow__job_info__init(&ji[i]);
+    ji[i].key.data = j->key;
+    ji[i].key.len = 32;
+    ji[i].graph = j->name;
+    ji[i].state = j->phase == PH_COMPILING ? NEOFLOW__JOB_STATE__JOB_COMPILING
+                  : j->phase == PH_TUNING  ? NEOFLOW__JOB_STATE__JOB_TUNING
+                                           : NEOFLOW__JOB_STATE__JOB_QUEUED;
+    ji[i].mode = (j->phase == PH_QUEUED_TUNE || j->phase == PH_TUNING || wants_tune(j))
+                     ? NEOFLOW__MODE__MODE_TUNE
+                     : NEOFLOW__MODE__MODE_COMPILE;
+    ji[i].waiters = (uint32_t)j->n_subs;
+    ji[i].trial = j->trial;
+    ji[i].max_trials = j->trials_max ? j->trials_max : (uint32_t)j->max_trials;
+    ji[i].best_ms = j->best_ms;
+    ji[i].default_ms = j->default_ms;
+    ji[i].step_ms = step_share(j);
+    ji[i].age_s = now - j->t_created;
+    jp[i] = &ji[i];
+  }
+  st->n_jobs = i;
+  st->jobs = jp;
+}
+
+void nfd_jobs_status_free(Neoflow__StatusReply *st) {
+  if (st->n_jobs) free(st->jobs[0]);
+  free(st->jobs);
+  st->jobs = NULL;
+  st->n_jobs = 0;
+}

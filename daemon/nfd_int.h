@@ -1,0 +1,177 @@
+/* nfd_int.h - what neoflowd's files share (server.c: connections and
+ * sessions; jobs.c: single-flight jobs, scheduling and job processes;
+ * neoflowd.c: start-up, signals, logging; job_main.c: the job process).
+ *
+ * Everything here runs on the one event-loop thread, except job_main.c,
+ * which runs in a separate process (`neoflowd --job`) and shares nothing
+ * but the wire protocol with the rest.
+ *
+ * Ownership:
+ *  - a connection owns its requests (nfd_req); a request is subscribed to
+ *    at most one job, which holds it in its subscriber list;
+ *  - a job owns its process handles and the packed graph; it is destroyed
+ *    when its last phase ends or its last subscriber goes;
+ *  - kernels (nfd_kernel) are reference-counted: the job's latest and every
+ *    connection's queued sends hold references. */
+#ifndef NFD_INT_H
+#define NFD_INT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <uv.h>
+
+#include "neoflow.pb-c.h"
+#include "nf_buf.h"
+#include "nf_cache.h"
+#include "nf_status.h"
+#include "nf_target.h"
+#include "nf_wire.h"
+#include "nfd_config.h"
+
+typedef struct nfd_server nfd_server;
+typedef struct nfd_conn nfd_conn;
+typedef struct nfd_job nfd_job;
+typedef struct nfd_req nfd_req;
+
+/* ---- logging (neoflowd.c) ---- */
+extern int nfd_verbosity; /* an nfd_log_level */
+void nfd_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+#define NFD_ERROR(...) nfd_log(NFD_LOG_ERROR, __VA_ARGS__)
+#define NFD_WARN(...) nfd_log(NFD_LOG_WARN, __VA_ARGS__)
+#define NFD_INFO(...)                                                   \
+  do {                                                                  \
+    if (nfd_verbosity >= NFD_LOG_INFO) nfd_log(NFD_LOG_INFO, __VA_ARGS__); \
+  } while (0)
+#define NFD_DEBUG(...)                                                    \
+  do {                                                                    \
+    if (nfd_verbosity >= NFD_LOG_DEBUG) nfd_log(NFD_LOG_DEBUG, __VA_ARGS__); \
+  } while (0)
+
+/* Seconds on a monotonic clock. */
+double nfd_now(void);
+
+/* ---- kernels ---- */
+typedef struct nfd_kernel {
+  int refs;
+  uint8_t key[32];
+  int tier;
+  char *schedule;
+  double time_ms, default_ms;
+  int trials;
+  uint8_t *binary;
+  size_t len;
+  uint8_t sha256[32];
+} nfd_kernel;
+
+/* A kernel with one reference, copying its parts (the digest computed
+ * here); NULL when out of memory. */
+nfd_kernel *nfd_kernel_new(const uint8_t key[32], int tier, const char *schedule,
+                           double time_ms, double default_ms, int trials,
+                           const uint8_t *binary, size_t len);
+void nfd_kernel_ref(nfd_kernel *k);
+void nfd_kernel_unref(nfd_kernel *k);
+
+/* ---- requests ---- */
+struct nfd_req {
+  nfd_req *next_in_conn, *next_in_job;
+  nfd_conn *conn;
+  nfd_job *job;       /* NULL once finished */
+  uint64_t id;
+  int mode;           /* Neoflow__Mode */
+  double step_ms;     /* reported by the client (StepTimes) */
+  uint8_t key[32];
+  int got_tier;       /* best kernel delivered so far */
+  double got_ms;
+};
+
+/* ---- connections (server.c) ---- */
+
+/* Queues a kernel for request id (a KernelUpdate, then its chunks, sent
+ * as the client reads).  final marks the request's last answer. */
+void nfd_conn_send_kernel(nfd_conn *c, uint64_t id, nfd_kernel *k, int final);
+/* Sends a message now (dropped when the connection is closing; the
+ * connection is dropped when its output passes the hard limit). */
+void nfd_conn_send(nfd_conn *c, const Neoflow__ServerMessage *m);
+/* Sends an Error; fatal closes the connection after it. */
+void nfd_conn_error(nfd_conn *c, uint64_t request_id, int code, int fatal, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+/* Output bytes queued and not yet taken by the kernel. */
+size_t nfd_conn_out_pending(const nfd_conn *c);
+/* Jobs started on behalf of c (fair share). */
+uint64_t *nfd_conn_served(nfd_conn *c);
+/* Ends request r: unlinks it from its connection and frees it (it must
+ * already be unsubscribed from its job). */
+void nfd_req_finish(nfd_req *r);
+
+/* ---- jobs (jobs.c) ---- */
+
+/* Subscribes r to the job of its key, creating it when there is none
+ * (single flight).  tuned_in_cache: the cache holds a tier-1 entry, so a
+ * new job starts at the tuning phase.  graph_pb: the packed wire graph
+ * (copied when a job is created).  NF_OK, NF_ELIMIT (queue full),
+ * NF_ENOMEM. */
+int nfd_job_subscribe(nfd_server *S, nfd_req *r, const uint8_t graph_hash[32],
+                      const char *graph_name, const uint8_t *graph_pb, size_t graph_len,
+                      int have_tier1, int max_trials, int max_seconds);
+/* Removes r from its job (if any); a job left without subscribers is
+ * dropped (a running job process is killed; its records so far are kept). */
+void nfd_job_unsubscribe(nfd_req *r);
+/* Starts queued jobs while there is capacity. */
+void nfd_jobs_schedule(nfd_server *S);
+/* Called every tick: job timeouts. */
+void nfd_jobs_tick(nfd_server *S, double now);
+/* Kills every job process and flushes records (shutdown). */
+void nfd_jobs_shutdown(nfd_server *S);
+/* Number of live jobs (status); fills reply->jobs (allocated with malloc;
+ * freed by nfd_jobs_status_free). */
+void nfd_jobs_status(nfd_server *S, Neoflow__StatusReply *reply);
+void nfd_jobs_status_free(Neoflow__StatusReply *reply);
+/* 1 while any job process or its handles are still open. */
+int nfd_jobs_busy(const nfd_server *S);
+
+/* ---- the server ---- */
+typedef struct nfd_listener {
+  union {
+    uv_pipe_t pipe;
+    uv_tcp_t tcp;
+    uv_stream_t stream;
+    uv_handle_t handle;
+  } h;
+  nfd_server *S;
+  int tcp;
+  int open;
+} nfd_listener;
+
+#define NFD_MAX_LISTENERS 8
+
+struct nfd_server {
+  uv_loop_t *loop;
+  nfd_config cfg;
+  nf_cache *cache;
+  nf_host_target target;
+  char codegen_version[128];
+  char exe_path[4096];       /* this binary, for `--job` processes */
+  uint8_t tcp_key[32];
+  int have_tcp_key;
+  nfd_listener listeners[NFD_MAX_LISTENERS];
+  int n_listeners;
+  char unix_path[108];       /* the socket file we created ("" none) */
+  uv_timer_t tick;
+  uv_signal_t sig_term, sig_int, sig_hup;
+  int shutting_down;
+  double t_start;
+  uint64_t next_session;
+  nfd_conn *conns;           /* doubly linked */
+  int n_conns;
+  nfd_job *jobs;             /* doubly linked */
+  int n_jobs, n_running_compile, n_running_tune;
+  uint64_t job_seq;
+  /* statistics */
+  uint64_t hits, misses, jobs_done, jobs_failed, refused;
+};
+
+/* Job state for the status reply / tests. */
+int nfd_server_run(nfd_server *S);
+
+#endif

@@ -1,0 +1,928 @@
+/* test_daemon.c - neoflowd for real: each test starts the daemon ($NF_NEOFLOWD)
+ * on a socket and a cache in a fresh temporary directory and talks to it
+ * through nf_dconn or a raw socket.
+ *
+ *  - a compile request is answered with a tier-1 kernel (an ELF shared
+ *    object, digest checked by the client); a second request, on another
+ *    connection, is a cache hit with the same bytes;
+ *  - a restart (SIGTERM, exit 0) keeps everything: the same request is a hit;
+ *  - 32 clients submitting the same subgraph to tune cause one compile job
+ *    and one tuning job (the daemon's job counters), and all 32 receive the
+ *    final kernel;
+ *  - hostile peers, each answered with its typed error or a disconnect while
+ *    another client is served: a lying length prefix, an oversized frame
+ *    before the handshake, random bytes, a first message that is not a
+ *    Hello, a truncated frame, a protocol version out of range, an invalid
+ *    graph (request-level error; the session goes on), a stalled handshake,
+ *    a frame that stops half-way, a client that never reads (dropped after
+ *    the soft output limit holds), a client that disconnects in the middle
+ *    of a tuning job (the job stops; the next request is served);
+ *  - max_connections: the connections beyond it get ERR_BUSY;
+ *  - TCP with a key: the right key passes, a wrong key or none is refused,
+ *    a Hello answering another connection's challenge is refused;
+ *  - kill -9 while the daemon stores kernels, restart, repeatedly: the
+ *    cache verifies (integrity check and every entry's digest) and holds
+ *    only complete entries;
+ *  - a second daemon on the same cache refuses to start ("already");
+ *  - SIGHUP reloads the configuration and the daemon goes on serving;
+ *  - status lists the clients, the jobs and the hit rate;
+ *  - as root: another uid cannot reach the socket (directory 0700). */
+#include <check.h>
+#include <errno.h>
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "nf_cache.h"
+#include "nf_dconn.h"
+#include "nf_ir.h"
+#include "nf_wire.h"
+#include "nf_wire_auth.h"
+
+/* ---- the daemon under test ---- */
+
+typedef struct dm {
+  char dir[256], sock[320], cache[320], conf[320], log[320];
+  pid_t pid;
+} dm;
+
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+static void dm_init(dm *d) {
+  memset(d, 0, sizeof *d);
+  snprintf(d->dir, sizeof d->dir, "/tmp/nf_daemon_XXXXXX");
+  ck_assert_ptr_nonnull(mkdtemp(d->dir));
+  snprintf(d->sock, sizeof d->sock, "%s/run/neoflowd.sock", d->dir);
+  snprintf(d->cache, sizeof d->cache, "%s/cache.db", d->dir);
+  snprintf(d->conf, sizeof d->conf, "%s/neoflowd.conf", d->dir);
+  snprintf(d->log, sizeof d->log, "%s/neoflowd.log", d->dir);
+}
+
+/* Writes the configuration: the test's sections after a base. */
+static void dm_config(dm *d, const char *extra) {
+  FILE *f = fopen(d->conf, "w");
+  ck_assert_ptr_nonnull(f);
+  fprintf(f, "[daemon]\nsocket = %s\nlog_level = debug\n%s\n[cache]\ncache = %s\n", d->sock,
+          extra && strstr(extra, "[daemon]") == extra ? extra + 8 : "", d->cache);
+  if (extra && strstr(extra, "[daemon]") != extra) fputs(extra, f);
+  fclose(f);
+}
+
+static int try_connect(const char *path) {
+  int s = socket(AF_UNIX, SOCK_STREAM, 0);
+  struct sockaddr_un a;
+  memset(&a, 0, sizeof a);
+  a.sun_family = AF_UNIX;
+  snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
+  if (connect(s, (struct sockaddr *)&a, sizeof a) != 0) {
+    close(s);
+    return -1;
+  }
+  return s;
+}
+
+/* Starts the daemon; waits until its socket answers. */
+static void dm_start(dm *d) {
+  const char *exe = getenv("NF_NEOFLOWD");
+  ck_assert_msg(exe != NULL, "NF_NEOFLOWD is not set");
+  d->pid = fork();
+  ck_assert_int_ge(d->pid, 0);
+  if (d->pid == 0) {
+    int fd = open(d->log, O_WRONLY | O_CREAT | O_APPEND, 0600);
+    if (fd >= 0) dup2(fd, 2);
+    execl(exe, exe, "--config", d->conf, (char *)NULL);
+    _exit(127);
+  }
+  for (int i = 0; i < 400; i++) {
+    int s = try_connect(d->sock);
+    if (s >= 0) {
+      close(s);
+      return;
+    }
+    int st;
+    if (waitpid(d->pid, &st, WNOHANG) == d->pid) {
+      d->pid = 0;
+      ck_abort_msg("neoflowd exited at start-up (see %s)", d->log);
+    }
+    sleep_ms(25);
+  }
+  ck_abort_msg("neoflowd did not answer on %s within 10 s", d->sock);
+}
+
+/* Sends sig and waits; returns the exit status (or 128 + signal). */
+static int dm_stop(dm *d, int sig) {
+  if (d->pid <= 0) return -1;
+  kill(d->pid, sig);
+  int st = 0;
+  for (int i = 0; i < 600; i++) {
+    if (waitpid(d->pid, &st, WNOHANG) == d->pid) break;
+    if (i == 599) {
+      kill(d->pid, SIGKILL);
+      waitpid(d->pid, &st, 0);
+    }
+    sleep_ms(25);
+  }
+  d->pid = 0;
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static void dm_done(dm *d) {
+  if (d->pid > 0) dm_stop(d, SIGKILL);
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", d->dir);
+  ck_assert_int_eq(system(cmd), 0);
+}
+
+/* 1 when the daemon's log holds text. */
+static int log_has(const dm *d, const char *text) {
+  FILE *f = fopen(d->log, "r");
+  char line[4096];
+  int found = 0;
+  while (f && !found && fgets(line, sizeof line, f)) found = strstr(line, text) != NULL;
+  if (f) fclose(f);
+  return found;
+}
+
+static int dm_alive(dm *d) { return d->pid > 0 && kill(d->pid, 0) == 0 && waitpid(d->pid, NULL, WNOHANG) == 0; }
+
+/* ---- graphs ---- */
+
+/* C[i,j] = sum_k A[i,k] * B[k,j], n x n (n picks the key). */
+static nf_graph *mm_graph(nf_ir_ctx *ctx, int64_t n) {
+  nf_graph *g = nf_graph_new(ctx, "mm");
+  int64_t sh[2] = {n, n};
+  int a = nf_graph_add_tensor(g, "A", NF_F32, NF_T_INPUT, 2, sh);
+  int b = nf_graph_add_tensor(g, "B", NF_F32, NF_T_INPUT, 2, sh);
+  int c = nf_graph_add_tensor(g, "C", NF_F32, NF_T_OUTPUT, 2, sh);
+  const nf_expr *i = nf_e_var(ctx, 0), *j = nf_e_var(ctx, 1), *k = nf_e_var(ctx, 2);
+  const nf_expr *ia[2] = {i, k}, *ib[2] = {k, j};
+  const nf_expr *rhs = nf_e_binary(ctx, NF_OP_MUL, nf_e_access(ctx, (uint32_t)a, NF_F32, 2, ia),
+                                   nf_e_access(ctx, (uint32_t)b, NF_F32, 2, ib));
+  nf_stmt s;
+  memset(&s, 0, sizeof s);
+  s.out = (uint32_t)c;
+  s.red = NF_RED_SUM;
+  s.n_red = 1;
+  s.red_ext[0] = n;
+  s.rhs = rhs;
+  ck_assert_int_eq(nf_graph_add_stmt(g, &s), NF_OK);
+  return g;
+}
+
+static Neoflow__Graph *mm_wire(int64_t n) {
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  Neoflow__Graph *pg = NULL;
+  ck_assert_int_eq(nf_wire_graph_from_ir(mm_graph(ctx, n), &pg), NF_OK);
+  nf_ir_ctx_free(ctx);
+  return pg;
+}
+
+/* ---- a client ---- */
+
+static nf_dconn *open_client(dm *d, const char *name) {
+  nf_buf err = NF_BUF_INIT;
+  nf_dconn *c = NULL;
+  nf_dconn_opts o = {.address = d->sock, .client_name = name, .timeout_ms = 10000};
+  int rc = nf_dconn_open(&o, &c, &err);
+  ck_assert_msg(rc == NF_OK, "connect: %s", nf_buf_str(&err));
+  nf_buf_free(&err);
+  return c;
+}
+
+static void submit(nf_dconn *c, uint64_t id, Neoflow__Graph *pg, int mode, int trials) {
+  Neoflow__Submit s = NEOFLOW__SUBMIT__INIT;
+  s.request_id = id;
+  s.graph = pg;
+  s.mode = mode;
+  s.max_trials = (uint32_t)trials;
+  s.max_seconds = 60;
+  Neoflow__ClientMessage m = NEOFLOW__CLIENT_MESSAGE__INIT;
+  m.msg_case = NEOFLOW__CLIENT_MESSAGE__MSG_SUBMIT;
+  m.submit = &s;
+  nf_buf err = NF_BUF_INIT;
+  ck_assert_int_eq(nf_dconn_send(c, &m, &err), NF_OK);
+  nf_buf_free(&err);
+}
+
+/* Waits for request id's final kernel (skipping non-final ones). */
+static void final_kernel(nf_dconn *c, uint64_t id, nf_dkernel *k, int *n_kernels) {
+  nf_buf err = NF_BUF_INIT;
+  int code = 0, n = 0;
+  for (;;) {
+    int rc = nf_dconn_next_kernel(c, id, 120000, NULL, NULL, k, &code, &err);
+    ck_assert_msg(rc == NF_OK, "request %llu: %s (code %d)", (unsigned long long)id,
+                  nf_buf_str(&err), code);
+    n++;
+    if (k->final) break;
+    nf_dkernel_free(k);
+  }
+  if (n_kernels) *n_kernels = n;
+  nf_buf_free(&err);
+}
+
+static Neoflow__StatusReply *status_of(nf_dconn *c, Neoflow__ServerMessage **hold) {
+  Neoflow__StatusRequest sr = NEOFLOW__STATUS_REQUEST__INIT;
+  Neoflow__ClientMessage m = NEOFLOW__CLIENT_MESSAGE__INIT;
+  m.msg_case = NEOFLOW__CLIENT_MESSAGE__MSG_STATUS;
+  m.status = &sr;
+  nf_buf err = NF_BUF_INIT;
+  ck_assert_int_eq(nf_dconn_send(c, &m, &err), NF_OK);
+  for (;;) {
+    Neoflow__ServerMessage *r = NULL;
+    ck_assert_int_eq(nf_dconn_recv(c, 10000, &r, &err), NF_OK);
+    if (r->msg_case == NEOFLOW__SERVER_MESSAGE__MSG_STATUS) {
+      *hold = r;
+      nf_buf_free(&err);
+      return r->status;
+    }
+    nf_wire_free_server(r);
+  }
+}
+
+/* Waits (up to 20 s) until the daemon has no job left; returns the count. */
+static int wait_no_jobs(nf_dconn *c) {
+  int n = -1;
+  for (int i = 0; i < 200 && n != 0; i++) {
+    Neoflow__ServerMessage *hold;
+    n = (int)status_of(c, &hold)->n_jobs;
+    nf_wire_free_server(hold);
+    if (n) sleep_ms(100);
+  }
+  return n;
+}
+
+static int is_elf(const nf_dkernel *k) { return k->len > 4 && memcmp(k->binary, "\x7f" "ELF", 4) == 0; }
+
+/* ---- raw frames ---- */
+
+static void raw_send(int fd, const void *p, size_t n) {
+  ck_assert_int_eq(send(fd, p, n, MSG_NOSIGNAL), (ssize_t)n);
+}
+
+static void raw_frame(int fd, const ProtobufCMessage *m) {
+  ck_assert_int_eq(nf_wire_write_frame(fd, m, NF_WIRE_JOB_FRAME_MAX, 5000), NF_OK);
+}
+
+/* Sends a Hello; 0, or -1 when the daemon had already closed the
+ * connection (it may answer a connection with an error at once). */
+static int raw_hello_try(int fd, uint32_t lo, uint32_t hi) {
+  Neoflow__Target t;
+  uint8_t fp[32];
+  char desc[256];
+  nf_dconn_host_target(&t, fp, desc);
+  Neoflow__Hello h = NEOFLOW__HELLO__INIT;
+  h.protocol_min = lo;
+  h.protocol_max = hi;
+  h.client_name = (char *)"raw";
+  h.target = &t;
+  Neoflow__ClientMessage m = NEOFLOW__CLIENT_MESSAGE__INIT;
+  m.msg_case = NEOFLOW__CLIENT_MESSAGE__MSG_HELLO;
+  m.hello = &h;
+  return nf_wire_write_frame(fd, &m.base, NF_WIRE_FRAME_MAX, 5000) == NF_OK ? 0 : -1;
+}
+
+static void raw_hello(int fd, uint32_t lo, uint32_t hi) {
+  ck_assert_int_eq(raw_hello_try(fd, lo, hi), 0);
+}
+
+/* The next server message on a raw socket (NULL at EOF). */
+static Neoflow__ServerMessage *raw_recv(int fd, int timeout_ms) {
+  nf_buf b = NF_BUF_INIT;
+  int rc = nf_wire_read_frame(fd, NF_WIRE_FRAME_MAX, timeout_ms, &b);
+  if (rc != NF_OK) {
+    nf_buf_free(&b);
+    return NULL;
+  }
+  nf_wire_err e;
+  Neoflow__ServerMessage *m = nf_wire_decode_server((const uint8_t *)b.data, b.len, &e);
+  nf_buf_free(&b);
+  ck_assert_msg(m != NULL, "the daemon sent an invalid message: %s", e.msg);
+  return m;
+}
+
+/* Expects an Error with code, then (if fatal) the end of the stream. */
+static void expect_error(int fd, int code, int then_eof) {
+  for (;;) {
+    Neoflow__ServerMessage *m = raw_recv(fd, 15000);
+    ck_assert_msg(m != NULL, "expected error %d, got the end of the stream", code);
+    if (m->msg_case == NEOFLOW__SERVER_MESSAGE__MSG_ERROR) {
+      ck_assert_msg((int)m->error->code == code, "expected error %d, got %d: %s", code,
+                    m->error->code, m->error->message);
+      ck_assert_int_eq(m->error->fatal, then_eof);
+      nf_wire_free_server(m);
+      break;
+    }
+    nf_wire_free_server(m);
+  }
+  if (then_eof) {
+    Neoflow__ServerMessage *m = raw_recv(fd, 15000);
+    ck_assert_msg(m == NULL, "expected the end of the stream, got message %d", m ? (int)m->msg_case : 0);
+  }
+}
+
+static void expect_welcome(int fd) {
+  Neoflow__ServerMessage *m = raw_recv(fd, 10000);
+  ck_assert_ptr_nonnull(m);
+  ck_assert_int_eq(m->msg_case, NEOFLOW__SERVER_MESSAGE__MSG_WELCOME);
+  nf_wire_free_server(m);
+}
+
+/* A well-behaved client is served: a compile of mm n. */
+static void served(dm *d, int64_t n) {
+  nf_dconn *c = open_client(d, "bystander");
+  Neoflow__Graph *pg = mm_wire(n);
+  submit(c, 7, pg, NEOFLOW__MODE__MODE_COMPILE, 0);
+  nf_dkernel k;
+  final_kernel(c, 7, &k, NULL);
+  ck_assert(is_elf(&k));
+  nf_dkernel_free(&k);
+  nf_wire_graph_free(pg);
+  nf_dconn_close(c);
+}
+
+/* ---- tests ---- */
+
+START_TEST(daemon_compile_then_hit_and_restart) {
+  dm d;
+  dm_init(&d);
+  dm_config(&d, NULL);
+  dm_start(&d);
+  Neoflow__Graph *pg = mm_wire(24);
+  nf_dconn *c = open_client(&d, "first");
+  ck_assert(nf_dconn_same_target(c));
+  submit(c, 1, pg, NEOFLOW__MODE__MODE_COMPILE, 0);
+  nf_dkernel k1, k2, k3;
+  final_kernel(c, 1, &k1, NULL);
+  ck_assert_int_eq(k1.tier, 1);
+  ck_assert(is_elf(&k1));
+  nf_dconn_close(c);
+  c = open_client(&d, "second");
+  submit(c, 1, pg, NEOFLOW__MODE__MODE_COMPILE, 0);
+  final_kernel(c, 1, &k2, NULL);
+  ck_assert_uint_eq(k2.len, k1.len);
+  ck_assert(memcmp(k1.binary, k2.binary, k1.len) == 0);
+  Neoflow__ServerMessage *hold;
+  Neoflow__StatusReply *st = status_of(c, &hold);
+  ck_assert_uint_eq(st->cache_hits, 1);
+  ck_assert_uint_eq(st->cache_misses, 1);
+  ck_assert_uint_eq(st->jobs_done, 1);
+  ck_assert_uint_eq(st->cache_entries, 1);
+  ck_assert_uint_ge(st->n_clients, 1);
+  nf_wire_free_server(hold);
+  nf_dconn_close(c);
+  ck_assert_int_eq(dm_stop(&d, SIGTERM), 0);
+  /* a restart keeps it */
+  dm_start(&d);
+  c = open_client(&d, "third");
+  submit(c, 9, pg, NEOFLOW__MODE__MODE_COMPILE, 0);
+  final_kernel(c, 9, &k3, NULL);
+  ck_assert_uint_eq(k3.len, k1.len);
+  ck_assert(memcmp(k1.binary, k3.binary, k1.len) == 0);
+  st = status_of(c, &hold);
+  ck_assert_uint_eq(st->cache_hits, 1);
+  ck_assert_uint_eq(st->jobs_done, 0);
+  nf_wire_free_server(hold);
+  nf_dconn_close(c);
+  nf_dkernel_free(&k1);
+  nf_dkernel_free(&k2);
+  nf_dkernel_free(&k3);
+  nf_wire_graph_free(pg);
+  ck_assert_int_eq(dm_stop(&d, SIGTERM), 0);
+  dm_done(&d);
+}
+END_TEST
+
+typedef struct many {
+  dm *d;
+  Neoflow__Graph *pg;
+  int ok;
+  size_t len;
+  uint8_t sha_first[8];
+  int tier;
+} many;
+
+static void *one_of_many(void *arg) {
+  many *m = arg;
+  nf_buf err = NF_BUF_INIT;
+  nf_dconn *c = NULL;
+  nf_dconn_opts o = {.address = m->d->sock, .client_name = "many", .timeout_ms = 20000};
+  if (nf_dconn_open(&o, &c, &err) != NF_OK) {
+    nf_buf_free(&err);
+    return NULL;
+  }
+  Neoflow__Submit s = NEOFLOW__SUBMIT__INIT;
+  s.request_id = 3;
+  s.graph = m->pg;
+  s.mode = NEOFLOW__MODE__MODE_TUNE;
+  s.max_trials = 6;
+  s.max_seconds = 60;
+  Neoflow__ClientMessage cm = NEOFLOW__CLIENT_MESSAGE__INIT;
+  cm.msg_case = NEOFLOW__CLIENT_MESSAGE__MSG_SUBMIT;
+  cm.submit = &s;
+  if (nf_dconn_send(c, &cm, &err) == NF_OK) {
+    nf_dkernel k;
+    int code;
+    while (nf_dconn_next_kernel(c, 3, 240000, NULL, NULL, &k, &code, &err) == NF_OK) {
+      if (k.final) {
+        m->ok = is_elf(&k);
+        m->len = k.len;
+        m->tier = k.tier;
+        memcpy(m->sha_first, k.binary + k.len / 2, 8);
+        nf_dkernel_free(&k);
+        break;
+      }
+      nf_dkernel_free(&k);
+    }
+  }
+  nf_dconn_close(c);
+  nf_buf_free(&err);
+  return NULL;
+}
+
+START_TEST(daemon_single_flight_32) {
+  dm d;
+  dm_init(&d);
+  dm_config(&d, "[jobs]\ncompile_jobs = 2\ntune_jobs = 1\n");
+  dm_start(&d);
+  Neoflow__Graph *pg = mm_wire(32);
+  enum { N = 32 };
+  many ms[N];
+  pthread_t th[N];
+  for (int i = 0; i < N; i++) {
+    memset(&ms[i], 0, sizeof ms[i]);
+    ms[i].d = &d;
+    ms[i].pg = pg;
+    ck_assert_int_eq(pthread_create(&th[i], NULL, one_of_many, &ms[i]), 0);
+  }
+  for (int i = 0; i < N; i++) pthread_join(th[i], NULL);
+  for (int i = 0; i < N; i++) {
+    ck_assert_msg(ms[i].ok, "client %d got no final kernel", i);
+    ck_assert_uint_eq(ms[i].len, ms[0].len);
+    ck_assert(memcmp(ms[i].sha_first, ms[0].sha_first, 8) == 0);
+  }
+  nf_dconn *c = open_client(&d, "status");
+  ck_assert_int_eq(wait_no_jobs(c), 0);
+  Neoflow__ServerMessage *hold;
+  Neoflow__StatusReply *st = status_of(c, &hold);
+  /* one compile job and one tuning job, whatever the arrival order */
+  ck_assert_uint_eq(st->jobs_done, 2);
+  ck_assert_uint_eq(st->jobs_failed, 0);
+  ck_assert_uint_eq(st->n_jobs, 0);
+  ck_assert_uint_eq(st->cache_entries, 1);
+  nf_wire_free_server(hold);
+  /* tuned once: a later tune request is answered from the cache */
+  submit(c, 4, pg, NEOFLOW__MODE__MODE_TUNE, 6);
+  nf_dkernel k;
+  int n = 0;
+  final_kernel(c, 4, &k, &n);
+  ck_assert_int_eq(n, 1);
+  ck_assert_uint_eq(k.len, ms[0].len);
+  nf_dkernel_free(&k);
+  st = status_of(c, &hold);
+  ck_assert_uint_eq(st->jobs_done, 2);
+  nf_wire_free_server(hold);
+  nf_dconn_close(c);
+  nf_wire_graph_free(pg);
+  ck_assert_int_eq(dm_stop(&d, SIGTERM), 0);
+  dm_done(&d);
+}
+END_TEST
+
+START_TEST(daemon_hostile_frames) {
+  dm d;
+  dm_init(&d);
+  dm_config(&d, NULL);
+  dm_start(&d);
+  /* a lying length prefix after the handshake */
+  int fd = try_connect(d.sock);
+  raw_hello(fd, 1, 1);
+  expect_welcome(fd);
+  uint8_t lie[4] = {0xff, 0xff, 0xff, 0xf0};
+  raw_send(fd, lie, 4);
+  expect_error(fd, NEOFLOW__ERROR_CODE__ERR_FRAME_TOO_LARGE, 1);
+  close(fd);
+  /* 5000 bytes before the handshake (its limit is 4 KiB) */
+  fd = try_connect(d.sock);
+  uint8_t big[4] = {0, 0, 0x13, 0x88};
+  raw_send(fd, big, 4);
+  expect_error(fd, NEOFLOW__ERROR_CODE__ERR_FRAME_TOO_LARGE, 1);
+  close(fd);
+  /* random bytes as a message */
+  fd = try_connect(d.sock);
+  uint8_t junk[68];
+  junk[0] = 0;
+  junk[1] = 0;
+  junk[2] = 0;
+  junk[3] = 64;
+  srand(7);
+  for (int i = 4; i < 68; i++) junk[i] = (uint8_t)rand();
+  raw_send(fd, junk, sizeof junk);
+  expect_error(fd, NEOFLOW__ERROR_CODE__ERR_INVALID_ARGUMENT, 1);
+  close(fd);
+  /* a first message that is not a Hello */
+  fd = try_connect(d.sock);
+  Neoflow__Ping ping = NEOFLOW__PING__INIT;
+  Neoflow__ClientMessage pm = NEOFLOW__CLIENT_MESSAGE__INIT;
+  pm.msg_case = NEOFLOW__CLIENT_MESSAGE__MSG_PING;
+  pm.ping = &ping;
+  raw_frame(fd, &pm.base);
+  expect_error(fd, NEOFLOW__ERROR_CODE__ERR_INVALID_ARGUMENT, 1);
+  close(fd);
+  /* version skew */
+  fd = try_connect(d.sock);
+  raw_hello(fd, 2, 3);
+  Neoflow__ServerMessage *m = raw_recv(fd, 10000);
+  ck_assert_ptr_nonnull(m);
+  ck_assert_int_eq(m->msg_case, NEOFLOW__SERVER_MESSAGE__MSG_ERROR);
+  ck_assert_int_eq(m->error->code, NEOFLOW__ERROR_CODE__ERR_UNSUPPORTED_VERSION);
+  ck_assert_uint_eq(m->error->supported_min, 1);
+  ck_assert_uint_eq(m->error->supported_max, 1);
+  nf_wire_free_server(m);
+  close(fd);
+  /* a truncated frame: half a Hello, then EOF */
+  fd = try_connect(d.sock);
+  uint8_t part[10] = {0, 0, 0, 100, 1, 2, 3, 4, 5, 6};
+  raw_send(fd, part, sizeof part);
+  shutdown(fd, SHUT_WR);
+  expect_error(fd, NEOFLOW__ERROR_CODE__ERR_TRUNCATED, 1);
+  close(fd);
+  /* an invalid graph: a request-level error, and the session goes on */
+  fd = try_connect(d.sock);
+  raw_hello(fd, 1, 1);
+  expect_welcome(fd);
+  Neoflow__Graph *pg = mm_wire(8);
+  pg->stmts[0]->rhs = (uint32_t)pg->n_exprs + 5; /* dangling */
+  Neoflow__Submit s = NEOFLOW__SUBMIT__INIT;
+  s.request_id = 11;
+  s.graph = pg;
+  Neoflow__ClientMessage sm = NEOFLOW__CLIENT_MESSAGE__INIT;
+  sm.msg_case = NEOFLOW__CLIENT_MESSAGE__MSG_SUBMIT;
+  sm.submit = &s;
+  raw_frame(fd, &sm.base);
+  expect_error(fd, NEOFLOW__ERROR_CODE__ERR_INVALID_GRAPH, 0);
+  ping.token = 99;
+  raw_frame(fd, &pm.base);
+  m = raw_recv(fd, 10000);
+  ck_assert_ptr_nonnull(m);
+  ck_assert_int_eq(m->msg_case, NEOFLOW__SERVER_MESSAGE__MSG_PONG);
+  ck_assert_uint_eq(m->pong->token, 99);
+  nf_wire_free_server(m);
+  nf_wire_graph_free(pg);
+  close(fd);
+  /* everything else is still served */
+  served(&d, 9);
+  ck_assert(dm_alive(&d));
+  ck_assert_int_eq(dm_stop(&d, SIGTERM), 0);
+  dm_done(&d);
+}
+END_TEST
+
+START_TEST(daemon_stalls_and_slow_readers) {
+  dm d;
+  dm_init(&d);
+  dm_config(&d, "[daemon]\nhandshake_timeout_ms = 400\nprogress_timeout_ms = 400\n"
+                "output_soft_limit = 65536\noutput_hard_limit = 67108864\noutput_soft_seconds = 1\n");
+  dm_start(&d);
+  /* a stalled handshake: nothing at all */
+  int fd = try_connect(d.sock);
+  expect_error(fd, NEOFLOW__ERROR_CODE__ERR_TIMEOUT, 1);
+  close(fd);
+  /* a frame that stops half-way */
+  fd = try_connect(d.sock);
+  raw_hello(fd, 1, 1);
+  expect_welcome(fd);
+  uint8_t part[6] = {0, 0, 0, 50, 1, 2};
+  raw_send(fd, part, sizeof part);
+  expect_error(fd, NEOFLOW__ERROR_CODE__ERR_TIMEOUT, 1);
+  close(fd);
+  /* a client that never reads: many kernels asked for, none read */
+  served(&d, 20); /* now in the cache */
+  fd = try_connect(d.sock);
+  int small = 4096;
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+  raw_hello(fd, 1, 1);
+  Neoflow__Graph *pg = mm_wire(20);
+  for (uint64_t id = 1; id <= 400; id++) {
+    Neoflow__Submit s = NEOFLOW__SUBMIT__INIT;
+    s.request_id = id;
+    s.graph = pg;
+    Neoflow__ClientMessage sm = NEOFLOW__CLIENT_MESSAGE__INIT;
+    sm.msg_case = NEOFLOW__CLIENT_MESSAGE__MSG_SUBMIT;
+    sm.submit = &s;
+    if (nf_wire_write_frame(fd, &sm.base, NF_WIRE_FRAME_MAX, 2000) != NF_OK) break;
+  }
+  nf_wire_graph_free(pg);
+  /* while it does not read, others are served */
+  served(&d, 21);
+  /* after the soft limit held for a second it is dropped: draining what
+   * was sent ends in EOF (not in 400 kernels) */
+  sleep_ms(3000);
+  int kernels = 0;
+  for (;;) {
+    Neoflow__ServerMessage *m = raw_recv(fd, 10000);
+    if (!m) break;
+    if (m->msg_case == NEOFLOW__SERVER_MESSAGE__MSG_KERNEL) kernels++;
+    nf_wire_free_server(m);
+  }
+  ck_assert_int_lt(kernels, 400);
+  ck_assert_msg(log_has(&d, "slow reader"), "the never-reading client was not dropped as one");
+  close(fd);
+  ck_assert(dm_alive(&d));
+  served(&d, 20);
+  ck_assert_int_eq(dm_stop(&d, SIGTERM), 0);
+  dm_done(&d);
+}
+END_TEST
+
+START_TEST(daemon_disconnect_mid_job) {
+  dm d;
+  dm_init(&d);
+  dm_config(&d, NULL);
+  dm_start(&d);
+  Neoflow__Graph *pg = mm_wire(40);
+  nf_dconn *c = open_client(&d, "leaver");
+  submit(c, 1, pg, NEOFLOW__MODE__MODE_TUNE, 50);
+  sleep_ms(300);
+  nf_dconn_close(c); /* gone while compiling or tuning */
+  sleep_ms(300);
+  ck_assert(dm_alive(&d));
+  c = open_client(&d, "stayer");
+  submit(c, 2, pg, NEOFLOW__MODE__MODE_COMPILE, 0);
+  nf_dkernel k;
+  final_kernel(c, 2, &k, NULL);
+  ck_assert(is_elf(&k));
+  nf_dkernel_free(&k);
+  /* the abandoned job is gone (no tuning runs for nobody) */
+  ck_assert_int_eq(wait_no_jobs(c), 0);
+  ck_assert_msg(log_has(&d, "no one waits for it any more"), "the abandoned job was not stopped");
+  nf_dconn_close(c);
+  nf_wire_graph_free(pg);
+  ck_assert_int_eq(dm_stop(&d, SIGTERM), 0);
+  dm_done(&d);
+}
+END_TEST
+
+START_TEST(daemon_connection_limit) {
+  dm d;
+  dm_init(&d);
+  dm_config(&d, "[daemon]\nmax_connections = 8\n");
+  dm_start(&d);
+  int fds[20], busy = 0, ok = 0;
+  for (int i = 0; i < 20; i++) {
+    fds[i] = try_connect(d.sock);
+    ck_assert_int_ge(fds[i], 0);
+    raw_hello_try(fds[i], 1, 1);
+    Neoflow__ServerMessage *m = raw_recv(fds[i], 10000);
+    ck_assert_ptr_nonnull(m);
+    if (m->msg_case == NEOFLOW__SERVER_MESSAGE__MSG_WELCOME) ok++;
+    else if (m->msg_case == NEOFLOW__SERVER_MESSAGE__MSG_ERROR &&
+             m->error->code == NEOFLOW__ERROR_CODE__ERR_BUSY)
+      busy++;
+    nf_wire_free_server(m);
+  }
+  ck_assert_int_eq(ok, 8);
+  ck_assert_int_eq(busy, 12);
+  for (int i = 0; i < 20; i++) close(fds[i]);
+  sleep_ms(300);
+  served(&d, 10); /* room again */
+  ck_assert_int_eq(dm_stop(&d, SIGTERM), 0);
+  dm_done(&d);
+}
+END_TEST
+
+static int free_port(void) {
+  int s = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a;
+  memset(&a, 0, sizeof a);
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(0x7f000001);
+  ck_assert_int_eq(bind(s, (struct sockaddr *)&a, sizeof a), 0);
+  socklen_t len = sizeof a;
+  getsockname(s, (struct sockaddr *)&a, &len);
+  close(s);
+  return ntohs(a.sin_port);
+}
+
+START_TEST(daemon_tcp_key) {
+  dm d;
+  dm_init(&d);
+  char key[400], wrong[400], addr[64], extra[1024];
+  snprintf(key, sizeof key, "%s/key", d.dir);
+  snprintf(wrong, sizeof wrong, "%s/wrong", d.dir);
+  nf_buf err = NF_BUF_INIT;
+  ck_assert_int_eq(nf_auth_new_key(key, &err), NF_OK);
+  ck_assert_int_eq(nf_auth_new_key(wrong, &err), NF_OK);
+  int port = free_port();
+  snprintf(addr, sizeof addr, "tcp:127.0.0.1:%d", port);
+  snprintf(extra, sizeof extra, "[tcp]\nlisten = 127.0.0.1:%d\nkey_file = %s\n", port, key);
+  dm_config(&d, extra);
+  dm_start(&d);
+  nf_dconn *c = NULL;
+  nf_dconn_opts o = {.address = addr, .key_file = key, .client_name = "tcp", .timeout_ms = 10000};
+  ck_assert_msg(nf_dconn_open(&o, &c, &err) == NF_OK, "%s", nf_buf_str(&err));
+  submit(c, 1, mm_wire(12), NEOFLOW__MODE__MODE_COMPILE, 0);
+  nf_dkernel k;
+  final_kernel(c, 1, &k, NULL);
+  ck_assert(is_elf(&k));
+  nf_dkernel_free(&k);
+  nf_dconn_close(c);
+  /* a wrong key, and no key */
+  o.key_file = wrong;
+  nf_buf_reset(&err);
+  ck_assert_int_eq(nf_dconn_open(&o, &c, &err), NF_EINVAL);
+  ck_assert_ptr_nonnull(strstr(nf_buf_str(&err), "authentication"));
+  o.key_file = NULL;
+  nf_buf_reset(&err);
+  ck_assert_int_eq(nf_dconn_open(&o, &c, &err), NF_EINVAL);
+  /* a Hello answering another connection's challenge (a replay) */
+  uint8_t k32[32], sn_other[32], cn[32], mac[32];
+  ck_assert_int_eq(nf_auth_load_key(key, k32, &err), NF_OK);
+  nf_auth_nonce(sn_other);
+  nf_auth_nonce(cn);
+  nf_auth_client_mac(k32, sn_other, cn, mac);
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a;
+  memset(&a, 0, sizeof a);
+  a.sin_family = AF_INET;
+  a.sin_port = htons((uint16_t)port);
+  a.sin_addr.s_addr = htonl(0x7f000001);
+  ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+  Neoflow__ServerMessage *m = raw_recv(fd, 10000);
+  ck_assert_ptr_nonnull(m);
+  ck_assert_int_eq(m->msg_case, NEOFLOW__SERVER_MESSAGE__MSG_CHALLENGE);
+  nf_wire_free_server(m);
+  Neoflow__Target t;
+  uint8_t fp[32];
+  char desc[256];
+  nf_dconn_host_target(&t, fp, desc);
+  Neoflow__Hello h = NEOFLOW__HELLO__INIT;
+  h.protocol_min = h.protocol_max = 1;
+  h.client_name = (char *)"replay";
+  h.target = &t;
+  h.client_nonce.data = cn;
+  h.client_nonce.len = 32;
+  h.mac.data = mac;
+  h.mac.len = 32;
+  Neoflow__ClientMessage cm = NEOFLOW__CLIENT_MESSAGE__INIT;
+  cm.msg_case = NEOFLOW__CLIENT_MESSAGE__MSG_HELLO;
+  cm.hello = &h;
+  raw_frame(fd, &cm.base);
+  expect_error(fd, NEOFLOW__ERROR_CODE__ERR_UNAUTHENTICATED, 1);
+  close(fd);
+  nf_buf_free(&err);
+  ck_assert_int_eq(dm_stop(&d, SIGTERM), 0);
+  dm_done(&d);
+}
+END_TEST
+
+START_TEST(daemon_kill9_during_writes) {
+  dm d;
+  dm_init(&d);
+  dm_config(&d, "[jobs]\ncompile_jobs = 2\n");
+  srand(11);
+  int64_t n = 5;
+  for (int round = 0; round < 6; round++) {
+    dm_start(&d);
+    nf_dconn *c = open_client(&d, "writer");
+    /* several compiles in flight; the daemon dies at some point */
+    for (int i = 0; i < 6; i++) {
+      Neoflow__Graph *pg = mm_wire(n++);
+      submit(c, (uint64_t)i + 1, pg, NEOFLOW__MODE__MODE_COMPILE, 0);
+      nf_wire_graph_free(pg);
+    }
+    sleep_ms(100 + rand() % 600);
+    ck_assert_int_eq(dm_stop(&d, SIGKILL), 128 + SIGKILL);
+    nf_dconn_close(c);
+    /* the cache verifies: integrity and every entry complete */
+    nf_cache *cc = NULL;
+    nf_buf err = NF_BUF_INIT;
+    nf_cache_opts co = {.read_only = 1};
+    ck_assert_msg(nf_cache_open(d.cache, &co, &cc, &err) == NF_OK, "%s", nf_buf_str(&err));
+    nf_cache_verify_report vr;
+    ck_assert_msg(nf_cache_verify(cc, 1, 0, &vr, &err) == NF_OK, "%s", nf_buf_str(&err));
+    ck_assert(vr.integrity_ok);
+    ck_assert_int_eq(vr.bad, 0);
+    nf_cache_close(cc);
+    nf_buf_free(&err);
+  }
+  /* and the daemon starts and serves over what the kills left */
+  dm_start(&d);
+  served(&d, 5);
+  ck_assert_int_eq(dm_stop(&d, SIGTERM), 0);
+  dm_done(&d);
+}
+END_TEST
+
+START_TEST(daemon_second_instance_refused) {
+  dm d;
+  dm_init(&d);
+  dm_config(&d, NULL);
+  dm_start(&d);
+  const char *exe = getenv("NF_NEOFLOWD");
+  char cmd[1200];
+  snprintf(cmd, sizeof cmd, "'%s' --config '%s' 2>'%s/second.log'", exe, d.conf, d.dir);
+  int st = system(cmd);
+  ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1);
+  snprintf(cmd, sizeof cmd, "grep -qi 'already\\|in use' '%s/second.log'", d.dir);
+  ck_assert_int_eq(system(cmd), 0);
+  served(&d, 6); /* the first one is unharmed */
+  ck_assert_int_eq(dm_stop(&d, SIGTERM), 0);
+  dm_done(&d);
+}
+END_TEST
+
+START_TEST(daemon_sighup_reload) {
+  dm d;
+  dm_init(&d);
+  dm_config(&d, NULL);
+  dm_start(&d);
+  dm_config(&d, "[daemon]\nmax_connections = 3\n");
+  kill(d.pid, SIGHUP);
+  sleep_ms(300);
+  int fds[4], busy = 0;
+  for (int i = 0; i < 4; i++) {
+    fds[i] = try_connect(d.sock);
+    raw_hello_try(fds[i], 1, 1);
+    Neoflow__ServerMessage *m = raw_recv(fds[i], 10000);
+    ck_assert_ptr_nonnull(m);
+    if (m->msg_case == NEOFLOW__SERVER_MESSAGE__MSG_ERROR) busy++;
+    nf_wire_free_server(m);
+  }
+  ck_assert_int_eq(busy, 1);
+  for (int i = 0; i < 4; i++) close(fds[i]);
+  /* a broken file is refused and the old configuration stays */
+  FILE *f = fopen(d.conf, "a");
+  fputs("[nonsense\n", f);
+  fclose(f);
+  kill(d.pid, SIGHUP);
+  sleep_ms(300);
+  served(&d, 7);
+  ck_assert_int_eq(dm_stop(&d, SIGTERM), 0);
+  dm_done(&d);
+}
+END_TEST
+
+START_TEST(daemon_other_uid_refused) {
+  if (geteuid() != 0) return; /* needs root to become another user */
+  dm d;
+  dm_init(&d);
+  dm_config(&d, NULL);
+  dm_start(&d);
+  pid_t p = fork();
+  if (p == 0) {
+    if (setgid(65534) != 0 || setuid(65534) != 0) _exit(3);
+    int s = try_connect(d.sock);
+    _exit(s >= 0 ? 1 : (errno == EACCES ? 0 : 2));
+  }
+  int st;
+  waitpid(p, &st, 0);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "another uid reached the socket (%d)",
+                WEXITSTATUS(st));
+  served(&d, 8);
+  ck_assert_int_eq(dm_stop(&d, SIGTERM), 0);
+  dm_done(&d);
+}
+END_TEST
+
+static Suite *suite(void) {
+  Suite *s = suite_create("daemon");
+  TCase *tc = tcase_create("daemon");
+  tcase_set_timeout(tc, 300);
+  tcase_add_test(tc, daemon_compile_then_hit_and_restart);
+  tcase_add_test(tc, daemon_hostile_frames);
+  tcase_add_test(tc, daemon_stalls_and_slow_readers);
+  tcase_add_test(tc, daemon_connection_limit);
+  tcase_add_test(tc, daemon_tcp_key);
+  tcase_add_test(tc, daemon_second_instance_refused);
+  tcase_add_test(tc, daemon_sighup_reload);
+  tcase_add_test(tc, daemon_other_uid_refused);
+  tcase_add_test(tc, daemon_disconnect_mid_job);
+  tcase_add_test(tc, daemon_kill9_during_writes);
+  tcase_add_test(tc, daemon_single_flight_32);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) {
+  signal(SIGPIPE, SIG_IGN);
+  SRunner *r = srunner_create(suite());
+  srunner_run_all(r, CK_NORMAL);
+  int failed = srunner_ntests_failed(r);
+  srunner_free(r);
+  return failed ? 1 : 0;
+}
