@@ -167,6 +167,11 @@ struct nfd_server {
   nfd_job *jobs;             /* doubly linked */
   int n_jobs, n_running_compile, n_running_tune;
   uint64_t job_seq;
+  /* cache hits not yet recorded in the cache (flushed every second) */
+  uint8_t touch_key[256][32];
+  int64_t touch_n[256];
+  int n_touch;
+  double t_touch_flush;
   /* statistics */
   uint64_t hits, misses, jobs_done, jobs_failed, refused;
 };

@@ -337,6 +337,33 @@ static void conn_close(nfd_conn *c, const char *why) {
   uv_close(&c->h.handle, on_closed);
 }
 
+/* ---- cache hit counts ----
+ * A hit's count and last-used time are written in batches (one small
+ * transaction per key and second, not one per hit). */
+
+static void flush_touches(nfd_server *S) {
+  nf_buf err = NF_BUF_INIT;
+  for (int i = 0; i < S->n_touch; i++) {
+    nf_buf_reset(&err);
+    if (S->cache && nf_cache_touch(S->cache, S->touch_key[i], S->touch_n[i], &err) != NF_OK)
+      NFD_DEBUG("cache: hits not counted: %s", nf_buf_str(&err));
+  }
+  nf_buf_free(&err);
+  S->n_touch = 0;
+  S->t_touch_flush = nfd_now();
+}
+
+static void count_hit(nfd_server *S, const uint8_t key[32]) {
+  for (int i = 0; i < S->n_touch; i++)
+    if (memcmp(S->touch_key[i], key, 32) == 0) {
+      S->touch_n[i]++;
+      return;
+    }
+  if (S->n_touch == 256) flush_touches(S);
+  memcpy(S->touch_key[S->n_touch], key, 32);
+  S->touch_n[S->n_touch++] = 1;
+}
+
 /* ---- requests from a client ---- */
 
 static void send_accepted(nfd_conn *c, uint64_t id, const uint8_t key[32], int hit) {
@@ -434,9 +461,7 @@ static void on_submit(nfd_conn *c, const Neoflow__Submit *s) {
   if (hit) {
     nfd_kernel *k = nfd_kernel_new(key, e.tier, e.schedule, e.time_ms, e.default_ms, e.trials,
                                    e.binary, e.binary_len);
-    nf_buf_reset(&err);
-    if (S->cache && nf_cache_touch(S->cache, key, 1, &err) != NF_OK)
-      NFD_DEBUG("cache: cannot count a hit: %s", nf_buf_str(&err));
+    count_hit(S, key);
     nf_cache_entry_free(&e);
     if (!k) {
       nfd_conn_error(c, id, NEOFLOW__ERROR_CODE__ERR_INTERNAL, 0, "out of memory");
@@ -819,6 +844,7 @@ static void on_tick(uv_timer_t *t) {
     }
   }
   nfd_jobs_tick(S, now);
+  if (S->n_touch && now - S->t_touch_flush > 1.0) flush_touches(S);
   if (S->shutting_down && !S->conns && !nfd_jobs_busy(S)) uv_stop(S->loop);
 }
 
@@ -834,6 +860,7 @@ static void begin_shutdown(nfd_server *S, const char *why) {
       uv_close(&S->listeners[i].h.handle, NULL);
     }
   if (S->unix_path[0]) unlink(S->unix_path);
+  flush_touches(S);
   nfd_jobs_shutdown(S);
   nfd_conn *next;
   for (nfd_conn *c = S->conns; c; c = next) {

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # deploy/test.sh - set up, build and run every test, showing Check's
 # summary lines.  Also runs the suite under ASan/UBSan (NF_ASAN=0 skips it)
-# and the parser's libFuzzer target briefly when clang can build it
-# (NF_FUZZ_SECONDS, default 30; 0 skips).
+# and the libFuzzer targets (the parser; frame and message decoding)
+# briefly when clang can build them (NF_FUZZ_SECONDS each, default 30; 0
+# skips).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export NF_WERROR=${NF_WERROR:-1}
@@ -36,16 +37,21 @@ fi
 
 secs=${NF_FUZZ_SECONDS:-30}
 if [ "$secs" != 0 ] && command -v clang >/dev/null 2>&1; then
-  echo "== parser fuzzing (${secs}s)"
   if [ ! -f build-fuzz/build.ninja ]; then
     CC=clang CXX=clang++ meson setup build-fuzz -Dfuzz=true -Dtests=false >/dev/null 2>&1 || true
   fi
-  if [ -f build-fuzz/build.ninja ] && ninja -C build-fuzz tests/fuzz/fuzz_parse >/dev/null 2>&1; then
+  if [ -f build-fuzz/build.ninja ] && ninja -C build-fuzz tests/fuzz/fuzz_parse tests/fuzz/fuzz_wire >/dev/null 2>&1; then
+    echo "== parser fuzzing (${secs}s)"
     mkdir -p build-fuzz/corpus
     cp -f lib/*.nf examples/*.nf build-fuzz/corpus/ 2>/dev/null || true
     build-fuzz/tests/fuzz/fuzz_parse -max_total_time="$secs" -max_len=4096 \
       -print_final_stats=1 build-fuzz/corpus 2>&1 | tail -n 5
     [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "test.sh: the parser fuzzer found a crash" >&2; exit 1; }
+    echo "== wire protocol fuzzing: frames and messages (${secs}s)"
+    mkdir -p build-fuzz/wire_corpus
+    build-fuzz/tests/fuzz/fuzz_wire -max_total_time="$secs" -max_len=65536 -rss_limit_mb=4096 \
+      -print_final_stats=1 build-fuzz/wire_corpus tests/fuzz/wire_corpus 2>&1 | tail -n 5
+    [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "test.sh: the wire fuzzer found a crash" >&2; exit 1; }
   else
     echo "(libFuzzer not available here: skipped)"
   fi

@@ -20,9 +20,15 @@
  * of the schema (at most four deep: ClientMessage > Submit > Graph > Expr)
  * and keeps anything else as unknown-field bytes, which are refused.
  *
+ * Unknown fields: protobuf-c keeps them (n_unknown_fields), except in a
+ * submessage it discards (a oneof member replaced by a later one, a
+ * singular submessage merged into a later copy).  So both the unpacked
+ * message and the raw bytes are checked.
+ *
  * Strings: protobuf-c copies a string's bytes and appends a NUL, so a NUL
- * inside one would silently cut it short; the raw bytes are scanned for
- * that (the scan follows the schema, as deep as the unpack went). */
+ * inside one would silently cut it short.  The raw bytes are scanned for
+ * that and for the unknown fields above; the scan follows the schema, as
+ * deep as the unpack went. */
 #include "nf_wire.h"
 
 #include <stdarg.h>

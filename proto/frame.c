@@ -284,8 +284,10 @@ int nf_wire_read_frame(int fd, uint32_t max, int timeout_ms, nf_buf *out) {
   int rc = buf_reserve(out, len);
   if (rc) return rc;
   r = read_full(fd, (uint8_t *)out->data, len, deadline);
-  if (r < 0) return (int)r;
-  if ((size_t)r < len) return NF_EFORMAT;
+  if (r < 0 || (size_t)r < len) {
+    out->data[0] = 0; /* out stays empty */
+    return r < 0 ? (int)r : NF_EFORMAT;
+  }
   out->len = len;
   out->data[len] = 0;
   return NF_OK;

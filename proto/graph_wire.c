@@ -15,7 +15,10 @@
  * nf_graph_validate for what depends on statement order (a tensor read
  * before it is produced, produced twice or never, variables in range).
  * Arguments may only point at earlier expressions, so the list is acyclic
- * by construction and nothing here recurses.
+ * by construction and nothing here recurses.  The nodes reached per
+ * statement, summed over statements, are bounded too
+ * (NF_WIRE_MAX_STMT_NODES), since statements may share expressions and
+ * every later stage walks each statement's DAG.
  *
  * The enum values of the wire (DType, Op, TensorKind, RedOp) are nf_ir.h's
  * one to one; the static assertions below keep them so. */
@@ -533,7 +536,38 @@ static int check_stmt(const Neoflow__Graph *pg, size_t si, nf_buf *err) {
   return NF_OK;
 }
 
-/* Everything that must hold before a constructor is called. */
+/* Counts the nodes each statement's right side reaches, summed over the
+ * statements, and refuses a total over NF_WIRE_MAX_STMT_NODES (thousands
+ * of statements sharing one huge expression would make every
+ * per-statement walk downstream quadratic).  stamp and stack have n_exprs
+ * entries; the walk stops at the limit, so its own cost is bounded. */
+static int check_work(const Neoflow__Graph *pg, uint32_t *stamp, uint32_t *stack,
+                      nf_buf *err) {
+  size_t total = 0;
+  memset(stamp, 0, pg->n_exprs * sizeof(*stamp));
+  for (size_t si = 0; si < pg->n_stmts; si++) {
+    uint32_t gen = (uint32_t)si + 1;
+    size_t sp = 0;
+    stack[sp++] = pg->stmts[si]->rhs;
+    stamp[pg->stmts[si]->rhs] = gen;
+    while (sp) {
+      const Neoflow__Expr *x = pg->exprs[stack[--sp]];
+      if (++total > NF_WIRE_MAX_STMT_NODES)
+        return gerr(err, "stmts[%zu]: the statements reach more than %u expression nodes in all",
+                    si, NF_WIRE_MAX_STMT_NODES);
+      for (size_t k = 0; k < x->n_args; k++) {
+        uint32_t a = x->args[k];
+        if (stamp[a] == gen) continue;
+        stamp[a] = gen;
+        stack[sp++] = a; /* each node once per statement: sp <= n_exprs */
+      }
+    }
+  }
+  return NF_OK;
+}
+
+/* Everything that must hold before a constructor is called; scratch has
+ * max(n_tensors, 8 * n_exprs) bytes. */
 static int check_graph(const Neoflow__Graph *pg, uint8_t *scratch, nf_buf *err) {
   int rc;
   for (size_t i = 0; i < pg->n_tensors; i++)
@@ -544,7 +578,8 @@ static int check_graph(const Neoflow__Graph *pg, uint8_t *scratch, nf_buf *err) 
     if ((rc = check_expr(pg, i, err))) return rc;
   for (size_t si = 0; si < pg->n_stmts; si++)
     if ((rc = check_stmt(pg, si, err))) return rc;
-  return NF_OK;
+  uint32_t *stamp = (uint32_t *)(void *)scratch;
+  return check_work(pg, stamp, stamp + pg->n_exprs, err);
 }
 
 static const nf_expr *build_expr(nf_ir_ctx *ctx, const Neoflow__Expr *x,
@@ -632,7 +667,9 @@ int nf_wire_graph_to_ir(const Neoflow__Graph *pg, nf_ir_ctx *ctx, nf_graph **out
     return gerr(err, "a count without its array");
   if (pg->name && strlen(pg->name) > NF_WIRE_NAME_MAX)
     return gerr(err, "name: longer than %d bytes", NF_WIRE_NAME_MAX);
-  uint8_t *scratch = malloc(pg->n_tensors ? pg->n_tensors : 1);
+  size_t n_scratch = pg->n_exprs * 2 * sizeof(uint32_t);
+  if (n_scratch < pg->n_tensors) n_scratch = pg->n_tensors;
+  uint8_t *scratch = malloc(n_scratch ? n_scratch : 1);
   const nf_expr **built = malloc((pg->n_exprs ? pg->n_exprs : 1) * sizeof(*built));
   int rc = scratch && built ? check_graph(pg, scratch, err) : NF_ENOMEM;
   nf_graph *g = NULL;

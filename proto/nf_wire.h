@@ -46,6 +46,10 @@
 #define NF_WIRE_MAX_STMTS 4096
 #define NF_WIRE_MAX_EXPRS (1u << 20)
 #define NF_WIRE_MAX_STEP_TIMES 4096
+/* Expression nodes summed over statements, each statement counting every
+ * node its right side reaches (statements may share expressions; this
+ * bounds the per-statement walks of validation, hashing and lowering). */
+#define NF_WIRE_MAX_STMT_NODES (1u << 22)
 #define NF_WIRE_DESCRIPTION_MAX 256          /* Target.description */
 #define NF_WIRE_MAX_STATUS_ITEMS 16384       /* StatusReply.clients, .jobs */
 #define NF_WIRE_MAX_PRIOR 65536              /* JobRequest.prior */
@@ -113,6 +117,14 @@ int nf_wire_validate_client(const Neoflow__ClientMessage *m, nf_wire_err *e);
 int nf_wire_validate_server(const Neoflow__ServerMessage *m, nf_wire_err *e);
 int nf_wire_validate_job_request(const Neoflow__JobRequest *m, nf_wire_err *e);
 int nf_wire_validate_job_event(const Neoflow__JobEvent *m, nf_wire_err *e);
+/* Makes the NUL-terminated s (edited in place) pass as wire text of at
+ * most max bytes: invalid UTF-8 and control characters (except \n and \t
+ * when multiline) become '?', then s is cut at the last character
+ * boundary within max bytes (a plain truncation could split a UTF-8
+ * sequence, and a receiver refuses the whole message).  Returns s.  For
+ * messages (NF_WIRE_TEXT_MAX, multiline) built from system or compiler
+ * text, and names (NF_WIRE_NAME_MAX, single-line). */
+char *nf_wire_text_sanitize(char *s, size_t max, int multiline);
 
 /* ---- graphs ---- */
 
@@ -128,8 +140,9 @@ void nf_wire_graph_free(Neoflow__Graph *pg);
  * everything first (counts against the NF_WIRE_MAX_* limits, ranks, sizes
  * >= 0 with products that fit, tensor kinds and the inputs/outputs lists,
  * every expression's arity, dtype rules, variable and tensor references,
- * args pointing only at earlier expressions, statement order), so that no
- * constructor assertion can fire; then nf_graph_validate.  NF_OK, or
+ * args pointing only at earlier expressions, statement order, the nodes
+ * reached per statement summed over statements), so that no constructor
+ * assertion can fire; then nf_graph_validate.  NF_OK, or
  * NF_EINVAL with a message naming the first offending element
  * ("exprs[17]: ADD of f32 and i64"), NF_ENOMEM. */
 int nf_wire_graph_to_ir(const Neoflow__Graph *pg, nf_ir_ctx *ctx, nf_graph **out,

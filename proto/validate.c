@@ -90,48 +90,84 @@ static int check_enum(vctx *v, const char *field, const ProtobufCEnumDescriptor 
   return NF_OK;
 }
 
-/* Checks s[0..n): UTF-8 (no overlong forms, surrogates or values past
- * U+10FFFF) without control characters (C0, DEL, C1), except \n and \t
- * when multiline.  Returns NULL or what is wrong, with *at the offset. */
+/* The length of the acceptable character at s[0..n) (n > 0): UTF-8
+ * without overlong forms, surrogates or values past U+10FFFF, and not a
+ * control character (C0, DEL, C1) except \n and \t when multiline.  0
+ * when it is not acceptable, with *why saying so. */
+static size_t next_char(const uint8_t *s, size_t n, int multiline, const char **why) {
+  uint32_t c = s[0];
+  size_t k;
+  if (c < 0x80) {
+    if ((c < 0x20 && !(multiline && (c == '\n' || c == '\t'))) || c == 0x7f) {
+      *why = "a control character";
+      return 0;
+    }
+    return 1;
+  }
+  *why = "invalid UTF-8";
+  uint32_t lo = 0x80, hi = 0xbf; /* range of the second byte */
+  if (c >= 0xc2 && c <= 0xdf) {
+    k = 1;
+    c &= 0x1f;
+  } else if (c >= 0xe0 && c <= 0xef) {
+    k = 2;
+    if (c == 0xe0) lo = 0xa0;
+    if (c == 0xed) hi = 0x9f; /* no surrogates */
+    c &= 0x0f;
+  } else if (c >= 0xf0 && c <= 0xf4) {
+    k = 3;
+    if (c == 0xf0) lo = 0x90;
+    if (c == 0xf4) hi = 0x8f;
+    c &= 0x07;
+  } else {
+    return 0;
+  }
+  if (n - 1 < k) return 0;
+  for (size_t j = 1; j <= k; j++) {
+    uint32_t b = s[j];
+    if (j == 1 ? (b < lo || b > hi) : (b & 0xc0) != 0x80) return 0;
+    c = c << 6 | (b & 0x3f);
+  }
+  if (c >= 0x80 && c <= 0x9f) {
+    *why = "a control character";
+    return 0;
+  }
+  return k + 1;
+}
+
+/* Checks s[0..n) character by character (next_char).  Returns NULL or
+ * what is wrong, with *at the offset. */
 static const char *text_error(const uint8_t *s, size_t n, int multiline, size_t *at) {
-  size_t i = 0;
-  while (i < n) {
-    uint32_t c = s[i];
-    size_t k;
-    *at = i;
-    if (c < 0x80) {
-      if ((c < 0x20 && !(multiline && (c == '\n' || c == '\t'))) || c == 0x7f)
-        return "a control character";
-      i++;
-      continue;
+  const char *why = NULL;
+  for (size_t i = 0; i < n;) {
+    size_t k = next_char(s + i, n - i, multiline, &why);
+    if (!k) {
+      *at = i;
+      return why;
     }
-    uint32_t lo = 0x80, hi = 0xbf; /* range of the second byte */
-    if (c >= 0xc2 && c <= 0xdf) {
-      k = 1;
-      c &= 0x1f;
-    } else if (c >= 0xe0 && c <= 0xef) {
-      k = 2;
-      if (c == 0xe0) lo = 0xa0;
-      if (c == 0xed) hi = 0x9f; /* no surrogates */
-      c &= 0x0f;
-    } else if (c >= 0xf0 && c <= 0xf4) {
-      k = 3;
-      if (c == 0xf0) lo = 0x90;
-      if (c == 0xf4) hi = 0x8f;
-      c &= 0x07;
-    } else {
-      return "invalid UTF-8";
-    }
-    if (n - i - 1 < k) return "invalid UTF-8";
-    for (size_t j = 1; j <= k; j++) {
-      uint32_t b = s[i + j];
-      if (j == 1 ? (b < lo || b > hi) : (b & 0xc0) != 0x80) return "invalid UTF-8";
-      c = c << 6 | (b & 0x3f);
-    }
-    if (c >= 0x80 && c <= 0x9f) return "a control character";
-    i += k + 1;
+    i += k;
   }
   return NULL;
+}
+
+/* See nf_wire.h: bad bytes become '?', then a cut at a character
+ * boundary. */
+char *nf_wire_text_sanitize(char *s, size_t max, int multiline) {
+  uint8_t *u = (uint8_t *)s;
+  size_t n = strlen(s), cut = 0;
+  const char *why;
+  for (size_t i = 0; i < n;) {
+    size_t k = next_char(u + i, n - i, multiline, &why);
+    if (!k) {
+      u[i] = '?';
+      k = 1;
+    }
+    if (i + k > max) break;
+    i += k;
+    cut = i;
+  }
+  s[cut] = 0;
+  return s;
 }
 
 /* A string of at most max bytes of valid text (NULL counts as empty). */

@@ -735,7 +735,9 @@ START_TEST(daemon_tcp_key) {
   nf_dconn *c = NULL;
   nf_dconn_opts o = {.address = addr, .key_file = key, .client_name = "tcp", .timeout_ms = 10000};
   ck_assert_msg(nf_dconn_open(&o, &c, &err) == NF_OK, "%s", nf_buf_str(&err));
-  submit(c, 1, mm_wire(12), NEOFLOW__MODE__MODE_COMPILE, 0);
+  Neoflow__Graph *pg = mm_wire(12);
+  submit(c, 1, pg, NEOFLOW__MODE__MODE_COMPILE, 0);
+  nf_wire_graph_free(pg);
   nf_dkernel k;
   final_kernel(c, 1, &k, NULL);
   ck_assert(is_elf(&k));

@@ -15,7 +15,8 @@
  *    enum values, an unset oneof, over-long strings, invalid UTF-8,
  *    control characters, NULs inside strings, wrong-length keys, NaN and
  *    negative times, oversized chunks and binaries, mismatched arrays,
- *    missing required submessages, counts over the limits;
+ *    missing required submessages, counts over the limits; text made
+ *    acceptable by nf_wire_text_sanitize;
  *  - random bytes and mutated valid messages: never a crash, every failure
  *    has a code and a message, every success repacks and decodes again;
  *  - amplification: a 4 MiB frame of tiny repeated submessages, a
@@ -25,9 +26,11 @@
  *  - graphs: every def of lib/nn.nf and the workloads of
  *    examples/workloads.nf, their gradient graphs, and a hand-made graph
  *    with every operator go IR -> wire -> bytes -> wire -> IR with the
- *    same nf_graph_hash, names and input/output order; a table of invalid
- *    wire graphs is rejected by nf_wire_graph_to_ir with the expected
- *    message (never an assertion).
+ *    same nf_graph_hash, names and input/output order (a -0.0 constant
+ *    included); a table of invalid wire graphs is rejected by
+ *    nf_wire_graph_to_ir with the expected message (never an assertion);
+ *    statements sharing one huge expression are refused past the bound
+ *    on per-statement work.
  *
  * With NF_WIRE_CORPUS_DIR set, main() also writes a seed corpus for the
  * fuzz_wire target there (see tests/fuzz/fuzz_wire.c for the format). */
@@ -773,6 +776,8 @@ START_TEST(proto_read_frame_errors) {
   ck_assert_int_eq(write(sv[0], trunc, 9), 9);
   close(sv[0]);
   ck_assert_int_eq(nf_wire_read_frame(sv[1], 100, 1000, &b), NF_EFORMAT);
+  ck_assert_uint_eq(b.len, 0);
+  ck_assert_str_eq(nf_buf_str(&b), "");
   close(sv[1]);
   /* a truncated header */
   sockpair(sv);
@@ -1228,6 +1233,38 @@ START_TEST(proto_text_accepted) {
   f->kernel.sha256 = bin(NULL, 0);
   m = roundtrip(K_SERVER, &f->sm.base);
   nf_wire_free_server((Neoflow__ServerMessage *)m);
+  free(f);
+}
+END_TEST
+
+START_TEST(proto_text_sanitize) {
+  char s1[] = "ab\x01c\xffd\n\te";
+  ck_assert_str_eq(nf_wire_text_sanitize(s1, 100, 0), "ab?c?d??e");
+  char s2[] = "ab\x01c\xffd\n\te";
+  ck_assert_str_eq(nf_wire_text_sanitize(s2, 100, 1), "ab?c?d\n\te");
+  /* a cut never splits a character: "x€" is 4 bytes, max 3 keeps "x" */
+  char s3[] = "x\xe2\x82\xac";
+  ck_assert_str_eq(nf_wire_text_sanitize(s3, 3, 0), "x");
+  char s4[] = "x\xe2\x82\xac";
+  ck_assert_str_eq(nf_wire_text_sanitize(s4, 4, 0), "x\xe2\x82\xac");
+  /* a truncated sequence at the end, a surrogate, C1 */
+  char s5[] = "ok\xe2\x82";
+  ck_assert_str_eq(nf_wire_text_sanitize(s5, 100, 0), "ok??");
+  char s6[] = "\xed\xa0\x80\xc2\x85.";
+  ck_assert_str_eq(nf_wire_text_sanitize(s6, 100, 0), "?????.");
+  /* what comes out passes validation, whatever went in */
+  rng_state = 77;
+  fixtures *f = calloc(1, sizeof(*f));
+  for (int it = 0; it < 2000; it++) {
+    char buf[100];
+    size_t n = rnd() % (sizeof(buf) - 1);
+    for (size_t i = 0; i < n; i++) buf[i] = (char)(1 + rnd() % 255);
+    buf[n] = 0;
+    fx_server(f, 7);
+    f->error.message = nf_wire_text_sanitize(buf, 1 + rnd() % 90, 1);
+    ProtobufCMessage *m = roundtrip(K_SERVER, &f->sm.base);
+    nf_wire_free_server((Neoflow__ServerMessage *)m);
+  }
   free(f);
 }
 END_TEST
@@ -1887,6 +1924,81 @@ START_TEST(proto_graph_invalid) {
 }
 END_TEST
 
+/* n_stmts rank-0 outputs, each the same chain of `depth` NEGs of X. */
+static int shared_chain(size_t n_stmts, size_t depth, nf_buf *err) {
+  size_t nt = n_stmts + 1;
+  Neoflow__Tensor *t = calloc(nt, sizeof(*t));
+  Neoflow__Tensor **tp = calloc(nt, sizeof(*tp));
+  Neoflow__Expr *x = calloc(depth, sizeof(*x));
+  Neoflow__Expr **xp = calloc(depth, sizeof(*xp));
+  uint32_t *args = calloc(depth, sizeof(*args));
+  Neoflow__Stmt *st = calloc(n_stmts, sizeof(*st));
+  Neoflow__Stmt **sp = calloc(n_stmts, sizeof(*sp));
+  uint32_t *outs = calloc(n_stmts, sizeof(*outs)), in0 = 0;
+  for (size_t i = 0; i < nt; i++) {
+    neoflow__tensor__init(&t[i]);
+    t[i].dtype = NEOFLOW__DTYPE__DT_F32;
+    t[i].kind = i ? NEOFLOW__TENSOR_KIND__TK_OUTPUT : NEOFLOW__TENSOR_KIND__TK_INPUT;
+    tp[i] = &t[i];
+  }
+  for (size_t i = 0; i < depth; i++) {
+    neoflow__expr__init(&x[i]);
+    x[i].dtype = NEOFLOW__DTYPE__DT_F32;
+    xp[i] = &x[i];
+    if (i == 0) {
+      x[i].op = NEOFLOW__OP__OP_ACCESS;
+    } else {
+      x[i].op = NEOFLOW__OP__OP_NEG;
+      args[i] = (uint32_t)i - 1;
+      x[i].args = &args[i];
+      x[i].n_args = 1;
+    }
+  }
+  for (size_t i = 0; i < n_stmts; i++) {
+    neoflow__stmt__init(&st[i]);
+    st[i].out = (uint32_t)i + 1;
+    st[i].rhs = (uint32_t)depth - 1;
+    sp[i] = &st[i];
+    outs[i] = (uint32_t)i + 1;
+  }
+  Neoflow__Graph g = NEOFLOW__GRAPH__INIT;
+  g.n_tensors = nt;
+  g.tensors = tp;
+  g.n_exprs = depth;
+  g.exprs = xp;
+  g.n_stmts = n_stmts;
+  g.stmts = sp;
+  g.n_inputs = 1;
+  g.inputs = &in0;
+  g.n_outputs = n_stmts;
+  g.outputs = outs;
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  nf_graph *out = NULL;
+  int rc = nf_wire_graph_to_ir(&g, ctx, &out, err);
+  nf_ir_ctx_free(ctx);
+  free(t);
+  free(tp);
+  free(x);
+  free(xp);
+  free(args);
+  free(st);
+  free(sp);
+  free(outs);
+  return rc;
+}
+
+START_TEST(proto_graph_shared_work_bounded) {
+  /* 2000 statements x 1500 nodes is fine; 3000 x 1500 passes the limit of
+   * nodes reached per statement summed over statements. */
+  nf_buf err = NF_BUF_INIT;
+  ck_assert_msg(shared_chain(2000, 1500, &err) == NF_OK, "%s", nf_buf_str(&err));
+  ck_assert_int_eq(shared_chain(3000, 1500, &err), NF_EINVAL);
+  ck_assert_msg(strstr(nf_buf_str(&err), "reach more than 4194304 expression nodes"), "%s",
+                nf_buf_str(&err));
+  nf_buf_free(&err);
+}
+END_TEST
+
 START_TEST(proto_graph_template_valid) {
   /* The template the invalid cases mutate converts, keeping the input
    * order [B, A]. */
@@ -1990,6 +2102,7 @@ static Suite *proto_suite(void) {
   tcase_add_loop_test(tc, proto_invalid_fields, 0,
                       (int)(sizeof(field_cases) / sizeof(field_cases[0])));
   tcase_add_test(tc, proto_text_accepted);
+  tcase_add_test(tc, proto_text_sanitize);
   tcase_add_test(tc, proto_nul_in_string_rejected);
   tcase_add_test(tc, proto_random_bytes);
   tcase_add_test(tc, proto_mutated_messages);
@@ -1999,6 +2112,7 @@ static Suite *proto_suite(void) {
   tcase_add_test(tc, proto_graph_roundtrip_every_op);
   tcase_add_test(tc, proto_graph_from_ir_invalid);
   tcase_add_test(tc, proto_graph_template_valid);
+  tcase_add_test(tc, proto_graph_shared_work_bounded);
   tcase_add_loop_test(tc, proto_graph_invalid, 0, (int)(sizeof(gcases) / sizeof(gcases[0])));
   suite_add_tcase(s, tc);
   return s;
