@@ -64,6 +64,7 @@ static void emit_error(job *J, int code, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
+  nf_wire_text_sanitize(msg, NF_WIRE_TEXT_MAX, 1);
   Neoflow__Error e = NEOFLOW__ERROR__INIT;
   e.code = code;
   e.message = msg;
@@ -142,7 +143,7 @@ static void on_record(void *user, const nf_search_record *rec) {
   r.features.len = sizeof rec->feat;
   char reason[sizeof rec->reason];
   snprintf(reason, sizeof reason, "%s", rec->reason);
-  r.reason = reason;
+  r.reason = nf_wire_text_sanitize(reason, NF_WIRE_TEXT_MAX, 1);
   Neoflow__JobEvent ev = NEOFLOW__JOB_EVENT__INIT;
   ev.msg_case = NEOFLOW__JOB_EVENT__MSG_RECORD;
   ev.record = &r;

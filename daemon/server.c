@@ -181,6 +181,7 @@ void nfd_conn_error(nfd_conn *c, uint64_t request_id, int code, int fatal, const
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
+  nf_wire_text_sanitize(msg, NF_WIRE_TEXT_MAX, 1);
   Neoflow__Error e = NEOFLOW__ERROR__INIT;
   e.code = code;
   e.message = msg;
@@ -390,6 +391,11 @@ static void on_submit(nfd_conn *c, const Neoflow__Submit *s) {
     nfd_conn_error(c, id, NEOFLOW__ERROR_CODE__ERR_SHUTTING_DOWN, 0, "the daemon is shutting down");
     return;
   }
+  if (id == 0) {
+    nfd_conn_error(c, 0, NEOFLOW__ERROR_CODE__ERR_INVALID_ARGUMENT, 0,
+                   "submit.request_id: must not be 0 (0 names the session in errors)");
+    return;
+  }
   if (find_req(c, id)) {
     nfd_conn_error(c, id, NEOFLOW__ERROR_CODE__ERR_INVALID_ARGUMENT, 0,
                    "submit: request_id %llu is already open in this session",
@@ -532,7 +538,9 @@ static void on_status(nfd_conn *c) {
   st.jobs_done = S->jobs_done;
   st.jobs_failed = S->jobs_failed;
   st.connections_refused = S->refused;
-  st.cache_path = S->cache ? (char *)nf_cache_path(S->cache) : (char *)"";
+  char cache_path[NF_WIRE_TEXT_MAX + 1];
+  snprintf(cache_path, sizeof cache_path, "%s", S->cache ? nf_cache_path(S->cache) : "");
+  st.cache_path = nf_wire_text_sanitize(cache_path, NF_WIRE_TEXT_MAX, 0);
   nf_cache_stats cs;
   nf_buf err = NF_BUF_INIT;
   if (S->cache && nf_cache_stats_get(S->cache, &cs, &err) == NF_OK) {

@@ -1238,9 +1238,9 @@ START_TEST(proto_text_accepted) {
 END_TEST
 
 START_TEST(proto_text_sanitize) {
-  char s1[] = "ab\x01c\xffd\n\te";
+  char s1[] = "ab\x01" "c\xff" "d\n\te";
   ck_assert_str_eq(nf_wire_text_sanitize(s1, 100, 0), "ab?c?d??e");
-  char s2[] = "ab\x01c\xffd\n\te";
+  char s2[] = "ab\x01" "c\xff" "d\n\te";
   ck_assert_str_eq(nf_wire_text_sanitize(s2, 100, 1), "ab?c?d\n\te");
   /* a cut never splits a character: "x€" is 4 bytes, max 3 keeps "x" */
   char s3[] = "x\xe2\x82\xac";
