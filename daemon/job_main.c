@@ -252,12 +252,30 @@ static void run(job *J, const Neoflow__JobRequest *rq) {
   nf_buf_free(&err);
 }
 
+/* Fault injection for the daemon's tests (S-14: a compiler that hangs or
+ * crashes, a job that writes garbage or dies silently): NF_JOB_FAULT in
+ * the daemon's environment, inherited by its job processes. */
+static void inject_fault(void) {
+  const char *f = getenv("NF_JOB_FAULT");
+  if (!f) return;
+  if (!strcmp(f, "hang"))
+    for (;;) pause();
+  if (!strcmp(f, "crash")) abort();
+  if (!strcmp(f, "exit")) _exit(3);
+  if (!strcmp(f, "garbage")) {
+    static const uint8_t junk[] = {0, 0, 0, 12, 0xff, 0xfe, 0xfd, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+    if (write(1, junk, sizeof junk) < 0) _exit(4);
+    pause();
+  }
+}
+
 int nfd_job_main(void) {
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() == 1) return 1;
   signal(SIGPIPE, SIG_IGN);
   struct rlimit core = {0, 0};
   setrlimit(RLIMIT_CORE, &core);
+  inject_fault();
   job J;
   memset(&J, 0, sizeof J);
   J.fd = 1;

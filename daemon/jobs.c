@@ -132,17 +132,17 @@ static void fail_all(nfd_job *j, int code, const char *msg) {
 /* ---- records ---- */
 
 static void flush_records(nfd_job *j) {
-  nfd_server *S = j->S;
-  if (j->n_recs && S->cache) {
-    nf_buf err = NF_BUF_INIT;
-    if (nf_cache_add_records(S->cache, j->key, j->recs, j->n_recs, &err) != NF_OK)
-      NFD_WARN("cache: %zu records not stored: %s", j->n_recs, nf_buf_str(&err));
-    nf_buf_free(&err);
-  }
-  for (size_t i = 0; i < j->n_recs; i++) {
-    free(j->recs[i].schedule);
-    free(j->recs[i].features);
-    free(j->recs[i].reason);
+  if (!j->n_recs) return;
+  nf_cache_record *r = malloc(j->n_recs * sizeof *r);
+  if (r) {
+    memcpy(r, j->recs, j->n_recs * sizeof *r);
+    nfd_writer_records(j->S, j->key, r, j->n_recs); /* takes them over */
+  } else {
+    for (size_t i = 0; i < j->n_recs; i++) {
+      free(j->recs[i].schedule);
+      free(j->recs[i].features);
+      free(j->recs[i].reason);
+    }
   }
   j->n_recs = 0;
 }
@@ -179,7 +179,7 @@ static void on_kernel(nfd_job *j, const Neoflow__JobKernel *jk) {
     j->got_final = 1;
     S->jobs_done++;
     flush_records(j);
-    if (S->cache) {
+    {
       nf_cache_entry e;
       memset(&e, 0, sizeof e);
       memcpy(e.key, j->key, 32);
@@ -196,11 +196,7 @@ static void on_kernel(nfd_job *j, const Neoflow__JobKernel *jk) {
       e.binary = k->binary;
       e.binary_len = k->len;
       memcpy(e.sha256, k->sha256, 32);
-      int stored = 0;
-      nf_buf err = NF_BUF_INIT;
-      if (nf_cache_put(S->cache, &e, &stored, &err) != NF_OK)
-        NFD_WARN("cache: kernel not stored (clients served anyway): %s", nf_buf_str(&err));
-      nf_buf_free(&err);
+      nfd_writer_put(S, &e); /* stored by the writer thread */
     }
   }
   if (k->time_ms > 0 && (j->best_ms <= 0 || k->time_ms < j->best_ms)) j->best_ms = k->time_ms;
@@ -346,6 +342,7 @@ static void on_job_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
       Neoflow__JobEvent *ev = nf_wire_decode_job_event(frame, flen, &e);
       if (!ev) {
         NFD_ERROR("job process sent a bad event: %s", e.msg);
+        snprintf(j->why, sizeof j->why, "the job process sent a malformed event (%.200s)", e.msg);
         kill_job(j, NEOFLOW__ERROR_CODE__ERR_INTERNAL);
         return;
       }
@@ -353,6 +350,7 @@ static void on_job_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
       nf_wire_free_job_event(ev);
     } else if (rc < 0) {
       NFD_ERROR("job process sent an oversized frame");
+      snprintf(j->why, sizeof j->why, "the job process sent an oversized frame");
       kill_job(j, NEOFLOW__ERROR_CODE__ERR_INTERNAL);
       return;
     }

@@ -265,26 +265,31 @@ int main(int argc, char **argv) {
   nf_host_target_get(&S.target);
   nf_cpu_codegen_version(S.codegen_version, sizeof S.codegen_version);
 
-  /* the cache first: its writer lock names a daemon already running */
-  nf_cache_opts co = {.writer_lock = 1,
-                      .allow_network_fs = S.cfg.allow_network_fs,
-                      .sync_full = S.cfg.cache_sync_full,
-                      .soft_cap_bytes = S.cfg.cache_soft_cap,
-                      .hard_cap_bytes = S.cfg.cache_hard_cap};
+  /* the cache first: the writer's lock names a daemon already running;
+   * then the event loop's own read-only handle */
+  if (nfd_writer_start(&S, &err) != NF_OK) {
+    int r = fail("cache %s: %s", S.cfg.cache_path, nf_buf_str(&err));
+    nf_buf_free(&err);
+    return r;
+  }
+  nf_cache_opts co = {.read_only = 1, .allow_network_fs = S.cfg.allow_network_fs};
   if (nf_cache_open(S.cfg.cache_path, &co, &S.cache, &err) != NF_OK) {
     int r = fail("cache %s: %s", S.cfg.cache_path, nf_buf_str(&err));
     nf_buf_free(&err);
+    nfd_writer_stop(&S);
     return r;
   }
   nf_buf_free(&err);
   S.loop = uv_default_loop();
   if (setup_sockets(&S)) {
+    nfd_writer_stop(&S);
     nf_cache_close(S.cache);
     return 1;
   }
   NFD_INFO("neoflowd %s (pid %d): cache %s; target %s; %s", NF_VERSION, (int)getpid(),
            S.cfg.cache_path, S.target.description, S.codegen_version);
   int rc = nfd_server_run(&S);
+  nfd_writer_stop(&S); /* everything queued is written first */
   nf_cache_close(S.cache);
   uv_loop_close(S.loop);
   NFD_INFO("stopped");

@@ -33,6 +33,7 @@ typedef struct nfd_server nfd_server;
 typedef struct nfd_conn nfd_conn;
 typedef struct nfd_job nfd_job;
 typedef struct nfd_req nfd_req;
+typedef struct nfd_writer nfd_writer;
 
 /* ---- logging (neoflowd.c) ---- */
 extern int nfd_verbosity; /* an nfd_log_level */
@@ -130,6 +131,26 @@ void nfd_jobs_status_free(Neoflow__StatusReply *reply);
 /* 1 while any job process or its handles are still open. */
 int nfd_jobs_busy(const nfd_server *S);
 
+/* ---- the cache writer (writer.c) ----
+ * Every cache write goes through one thread with its own handle; the
+ * event loop only reads.  Operations are copied (or, for records, taken
+ * over) and run in order. */
+
+/* Opens the writer's handle on cfg.cache_path and starts its thread. */
+int nfd_writer_start(nfd_server *S, nf_buf *err);
+/* Queues a copy of e for nf_cache_put. */
+void nfd_writer_put(nfd_server *S, const nf_cache_entry *e);
+/* Queues records for key, taking over recs (an array of n, malloc'd,
+ * freed with nf_cache_records_free). */
+void nfd_writer_records(nfd_server *S, const uint8_t key[32], nf_cache_record *recs, size_t n);
+/* Queues n hits for key. */
+void nfd_writer_touch(nfd_server *S, const uint8_t key[32], int64_t n);
+/* A copy of the latest queued, not yet committed entry for key: NF_OK,
+ * NF_ENOENT, NF_ENOMEM. */
+int nfd_writer_lookup(nfd_server *S, const uint8_t key[32], nf_cache_entry *out);
+/* Runs everything queued, then stops the thread and closes its handle. */
+void nfd_writer_stop(nfd_server *S);
+
 /* ---- the server ---- */
 typedef struct nfd_listener {
   union {
@@ -148,7 +169,8 @@ typedef struct nfd_listener {
 struct nfd_server {
   uv_loop_t *loop;
   nfd_config cfg;
-  nf_cache *cache;
+  nf_cache *cache;           /* reads (the event loop) */
+  nfd_writer *writer;        /* writes (its own thread and handle) */
   nf_host_target target;
   char codegen_version[128];
   char exe_path[4096];       /* this binary, for `--job` processes */

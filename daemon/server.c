@@ -343,13 +343,7 @@ static void conn_close(nfd_conn *c, const char *why) {
  * transaction per key and second, not one per hit). */
 
 static void flush_touches(nfd_server *S) {
-  nf_buf err = NF_BUF_INIT;
-  for (int i = 0; i < S->n_touch; i++) {
-    nf_buf_reset(&err);
-    if (S->cache && nf_cache_touch(S->cache, S->touch_key[i], S->touch_n[i], &err) != NF_OK)
-      NFD_DEBUG("cache: hits not counted: %s", nf_buf_str(&err));
-  }
-  nf_buf_free(&err);
+  for (int i = 0; i < S->n_touch; i++) nfd_writer_touch(S, S->touch_key[i], S->touch_n[i]);
   S->n_touch = 0;
   S->t_touch_flush = nfd_now();
 }
@@ -458,6 +452,8 @@ static void on_submit(nfd_conn *c, const Neoflow__Submit *s) {
   int hit = S->cache ? nf_cache_get(S->cache, key, &e, &err) : NF_ENOENT;
   if (hit != NF_OK && hit != NF_ENOENT)
     NFD_WARN("cache lookup failed (serving uncached): %s", nf_buf_str(&err));
+  /* a result stored a moment ago may still wait in the writer's queue */
+  if (hit != NF_OK) hit = nfd_writer_lookup(S, key, &e);
   hit = hit == NF_OK;
   int tuned = hit && (e.tier >= 2 || e.trials > 0);
   int done = hit && (s->mode == NEOFLOW__MODE__MODE_COMPILE || tuned);

@@ -38,12 +38,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <sqlite3.h>
 
 #include "nf_cache.h"
 #include "nf_dconn.h"
@@ -55,6 +58,8 @@
 
 typedef struct dm {
   char dir[256], sock[320], cache[320], conf[320], log[320];
+  const char *env; /* "NAME=VALUE" for the daemon, or NULL */
+  int nofile;      /* RLIMIT_NOFILE for the daemon (0: inherited) */
   pid_t pid;
 } dm;
 
@@ -105,6 +110,11 @@ static void dm_start(dm *d) {
   if (d->pid == 0) {
     int fd = open(d->log, O_WRONLY | O_CREAT | O_APPEND, 0600);
     if (fd >= 0) dup2(fd, 2);
+    if (d->env) putenv((char *)d->env);
+    if (d->nofile) {
+      struct rlimit rl = {(rlim_t)d->nofile, (rlim_t)d->nofile};
+      setrlimit(RLIMIT_NOFILE, &rl);
+    }
     execl(exe, exe, "--config", d->conf, (char *)NULL);
     _exit(127);
   }
@@ -266,6 +276,20 @@ static int wait_no_jobs(nf_dconn *c) {
   return n;
 }
 
+/* The committed cache entries, once they reach n (writes are
+ * asynchronous: up to 10 s). */
+static uint64_t wait_entries(nf_dconn *c, uint64_t n) {
+  uint64_t got = 0;
+  for (int i = 0; i < 200; i++) {
+    Neoflow__ServerMessage *hold;
+    got = status_of(c, &hold)->cache_entries;
+    nf_wire_free_server(hold);
+    if (got >= n) break;
+    sleep_ms(50);
+  }
+  return got;
+}
+
 static int is_elf(const nf_dkernel *k) { return k->len > 4 && memcmp(k->binary, "\x7f" "ELF", 4) == 0; }
 
 /* ---- raw frames ---- */
@@ -381,7 +405,7 @@ START_TEST(daemon_compile_then_hit_and_restart) {
   ck_assert_uint_eq(st->cache_hits, 1);
   ck_assert_uint_eq(st->cache_misses, 1);
   ck_assert_uint_eq(st->jobs_done, 1);
-  ck_assert_uint_eq(st->cache_entries, 1);
+  ck_assert_uint_eq(wait_entries(c, 1), 1);
   ck_assert_uint_ge(st->n_clients, 1);
   nf_wire_free_server(hold);
   nf_dconn_close(c);
@@ -483,7 +507,7 @@ START_TEST(daemon_single_flight_32) {
   ck_assert_uint_eq(st->jobs_done, 2);
   ck_assert_uint_eq(st->jobs_failed, 0);
   ck_assert_uint_eq(st->n_jobs, 0);
-  ck_assert_uint_eq(st->cache_entries, 1);
+  ck_assert_uint_eq(wait_entries(c, 1), 1);
   nf_wire_free_server(hold);
   /* tuned once: a later tune request is answered from the cache */
   submit(c, 4, pg, NEOFLOW__MODE__MODE_TUNE, 6);
@@ -705,6 +729,55 @@ START_TEST(daemon_connection_limit) {
 }
 END_TEST
 
+/* CPU seconds (user + system) pid has used, from /proc/PID/stat. */
+static double cpu_seconds(pid_t pid) {
+  char path[64], buf[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "r");
+  ck_assert_ptr_nonnull(f);
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  const char *p = strrchr(buf, ')');
+  ck_assert_ptr_nonnull(p);
+  unsigned long ut = 0, st = 0;
+  /* fields after the command: state ppid pgrp session tty tpgid flags
+   * minflt cminflt majflt cmajflt utime stime */
+  ck_assert_int_eq(sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st), 2);
+  return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+/* S-7: descriptors run out (RLIMIT_NOFILE 64, 120 connections held): the
+ * daemon neither crashes nor spins (libuv's reserve descriptor closes
+ * what it cannot take), and it serves again once the clients leave. */
+START_TEST(daemon_fd_exhaustion) {
+  dm d;
+  dm_init(&d);
+  d.nofile = 64;
+  dm_config(&d, NULL);
+  dm_start(&d);
+  enum { N = 120 };
+  int fds[N];
+  for (int i = 0; i < N; i++) {
+    fds[i] = try_connect(d.sock);
+    if (fds[i] >= 0) raw_hello_try(fds[i], 1, 1);
+  }
+  sleep_ms(300);
+  double c0 = cpu_seconds(d.pid);
+  sleep_ms(2000);
+  double used = cpu_seconds(d.pid) - c0;
+  /* a daemon spinning on EMFILE would burn the whole 2 s */
+  ck_assert_msg(used < 1.0, "the daemon used %.2f s of CPU in 2 s while out of descriptors", used);
+  ck_assert(dm_alive(&d));
+  for (int i = 0; i < N; i++)
+    if (fds[i] >= 0) close(fds[i]);
+  sleep_ms(500);
+  served(&d, 16);
+  ck_assert_int_eq(dm_stop(&d, SIGTERM), 0);
+  dm_done(&d);
+}
+END_TEST
+
 static int free_port(void) {
   int s = socket(AF_INET, SOCK_STREAM, 0);
   struct sockaddr_in a;
@@ -901,6 +974,100 @@ START_TEST(daemon_other_uid_refused) {
 }
 END_TEST
 
+/* A request whose job process misbehaves gets code (see NF_JOB_FAULT in
+ * job_main.c); the daemon stays up and serves the next request. */
+static void job_fault(const char *fault, int code) {
+  dm d;
+  dm_init(&d);
+  char env[64];
+  snprintf(env, sizeof env, "NF_JOB_FAULT=%s", fault);
+  d.env = env;
+  dm_config(&d, "[jobs]\ncompile_timeout_s = 1\n");
+  dm_start(&d);
+  nf_dconn *c = open_client(&d, fault);
+  Neoflow__Graph *pg = mm_wire(14);
+  submit(c, 1, pg, NEOFLOW__MODE__MODE_COMPILE, 0);
+  nf_dkernel k;
+  int got = 0;
+  nf_buf err = NF_BUF_INIT;
+  int rc = nf_dconn_next_kernel(c, 1, 30000, NULL, NULL, &k, &got, &err);
+  ck_assert_msg(rc == NF_EINVAL && got == code, "%s: rc %d, code %d (want %d): %s", fault, rc, got,
+                code, nf_buf_str(&err));
+  /* the session and the daemon go on */
+  Neoflow__ServerMessage *hold;
+  Neoflow__StatusReply *st = status_of(c, &hold);
+  ck_assert_uint_eq(st->jobs_failed, 1);
+  nf_wire_free_server(hold);
+  ck_assert_int_eq(wait_no_jobs(c), 0);
+  nf_buf_free(&err);
+  nf_wire_graph_free(pg);
+  nf_dconn_close(c);
+  ck_assert(dm_alive(&d));
+  ck_assert_int_eq(dm_stop(&d, SIGTERM), 0);
+  dm_done(&d);
+}
+
+START_TEST(daemon_job_faults) {
+  job_fault("hang", NEOFLOW__ERROR_CODE__ERR_COMPILE_TIMEOUT);
+  job_fault("crash", NEOFLOW__ERROR_CODE__ERR_COMPILE_ERROR);
+  job_fault("exit", NEOFLOW__ERROR_CODE__ERR_COMPILE_ERROR);
+  job_fault("garbage", NEOFLOW__ERROR_CODE__ERR_INTERNAL);
+}
+END_TEST
+
+/* S-20: another process holds the cache's write lock.  The daemon still
+ * answers (the kernel is served uncached: its write fails after the busy
+ * timeout, in the writer thread, and says so in the log); once the lock
+ * is gone, results are stored again. */
+START_TEST(daemon_cache_locked_elsewhere) {
+  dm d;
+  dm_init(&d);
+  dm_config(&d, NULL);
+  dm_start(&d);
+  sqlite3 *db = NULL;
+  ck_assert_int_eq(sqlite3_open(d.cache, &db), SQLITE_OK);
+  ck_assert_int_eq(sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL), SQLITE_OK);
+  nf_dconn *c = open_client(&d, "locked");
+  Neoflow__Graph *pg = mm_wire(15);
+  submit(c, 1, pg, NEOFLOW__MODE__MODE_COMPILE, 0);
+  nf_dkernel k;
+  final_kernel(c, 1, &k, NULL);
+  ck_assert(is_elf(&k));
+  nf_dkernel_free(&k);
+  int logged = 0;
+  for (int i = 0; i < 300 && !logged; i++) {
+    logged = log_has(&d, "not stored");
+    if (!logged) sleep_ms(50);
+  }
+  ck_assert_msg(logged, "the failed cache write was not reported");
+  ck_assert_int_eq(sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL), SQLITE_OK);
+  sqlite3_close(db);
+  /* not stored: the next request compiles again, and that one is stored */
+  submit(c, 2, pg, NEOFLOW__MODE__MODE_COMPILE, 0);
+  final_kernel(c, 2, &k, NULL);
+  nf_dkernel_free(&k);
+  ck_assert_int_eq(wait_no_jobs(c), 0);
+  Neoflow__ServerMessage *hold;
+  Neoflow__StatusReply *st = status_of(c, &hold);
+  ck_assert_uint_eq(st->jobs_done, 2);
+  nf_wire_free_server(hold);
+  nf_dconn_close(c);
+  nf_wire_graph_free(pg);
+  ck_assert_int_eq(dm_stop(&d, SIGTERM), 0);
+  /* the second result was written before the daemon exited */
+  nf_cache *cc = NULL;
+  nf_buf err = NF_BUF_INIT;
+  nf_cache_opts co = {.read_only = 1};
+  ck_assert_int_eq(nf_cache_open(d.cache, &co, &cc, &err), NF_OK);
+  nf_cache_stats cs;
+  ck_assert_int_eq(nf_cache_stats_get(cc, &cs, &err), NF_OK);
+  ck_assert_int_eq(cs.entries, 1);
+  nf_cache_close(cc);
+  nf_buf_free(&err);
+  dm_done(&d);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("daemon");
   TCase *tc = tcase_create("daemon");
@@ -916,6 +1083,9 @@ static Suite *suite(void) {
   tcase_add_test(tc, daemon_disconnect_mid_job);
   tcase_add_test(tc, daemon_kill9_during_writes);
   tcase_add_test(tc, daemon_single_flight_32);
+  tcase_add_test(tc, daemon_job_faults);
+  tcase_add_test(tc, daemon_fd_exhaustion);
+  tcase_add_test(tc, daemon_cache_locked_elsewhere);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -270,6 +270,21 @@ const char *nf__cache_check_entry(const nf_cache_entry *e) {
   return NULL;
 }
 
+int nf_cache_entry_copy(nf_cache_entry *dst, const nf_cache_entry *src) {
+  *dst = *src;
+  dst->codegen = dup_str(src->codegen ? src->codegen : "");
+  dst->graph_name = dup_str(src->graph_name ? src->graph_name : "");
+  dst->target_desc = dup_str(src->target_desc ? src->target_desc : "");
+  dst->schedule = dup_str(src->schedule ? src->schedule : "");
+  dst->binary = malloc(src->binary_len ? src->binary_len : 1);
+  if (dst->binary && src->binary_len) memcpy(dst->binary, src->binary, src->binary_len);
+  if (!dst->codegen || !dst->graph_name || !dst->target_desc || !dst->schedule || !dst->binary) {
+    nf_cache_entry_free(dst);
+    return NF_ENOMEM;
+  }
+  return NF_OK;
+}
+
 void nf_cache_entry_free(nf_cache_entry *e) {
   if (!e) return;
   free(e->codegen);

@@ -99,6 +99,9 @@ typedef struct nf_cache_entry {
   int64_t hits;
 } nf_cache_entry;
 
+/* Deep copy of src into dst (strings and binary duplicated; NULL strings
+ * become empty).  NF_OK or NF_ENOMEM (dst zeroed). */
+int nf_cache_entry_copy(nf_cache_entry *dst, const nf_cache_entry *src);
 /* Frees the strings and binary (not e itself) and zeroes e. */
 void nf_cache_entry_free(nf_cache_entry *e);
 
