@@ -31,6 +31,7 @@
 #include <errno.h>
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
@@ -50,6 +51,8 @@
 
 #include "nf_cache.h"
 #include "nf_dconn.h"
+#include "nf_exec.h"
+#include "nf_interp.h"
 #include "nf_ir.h"
 #include "nf_wire.h"
 #include "nf_wire_auth.h"
@@ -290,6 +293,41 @@ static uint64_t wait_entries(nf_dconn *c, uint64_t n) {
   return got;
 }
 
+/* Runs kernel k (for mm_graph(n)) on random inputs and compares it with
+ * the reference interpreter: what the daemon sends must compute the graph. */
+static void check_kernel(const nf_dkernel *k, int64_t n) {
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  nf_graph *g = mm_graph(ctx, n);
+  int64_t sh[2] = {n, n};
+  nf_array in[2], out[1];
+  srand(5);
+  for (int t = 0; t < 2; t++) {
+    ck_assert_int_eq(nf_array_alloc(&in[t], NF_F32, 2, sh), NF_OK);
+    float *p = in[t].data;
+    for (int64_t i = 0; i < in[t].numel; i++) p[i] = (float)(rand() % 2001 - 1000) / 1000.0f;
+  }
+  nf_buf err = NF_BUF_INIT;
+  ck_assert_int_eq(nf_interp_run(g, in, NF_INTERP_F64, out, &err), NF_OK);
+  float *got = calloc((size_t)(n * n), sizeof *got);
+  nf_kernel *kern = NULL;
+  ck_assert_msg(nf_kernel_load(k->binary, k->len, &kern, &err) == NF_OK, "load: %s", nf_buf_str(&err));
+  nf_pool *pool = nf_pool_new(2);
+  void *bufs[3] = {in[0].data, in[1].data, got};
+  ck_assert_int_eq(nf_kernel_run(kern, bufs, 3, pool, &err), NF_OK);
+  const double *want = out[0].data;
+  for (int64_t i = 0; i < n * n; i++)
+    ck_assert_msg(fabs(got[i] - want[i]) <= 1e-4 * (double)n, "C[%lld] = %g, want %g", (long long)i,
+                  (double)got[i], want[i]);
+  nf_pool_free(pool);
+  nf_kernel_free(kern);
+  free(got);
+  nf_array_free(&in[0]);
+  nf_array_free(&in[1]);
+  nf_array_free(&out[0]);
+  nf_buf_free(&err);
+  nf_ir_ctx_free(ctx);
+}
+
 static int is_elf(const nf_dkernel *k) { return k->len > 4 && memcmp(k->binary, "\x7f" "ELF", 4) == 0; }
 
 /* ---- raw frames ---- */
@@ -394,6 +432,7 @@ START_TEST(daemon_compile_then_hit_and_restart) {
   final_kernel(c, 1, &k1, NULL);
   ck_assert_int_eq(k1.tier, 1);
   ck_assert(is_elf(&k1));
+  check_kernel(&k1, 24);
   nf_dconn_close(c);
   c = open_client(&d, "second");
   submit(c, 1, pg, NEOFLOW__MODE__MODE_COMPILE, 0);
@@ -516,6 +555,7 @@ START_TEST(daemon_single_flight_32) {
   final_kernel(c, 4, &k, &n);
   ck_assert_int_eq(n, 1);
   ck_assert_uint_eq(k.len, ms[0].len);
+  check_kernel(&k, 32); /* the tuned kernel computes the matmul */
   nf_dkernel_free(&k);
   st = status_of(c, &hold);
   ck_assert_uint_eq(st->jobs_done, 2);
