@@ -50,6 +50,8 @@
 #include <sqlite3.h>
 
 #include "nf_cache.h"
+#include "nf_codegen.h"
+#include "nf_target.h"
 #include "nf_dconn.h"
 #include "nf_exec.h"
 #include "nf_interp.h"
@@ -1108,6 +1110,93 @@ START_TEST(daemon_cache_locked_elsewhere) {
 }
 END_TEST
 
+/* The cache key the daemon gives mm_graph(n) on this machine. */
+static void mm_key(int64_t n, uint8_t key[32]) {
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  uint8_t gh[32];
+  ck_assert_int_eq(nf_graph_hash(mm_graph(ctx, n), gh), NF_OK);
+  nf_ir_ctx_free(ctx);
+  nf_host_target t;
+  nf_host_target_get(&t);
+  char cg[128];
+  nf_cpu_codegen_version(cg, sizeof cg);
+  nf_cache_make_key(gh, t.fingerprint, cg, key);
+}
+
+/* Tuning goes first where clients report the most step time: with the
+ * one tuning slot busy, X (1 ms per step) and Y (50 ms) wait; when the
+ * busy job is cancelled, Y starts and X still waits. */
+START_TEST(daemon_step_time_order) {
+  dm d;
+  dm_init(&d);
+  dm_config(&d, "[jobs]\ntune_jobs = 1\n");
+  dm_start(&d);
+  nf_dconn *c = open_client(&d, "steps");
+  Neoflow__Graph *w = mm_wire(48), *x = mm_wire(33), *y = mm_wire(34);
+  nf_dkernel k;
+  int code;
+  nf_buf err = NF_BUF_INIT;
+  /* W takes the tuning slot */
+  submit(c, 1, w, NEOFLOW__MODE__MODE_TUNE, 1000);
+  ck_assert_int_eq(nf_dconn_next_kernel(c, 1, 60000, NULL, NULL, &k, &code, &err), NF_OK);
+  nf_dkernel_free(&k);
+  /* X and Y compile, then queue for tuning */
+  submit(c, 2, x, NEOFLOW__MODE__MODE_TUNE, 4);
+  ck_assert_int_eq(nf_dconn_next_kernel(c, 2, 60000, NULL, NULL, &k, &code, &err), NF_OK);
+  nf_dkernel_free(&k);
+  submit(c, 3, y, NEOFLOW__MODE__MODE_TUNE, 4);
+  ck_assert_int_eq(nf_dconn_next_kernel(c, 3, 60000, NULL, NULL, &k, &code, &err), NF_OK);
+  nf_dkernel_free(&k);
+  uint64_t ids[2] = {2, 3};
+  double ms[2] = {1.0, 50.0};
+  Neoflow__StepTimes stt = NEOFLOW__STEP_TIMES__INIT;
+  stt.n_request_id = stt.n_ms = 2;
+  stt.request_id = ids;
+  stt.ms = ms;
+  Neoflow__ClientMessage m = NEOFLOW__CLIENT_MESSAGE__INIT;
+  m.msg_case = NEOFLOW__CLIENT_MESSAGE__MSG_STEP_TIMES;
+  m.step_times = &stt;
+  ck_assert_int_eq(nf_dconn_send(c, &m, &err), NF_OK);
+  Neoflow__Cancel cancel = NEOFLOW__CANCEL__INIT;
+  cancel.request_id = 1;
+  m.msg_case = NEOFLOW__CLIENT_MESSAGE__MSG_CANCEL;
+  m.cancel = &cancel;
+  ck_assert_int_eq(nf_dconn_send(c, &m, &err), NF_OK);
+  uint8_t kx[32], ky[32];
+  mm_key(33, kx);
+  mm_key(34, ky);
+  int y_tuning = 0, x_queued = 0;
+  for (int i = 0; i < 200 && !y_tuning; i++) {
+    Neoflow__ServerMessage *hold;
+    Neoflow__StatusReply *st = status_of(c, &hold);
+    for (size_t j = 0; j < st->n_jobs; j++) {
+      const Neoflow__JobInfo *ji = st->jobs[j];
+      if (ji->key.len != 32) continue;
+      if (!memcmp(ji->key.data, ky, 32) && ji->state == NEOFLOW__JOB_STATE__JOB_TUNING) {
+        y_tuning = 1;
+        x_queued = 0;
+        for (size_t q = 0; q < st->n_jobs; q++)
+          if (st->jobs[q]->key.len == 32 && !memcmp(st->jobs[q]->key.data, kx, 32))
+            x_queued = st->jobs[q]->state == NEOFLOW__JOB_STATE__JOB_QUEUED;
+      }
+      ck_assert_msg(memcmp(ji->key.data, kx, 32) || ji->state != NEOFLOW__JOB_STATE__JOB_TUNING,
+                    "X (1 ms per step) was tuned before Y (50 ms)");
+    }
+    nf_wire_free_server(hold);
+    if (!y_tuning) sleep_ms(50);
+  }
+  ck_assert_msg(y_tuning && x_queued, "Y did not start first (tuning %d, X queued %d)", y_tuning,
+                x_queued);
+  nf_buf_free(&err);
+  nf_wire_graph_free(w);
+  nf_wire_graph_free(x);
+  nf_wire_graph_free(y);
+  nf_dconn_close(c);
+  ck_assert_int_eq(dm_stop(&d, SIGTERM), 0);
+  dm_done(&d);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("daemon");
   TCase *tc = tcase_create("daemon");
@@ -1124,6 +1213,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, daemon_kill9_during_writes);
   tcase_add_test(tc, daemon_single_flight_32);
   tcase_add_test(tc, daemon_job_faults);
+  tcase_add_test(tc, daemon_step_time_order);
   tcase_add_test(tc, daemon_fd_exhaustion);
   tcase_add_test(tc, daemon_cache_locked_elsewhere);
   suite_add_tcase(s, tc);
