@@ -158,6 +158,7 @@ static int dm_stop(dm *d, int sig) {
 
 static void dm_done(dm *d) {
   if (d->pid > 0) dm_stop(d, SIGKILL);
+  if (getenv("NF_TEST_KEEP")) return; /* debugging: keep the directory and its log */
   char cmd[600];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", d->dir);
   ck_assert_int_eq(system(cmd), 0);
@@ -1136,10 +1137,25 @@ START_TEST(daemon_step_time_order) {
   nf_dkernel k;
   int code;
   nf_buf err = NF_BUF_INIT;
-  /* W takes the tuning slot */
+  /* W takes the tuning slot (waited for: its compile process may still
+   * be exiting after its kernel came) */
   submit(c, 1, w, NEOFLOW__MODE__MODE_TUNE, 1000);
   ck_assert_int_eq(nf_dconn_next_kernel(c, 1, 60000, NULL, NULL, &k, &code, &err), NF_OK);
   nf_dkernel_free(&k);
+  uint8_t kw[32];
+  mm_key(48, kw);
+  int w_tuning = 0;
+  for (int i = 0; i < 400 && !w_tuning; i++) {
+    Neoflow__ServerMessage *hold;
+    Neoflow__StatusReply *st = status_of(c, &hold);
+    for (size_t j = 0; j < st->n_jobs; j++)
+      if (st->jobs[j]->key.len == 32 && !memcmp(st->jobs[j]->key.data, kw, 32) &&
+          st->jobs[j]->state == NEOFLOW__JOB_STATE__JOB_TUNING)
+        w_tuning = 1;
+    nf_wire_free_server(hold);
+    if (!w_tuning) sleep_ms(25);
+  }
+  ck_assert(w_tuning);
   /* X and Y compile, then queue for tuning */
   submit(c, 2, x, NEOFLOW__MODE__MODE_TUNE, 4);
   ck_assert_int_eq(nf_dconn_next_kernel(c, 2, 60000, NULL, NULL, &k, &code, &err), NF_OK);
@@ -1147,6 +1163,23 @@ START_TEST(daemon_step_time_order) {
   submit(c, 3, y, NEOFLOW__MODE__MODE_TUNE, 4);
   ck_assert_int_eq(nf_dconn_next_kernel(c, 3, 60000, NULL, NULL, &k, &code, &err), NF_OK);
   nf_dkernel_free(&k);
+  /* both queued for tuning (their compile processes have exited) */
+  uint8_t kx[32], ky[32];
+  mm_key(33, kx);
+  mm_key(34, ky);
+  int both = 0;
+  for (int i = 0; i < 400 && both < 2; i++) {
+    Neoflow__ServerMessage *hold;
+    Neoflow__StatusReply *st = status_of(c, &hold);
+    both = 0;
+    for (size_t j = 0; j < st->n_jobs; j++)
+      if (st->jobs[j]->key.len == 32 && st->jobs[j]->state == NEOFLOW__JOB_STATE__JOB_QUEUED &&
+          (!memcmp(st->jobs[j]->key.data, kx, 32) || !memcmp(st->jobs[j]->key.data, ky, 32)))
+        both++;
+    nf_wire_free_server(hold);
+    if (both < 2) sleep_ms(25);
+  }
+  ck_assert_int_eq(both, 2);
   uint64_t ids[2] = {2, 3};
   double ms[2] = {1.0, 50.0};
   Neoflow__StepTimes stt = NEOFLOW__STEP_TIMES__INIT;
@@ -1162,9 +1195,6 @@ START_TEST(daemon_step_time_order) {
   m.msg_case = NEOFLOW__CLIENT_MESSAGE__MSG_CANCEL;
   m.cancel = &cancel;
   ck_assert_int_eq(nf_dconn_send(c, &m, &err), NF_OK);
-  uint8_t kx[32], ky[32];
-  mm_key(33, kx);
-  mm_key(34, ky);
   int y_tuning = 0, x_queued = 0;
   for (int i = 0; i < 200 && !y_tuning; i++) {
     Neoflow__ServerMessage *hold;
@@ -1197,6 +1227,47 @@ START_TEST(daemon_step_time_order) {
 }
 END_TEST
 
+/* Fair share: client A queues 10 compiles (one compile slot), then B asks
+ * for one; B's job goes next, not after A's ten. */
+START_TEST(daemon_fair_share) {
+  dm d;
+  dm_init(&d);
+  dm_config(&d, "[jobs]\ncompile_jobs = 1\n");
+  dm_start(&d);
+  nf_dconn *a = open_client(&d, "greedy");
+  nf_dconn *b = open_client(&d, "modest");
+  for (int i = 0; i < 10; i++) {
+    Neoflow__Graph *pg = mm_wire(50 + i);
+    submit(a, (uint64_t)i + 1, pg, NEOFLOW__MODE__MODE_COMPILE, 0);
+    nf_wire_graph_free(pg);
+  }
+  /* all ten are queued (or running) before B asks */
+  int queued = 0;
+  for (int i = 0; i < 200 && queued < 9; i++) {
+    Neoflow__ServerMessage *hold;
+    queued = (int)status_of(b, &hold)->n_jobs;
+    nf_wire_free_server(hold);
+    if (queued < 9) sleep_ms(20);
+  }
+  ck_assert_int_ge(queued, 9);
+  Neoflow__Graph *pg = mm_wire(70);
+  submit(b, 1, pg, NEOFLOW__MODE__MODE_COMPILE, 0);
+  nf_dkernel k;
+  final_kernel(b, 1, &k, NULL);
+  nf_dkernel_free(&k);
+  Neoflow__ServerMessage *hold;
+  int left = (int)status_of(b, &hold)->n_jobs;
+  nf_wire_free_server(hold);
+  /* at most the job running when B asked (and one starting) went before */
+  ck_assert_msg(left >= 7, "B waited for A's jobs: only %d of A's left", left);
+  nf_wire_graph_free(pg);
+  nf_dconn_close(a);
+  nf_dconn_close(b);
+  ck_assert_int_eq(dm_stop(&d, SIGTERM), 0);
+  dm_done(&d);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("daemon");
   TCase *tc = tcase_create("daemon");
@@ -1213,6 +1284,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, daemon_kill9_during_writes);
   tcase_add_test(tc, daemon_single_flight_32);
   tcase_add_test(tc, daemon_job_faults);
+  tcase_add_test(tc, daemon_fair_share);
   tcase_add_test(tc, daemon_step_time_order);
   tcase_add_test(tc, daemon_fd_exhaustion);
   tcase_add_test(tc, daemon_cache_locked_elsewhere);
