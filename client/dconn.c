@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -73,6 +74,25 @@ static int connect_unix(const char *path, int timeout_ms, int *fd, nf_buf *err) 
     return NF_EIO;
   }
   (void)timeout_ms;
+  /* the daemon must be ours, root's, or the owner of the socket's
+   * directory (a team daemon's user): not a stranger who got a socket
+   * there */
+  struct ucred cr;
+  socklen_t len = sizeof cr;
+  char dir[sizeof a.sun_path];
+  memcpy(dir, path, strlen(path) + 1);
+  char *slash = strrchr(dir, '/');
+  if (slash && slash != dir) *slash = 0;
+  else snprintf(dir, sizeof dir, "%s", slash ? "/" : ".");
+  struct stat st;
+  int have_dir = stat(dir, &st) == 0;
+  if (getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0 ||
+      !(cr.uid == geteuid() || cr.uid == 0 || (have_dir && cr.uid == st.st_uid))) {
+    nf_buf_printf(err, "refusing the daemon at %s: it runs as uid %d, which is neither ours, "
+                  "root, nor the owner of %s", path, (int)cr.uid, dir);
+    close(s);
+    return NF_EINVAL;
+  }
   *fd = s;
   return NF_OK;
 }

@@ -3,6 +3,9 @@
  * the key's challenge-response on TCP), send requests, receive messages,
  * and reassemble kernels from their chunks with the digest checked.
  *
+ * On a Unix socket the daemon's uid (SO_PEERCRED) must be ours, root's,
+ * or the owner of the socket's directory; anything else is refused.
+ *
  * Addresses: a path ("/run/neoflowd/neoflowd.sock", "unix:PATH") or
  * "tcp:HOST:PORT".  NULL or "" means the default socket ($NEOFLOW_SOCKET,
  * else the daemon's default, docs/daemon.md).

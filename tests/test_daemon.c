@@ -1268,6 +1268,49 @@ START_TEST(daemon_fair_share) {
 }
 END_TEST
 
+/* The client refuses a "daemon" run by a stranger: a socket another uid
+ * made in a directory it does not own (as root only: needs a second uid). */
+START_TEST(daemon_client_checks_server_uid) {
+  if (geteuid() != 0) return;
+  char dir[] = "/tmp/nf_fake_XXXXXX";
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  ck_assert_int_eq(chmod(dir, 0777), 0);
+  char path[128];
+  snprintf(path, sizeof path, "%s/s.sock", dir);
+  int ready[2];
+  ck_assert_int_eq(pipe(ready), 0);
+  pid_t p = fork();
+  if (p == 0) {
+    if (setgid(65534) != 0 || setuid(65534) != 0) _exit(3);
+    int s = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un a;
+    memset(&a, 0, sizeof a);
+    a.sun_family = AF_UNIX;
+    snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
+    if (bind(s, (struct sockaddr *)&a, sizeof a) != 0 || listen(s, 4) != 0) _exit(4);
+    if (write(ready[1], "r", 1) != 1) _exit(5);
+    int c = accept(s, NULL, NULL);
+    sleep(5); /* say nothing */
+    close(c);
+    _exit(0);
+  }
+  char r;
+  ck_assert_int_eq(read(ready[0], &r, 1), 1);
+  nf_dconn *c = NULL;
+  nf_buf err = NF_BUF_INIT;
+  nf_dconn_opts o = {.address = path, .timeout_ms = 2000};
+  ck_assert_int_eq(nf_dconn_open(&o, &c, &err), NF_EINVAL);
+  ck_assert_msg(strstr(nf_buf_str(&err), "refusing the daemon") != NULL, "%s", nf_buf_str(&err));
+  nf_buf_free(&err);
+  kill(p, SIGKILL);
+  waitpid(p, NULL, 0);
+  close(ready[0]);
+  close(ready[1]);
+  unlink(path);
+  rmdir(dir);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("daemon");
   TCase *tc = tcase_create("daemon");
@@ -1280,6 +1323,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, daemon_second_instance_refused);
   tcase_add_test(tc, daemon_sighup_reload);
   tcase_add_test(tc, daemon_other_uid_refused);
+  tcase_add_test(tc, daemon_client_checks_server_uid);
   tcase_add_test(tc, daemon_disconnect_mid_job);
   tcase_add_test(tc, daemon_kill9_during_writes);
   tcase_add_test(tc, daemon_single_flight_32);
