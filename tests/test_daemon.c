@@ -1275,7 +1275,7 @@ START_TEST(daemon_client_checks_server_uid) {
   char dir[] = "/tmp/nf_fake_XXXXXX";
   ck_assert_ptr_nonnull(mkdtemp(dir));
   ck_assert_int_eq(chmod(dir, 0777), 0);
-  char path[128];
+  char path[96];
   snprintf(path, sizeof path, "%s/s.sock", dir);
   int ready[2];
   ck_assert_int_eq(pipe(ready), 0);
