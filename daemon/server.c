@@ -73,6 +73,7 @@ struct nfd_conn {
   uint64_t served;
   uint64_t n_submitted;
   int shutdown_started;
+  int doomed; /* to be closed at the next tick: output failed or overflowed */
 };
 
 typedef struct wreq {
@@ -132,16 +133,25 @@ static void on_write(uv_write_t *w, int status) {
   free(r);
   if (status == 0) {
     c->t_last_tx = nfd_now();
-    if (c->state != ST_CLOSING) pump(c);
+    if (c->state != ST_CLOSING && !c->doomed) pump(c);
   }
 }
 
-/* Writes len bytes (copied).  0, or -1 when the connection was dropped. */
+/* Marks c to be closed at the next tick.  Sending paths never close a
+ * connection themselves: they run inside loops over a job's subscribers,
+ * and closing would free requests those loops still hold. */
+static void conn_doom(nfd_conn *c, const char *why) {
+  if (c->doomed) return;
+  c->doomed = 1;
+  if (why) NFD_INFO("session %llu (%s): dropped: %s", (unsigned long long)c->session, c->name, why);
+}
+
+/* Writes len bytes (copied).  0, or -1 when the connection is going. */
 static int conn_write(nfd_conn *c, const uint8_t *p, size_t len) {
-  if (c->state == ST_CLOSING && c->shutdown_started) return -1;
+  if (c->state == ST_CLOSING || c->doomed) return -1;
   wreq *r = malloc(sizeof *r + len);
   if (!r) {
-    conn_close(c, "out of memory");
+    conn_doom(c, "out of memory");
     return -1;
   }
   r->c = c;
@@ -151,21 +161,21 @@ static int conn_write(nfd_conn *c, const uint8_t *p, size_t len) {
   int rc = uv_write(&r->w, &c->h.stream, &b, 1, on_write);
   if (rc != 0) {
     free(r);
-    conn_close(c, uv_strerror(rc));
+    conn_doom(c, uv_strerror(rc));
     return -1;
   }
   c->out_pending += len;
   if ((int64_t)c->out_pending > c->S->cfg.output_hard_limit) {
     NFD_WARN("session %llu (%s): output above the hard limit (%zu bytes unread): dropped",
              (unsigned long long)c->session, c->name, c->out_pending);
-    conn_close(c, NULL);
+    conn_doom(c, NULL);
     return -1;
   }
   return 0;
 }
 
 void nfd_conn_send(nfd_conn *c, const Neoflow__ServerMessage *m) {
-  if (c->state == ST_CLOSING) return;
+  if (c->state == ST_CLOSING || c->doomed) return;
   nf_buf b = NF_BUF_INIT;
   int rc = nf_wire_pack(&m->base, NF_WIRE_FRAME_MAX, &b);
   if (rc == NF_OK) conn_write(c, (const uint8_t *)b.data, b.len);
@@ -205,10 +215,10 @@ size_t nfd_conn_out_pending(const nfd_conn *c) { return c->out_pending; }
 uint64_t *nfd_conn_served(nfd_conn *c) { return &c->served; }
 
 void nfd_conn_send_kernel(nfd_conn *c, uint64_t id, nfd_kernel *k, int final) {
-  if (c->state == ST_CLOSING) return;
+  if (c->state == ST_CLOSING || c->doomed) return;
   outq *q = calloc(1, sizeof *q);
   if (!q) {
-    conn_close(c, "out of memory");
+    conn_doom(c, "out of memory");
     return;
   }
   q->id = id;
@@ -225,7 +235,7 @@ void nfd_conn_send_kernel(nfd_conn *c, uint64_t id, nfd_kernel *k, int final) {
  * limit. */
 static void pump(nfd_conn *c) {
   size_t soft = (size_t)c->S->cfg.output_soft_limit;
-  while (c->q_head && c->state != ST_CLOSING && c->out_pending < soft) {
+  while (c->q_head && c->state != ST_CLOSING && !c->doomed && c->out_pending < soft) {
     outq *q = c->q_head;
     Neoflow__ServerMessage m = NEOFLOW__SERVER_MESSAGE__INIT;
     if (!q->header_sent) {
@@ -259,7 +269,7 @@ static void pump(nfd_conn *c) {
       q->offset += n;
       nfd_conn_send(c, &m);
     }
-    if (c->state == ST_CLOSING) return; /* q was freed by the close */
+    if (c->state == ST_CLOSING || c->doomed) return; /* q goes with the connection */
     if (q->header_sent && q->offset >= q->k->len) {
       c->q_head = q->next;
       if (!c->q_head) c->q_tail = NULL;
@@ -475,7 +485,7 @@ static void on_submit(nfd_conn *c, const Neoflow__Submit *s) {
     r->got_ms = k->time_ms;
     nfd_conn_send_kernel(c, id, k, done);
     nfd_kernel_unref(k);
-    if (c->state == ST_CLOSING) {
+    if (c->state == ST_CLOSING || c->doomed) {
       nf_buf_free(&err);
       return;
     }
@@ -810,6 +820,10 @@ static void on_tick(uv_timer_t *t) {
     next = c->next;
     if (c->state == ST_CLOSING) {
       if (now - c->t_close > 2.0 && !uv_is_closing(&c->h.handle)) uv_close(&c->h.handle, on_closed);
+      continue;
+    }
+    if (c->doomed) {
+      conn_close(c, NULL);
       continue;
     }
     if (c->state == ST_HANDSHAKE && (now - c->t_connect) * 1000 > cf->handshake_timeout_ms) {

@@ -1050,6 +1050,72 @@ static void job_fault(const char *fault, int code) {
   dm_done(&d);
 }
 
+/* A client waits, with 1200 requests, on one job that fails, and stops
+ * reading once its requests are accepted: the 1200 errors, written in one
+ * go, overflow its hard output limit in the middle of the daemon's loop
+ * over the job's subscribers.  The connection is dropped after the loop;
+ * nothing else is disturbed (under ASan: no use after free). */
+typedef struct drain {
+  int fd, want;
+} drain;
+
+static void *drain_replies(void *arg) {
+  drain *dr = arg;
+  for (int seen = 0; seen < dr->want;) {
+    Neoflow__ServerMessage *m = raw_recv(dr->fd, 20000);
+    if (!m) break;
+    seen++;
+    nf_wire_free_server(m);
+  }
+  return NULL;
+}
+
+START_TEST(daemon_hard_limit_mid_broadcast) {
+  enum { N = 1200 };
+  dm d;
+  dm_init(&d);
+  d.env = "NF_JOB_FAULT=hang";
+  dm_config(&d, "[daemon]\noutput_soft_limit = 65536\noutput_hard_limit = 65536\n"
+                "max_requests = 4096\n[jobs]\ncompile_timeout_s = 3\n");
+  dm_start(&d);
+  int fd = try_connect(d.sock);
+  raw_hello(fd, 1, 1);
+  expect_welcome(fd);
+  drain dr = {fd, 2 * N}; /* an Accepted and a Progress per request */
+  pthread_t th;
+  ck_assert_int_eq(pthread_create(&th, NULL, drain_replies, &dr), 0);
+  Neoflow__Graph *pg = mm_wire(17);
+  for (uint64_t id = 1; id <= N; id++) {
+    Neoflow__Submit s = NEOFLOW__SUBMIT__INIT;
+    s.request_id = id;
+    s.graph = pg;
+    Neoflow__ClientMessage sm = NEOFLOW__CLIENT_MESSAGE__INIT;
+    sm.msg_case = NEOFLOW__CLIENT_MESSAGE__MSG_SUBMIT;
+    sm.submit = &s;
+    ck_assert_int_eq(nf_wire_write_frame(fd, &sm.base, NF_WIRE_FRAME_MAX, 5000), NF_OK);
+  }
+  nf_wire_graph_free(pg);
+  pthread_join(th, NULL); /* from here on nobody reads */
+  ck_assert(!log_has(&d, "above the hard limit"));
+  int dropped = 0;
+  for (int i = 0; i < 300 && !dropped; i++) {
+    dropped = log_has(&d, "above the hard limit");
+    if (!dropped) sleep_ms(50);
+  }
+  ck_assert_msg(dropped, "the client was not dropped at the hard limit");
+  close(fd);
+  ck_assert(dm_alive(&d));
+  /* others are served (jobs all hang here: a status round trip) */
+  nf_dconn *c = open_client(&d, "after");
+  Neoflow__ServerMessage *hold;
+  ck_assert_uint_ge(status_of(c, &hold)->n_clients, 1);
+  nf_wire_free_server(hold);
+  nf_dconn_close(c);
+  ck_assert_int_eq(dm_stop(&d, SIGTERM), 0);
+  dm_done(&d);
+}
+END_TEST
+
 START_TEST(daemon_job_faults) {
   job_fault("hang", NEOFLOW__ERROR_CODE__ERR_COMPILE_TIMEOUT);
   job_fault("crash", NEOFLOW__ERROR_CODE__ERR_COMPILE_ERROR);
@@ -1328,6 +1394,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, daemon_kill9_during_writes);
   tcase_add_test(tc, daemon_single_flight_32);
   tcase_add_test(tc, daemon_job_faults);
+  tcase_add_test(tc, daemon_hard_limit_mid_broadcast);
   tcase_add_test(tc, daemon_fair_share);
   tcase_add_test(tc, daemon_step_time_order);
   tcase_add_test(tc, daemon_fd_exhaustion);
