@@ -36,6 +36,7 @@
 #include "tune.h"
 #endif
 #include "daemon_cmd.h"
+#include "nf_partition.h"
 
 #define MAX_ARGS 64
 
@@ -55,6 +56,9 @@ static const char usage_text[] =
     "  grad FILE.nf DEF --wrt X[,Y...]\n"
     "                        print the gradient graph as .nf with a FLOP table;\n"
     "                        with --out DIR, evaluate it and write DIR/grad_<X>.npy\n"
+    "  partition FILE.nf DEF [--wrt X,...] [--dot FILE]\n"
+    "                        the subgraphs DEF's graph (or its gradient graph) is\n"
+    "                        compiled as, with their keys; --dot: a Graphviz picture\n"
     "  tune FILE.nf DEF      search DEF's schedules (compiled and measured for real);\n"
     "                        prints the best schedule and the best-so-far curve\n"
     "  status                what neoflowd is doing (neoflow status --help)\n"
@@ -114,6 +118,7 @@ typedef struct opts {
   const char *csv, *svg; /* --csv FILE, --svg FILE (tune) */
   int daemon;           /* --daemon (tune) */
   const char *socket, *key; /* --socket ADDR, --key FILE (tune --daemon) */
+  const char *dot;      /* --dot FILE (partition) */
   int n_dout;
   const char *dout_names[MAX_ARGS]; /* NULL: the only output */
   const char *dout_files[MAX_ARGS];
@@ -178,7 +183,8 @@ static int parse_args(int argc, char **argv, opts *o) {
                   strcmp(flag, "--wrt") == 0 || strcmp(flag, "--dout") == 0 ||
                   strcmp(flag, "--schedule") == 0 || strcmp(flag, "--target") == 0 ||
                   strcmp(flag, "--engine") == 0 || strcmp(flag, "--threads") == 0 ||
-                  strcmp(flag, "--socket") == 0 || strcmp(flag, "--key") == 0;
+                  strcmp(flag, "--socket") == 0 || strcmp(flag, "--key") == 0 ||
+                  strcmp(flag, "--dot") == 0;
       if (!takes) {
         if (strcmp(a, "--help") == 0) return 3;
         return usage_error("unknown option '%s'", a);
@@ -265,6 +271,8 @@ static int parse_args(int argc, char **argv, opts *o) {
         if (!parse_i64(val, &x) || x < 1 || x > 256)
           return usage_error("--threads wants 1..256, got '%s'", val);
         o->threads = (int)x;
+      } else if (strcmp(flag, "--dot") == 0) {
+        o->dot = val;
       } else if (strcmp(flag, "--socket") == 0) {
         o->socket = val;
       } else if (strcmp(flag, "--key") == 0) {
@@ -1049,6 +1057,123 @@ done:
   return rc;
 }
 
+/* Prints p (and writes the Graphviz picture to dot when non-NULL). */
+static int print_partition(const char *def, const nf_graph *g, const nf_partition *p,
+                           const char *dot) {
+  uint32_t distinct = 0;
+  for (uint32_t i = 0; i < p->n; i++) {
+    int seen = 0;
+    for (uint32_t j = 0; j < i && !seen; j++) seen = !memcmp(p->sub[i].key, p->sub[j].key, 32);
+    distinct += !seen;
+  }
+  printf("%s: %u statements -> %u subgraphs, %u distinct keys\n", def, g->n_stmts, p->n, distinct);
+  static const char *red[] = {"=", "+=!", "*=!", "max=!", "min=!"};
+  for (uint32_t i = 0; i < p->n; i++) {
+    const nf_subgraph *sg = &p->sub[i];
+    char hex[65];
+    nf_hash_hex(sg->key, hex);
+    printf("  #%-3u key %.16s  ", i, hex);
+    if (sg->anchor >= 0)
+      printf("anchor %s %s", g->tensors[g->stmts[sg->anchor].out].name,
+             red[g->stmts[sg->anchor].red]);
+    else
+      printf("light");
+    printf("\n       stmts:");
+    for (uint32_t k = 0; k < sg->n_stmts; k++) printf(" %s", g->tensors[g->stmts[sg->stmts[k]].out].name);
+    printf("\n       in:");
+    for (uint32_t k = 0; k < sg->n_in; k++) printf("%s %s", k ? "," : "", g->tensors[sg->in[k]].name);
+    printf("\n       out:");
+    for (uint32_t k = 0; k < sg->n_out; k++) printf("%s %s", k ? "," : "", g->tensors[sg->out[k]].name);
+    printf("\n");
+  }
+  if (!dot) return 0;
+  FILE *f = fopen(dot, "w");
+  if (!f) {
+    fprintf(stderr, "neoflow: error: cannot write '%s': %s\n", dot, strerror(errno));
+    return 1;
+  }
+  fprintf(f, "digraph partition {\n  rankdir=LR;\n  node [shape=box, fontsize=10];\n");
+  for (uint32_t k = 0; k < g->n_inputs; k++)
+    fprintf(f, "  t%u [shape=ellipse, label=\"%s\"];\n", g->inputs[k], g->tensors[g->inputs[k]].name);
+  for (uint32_t i = 0; i < p->n; i++) {
+    const nf_subgraph *sg = &p->sub[i];
+    char hex[65];
+    nf_hash_hex(sg->key, hex);
+    fprintf(f, "  subgraph cluster_%u {\n    label=\"#%u %.8s\";\n    style=rounded;\n", i, i, hex);
+    for (uint32_t k = 0; k < sg->n_stmts; k++) {
+      const nf_stmt *st = &g->stmts[sg->stmts[k]];
+      fprintf(f, "    s%u [label=\"%s %s\"%s];\n", sg->stmts[k], g->tensors[st->out].name, red[st->red],
+              (int)sg->stmts[k] == sg->anchor ? ", style=bold" : "");
+    }
+    fprintf(f, "  }\n");
+  }
+  /* edges: producer statement (or input) -> consumer statement */
+  int *prod = malloc((g->n_tensors ? g->n_tensors : 1) * sizeof *prod);
+  for (uint32_t t = 0; prod && t < g->n_tensors; t++) prod[t] = -1;
+  for (uint32_t s = 0; prod && s < g->n_stmts; s++) prod[g->stmts[s].out] = (int)s;
+  uint8_t *row = calloc(g->n_tensors ? g->n_tensors : 1, 1);
+  for (uint32_t s = 0; prod && row && s < g->n_stmts; s++) {
+    memset(row, 0, g->n_tensors);
+    if (nf_stmt_reads(g, s, row) != NF_OK) continue;
+    for (uint32_t t = 0; t < g->n_tensors; t++) {
+      if (!row[t]) continue;
+      if (prod[t] >= 0)
+        fprintf(f, "  s%d -> s%u [label=\"%s\", fontsize=8];\n", prod[t], s, g->tensors[t].name);
+      else
+        fprintf(f, "  t%u -> s%u;\n", t, s);
+    }
+  }
+  free(row);
+  free(prod);
+  fprintf(f, "}\n");
+  if (fclose(f) != 0) {
+    fprintf(stderr, "neoflow: error: cannot write '%s': %s\n", dot, strerror(errno));
+    return 1;
+  }
+  return 0;
+}
+
+/* neoflow partition FILE.nf DEF [--wrt X,...] [--dot FILE]: the subgraphs
+ * of DEF's graph (or, with --wrt, of its gradient graph). */
+static int cmd_partition(opts *o) {
+  if (!o->def) return usage_error("%s needs a DEF", "partition");
+  nf_module *m = load(o->file);
+  if (!m) return 1;
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  nf_graph *g = NULL, *gg = NULL;
+  char *wrt_copy = NULL;
+  int rc = 1;
+  nf_partition *p = NULL;
+  nf_buf err = NF_BUF_INIT;
+  if (!ctx || instantiate(m, o, ctx, &g)) goto done;
+  if (o->wrt) {
+    const char *wrt[MAX_ARGS];
+    int n_wrt = 0;
+    wrt_copy = split_wrt(o->wrt, wrt, &n_wrt);
+    if (!wrt_copy) goto done;
+    nf_grad_opts go = {.n_wrt = n_wrt, .wrt = wrt};
+    nf_grad_report rep;
+    if (n_wrt == 0 || nf_grad(g, &go, ctx, &gg, &rep, &err)) {
+      fprintf(stderr, "%s: error: cannot differentiate %s: %s\n", o->file, o->def,
+              n_wrt ? nf_buf_str(&err) : "--wrt names no input");
+      goto done;
+    }
+    g = gg;
+  }
+  if (nf_partition_graph(g, &p, &err) != NF_OK) {
+    fprintf(stderr, "%s: error: cannot partition %s: %s\n", o->file, o->def, nf_buf_str(&err));
+    goto done;
+  }
+  rc = print_partition(o->def, g, p, o->dot);
+done:
+  nf_partition_free(p);
+  nf_buf_free(&err);
+  free(wrt_copy);
+  nf_ir_ctx_free(ctx);
+  nf_module_free(m);
+  return rc;
+}
+
 #if NF_HAVE_SEARCH
 /* neoflow tune FILE.nf DEF [--wrt X,...]: the search on DEF's graph (or its
  * gradient graph), reported by tune.c. */
@@ -1136,7 +1261,8 @@ int main(int argc, char **argv) {
   int known = strcmp(o.cmd, "check") == 0 || strcmp(o.cmd, "print") == 0 ||
               strcmp(o.cmd, "hash") == 0 || strcmp(o.cmd, "eval") == 0 ||
               strcmp(o.cmd, "grad") == 0 || strcmp(o.cmd, "lower") == 0 ||
-              strcmp(o.cmd, "compile") == 0 || strcmp(o.cmd, "tune") == 0;
+              strcmp(o.cmd, "compile") == 0 || strcmp(o.cmd, "tune") == 0 ||
+              strcmp(o.cmd, "partition") == 0;
   if (!known) return usage_error("unknown command '%s'", o.cmd);
   if (!o.file) return usage_error("%s needs a FILE.nf", o.cmd);
   if (strcmp(o.cmd, "check") == 0) return cmd_check(&o);
@@ -1144,6 +1270,7 @@ int main(int argc, char **argv) {
   if (strcmp(o.cmd, "hash") == 0) return cmd_hash(&o);
   if (strcmp(o.cmd, "grad") == 0) return cmd_grad(&o);
   if (strcmp(o.cmd, "lower") == 0) return cmd_lower(&o);
+  if (strcmp(o.cmd, "partition") == 0) return cmd_partition(&o);
   if (strcmp(o.cmd, "tune") == 0) {
 #if NF_HAVE_SEARCH
     return cmd_tune(&o);
