@@ -8,7 +8,8 @@
  * is made only when it keeps at most one anchor per group and the group
  * graph acyclic (no path from one group to the other through a third).
  * Groups are then ordered topologically and each becomes a graph whose
- * expressions are rebuilt with the subgraph's tensor numbering.
+ * expressions are rebuilt with the subgraph's tensor numbering
+ * (nf_expr_visit walks the expression DAGs, each shared node once).
  *
  * Sizes are those of one training graph (hundreds of statements): the
  * acyclicity check walks the group graph per candidate merge, which is
@@ -32,30 +33,20 @@ static uint32_t find(part *P, uint32_t s) {
   return s;
 }
 
-/* Marks the tensors e reads in row (DAG walk with an explicit stack). */
+typedef struct reads_ctx {
+  uint8_t *row;
+  uint32_t n_tensors;
+} reads_ctx;
+
+static void mark_one(const nf_expr *e, void *user) {
+  reads_ctx *r = user;
+  if (e->op == NF_OP_ACCESS && e->u.tensor < r->n_tensors) r->row[e->u.tensor] = 1;
+}
+
+/* Marks the tensors e reads in row (each shared node visited once). */
 static int mark_reads(const nf_expr *e, uint8_t *row, uint32_t n_tensors) {
-  size_t cap = 64, sp = 0;
-  const nf_expr **st = malloc(cap * sizeof *st);
-  if (!st) return NF_ENOMEM;
-  st[sp++] = e;
-  while (sp) {
-    const nf_expr *x = st[--sp];
-    if (x->op == NF_OP_ACCESS && x->u.tensor < n_tensors) row[x->u.tensor] = 1;
-    for (uint16_t k = 0; k < x->n_args; k++) {
-      if (sp == cap) {
-        cap *= 2;
-        const nf_expr **ns = realloc(st, cap * sizeof *ns);
-        if (!ns) {
-          free(st);
-          return NF_ENOMEM;
-        }
-        st = ns;
-      }
-      st[sp++] = x->args[k];
-    }
-  }
-  free(st);
-  return NF_OK;
+  reads_ctx r = {row, n_tensors};
+  return nf_expr_visit(e, mark_one, &r);
 }
 
 int nf_stmt_reads(const nf_graph *g, uint32_t s, uint8_t *row) {
@@ -164,63 +155,42 @@ static int rput(remap *m, const nf_expr *e, const nf_expr *v) {
   return NF_OK;
 }
 
-/* e with every access to tensor t renumbered to tmap[t] (post-order with
- * an explicit stack; leaves without accesses are shared). */
-static const nf_expr *renumber(nf_ir_ctx *ctx, const nf_expr *root, const int *tmap, remap *m) {
-  typedef struct fr {
-    const nf_expr *e;
-    uint16_t next;
-  } fr;
-  size_t cap = 64, sp = 0;
-  fr *st = malloc(cap * sizeof *st);
-  if (!st) return NULL;
-  st[sp++] = (fr){root, 0};
-  const nf_expr *out = NULL;
-  while (sp) {
-    fr *f = &st[sp - 1];
-    if (rget(m, f->e)) {
-      sp--;
-      continue;
-    }
-    if (f->next < f->e->n_args) {
-      const nf_expr *c = f->e->args[f->next++];
-      if (!rget(m, c)) {
-        if (sp == cap) {
-          cap *= 2;
-          fr *ns = realloc(st, cap * sizeof *ns);
-          if (!ns) {
-            free(st);
-            return NULL;
-          }
-          st = ns;
-        }
-        st[sp++] = (fr){c, 0};
-      }
-      continue;
-    }
-    const nf_expr *e = f->e;
-    const nf_expr *args[64];
-    const nf_expr **a = e->n_args <= 64 ? args : malloc(e->n_args * sizeof *a);
-    if (!a) {
-      free(st);
-      return NULL;
-    }
-    for (uint16_t k = 0; k < e->n_args; k++) a[k] = rget(m, e->args[k]);
-    const nf_expr *v;
-    if (e->op == NF_OP_ACCESS)
-      v = nf_e_access(ctx, (uint32_t)tmap[e->u.tensor], (nf_dtype)e->dtype, e->n_args, a);
-    else
-      v = e->n_args ? nf_e_rebuild(ctx, e, a) : e;
-    if (a != args) free(a);
-    if (!v || rput(m, e, v) != NF_OK) {
-      free(st);
-      return NULL;
-    }
-    sp--;
+typedef struct renum {
+  nf_ir_ctx *ctx;
+  const int *tmap;
+  remap *m;
+  int failed;
+} renum;
+
+/* Called children first (nf_expr_visit): rebuilds e from its renumbered
+ * arguments. */
+static void renumber_one(const nf_expr *e, void *user) {
+  renum *R = user;
+  if (R->failed || rget(R->m, e)) return; /* done for an earlier statement */
+  const nf_expr *args[64];
+  const nf_expr **a = e->n_args <= 64 ? args : malloc(e->n_args * sizeof *a);
+  if (!a) {
+    R->failed = 1;
+    return;
   }
-  out = rget(m, root);
-  free(st);
-  return out;
+  for (uint16_t k = 0; k < e->n_args; k++) a[k] = rget(R->m, e->args[k]);
+  const nf_expr *v;
+  if (e->op == NF_OP_ACCESS)
+    v = nf_e_access(R->ctx, (uint32_t)R->tmap[e->u.tensor], (nf_dtype)e->dtype, e->n_args, a);
+  else
+    v = e->n_args ? nf_e_rebuild(R->ctx, e, a) : e;
+  if (a != args) free(a);
+  if (!v || rput(R->m, e, v) != NF_OK) R->failed = 1;
+}
+
+/* e with every access to tensor t renumbered to tmap[t] (nodes already in
+ * m, from earlier statements of the subgraph, are reused). */
+static const nf_expr *renumber(nf_ir_ctx *ctx, const nf_expr *root, const int *tmap, remap *m) {
+  const nf_expr *done = rget(m, root);
+  if (done) return done;
+  renum R = {ctx, tmap, m, 0};
+  if (nf_expr_visit(root, renumber_one, &R) != NF_OK || R.failed) return NULL;
+  return rget(m, root);
 }
 
 static int build(part *P, nf_subgraph *sg, int *tmap) {
