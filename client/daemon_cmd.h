@@ -26,5 +26,7 @@ int nf__cli_tune_daemon(const nf_graph *g, const nf_tune_daemon_cli *t);
 
 /* neoflow cache ... (cache_cmd.c); argv[0] is "cache". */
 int nf__cli_cache(int argc, char **argv);
+/* train_cmd.c: neoflow train */
+int nf__cli_train(int argc, char **argv);
 
 #endif

@@ -61,6 +61,9 @@ static const char usage_text[] =
     "                        compiled as, with their keys; --dot: a Graphviz picture\n"
     "  tune FILE.nf DEF      search DEF's schedules (compiled and measured for real);\n"
     "                        prints the best schedule and the best-so-far curve\n"
+    "  train FILE.nf DEF --data synthetic --steps N\n"
+    "                        train DEF (loss first, `param` declarations) with\n"
+    "                        kernels from neoflowd swapped in (neoflow train --help)\n"
     "  status                what neoflowd is doing (neoflow status --help)\n"
     "  cache SUBCOMMAND      the tuning cache: stats, list, export, import, verify,\n"
     "                        gc (neoflow cache --help)\n"
@@ -1018,7 +1021,7 @@ static int cmd_grad(opts *o) {
   nf_grad_opts go = {.n_wrt = n_wrt, .wrt = wrt};
   nf_grad_report rep;
   nf_buf err = NF_BUF_INIT;
-  if (nf_grad(g, &go, ctx, &gg, &rep, &err)) {
+  if (nf_grad_graph(g, &go, ctx, &gg, &rep, &err)) {
     fprintf(stderr, "%s: error: cannot differentiate %s: %s\n", o->file, o->def,
             nf_buf_str(&err));
     nf_buf_free(&err);
@@ -1153,7 +1156,7 @@ static int cmd_partition(opts *o) {
     if (!wrt_copy) goto done;
     nf_grad_opts go = {.n_wrt = n_wrt, .wrt = wrt};
     nf_grad_report rep;
-    if (n_wrt == 0 || nf_grad(g, &go, ctx, &gg, &rep, &err)) {
+    if (n_wrt == 0 || nf_grad_graph(g, &go, ctx, &gg, &rep, &err)) {
       fprintf(stderr, "%s: error: cannot differentiate %s: %s\n", o->file, o->def,
               n_wrt ? nf_buf_str(&err) : "--wrt names no input");
       goto done;
@@ -1210,7 +1213,7 @@ static int cmd_tune(opts *o) {
     nf_grad_opts go = {.n_wrt = n_wrt, .wrt = wrt};
     nf_grad_report rep;
     nf_buf err = NF_BUF_INIT;
-    if (n_wrt == 0 || nf_grad(g, &go, ctx, &gg, &rep, &err)) {
+    if (n_wrt == 0 || nf_grad_graph(g, &go, ctx, &gg, &rep, &err)) {
       fprintf(stderr, "%s: error: cannot differentiate %s: %s\n", o->file, o->def,
               n_wrt ? nf_buf_str(&err) : "--wrt names no input");
       nf_buf_free(&err);
@@ -1243,6 +1246,7 @@ int main(int argc, char **argv) {
   /* the commands without a FILE.nf have their own options */
   if (argc >= 2 && strcmp(argv[1], "status") == 0) return nf__cli_status(argc - 1, argv + 1);
   if (argc >= 2 && strcmp(argv[1], "cache") == 0) return nf__cli_cache(argc - 1, argv + 1);
+  if (argc >= 2 && strcmp(argv[1], "train") == 0) return nf__cli_train(argc - 1, argv + 1);
   opts o;
   int rc = parse_args(argc, argv, &o);
   if (rc == 3 || (rc == 0 && !o.cmd)) {

@@ -7,9 +7,11 @@
  * light statements left (each joins the previous light group).  A merge
  * is made only when it keeps at most one anchor per group and the group
  * graph acyclic (no path from one group to the other through a third).
- * Groups are then ordered topologically and each becomes a graph whose
- * expressions are rebuilt with the subgraph's tensor numbering
- * (nf_expr_visit walks the expression DAGs, each shared node once).
+ * Groups are then ordered topologically and each becomes a graph
+ * (nf_graph_extract, also used by the executor to cut a subgraph into
+ * prologue and epilogue) whose expressions are rebuilt with the
+ * subgraph's tensor numbering (nf_expr_visit walks the expression DAGs,
+ * each shared node once).
  *
  * Sizes are those of one training graph (hundreds of statements): the
  * acyclicity check walks the group graph per candidate merge, which is
@@ -102,7 +104,7 @@ static int try_merge(part *P, uint32_t s, uint32_t t, uint8_t *seen, uint32_t *s
   return 1;
 }
 
-/* ---- building a subgraph ---- */
+/* ---- building a subgraph (nf_graph_extract) ---- */
 
 typedef struct remap {
   const nf_expr **key;
@@ -175,6 +177,8 @@ static void renumber_one(const nf_expr *e, void *user) {
   }
   for (uint16_t k = 0; k < e->n_args; k++) a[k] = rget(R->m, e->args[k]);
   const nf_expr *v;
+  /* a tensor read before the statement producing it: the caller's order */
+  NF_ASSERT(e->op != NF_OP_ACCESS || R->tmap[e->u.tensor] >= 0);
   if (e->op == NF_OP_ACCESS)
     v = nf_e_access(R->ctx, (uint32_t)R->tmap[e->u.tensor], (nf_dtype)e->dtype, e->n_args, a);
   else
@@ -193,66 +197,82 @@ static const nf_expr *renumber(nf_ir_ctx *ctx, const nf_expr *root, const int *t
   return rget(m, root);
 }
 
-static int build(part *P, nf_subgraph *sg, int *tmap) {
-  const nf_graph *g = P->g;
+void nf_subgraph_clear(nf_subgraph *sg) {
+  if (!sg) return;
+  free(sg->stmts);
+  free(sg->in);
+  free(sg->out);
+  memset(sg, 0, sizeof *sg);
+  sg->anchor = -1;
+}
+
+int nf_graph_extract(const nf_graph *g, const uint32_t *stmts, uint32_t n, const uint8_t *is_out,
+                     nf_subgraph *sg) {
   nf_ir_ctx *ctx = g->ctx;
   uint32_t nt = g->n_tensors;
-  uint8_t *in_grp = calloc(nt ? nt : 1, 1); /* produced inside */
-  if (!in_grp) return NF_ENOMEM;
-  for (uint32_t k = 0; k < sg->n_stmts; k++) in_grp[g->stmts[sg->stmts[k]].out] = 1;
-  uint32_t rep = find(P, sg->stmts[0]);
-  for (uint32_t t = 0; t < nt; t++) tmap[t] = -1;
+  memset(sg, 0, sizeof *sg);
+  sg->anchor = -1;
+  uint8_t *inside = calloc(nt ? nt : 1, 1); /* produced by one of stmts */
+  uint8_t *row = malloc(nt ? nt : 1);
+  int *tmap = malloc((nt ? nt : 1) * sizeof *tmap);
+  sg->stmts = malloc((n ? n : 1) * sizeof *sg->stmts);
   sg->in = malloc((nt ? nt : 1) * sizeof *sg->in);
   sg->out = malloc((nt ? nt : 1) * sizeof *sg->out);
   sg->g = nf_graph_new(ctx, g->name);
-  if (!sg->in || !sg->out || !sg->g) {
-    free(in_grp);
-    return NF_ENOMEM;
+  remap m = {0};
+  int rc = NF_OK;
+  if (!inside || !row || !tmap || !sg->stmts || !sg->in || !sg->out || !sg->g) {
+    rc = NF_ENOMEM;
+    goto done;
   }
-  /* inputs, in order of first use */
-  for (uint32_t k = 0; k < sg->n_stmts; k++) {
-    uint32_t s = sg->stmts[k];
+  sg->n_stmts = n;
+  if (n) memcpy(sg->stmts, stmts, n * sizeof *stmts);
+  for (uint32_t k = 0; k < n; k++) inside[g->stmts[stmts[k]].out] = 1;
+  for (uint32_t t = 0; t < nt; t++) tmap[t] = -1;
+  /* inputs, in order of first use (by tensor id within a statement) */
+  for (uint32_t k = 0; k < n && rc == NF_OK; k++) {
+    memset(row, 0, nt);
+    if ((rc = nf_stmt_reads(g, stmts[k], row)) != NF_OK) break;
     for (uint32_t t = 0; t < nt; t++) {
-      if (!P->reads[(size_t)s * nt + t] || in_grp[t] || tmap[t] >= 0) continue;
+      if (!row[t] || inside[t] || tmap[t] >= 0) continue;
       const nf_tensor *tn = &g->tensors[t];
       int id = nf_graph_add_tensor(sg->g, tn->name, (nf_dtype)tn->dtype, NF_T_INPUT, tn->rank,
                                    tn->shape);
       if (id < 0) {
-        free(in_grp);
-        return id;
+        rc = id;
+        break;
       }
       tmap[t] = id;
       sg->in[sg->n_in++] = t;
     }
   }
-  /* statements; an output when the parent returns it or another group reads it */
-  remap m = {0};
-  int rc = NF_OK;
-  for (uint32_t k = 0; k < sg->n_stmts && rc == NF_OK; k++) {
-    const nf_stmt *st = &g->stmts[sg->stmts[k]];
+  /* statements, their results outputs where is_out says so */
+  for (uint32_t k = 0; k < n && rc == NF_OK; k++) {
+    const nf_stmt *st = &g->stmts[stmts[k]];
     uint32_t t = st->out;
-    int is_out = g->tensors[t].kind == NF_T_OUTPUT;
-    for (uint32_t s = 0; s < P->n && !is_out; s++)
-      is_out = P->reads[(size_t)s * nt + t] && find(P, s) != rep;
     const nf_tensor *tn = &g->tensors[t];
     int id = nf_graph_add_tensor(sg->g, tn->name, (nf_dtype)tn->dtype,
-                                 is_out ? NF_T_OUTPUT : NF_T_LOCAL, tn->rank, tn->shape);
+                                 is_out[t] ? NF_T_OUTPUT : NF_T_LOCAL, tn->rank, tn->shape);
     if (id < 0) {
       rc = id;
       break;
     }
     tmap[t] = id;
-    if (is_out) sg->out[sg->n_out++] = t;
+    if (is_out[t]) sg->out[sg->n_out++] = t;
     nf_stmt ns = *st;
     ns.out = (uint32_t)id;
     ns.rhs = renumber(ctx, st->rhs, tmap, &m);
     if (!ns.rhs) rc = NF_ENOMEM;
     else rc = nf_graph_add_stmt(sg->g, &ns);
   }
+  if (rc == NF_OK) rc = nf_graph_hash(sg->g, sg->key);
+done:
   free(m.key);
   free(m.val);
-  free(in_grp);
-  if (rc == NF_OK) rc = nf_graph_hash(sg->g, sg->key);
+  free(inside);
+  free(row);
+  free(tmap);
+  if (rc != NF_OK) nf_subgraph_clear(sg);
   return rc;
 }
 
@@ -269,8 +289,10 @@ int nf_partition_graph(const nf_graph *g, nf_partition **out, nf_buf *err) {
   P.anchor = malloc((n ? n : 1) * sizeof *P.anchor);
   uint8_t *seen = malloc(n ? n : 1);
   uint32_t *stack = malloc((n ? n : 1) * sizeof *stack);
-  int *tmap = malloc((nt ? nt : 1) * sizeof *tmap);
-  if (!p || !P.producer || !P.reads || !P.grp || !P.anchor || !seen || !stack || !tmap) {
+  uint8_t *is_out = malloc(nt ? nt : 1);
+  uint32_t *members = malloc((n ? n : 1) * sizeof *members);
+  if (!p || !P.producer || !P.reads || !P.grp || !P.anchor || !seen || !stack || !is_out ||
+      !members) {
     rc = NF_ENOMEM;
     goto done;
   }
@@ -361,18 +383,21 @@ int nf_partition_graph(const nf_graph *g, nf_partition **out, nf_buf *err) {
   p->n = n_groups;
   for (uint32_t i = 0; i < n_groups && rc == NF_OK; i++) {
     nf_subgraph *sg = &p->sub[i];
-    sg->stmts = malloc(n * sizeof *sg->stmts);
-    if (!sg->stmts) {
-      rc = NF_ENOMEM;
-      break;
-    }
-    sg->anchor = P.anchor[order[i]];
+    uint32_t n_members = 0;
     for (uint32_t s = 0; s < n; s++)
       if (find(&P, s) == order[i]) {
-        sg->stmts[sg->n_stmts++] = s;
+        members[n_members++] = s;
         p->group_of[s] = i;
       }
-    rc = build(&P, sg, tmap);
+    /* an output when the parent returns it or another group reads it */
+    for (uint32_t k = 0; k < n_members; k++) {
+      uint32_t t = g->stmts[members[k]].out;
+      is_out[t] = g->tensors[t].kind == NF_T_OUTPUT;
+      for (uint32_t s = 0; s < n && !is_out[t]; s++)
+        is_out[t] = P.reads[(size_t)s * nt + t] && find(&P, s) != order[i];
+    }
+    rc = nf_graph_extract(g, members, n_members, is_out, sg);
+    sg->anchor = P.anchor[order[i]];
   }
   free(order);
 done:
@@ -382,7 +407,8 @@ done:
   free(P.anchor);
   free(seen);
   free(stack);
-  free(tmap);
+  free(is_out);
+  free(members);
   if (rc != NF_OK) {
     nf_partition_free(p);
     if (rc == NF_ENOMEM) nf_buf_printf(err, "partition: out of memory");
@@ -394,11 +420,7 @@ done:
 
 void nf_partition_free(nf_partition *p) {
   if (!p) return;
-  for (uint32_t i = 0; i < p->n && p->sub; i++) {
-    free(p->sub[i].stmts);
-    free(p->sub[i].in);
-    free(p->sub[i].out);
-  }
+  for (uint32_t i = 0; i < p->n && p->sub; i++) nf_subgraph_clear(&p->sub[i]);
   free(p->sub);
   free(p->group_of);
   free(p);

@@ -61,7 +61,10 @@ typedef struct nf_inst_opts {
 } nf_inst_opts;
 
 /* Instantiates def into a new graph in ctx.  Every input needs a shape
- * unless all of its dims are constants.  Errors (unknown def or input,
+ * unless all of its dims are constants.  The def's `param` declarations
+ * become graph inputs after the declared ones, with the shapes their dims
+ * evaluate to (they take no nf_arg_shape); a called def must not declare
+ * any.  Errors (unknown def or input,
  * sizes that disagree, failing requires, bounds, ranges, types, overflow,
  * limits) go to d with the location in the source and, for calls, the
  * call chain.  Returns NF_OK, NF_ENOENT, NF_ETYPE, NF_EBOUNDS,
@@ -70,12 +73,38 @@ int nf_module_instantiate(nf_module *m, const char *def,
                           const nf_inst_opts *opts, nf_ir_ctx *ctx,
                           nf_graph **out, nf_diag *d);
 
-/* The names of a def's inputs and parameters, in order (valid while m
- * lives).  Returns the count, or -1 for an unknown def. */
+/* The names of a def's declared inputs (not its `param` declarations)
+ * and integer parameters, in order (valid while m lives).  Returns the
+ * count, or -1 for an unknown def. */
 int nf_module_def_inputs(const nf_module *m, const char *def,
                          const char **names, int max);
 int nf_module_def_params(const nf_module *m, const char *def,
                          const char **names, int max);
+
+/* Initializers of trainable parameters (`param W: f32[H, I] = ...`).  The
+ * module only records them; the client library fills the tensors (see
+ * docs/language.md, "Parameters", for the formulas). */
+typedef enum nf_init_kind {
+  NF_INIT_ZEROS = 0, NF_INIT_ONES, NF_INIT_CONSTANT, NF_INIT_UNIFORM, NF_INIT_NORMAL,
+  NF_INIT_XAVIER_UNIFORM, NF_INIT_XAVIER_NORMAL, NF_INIT_KAIMING_UNIFORM, NF_INIT_KAIMING_NORMAL
+} nf_init_kind;
+
+/* One `param` declaration of a def.  At instantiation each becomes a graph
+ * input (NF_T_INPUT) of that name, after the def's declared inputs, in
+ * statement order; its shape is in the instantiated graph. */
+typedef struct nf_param_decl {
+  const char *name;  /* the graph input it becomes; valid while the module lives */
+  nf_init_kind init;
+  double a, b;       /* arguments with defaults filled in: constant: a = V; uniform: a = LO, b = HI;
+                        normal: a = MEAN, b = STD; xavier_*: a = gain (1); kaiming_*: a = slope (0); else 0 */
+} nf_param_decl;
+
+/* The param declarations of def, in statement order (at most max written to out, out may be NULL
+ * when max is 0).  Returns the total count, or -1 for an unknown def. */
+int nf_module_def_param_decls(const nf_module *m, const char *def, nf_param_decl *out, int max);
+/* "zeros", "kaiming_uniform", ... (a static string; "?" for a value
+ * outside the enum). */
+const char *nf_init_name(nf_init_kind k);
 
 /* Writes a concrete graph as a `.nf` def with constant shapes, explicit
  * reduction ranges and one element statement per tensor.  Parsing it and

@@ -34,8 +34,9 @@ enum nf_status {
 
 /* Returns the symbolic name ("NF_EINVAL") of a status; a static string. */
 const char *nf_status_name(int status);
-/* Returns a one-line description of a status; a static string. */
-const char *nf_strerror(int status);
+/* Returns a one-line description of a status; a static string.  Part of
+ * libneoflow-client's public API (neoflow/neoflow.h), hence exported. */
+__attribute__((visibility("default"))) const char *nf_strerror(int status);
 
 /* NF_ASSERT guards the code's own invariants only (never user input).  It
  * is always on and aborts with the location. */

@@ -85,7 +85,7 @@ static void try_grad(const nf_graph *g, int *n_ok, int *n_err) {
   nf_grad_opts o = {.n_wrt = n, .wrt = wrt, .keep_outputs = (int)(next() & 1)};
   nf_grad_report rep;
   nf_buf err = NF_BUF_INIT;
-  int rc = nf_grad(g, &o, ctx, &gg, &rep, &err);
+  int rc = nf_grad_graph(g, &o, ctx, &gg, &rep, &err);
   ck_assert_int_le(rc, 0);
   if (rc) {
     ck_assert_msg(err.len > 0, "nf_grad failed without a message");

@@ -443,7 +443,7 @@ static void gs_build(gstate *s, nf_module *m, const char *label, const char *def
   }
   nf_grad_opts o = {.n_wrt = s->n_wrt, .wrt = s->wrt, .keep_outputs = 0};
   nf_buf err = NF_BUF_INIT;
-  rc = nf_grad(s->g, &o, s->ctx, &s->gg, &s->rep, &err);
+  rc = nf_grad_graph(s->g, &o, s->ctx, &s->gg, &s->rep, &err);
   ck_assert_msg(rc == NF_OK, "%s: nf_grad: %s: %s", label, nf_status_name(rc),
                 nf_buf_str(&err));
   nf_buf_free(&err);
@@ -1042,7 +1042,7 @@ START_TEST(autodiff_keep_outputs_other_ctx) {
   const char *wrt[] = {"X"};
   nf_grad_opts o = {.n_wrt = 1, .wrt = wrt, .keep_outputs = 1};
   nf_buf err = NF_BUF_INIT;
-  int rc = nf_grad(g, &o, c2, &gg, NULL, &err);
+  int rc = nf_grad_graph(g, &o, c2, &gg, NULL, &err);
   ck_assert_msg(rc == NF_OK, "nf_grad: %s: %s", nf_status_name(rc), nf_buf_str(&err));
   nf_buf_free(&err);
   ck_assert_ptr_eq(gg->ctx, c2);
@@ -1095,7 +1095,7 @@ static void expect_grad_error(nf_module *m, const char *def, int n_in, nf_array 
   nf_buf err = NF_BUF_INIT;
   nf_grad_report rep;
   memset(&rep, 0, sizeof rep);
-  rc = nf_grad(g, &o, ctx, &gg, &rep, &err);
+  rc = nf_grad_graph(g, &o, ctx, &gg, &rep, &err);
   fprintf(stderr, "err %s wrt %s: %s: %s\n", def, wrt, nf_status_name(rc),
           nf_buf_str(&err));
   ck_assert_msg(rc == st1 || rc == st2, "%s: gradient wrt %s returned %s, want %s%s%s", def,
@@ -1150,7 +1150,7 @@ START_TEST(autodiff_bad_options) {
   nf_buf err = NF_BUF_INIT;
   const char *twice[] = {"A", "A"};
   nf_grad_opts o = {.n_wrt = 2, .wrt = twice};
-  int rc = nf_grad(g, &o, ctx, &gg, NULL, &err);
+  int rc = nf_grad_graph(g, &o, ctx, &gg, NULL, &err);
   fprintf(stderr, "err matmul wrt A,A: %s: %s\n", nf_status_name(rc), nf_buf_str(&err));
   if (rc == NF_OK) { /* either refused or two equal gradients */
     ck_assert_int_eq(gg->n_outputs, 2);
@@ -1160,7 +1160,7 @@ START_TEST(autodiff_bad_options) {
   }
   nf_buf_reset(&err);
   nf_grad_opts none = {.n_wrt = 0, .wrt = NULL};
-  rc = nf_grad(g, &none, ctx, &gg, NULL, &err);
+  rc = nf_grad_graph(g, &none, ctx, &gg, NULL, &err);
   fprintf(stderr, "err matmul wrt nothing: %s: %s\n", nf_status_name(rc), nf_buf_str(&err));
   if (rc == NF_OK)
     ck_assert_int_eq(gg->n_outputs, 0);

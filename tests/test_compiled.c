@@ -195,7 +195,7 @@ static void grad_inst(inst *I, nf_module *m, const libcase *c, uint64_t seed) {
     if (nf_dtype_is_float((nf_dtype)t->dtype)) wrt[o.n_wrt++] = t->name;
   }
   o.wrt = wrt;
-  int rc = nf_grad(F.g, &o, I->ctx, &I->g, NULL, &err);
+  int rc = nf_grad_graph(F.g, &o, I->ctx, &I->g, NULL, &err);
   ck_assert_msg(rc == NF_OK, "%s: grad: %s", c->label, nf_buf_str(&err));
   I->n_in = (int)I->g->n_inputs;
   I->n_out = (int)I->g->n_outputs;

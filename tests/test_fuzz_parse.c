@@ -150,6 +150,17 @@ static const char *const corpus[] = {
     "  Q() min=! f64(A(i)) * 1.5 / .25\n"
     "  R = net<a = 1, b = (N > 2)>(C, D)\n"
     "}\n",
+
+    "import nn\n"
+    "def mlp<batch = 4>(X: f32[batch, 8]) -> (L: f32[]) where H = 16 {\n"
+    "  param W1: f32[H, 8] = kaiming_uniform; param b1: f32[H] = zeros\n"
+    "  param W2: f64[3, H * 2] = xavier_normal(0.5)\n"
+    "  param s: f32[] = uniform(-1, 2.5e-3); param c: bf16[2] = constant(-7)\n"
+    "  param n: f16[2, 2] =\n"
+    "    normal(1e-8, 3)\n"
+    "  param(i) = X(0, i); param param: f32[2] = kaiming_normal()\n"
+    "  L() +=! param(i) * W1(0, i)\n"
+    "}\n",
 };
 #define N_CORPUS (sizeof corpus / sizeof corpus[0])
 
@@ -190,7 +201,8 @@ static const char *const soup[] = {
     "<=", ">=", "==", "!=", "=", "+=!", "*=!", "max=!", "min=!", "+=", "+",
     "-", "*", "/", "//", "%", "!", "&&", "||", "?", ":", ";", ",", "->",
     "\n", "\n", "\n", " ", "0", "1", "42", "1.5", "1e-8", ".5", "2.",
-    "9223372036854775807", "99999999999999999999", "#c\n", "*i", "@"};
+    "9223372036854775807", "99999999999999999999", "#c\n", "*i", "@",
+    "param", "zeros", "uniform", "xavier_normal"};
 
 /* A statement-shaped fragment, so soups reach deeper into the grammar. */
 static const char *const frags[] = {
@@ -200,7 +212,9 @@ static const char *const frags[] = {
     "  L() max=! -x(*i)\n", "def g<p = 2, q>(X: f32[*S]) -> (Y: f32[*S])\n",
     "    where M = N // 2 require M > 0 {\n", "import nn\n", "  Y(*i) = ",
     "a ? b : c", "(x + y) * z", "-(-x)", "!(a < b)", " + ", " ? ", " : ",
-    "exp(", ")", "f32(", "H[0](i)", ";", "\n"};
+    "exp(", ")", "f32(", "H[0](i)", ";", "\n",
+    "  param W: f32[N, 2] = uniform(-1, 2.5)\n", "  param b: f32[] = ",
+    "kaiming_normal(0.5)", "constant(-0.0)", "param"};
 
 START_TEST(fuzz_parse_token_soup) {
   seed(2);

@@ -83,6 +83,10 @@ typedef struct bad_case {
 
 #define MATMUL "def matmul(A: f32[M, K], B: f32[K, N]) -> (C: f32[M, N]) {\n  C(i, j) +=! A(i, k) * B(k, j)\n}\n"
 
+/* A def f(X) -> (Y) around param statements (Y is defined last). */
+#define PDEF "def f(X: f32[N]) -> (Y: f32[N]) {\n"
+#define PEND "  Y(i) = X(i)\n}\n"
+
 static const bad_case bad[] = {
     {MATMUL, "matmul", "A=7,13;B=12,5", NULL, NF_ETYPE, "t.nf:1:1: error: ",
      "sizes disagree: 'K' is 13 from input A, dimension 1 but 12 from input B, dimension 0"},
@@ -163,6 +167,54 @@ static const bad_case bad[] = {
      NF_ENOENT, "t.nf:1:35: error: ", "unknown pack '*T'"},
     {"def f(X: f32[N]) -> (Y: f32[N]) {\n  X(i) = 1.0\n  Y = X\n}\n", NULL, NULL, NULL, NF_ETYPE,
      "t.nf:1:7: error: ", "input 'X' is assigned in the body (inputs are read-only)"},
+    /* param declarations */
+    {PDEF "  param W: i32[N] = zeros\n" PEND, NULL, NULL, NULL, NF_ETYPE, "t.nf:2:9: error: ",
+     "param 'W' has dtype i32; a trainable parameter needs a float dtype (f32, f64, f16 or bf16)"},
+    {PDEF "  param W: bool[] = ones\n" PEND, NULL, NULL, NULL, NF_ETYPE, "t.nf:2:9: error: ",
+     "param 'W' has dtype bool; a trainable parameter needs a float dtype"},
+    {"def f(X: f32[*S]) -> (Y: f32[*S]) {\n  param W: f32[2, *S] = zeros\n  Y(*i) = X(*i)\n}\n",
+     NULL, NULL, NULL, NF_ETYPE, "t.nf:2:19: error: ",
+     "the dims of param 'W' cannot be a pack ('*S'): give each dimension as a size expression"},
+    {PDEF "  param X: f32[N] = zeros\n" PEND, NULL, NULL, NULL, NF_ETYPE, "t.nf:2:9: error: ",
+     "param 'X' has the same name as an input of f"},
+    {PDEF "  param Y: f32[N] = zeros\n" PEND, NULL, NULL, NULL, NF_ETYPE, "t.nf:2:9: error: ",
+     "param 'Y' has the same name as an output of f"},
+    {"def f<k = 1>(X: f32[N]) -> (Y: f32[N]) {\n  param k: f32[N] = zeros\n" PEND, NULL, NULL,
+     NULL, NF_ETYPE, "t.nf:2:9: error: ", "param 'k' has the same name as an integer parameter of f"},
+    {PDEF "  param W: f32[N] = zeros\n  param W: f32[N] = ones\n" PEND, NULL, NULL, NULL, NF_ETYPE,
+     "t.nf:3:9: error: ", "param 'W' is declared twice"},
+    {PDEF "  param W: f32[N] = zeros\n  W(i) = X(i)\n" PEND, NULL, NULL, NULL, NF_ETYPE,
+     "t.nf:2:9: error: ",
+     "param 'W' is also defined by a statement of f (a param is an input of the graph: it is read-only)"},
+    {PDEF "  T = g(X)\n  param T: f32[N] = zeros\n" PEND "def g(X: f32[N]) -> (Y: f32[N]) {\n  Y = X\n}\n",
+     NULL, NULL, NULL, NF_ETYPE, "t.nf:3:9: error: ", "param 'T' is also defined by a statement of f"},
+    {"def layer(X: f32[N]) -> (Y: f32[N]) {\n  param W: f32[N] = ones\n  Y(i) = X(i) * W(i)\n}\n"
+     "def model(X: f32[N]) -> (Y: f32[N]) {\n  Y = layer(X)\n}\n",
+     "model", "X=3", NULL, NF_ETYPE, "t.nf:6:7: error: ",
+     "model calls layer, which declares param 'W': param declarations are allowed only in the def "
+     "being trained; pass 'W' to layer as an input instead"},
+    {"def layer(X: f32[N]) -> (Y: f32[N]) {\n  param W: f32[N] = ones\n  Y(i) = X(i) * W(i)\n}\n"
+     "def model(X: f32[N]) -> (Y: f32[N]) {\n  Y = layer(X)\n}\n",
+     "model", "X=3", NULL, NF_ETYPE, "t.nf:6:7: error: ", "note: param 'W' is declared here"},
+    {"def f(X: f32[N]) -> (Y: f32[N]) {\n  Y(i) = X(i) * W(i)\n  param W: f32[N] = ones\n}\n", "f",
+     "X=3", NULL, NF_ETYPE, "t.nf:2:17: error: ", "tensor 'W' is used before it is defined"},
+    {PDEF "  param W: f32[N, Q] = ones\n" PEND, "f", "X=3", NULL, NF_ENOENT, "t.nf:2:19: error: ",
+     "unknown size or parameter 'Q'"},
+    {PDEF "  param W: f32[N - 4] = ones\n" PEND, "f", "X=3", NULL, NF_ETYPE, "t.nf:2:16: error: ",
+     "dimension 0 of 'W' is negative (-1)"},
+    {PDEF "  param W: f32[2.5] = ones\n" PEND, "f", "X=3", NULL, NF_ETYPE, "t.nf:2:16: error: ",
+     "size expressions are integers, found the float 2.5"},
+    {PDEF "  param W: f32[N] = uniform(1, 0)\n" PEND, NULL, NULL, NULL, NF_ESYNTAX, "t.nf:2:21: error: ",
+     "uniform(LO, HI) needs LO <= HI, got LO = 1 and HI = 0"},
+    {PDEF "  param W: f32[N] = normal(0, -2)\n" PEND, NULL, NULL, NULL, NF_ESYNTAX, "t.nf:2:21: error: ",
+     "normal(MEAN, STD) needs STD >= 0"},
+    {PDEF "  param W: f32[N] = he_normal\n" PEND, NULL, NULL, NULL, NF_ESYNTAX, "t.nf:2:21: error: ",
+     "unknown initializer 'he_normal' (expected zeros, ones, constant(V), uniform(LO, HI), "
+     "normal(MEAN, STD), xavier_uniform, xavier_normal, kaiming_uniform or kaiming_normal)"},
+    {PDEF "  param W: f32[N] = constant(1, 2)\n" PEND, NULL, NULL, NULL, NF_ESYNTAX,
+     "t.nf:2:21: error: ", "'constant' takes 1 argument (V), got 2"},
+    {PDEF "  for t in 0:2 {\n    param W: f32[N] = ones\n  }\n" PEND, NULL, NULL, NULL, NF_ESYNTAX,
+     "t.nf:3:5: error: ", "param declarations are allowed only at the top level of a def's body, not inside 'for'"},
 };
 
 START_TEST(lang_bad_uses) {
@@ -483,6 +535,246 @@ START_TEST(lang_module_print_round_trips) {
 }
 END_TEST
 
+/* ---- param declarations ---- */
+
+static const char mlp_src[] =
+    "import nn\n"
+    "# A two-layer perceptron with its weights: the whole model in one def.\n"
+    "def mlp<batch = 4>(X: f32[batch, 8], Y: f32[batch, 3]) -> (L: f32[])\n"
+    "    where H = 16 {\n"
+    "  param W1: f32[H, 8] = kaiming_uniform\n"
+    "  param b1: f32[H] = zeros\n"
+    "  Z1 = linear(X, W1, b1)\n"
+    "  A1 = relu(Z1)\n"
+    "  param W2: f32[3, H] = xavier_normal(0.5)\n"
+    "  param b2: f32[3] = constant(-0.25)\n"
+    "  Z2 = linear(A1, W2, b2)\n"
+    "  L0 = mse(Z2, Y)\n"
+    "  param scale: f32[] = ones\n"
+    "  L() = L0() * scale()\n"
+    "}\n"
+    "def plain(X: f32[N]) -> (Y: f32[N]) {\n  Y(i) = X(i)\n}\n";
+
+static void check_inputs(const nf_graph *g, int n, const char *const *names,
+                         const int *ranks, const int64_t (*shapes)[2]) {
+  ck_assert_int_eq(g->n_inputs, n);
+  for (int k = 0; k < n; k++) {
+    const nf_tensor *t = &g->tensors[g->inputs[k]];
+    ck_assert_str_eq(t->name, names[k]);
+    ck_assert_int_eq(t->kind, NF_T_INPUT);
+    ck_assert_int_eq(t->dtype, NF_F32);
+    ck_assert_int_eq(t->rank, ranks[k]);
+    for (int j = 0; j < ranks[k]; j++) ck_assert_int_eq(t->shape[j], shapes[k][j]);
+  }
+}
+
+/* The model's params are inputs after X and Y, shaped by their
+ * declarations, and compute what the same model with explicit inputs
+ * computes. */
+START_TEST(lang_params_become_inputs) {
+  nf_module *m = load_src(mlp_src);
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  static const char *const names[] = {"X", "Y", "W1", "b1", "W2", "b2", "scale"};
+  static const int ranks[] = {2, 2, 2, 1, 2, 1, 0};
+  const int64_t shapes4[][2] = {{4, 8}, {4, 3}, {16, 8}, {16, 0}, {3, 16}, {3, 0}, {0, 0}};
+  nf_graph *g = inst_ok(m, ctx, "mlp", NULL, NULL);
+  check_inputs(g, 7, names, ranks, shapes4);
+  ck_assert_int_eq(g->n_outputs, 1);
+  const int64_t shapes2[][2] = {{2, 8}, {2, 3}, {16, 8}, {16, 0}, {3, 16}, {3, 0}, {0, 0}};
+  g = inst_ok(m, ctx, "mlp", "X=2,8;Y=2,3", "batch=2");
+  check_inputs(g, 7, names, ranks, shapes2);
+
+  /* Evaluate it against the arithmetic written out. */
+  nf_array in[7], out[1];
+  uint64_t st = 7;
+  for (int k = 0; k < 7; k++) {
+    const nf_tensor *t = &g->tensors[g->inputs[k]];
+    ck_assert_int_eq(nf_array_alloc(&in[k], NF_F64, t->rank, t->shape), NF_OK);
+    int64_t n = nf_tensor_numel(t);
+    for (int64_t j = 0; j < n; j++) {
+      st = st * 6364136223846793005ull + 1442695040888963407ull;
+      ((double *)in[k].data)[j] = (double)(st >> 11) / 9007199254740992.0 - 0.5;
+    }
+  }
+  nf_buf err = NF_BUF_INIT;
+  ck_assert_int_eq(nf_interp_run(g, in, NF_INTERP_F64, out, &err), NF_OK);
+  const double *X = in[0].data, *Y = in[1].data, *W1 = in[2].data, *b1 = in[3].data,
+               *W2 = in[4].data, *b2 = in[5].data, *scale = in[6].data;
+  double sum = 0;
+  for (int b = 0; b < 2; b++) {
+    double a1[16];
+    for (int h = 0; h < 16; h++) {
+      double z = b1[h];
+      for (int i = 0; i < 8; i++) z += X[b * 8 + i] * W1[h * 8 + i];
+      a1[h] = z > 0 ? z : 0;
+    }
+    for (int o = 0; o < 3; o++) {
+      double z = b2[o];
+      for (int h = 0; h < 16; h++) z += a1[h] * W2[o * 16 + h];
+      sum += (z - Y[b * 3 + o]) * (z - Y[b * 3 + o]);
+    }
+  }
+  ck_assert_double_eq_tol(((double *)out[0].data)[0], sum / 6 * scale[0], 1e-12);
+  for (int k = 0; k < 7; k++) nf_array_free(&in[k]);
+  nf_array_free(&out[0]);
+  nf_buf_free(&err);
+
+  /* The listing: declared inputs stay the def's inputs; the decls come in
+   * statement order with the defaults filled in. */
+  const char *inames[4];
+  ck_assert_int_eq(nf_module_def_inputs(m, "mlp", inames, 4), 2);
+  nf_buf sig = NF_BUF_INIT;
+  ck_assert_int_eq(nf_module_def_signature(m, "mlp", &sig), NF_OK);
+  ck_assert_str_eq(nf_buf_str(&sig), "mlp<batch = 4>(X: f32[batch, 8], Y: f32[batch, 3]) -> (L: f32[])");
+  nf_buf_free(&sig);
+  ck_assert_int_eq(nf_module_def_param_decls(m, "mlp", NULL, 0), 5);
+  ck_assert_int_eq(nf_module_def_param_decls(m, "plain", NULL, 0), 0);
+  ck_assert_int_eq(nf_module_def_param_decls(m, "linear", NULL, 0), 0); /* imported */
+  ck_assert_int_eq(nf_module_def_param_decls(m, "nope", NULL, 0), -1);
+  nf_param_decl pd[8];
+  memset(pd, 0x55, sizeof pd);
+  ck_assert_int_eq(nf_module_def_param_decls(m, "mlp", pd, 2), 5);
+  ck_assert_str_eq(pd[0].name, "W1");
+  ck_assert_str_eq(pd[1].name, "b1");
+  unsigned char sentinel[sizeof pd[2]];
+  memset(sentinel, 0x55, sizeof sentinel);
+  ck_assert(memcmp(&pd[2], sentinel, sizeof sentinel) == 0); /* max respected */
+  ck_assert_int_eq(nf_module_def_param_decls(m, "mlp", pd, 8), 5);
+  static const struct {
+    const char *name;
+    nf_init_kind init;
+    double a, b;
+  } want[] = {
+      {"W1", NF_INIT_KAIMING_UNIFORM, 0, 0}, {"b1", NF_INIT_ZEROS, 0, 0},
+      {"W2", NF_INIT_XAVIER_NORMAL, 0.5, 0}, {"b2", NF_INIT_CONSTANT, -0.25, 0},
+      {"scale", NF_INIT_ONES, 0, 0},
+  };
+  for (int k = 0; k < 5; k++) {
+    ck_assert_str_eq(pd[k].name, want[k].name);
+    ck_assert_int_eq(pd[k].init, want[k].init);
+    ck_assert(pd[k].a == want[k].a && pd[k].b == want[k].b);
+  }
+
+  /* The printed module loads back to the same graph and declarations. */
+  nf_buf text = NF_BUF_INIT;
+  ck_assert_int_eq(nf_module_print(m, &text), NF_OK);
+  ck_assert_ptr_nonnull(strstr(nf_buf_str(&text), "  param W2: f32[3, H] = xavier_normal(0.5)\n"));
+  nf_module *m2 = load_src(nf_buf_str(&text));
+  nf_ir_ctx *c2 = nf_ir_ctx_new();
+  uint8_t h1[32], h2[32];
+  ck_assert_int_eq(nf_graph_hash(inst_ok(m, ctx, "mlp", NULL, NULL), h1), NF_OK);
+  ck_assert_int_eq(nf_graph_hash(inst_ok(m2, c2, "mlp", NULL, NULL), h2), NF_OK);
+  ck_assert(memcmp(h1, h2, 32) == 0);
+  nf_param_decl pd2[8];
+  ck_assert_int_eq(nf_module_def_param_decls(m2, "mlp", pd2, 8), 5);
+  for (int k = 0; k < 5; k++) {
+    ck_assert_str_eq(pd2[k].name, pd[k].name);
+    ck_assert(pd2[k].init == pd[k].init && pd2[k].a == pd[k].a && pd2[k].b == pd[k].b);
+  }
+  nf_buf_free(&text);
+  nf_ir_ctx_free(c2);
+  nf_module_free(m2);
+  nf_ir_ctx_free(ctx);
+  nf_module_free(m);
+}
+END_TEST
+
+/* Every initializer, its arguments and defaults; dims from sizes bound by
+ * an input's shape, from where names and parameters; unused params. */
+START_TEST(lang_param_initializers_and_dims) {
+  nf_module *m = load_src(
+      "def kinds<k = 3>(X: f32[B, I]) -> (Y: f32[B, O]) where O = 2 * I {\n"
+      "  param z: f32[O, I] = zeros\n"
+      "  param o: f64[k] = ones\n"
+      "  param c: f16[] = constant(7)\n"
+      "  param u: bf16[2] = uniform(-2, 3.5)\n"
+      "  param n: f32[2] = normal(1, 0.5)\n"
+      "  param xu: f32[2, 3] = xavier_uniform\n"
+      "  param xn: f32[2, 3] = xavier_normal(2)\n"
+      "  param ku: f32[2, 3, k] = kaiming_uniform\n"
+      "  param kn: f32[2, 3] = kaiming_normal(-0.2)\n"
+      "  param xu1: f32[I + k] = xavier_uniform()\n"
+      "  Y(b, p) +=! X(b, i) * z(p, i)\n"
+      "}\n");
+  static const struct {
+    const char *name;
+    nf_init_kind init;
+    double a, b;
+    nf_dtype dt;
+    int rank;
+    int64_t shape[3];
+  } want[] = {
+      {"z", NF_INIT_ZEROS, 0, 0, NF_F32, 2, {10, 5}},
+      {"o", NF_INIT_ONES, 0, 0, NF_F64, 1, {4}},
+      {"c", NF_INIT_CONSTANT, 7, 0, NF_F16, 0, {0}},
+      {"u", NF_INIT_UNIFORM, -2, 3.5, NF_BF16, 1, {2}},
+      {"n", NF_INIT_NORMAL, 1, 0.5, NF_F32, 1, {2}},
+      {"xu", NF_INIT_XAVIER_UNIFORM, 1, 0, NF_F32, 2, {2, 3}},
+      {"xn", NF_INIT_XAVIER_NORMAL, 2, 0, NF_F32, 2, {2, 3}},
+      {"ku", NF_INIT_KAIMING_UNIFORM, 0, 0, NF_F32, 3, {2, 3, 4}},
+      {"kn", NF_INIT_KAIMING_NORMAL, -0.2, 0, NF_F32, 2, {2, 3}},
+      {"xu1", NF_INIT_XAVIER_UNIFORM, 1, 0, NF_F32, 1, {9}},
+  };
+  const int n = (int)(sizeof want / sizeof want[0]);
+  nf_param_decl pd[16];
+  ck_assert_int_eq(nf_module_def_param_decls(m, "kinds", pd, 16), n);
+  for (int k = 0; k < n; k++) {
+    ck_assert_str_eq(pd[k].name, want[k].name);
+    ck_assert_int_eq(pd[k].init, want[k].init);
+    ck_assert_msg(pd[k].a == want[k].a && pd[k].b == want[k].b, "%s: a %g b %g", pd[k].name,
+                  pd[k].a, pd[k].b);
+  }
+  ck_assert_str_eq(nf_init_name(NF_INIT_UNIFORM), "uniform");
+  ck_assert_str_eq(nf_init_name(NF_INIT_KAIMING_UNIFORM), "kaiming_uniform");
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  nf_graph *g = inst_ok(m, ctx, "kinds", "X=3,5", "k=4");
+  ck_assert_int_eq(g->n_inputs, 1 + n);
+  ck_assert_str_eq(g->tensors[g->inputs[0]].name, "X");
+  for (int k = 0; k < n; k++) {
+    const nf_tensor *t = &g->tensors[g->inputs[k + 1]];
+    ck_assert_str_eq(t->name, want[k].name);
+    ck_assert_int_eq(t->kind, NF_T_INPUT);
+    ck_assert_int_eq(t->dtype, want[k].dt);
+    ck_assert_int_eq(t->rank, want[k].rank);
+    for (int j = 0; j < t->rank; j++) ck_assert_int_eq(t->shape[j], want[k].shape[j]);
+  }
+  ck_assert_int_eq(g->tensors[g->outputs[0]].shape[1], 10);
+  nf_ir_ctx_free(ctx);
+  nf_module_free(m);
+}
+END_TEST
+
+/* `param` is a keyword only in a declaration: as a tensor name it works. */
+START_TEST(lang_param_stays_a_name) {
+  nf_module *m = load_src(
+      "def f(param: f32[N]) -> (Y: f32[N]) {\n"
+      "  param2(i) = param(i) * 2.0\n"
+      "  Y = param2\n"
+      "}\n"
+      "def g(X: f32[N]) -> (Y: f32[N]) {\n"
+      "  param(i) = X(i) + 1.0\n"
+      "  P[0] = f(param)\n"
+      "  Y = P[0]\n"
+      "}\n"
+      "def h(X: f32[N]) -> (Y: f32[N]) {\n"
+      "  param param: f32[N] = ones\n"
+      "  Y(i) = X(i) * param(i)\n"
+      "}\n");
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  nf_graph *g = inst_ok(m, ctx, "f", "param=3", NULL);
+  ck_assert_int_eq(g->n_inputs, 1);
+  ck_assert_str_eq(g->tensors[g->inputs[0]].name, "param");
+  g = inst_ok(m, ctx, "g", "X=3", NULL);
+  ck_assert_int_eq(g->n_inputs, 1);
+  ck_assert_int_eq(nf_module_def_param_decls(m, "g", NULL, 0), 0);
+  g = inst_ok(m, ctx, "h", "X=3", NULL);
+  ck_assert_int_eq(g->n_inputs, 2);
+  ck_assert_str_eq(g->tensors[g->inputs[1]].name, "param");
+  nf_ir_ctx_free(ctx);
+  nf_module_free(m);
+}
+END_TEST
+
 static uint64_t fz_state = 12345;
 static uint64_t fz_next(void) {
   uint64_t z = (fz_state += 0x9e3779b97f4a7c15ull);
@@ -637,6 +929,9 @@ static Suite *suite(void) {
   tcase_add_test(tc, lang_graph_print_round_trips_examples);
   tcase_add_test(tc, lang_signatures_and_imports);
   tcase_add_test(tc, lang_module_print_round_trips);
+  tcase_add_test(tc, lang_params_become_inputs);
+  tcase_add_test(tc, lang_param_initializers_and_dims);
+  tcase_add_test(tc, lang_param_stays_a_name);
   tcase_add_test(tc, lang_mutated_programs_never_crash);
   suite_add_tcase(s, tc);
   return s;

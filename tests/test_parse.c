@@ -7,6 +7,7 @@
  * the canonical layout, and that print(parse(x)) is a fixed point whose
  * re-parse is structurally equal to parse(x). */
 #include <check.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -542,6 +543,104 @@ START_TEST(parse_empty_and_blank) {
 }
 END_TEST
 
+/* ---- param declarations ---- */
+
+static const char params_src[] =
+    "def mlp<batch = 4>(X: f32[batch, 8]) -> (Y: f32[batch, 3]) where H = 16 {\n"
+    "  param W1: f32[H, 8] = kaiming_uniform\n"
+    "  param b1: f32[H] = zeros\n"
+    "  param W2: f64[3, H * 1] = xavier_normal(0.5)\n"
+    "  param b2: bf16[3] = constant(-0.25)\n"
+    "  param s: f16[] = ones; param u: f32[2] = uniform(-1, 2.5e-3)\n"
+    "  param n: f32[2, 2] =\n"
+    "      normal(1e-8, 0.1)\n"
+    "  param xu: f32[2, 2] = xavier_uniform()\n"
+    "  param ku: f32[2, 2] = kaiming_uniform(0.01)\n"
+    "  param kn: f32[2, 2] = kaiming_normal\n"
+    "  param c: f32[2] = constant(3)\n"
+    "  param param: f32[] = zeros\n"
+    "  Y(b, o) = X(b, o) * W1(o, o)\n"
+    "}\n";
+
+START_TEST(parse_param_decls) {
+  const nf_ast_def *d = def1(params_src);
+  static const struct {
+    const char *name;
+    int dtype, rank, init, n_args;
+    double a, b;
+  } want[] = {
+      {"W1", NF_F32, 2, NF_INIT_KAIMING_UNIFORM, 0, 0, 0},
+      {"b1", NF_F32, 1, NF_INIT_ZEROS, 0, 0, 0},
+      {"W2", NF_F64, 2, NF_INIT_XAVIER_NORMAL, 1, 0.5, 0},
+      {"b2", NF_BF16, 1, NF_INIT_CONSTANT, 1, -0.25, 0},
+      {"s", NF_F16, 0, NF_INIT_ONES, 0, 0, 0},
+      {"u", NF_F32, 1, NF_INIT_UNIFORM, 2, -1, 2.5e-3},
+      {"n", NF_F32, 2, NF_INIT_NORMAL, 2, 1e-8, 0.1},
+      {"xu", NF_F32, 2, NF_INIT_XAVIER_UNIFORM, 0, 0, 0},
+      {"ku", NF_F32, 2, NF_INIT_KAIMING_UNIFORM, 1, 0.01, 0},
+      {"kn", NF_F32, 2, NF_INIT_KAIMING_NORMAL, 0, 0, 0},
+      {"c", NF_F32, 1, NF_INIT_CONSTANT, 1, 3, 0},
+      {"param", NF_F32, 0, NF_INIT_ZEROS, 0, 0, 0},
+  };
+  int n = (int)(sizeof want / sizeof want[0]);
+  ck_assert_int_eq(d->n_body, n + 1);
+  for (int k = 0; k < n; k++) {
+    const nf_ast_stmt *st = d->body[k];
+    ck_assert_int_eq(st->kind, NF_S_PARAM);
+    ck_assert_str_eq(st->decl.name, want[k].name);
+    ck_assert_int_eq(st->decl.dtype, want[k].dtype);
+    ck_assert_int_eq(st->decl.n_dims, want[k].rank);
+    ck_assert_int_eq(st->init, want[k].init);
+    ck_assert_int_eq(st->n_init_args, want[k].n_args);
+    if (want[k].n_args > 0) ck_assert(st->init_args[0] == want[k].a);
+    if (want[k].n_args > 1) ck_assert(st->init_args[1] == want[k].b);
+  }
+  /* locations: the statement at `param`, the declaration at its name, the
+   * initializer at its name */
+  ck_assert_uint_eq(d->body[0]->loc.line, 2);
+  ck_assert_uint_eq(d->body[0]->loc.col, 3);
+  ck_assert_uint_eq(d->body[0]->decl.loc.col, 9);
+  ck_assert_uint_eq(d->body[0]->init_loc.col, 25);
+  ck_assert_uint_eq(d->body[6]->init_loc.line, 8);
+  check_bin(d->body[2]->decl.dims[1], NF_OP_MUL);
+  ck_assert_int_eq(d->body[n]->kind, NF_S_ELEM);
+  ck_assert_str_eq(nf_init_name(NF_INIT_ZEROS), "zeros");
+  ck_assert_str_eq(nf_init_name(NF_INIT_XAVIER_NORMAL), "xavier_normal");
+  ck_assert_str_eq(nf_init_name(NF_INIT_KAIMING_NORMAL), "kaiming_normal");
+  ck_assert_str_eq(nf_init_name((nf_init_kind)99), "?");
+}
+END_TEST
+
+/* `param` is a keyword only in `param NAME:` at the start of a statement;
+ * elsewhere it is an ordinary name. */
+START_TEST(parse_param_stays_a_name) {
+  const nf_ast_def *d = def1(
+      "def param(param: f32[N]) -> (Y: f32[N]) {\n"
+      "  param2(i) = param(i) * param(i)\n"
+      "  param3 = param\n"
+      "  T, U = param(param, param3)\n"
+      "  V = param<param = 1>(param)\n"
+      "  P[0] = param\n"
+      "  param[1] = P[0]\n"
+      "  Y(i) = param[1](i) + param2(i) where param in 0:1\n"
+      "}\n");
+  ck_assert_str_eq(d->name, "param");
+  ck_assert_str_eq(d->inputs[0].name, "param");
+  ck_assert_int_eq(d->n_body, 7);
+  ck_assert_int_eq(d->body[0]->kind, NF_S_ELEM);
+  check_apply(d->body[0]->rhs->args[0], "param", 1);
+  ck_assert_int_eq(d->body[1]->kind, NF_S_CALL);
+  ck_assert_ptr_null(d->body[1]->callee);
+  ck_assert_str_eq(d->body[1]->args[0].name, "param");
+  ck_assert_str_eq(d->body[2]->callee, "param");
+  ck_assert_str_eq(d->body[3]->params[0].name, "param");
+  ck_assert_str_eq(d->body[5]->results[0].name, "param");
+  ck_assert_ptr_nonnull(d->body[5]->results[0].sub);
+  ck_assert_str_eq(d->body[6]->ranges[0].name, "param");
+  for (int k = 0; k < d->n_body; k++) ck_assert_int_ne(d->body[k]->kind, NF_S_PARAM);
+}
+END_TEST
+
 /* ---- bad inputs ---- */
 
 typedef struct bad_case {
@@ -552,6 +651,9 @@ typedef struct bad_case {
 } bad_case;
 
 #define HDR "def f(A: f32[N]) -> (B: f32[N]) {\n"
+#define INITS                                                            \
+  "zeros, ones, constant(V), uniform(LO, HI), normal(MEAN, STD), "        \
+  "xavier_uniform, xavier_normal, kaiming_uniform or kaiming_normal"
 
 static const bad_case bad_cases[] = {
     {HDR "  B(i) = A(i, j k)\n}\n", 2, 17,
@@ -673,6 +775,51 @@ static const bad_case bad_cases[] = {
     {"}\n", 1, 1, "expected 'def' or 'import', found '}'", 1},
     {"def f(A: f32[N]) -> (B: f32[N]) {\n  B(i) = A(i)\n}}\n", 3, 2,
      "expected 'def' or 'import', found '}'", 1},
+    /* param declarations: the initializer, its arity and arguments */
+    {HDR "  param W: f32[N] = glorot\n}\n", 2, 21,
+     "unknown initializer 'glorot' (expected " INITS ")", 1},
+    {HDR "  param W: f32[N] = 3\n}\n", 2, 21,
+     "expected an initializer (" INITS "), found '3'", 1},
+    {HDR "  param W: f32[N]\n}\n", 2, 18,
+     "expected '=' and an initializer (" INITS ") after param 'W', found "
+     "end of line", 1},
+    {HDR "  param W: f32[N] = constant\n}\n", 2, 21,
+     "'constant' takes 1 argument (V), got 0", 1},
+    {HDR "  param W: f32[N] = uniform(1)\n}\n", 2, 21,
+     "'uniform' takes 2 arguments (LO, HI), got 1", 1},
+    {HDR "  param W: f32[N] = normal(0, 1, 2)\n}\n", 2, 21,
+     "'normal' takes 2 arguments (MEAN, STD), got 3", 1},
+    {HDR "  param W: f32[N] = zeros(1)\n}\n", 2, 21,
+     "'zeros' takes no arguments, got 1", 1},
+    {HDR "  param W: f32[N] = xavier_uniform(1, 2)\n}\n", 2, 21,
+     "'xavier_uniform' takes at most 1 argument (the gain, optional), got 2",
+     1},
+    {HDR "  param W: f32[N] = kaiming_normal(0.1, 2)\n}\n", 2, 21,
+     "'kaiming_normal' takes at most 1 argument (the negative slope a, "
+     "optional), got 2", 1},
+    {HDR "  param W: f32[N] = uniform(0.5, -0.5)\n}\n", 2, 21,
+     "uniform(LO, HI) needs LO <= HI, got LO = 0.5 and HI = -0.5", 1},
+    {HDR "  param W: f32[N] = normal(0, -1e-3)\n}\n", 2, 21,
+     "normal(MEAN, STD) needs STD >= 0, got STD = -0.001", 1},
+    {HDR "  param W: f32[N] = constant(N)\n}\n", 2, 30,
+     "expected a number (initializer arguments are numeric literals), found "
+     "'N'", 1},
+    {HDR "  param W: f32[N] = constant(--1)\n}\n", 2, 31,
+     "expected a number (initializer arguments are numeric literals), found "
+     "'-'", 1},
+    {HDR "  param W: f32[N] = constant(1 + 2)\n}\n", 2, 32,
+     "expected ')' after the arguments of 'constant', found '+'", 1},
+    {HDR "  param W: f32[N] = zeros B(i) = A(i)\n}\n", 2, 27,
+     "expected the end of the statement (a new line or ';'), found 'B'", 1},
+    {HDR "  param W f32[N] = zeros\n}\n", 2, 9,
+     "expected '(' with the indices of 'param', or ',' or '=' for a call, "
+     "found 'W'", 1},
+    {HDR "  param W: f32 = zeros\n}\n", 2, 16,
+     "expected '[' and the dims of 'W' (f32[] for a scalar), found '='", 1},
+    {HDR "  for t in 0:2 {\n    param W: f32[N] = zeros\n  }\n  B(i) = A(i)\n}\n",
+     3, 5,
+     "param declarations are allowed only at the top level of a def's body, "
+     "not inside 'for'", 1},
     /* several errors: one per statement, recovery at the next statement
      * or def */
     {HDR "  B(i) = A(i) +\n  C(i) = @ + @\n  D(i) += 1\n  E(i) = A(i\n"
@@ -961,6 +1108,64 @@ START_TEST(parse_print_canonical_layout) {
 }
 END_TEST
 
+START_TEST(parse_print_param_decls) {
+  nf_ast_file *f = parse_ok(
+      "def m(X: f32[B, I]) -> (Y: f32[B, O]) where O = 2 * I {\n"
+      "  param W: f32[O, (I)] = kaiming_uniform ; param b: f32[O] = constant(-0.)\n"
+      "  param g: f64[] = normal(-1, 0.30000000000000004)\n"
+      "  param h: f32[2] = uniform(-1e20, 1e-320)\n"
+      "  param x: f32[2, 3] = xavier_uniform()\n"
+      "  param k: f32[2, 3] = kaiming_normal(2.)\n"
+      "  param n: f32[2] = constant(9223372036854775807)\n"
+      "  Y(n, o) +=! X(n, i) * W(o, i) + b(o) + g()\n"
+      "}\n");
+  const char *want =
+      "def m(X: f32[B, I]) -> (Y: f32[B, O])\n"
+      "    where O = 2 * I {\n"
+      "  param W: f32[O, I] = kaiming_uniform\n"
+      "  param b: f32[O] = constant(-0.0)\n"
+      "  param g: f64[] = normal(-1.0, 0.30000000000000004)\n"
+      "  param h: f32[2] = uniform(-1e+20, 1e-320)\n"
+      "  param x: f32[2, 3] = xavier_uniform\n"
+      "  param k: f32[2, 3] = kaiming_normal(2.0)\n"
+      "  param n: f32[2] = constant(9.223372036854776e+18)\n"
+      "  Y(n, o) +=! X(n, i) * W(o, i) + b(o) + g()\n"
+      "}\n";
+  char *got = print_file(f);
+  ck_assert_str_eq(got, want);
+  nf_ast_file *g = parse_ok(got);
+  ck_assert(nf__ast_file_equal(f, g));
+  ck_assert_str_eq(print_file(g), want);
+  /* -0.0 keeps its sign through the round trip */
+  ck_assert(g->defs[0]->body[1]->init_args[0] == 0.0);
+  ck_assert(signbit(g->defs[0]->body[1]->init_args[0]));
+  /* equality sees every part of a declaration */
+  static const char *const variants[] = {
+      "  param W: f32[O, I] = kaiming_uniform(0.0)\n",
+      "  param W: f32[O, I] = kaiming_normal\n",
+      "  param W: f64[O, I] = kaiming_uniform\n",
+      "  param W: f32[I, O] = kaiming_uniform\n",
+      "  param V: f32[O, I] = kaiming_uniform\n",
+      "  param W: f32[O] = kaiming_uniform\n",
+  };
+  for (size_t k = 0; k < sizeof variants / sizeof variants[0]; k++) {
+    char text[512];
+    snprintf(text, sizeof text, "def m() -> (Y: f32[]) {\n%s  Y() = 1.0\n}\n",
+             variants[k]);
+    char *copy = nf_arena_strdup(arena, text);
+    nf_ast_file *a = parse_ok(
+        "def m() -> (Y: f32[]) {\n  param W: f32[O, I] = kaiming_uniform\n"
+        "  Y() = 1.0\n}\n");
+    ck_assert_msg(!nf__ast_file_equal(a, parse_ok(copy)), "equal: %s", variants[k]);
+  }
+  nf_ast_file *a = parse_ok("def m() -> (Y: f32[]) {\n  param c: f32[] = constant(0.1)\n}\n");
+  nf_ast_file *b = parse_ok("def m() -> (Y: f32[]) {\n  param c: f32[] = constant(0.10000000000000002)\n}\n");
+  ck_assert(!nf__ast_file_equal(a, b));
+  b = parse_ok("def m() -> (Y: f32[]) {\n  param c: f32[] = constant(.1)\n}\n");
+  ck_assert(nf__ast_file_equal(a, b));
+}
+END_TEST
+
 /* print(parse(x)) is a fixed point and re-parses to an equal tree. */
 static void check_round_trip(const char *src) {
   nf_ast_file *f1 = parse_ok(src);
@@ -1008,6 +1213,11 @@ START_TEST(parse_print_round_trip) {
       "  D(i) = !B(i) || (A(i) < 0 && !(A(i) >= -(-3))) ? true : false\n"
       "  P() *=! pow(f32(A(i)), 0.5) where i in 0:(N > 2 ? 2 : N)\n"
       "}\n");
+  check_round_trip(params_src);
+  check_round_trip(
+      "def param(param: f32[N]) -> (Y: f32[N]) {\n"
+      "  param param: f32[N] = normal(0, 1)\n"
+      "}\n");
   char *nn = read_nn();
   if (nn && *nn) check_round_trip(nn);
 }
@@ -1028,6 +1238,8 @@ Suite *parse_suite(void) {
   tcase_add_test(tc, parse_precedence);
   tcase_add_test(tc, parse_literals);
   tcase_add_test(tc, parse_empty_and_blank);
+  tcase_add_test(tc, parse_param_decls);
+  tcase_add_test(tc, parse_param_stays_a_name);
   tcase_add_loop_test(tc, parse_rejects_bad_input, 0,
                       (int)(sizeof bad_cases / sizeof bad_cases[0]));
   tcase_add_test(tc, parse_unclosed_brace_note);
@@ -1036,6 +1248,7 @@ Suite *parse_suite(void) {
   tcase_add_test(tc, parse_long_chains_bounded);
   tcase_add_test(tc, parse_print_precedence);
   tcase_add_test(tc, parse_print_canonical_layout);
+  tcase_add_test(tc, parse_print_param_decls);
   tcase_add_test(tc, parse_print_round_trip);
   suite_add_tcase(s, tc);
   return s;

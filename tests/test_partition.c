@@ -127,7 +127,7 @@ START_TEST(partition_models_evaluate_the_same) {
     nf_grad_report rep;
     nf_graph *gg = NULL;
     nf_buf err = NF_BUF_INIT;
-    ck_assert_msg(nf_grad(g, &go, ctx, &gg, &rep, &err) == NF_OK, "%s: %s", defs[i], nf_buf_str(&err));
+    ck_assert_msg(nf_grad_graph(g, &go, ctx, &gg, &rep, &err) == NF_OK, "%s: %s", defs[i], nf_buf_str(&err));
     check_partition(gg);
     nf_buf_free(&err);
     nf_ir_ctx_free(ctx);

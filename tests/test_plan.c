@@ -104,7 +104,7 @@ START_TEST(plan_partitioned_model) {
   nf_grad_opts go = {.n_wrt = 2, .wrt = wrt};
   nf_grad_report rep;
   nf_buf err = NF_BUF_INIT;
-  ck_assert_int_eq(nf_grad(g, &go, ctx, &gg, &rep, &err), NF_OK);
+  ck_assert_int_eq(nf_grad_graph(g, &go, ctx, &gg, &rep, &err), NF_OK);
   nf_partition *p = NULL;
   ck_assert_int_eq(nf_partition_graph(gg, &p, &err), NF_OK);
   /* intermediates: produced by one subgraph, read by later ones */

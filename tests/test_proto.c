@@ -1667,7 +1667,7 @@ static void roundtrip_cases(const char *file, const libcase *cases, size_t n, in
     nf_grad_opts o = {.n_wrt = n_wrt, .wrt = wrt, .keep_outputs = 1};
     nf_graph *gg = NULL;
     nf_buf err = NF_BUF_INIT;
-    if (n_wrt && nf_grad(g, &o, ctx, &gg, NULL, &err) == NF_OK) {
+    if (n_wrt && nf_grad_graph(g, &o, ctx, &gg, NULL, &err) == NF_OK) {
       *flags |= graph_roundtrip(gg, cases[i].label);
       (*n_grads)++;
     }

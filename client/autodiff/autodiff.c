@@ -1028,7 +1028,7 @@ static int int_conversion(const nf_expr *e, const char *dep, int depth) {
 
 /* ---- public entry ---- */
 
-int nf_grad(const nf_graph *g, const nf_grad_opts *o, nf_ir_ctx *ctx,
+int nf_grad_graph(const nf_graph *g, const nf_grad_opts *o, nf_ir_ctx *ctx,
             nf_graph **out, nf_grad_report *rep, nf_buf *err) {
   int rc = nf_graph_validate(g, err);
   if (rc) return rc;

@@ -1,6 +1,6 @@
 /* nf_autodiff.h - expression-based reverse-mode differentiation.
  *
- * nf_grad turns a forward graph into a gradient graph made of ordinary IR
+ * nf_grad_graph turns a forward graph into a gradient graph made of ordinary IR
  * statements: for each statement, the adjoint of each access X(f(i, r)) is
  * written by inverting the index map (nf_invert.h), so the gradient of a
  * matmul is a matmul and the data gradient of a strided convolution is a
@@ -52,7 +52,7 @@ typedef struct nf_grad_report {
  * formed: through a float-to-integer cast or `%` of a differentiated value)
  * name the statement and the reason in err and return NF_EINVAL or
  * NF_EUNSUPPORTED.  rep may be NULL. */
-int nf_grad(const nf_graph *g, const nf_grad_opts *o, nf_ir_ctx *ctx,
+int nf_grad_graph(const nf_graph *g, const nf_grad_opts *o, nf_ir_ctx *ctx,
             nf_graph **out, nf_grad_report *rep, nf_buf *err);
 
 /* Floating-point operations one statement executes: over the points of

@@ -12,14 +12,14 @@
  * no constructors or destructors; an object that has them is not ours).
  *
  * dlopen identifies objects by path first, and "/proc/self/fd/N" names
- * repeat once N is reused while an earlier kernel stays resident, so a
- * name already known to the dynamic loader (RTLD_NOLOAD probe) is moved
- * to another descriptor number first. */
+ * repeat once N is reused while an earlier kernel stays resident, so each
+ * load spells a unique path to the same descriptor (open_fd). */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -144,37 +144,28 @@ static int check_fd(int fd, size_t n, nf_buf *err) {
   return rc;
 }
 
-/* dlopen through /proc/self/fd/N with a name the dynamic loader has not
- * seen (see the file comment).  Takes ownership of nothing. */
+/* dlopen through /proc/self/fd/N under a name the dynamic loader has never
+ * seen (see the file comment): a process-wide counter is spelled into the
+ * path as empty ("/") and current-directory ("/.") components, so every
+ * load gets its own string however many kernels stay resident and however
+ * descriptor numbers repeat.  Takes ownership of nothing. */
 static void *open_fd(int fd, nf_buf *err) {
-  int extra[16], n_extra = 0, cur = fd;
-  void *h = NULL;
-  char path[48];
-  for (;;) {
-    snprintf(path, sizeof path, "/proc/self/fd/%d", cur);
-    void *old = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
-    if (!old) break;
-    dlclose(old);
-    if (n_extra == 16) {
-      nf_buf_puts(err, "kernel: no unused descriptor name for dlopen");
-      goto out;
-    }
-    int nfd = fcntl(fd, F_DUPFD_CLOEXEC, cur + 1);
-    if (nfd < 0) {
-      nf_buf_printf(err, "kernel: dup: %s", strerror(errno));
-      goto out;
-    }
-    extra[n_extra++] = nfd;
-    cur = nfd;
+  static atomic_ulong counter;
+  unsigned long c = atomic_fetch_add(&counter, 1);
+  char path[160];
+  size_t n = (size_t)snprintf(path, sizeof path, "/proc/self/fd");
+  for (int b = 0; b < 40; b++) {
+    if (c >> b & 1) n += (size_t)snprintf(path + n, sizeof path - n, "/.");
+    else n += (size_t)snprintf(path + n, sizeof path - n, "/");
+    if (!(c >> b >> 1)) break;
   }
+  snprintf(path + n, sizeof path - n, "/%d", fd);
   dlerror();
-  h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (!h) {
     const char *m = dlerror();
     nf_buf_printf(err, "kernel: dlopen: %s", m ? m : "failed");
   }
-out:
-  for (int i = 0; i < n_extra; i++) close(extra[i]);
   return h;
 }
 

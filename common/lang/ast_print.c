@@ -204,16 +204,21 @@ static void tref(const nf_ast_tref *r, nf_buf *b) {
   }
 }
 
+/* NAME: DTYPE[dims] */
+static void tdecl(const nf_ast_tdecl *t, nf_buf *b) {
+  nf_buf_printf(b, "%s: %s[", t->name, dtype_text(t->dtype));
+  for (int j = 0; j < t->n_dims; j++) {
+    if (j) nf_buf_puts(b, ", ");
+    expr(t->dims[j], b, 0);
+  }
+  nf_buf_putc(b, ']');
+}
+
 static void tdecls(const nf_ast_tdecl *t, int n, nf_buf *b) {
   nf_buf_putc(b, '(');
   for (int i = 0; i < n; i++) {
     if (i) nf_buf_puts(b, ", ");
-    nf_buf_printf(b, "%s: %s[", t[i].name, dtype_text(t[i].dtype));
-    for (int j = 0; j < t[i].n_dims; j++) {
-      if (j) nf_buf_puts(b, ", ");
-      expr(t[i].dims[j], b, 0);
-    }
-    nf_buf_putc(b, ']');
+    tdecl(&t[i], b);
   }
   nf_buf_putc(b, ')');
 }
@@ -297,6 +302,20 @@ static void stmt(const nf_ast_stmt *s, nf_buf *b, int level) {
     for (int i = 0; i < s->n_body; i++) stmt(s->body[i], b, level + 1);
     indent(b, level);
     nf_buf_putc(b, '}');
+    break;
+  case NF_S_PARAM:
+    /* Arguments as written (an omitted optional one stays omitted). */
+    nf_buf_puts(b, "param ");
+    tdecl(&s->decl, b);
+    nf_buf_printf(b, " = %s", nf_init_name((nf_init_kind)s->init));
+    if (s->n_init_args > 0) {
+      nf_buf_putc(b, '(');
+      for (int i = 0; i < s->n_init_args && i < 2; i++) {
+        if (i) nf_buf_puts(b, ", ");
+        put_float(b, s->init_args[i]);
+      }
+      nf_buf_putc(b, ')');
+    }
     break;
   default:
     nf_buf_puts(b, "<?>");
@@ -427,6 +446,14 @@ static int stmt_eq(const nf_ast_stmt *a, const nf_ast_stmt *b) {
     return str_eq(a->var, b->var) && nf__ast_expr_equal(a->lo, b->lo) &&
            nf__ast_expr_equal(a->hi, b->hi) && a->n_body == b->n_body &&
            stmts_eq(a->body, b->body, a->n_body);
+  case NF_S_PARAM:
+    if (!tdecls_eq(&a->decl, &b->decl, 1) || a->init != b->init ||
+        a->n_init_args != b->n_init_args)
+      return 0;
+    for (int i = 0; i < a->n_init_args && i < 2; i++) /* by bits */
+      if (memcmp(&a->init_args[i], &b->init_args[i], sizeof(double)) != 0)
+        return 0;
+    return 1;
   default:
     return 0;
   }

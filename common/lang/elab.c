@@ -12,6 +12,11 @@
  * stands alone as an index) and has every access bounds-checked with
  * interval arithmetic refined by the conditions of enclosing selects.
  *
+ * `param` declarations of the instantiated def become graph inputs right
+ * after the declared inputs (their dims are evaluated once sizes and
+ * `where` names are bound); each is usable from its declaration on.  A
+ * called def may not declare params: its caller must pass them as inputs.
+ *
  * Every user error is reported through the nf_diag with the source
  * location (and, inside calls, a note per call level); nothing here
  * asserts on user input.  Temporary state lives in a scratch arena freed at
@@ -1911,6 +1916,18 @@ static int do_call(inst *I, const nf_ast_stmt *st) {
   const nf_ast_def *cd = nf__module_find(E->m, st->callee);
   if (!cd)
     return fail(E, st->callee_loc, NF_ENOENT, "unknown def '%s'", st->callee);
+  for (int k = 0; k < cd->n_body; k++) {
+    const nf_ast_stmt *ps = cd->body[k];
+    if (ps->kind != NF_S_PARAM) continue;
+    fail(E, st->callee_loc, NF_ETYPE,
+         "%s calls %s, which declares param '%s': param declarations are "
+         "allowed only in the def being trained; pass '%s' to %s as an "
+         "input instead",
+         I->def->name, cd->name, ps->decl.name, ps->decl.name, cd->name);
+    nf_diag_note(E->d, ps->loc, "param '%s' is declared here",
+                 ps->decl.name);
+    return E->status;
+  }
   if (st->n_args != cd->n_inputs)
     return fail(E, st->callee_loc, NF_ETYPE, "%s takes %d input%s, got %d",
                 cd->name, cd->n_inputs, cd->n_inputs == 1 ? "" : "s",
@@ -2059,6 +2076,17 @@ static int run_body(inst *I, int n, nf_ast_stmt *const *body) {
       case NF_S_ELEM: rc = do_elem(I, st); break;
       case NF_S_CALL: rc = do_call(I, st); break;
       case NF_S_FOR: rc = do_for(I, st); break;
+      case NF_S_PARAM: {
+        /* The input was created before the body (nf__elab_instantiate);
+         * from here on it may be read. */
+        tent *te = tfind(I, st->decl.name);
+        rc = te ? NF_OK
+                : fail(I->E, st->loc, NF_EINTERNAL,
+                       "param '%s' declared outside the instantiated def",
+                       st->decl.name);
+        if (te) te->defined = 1;
+        break;
+      }
       default: rc = fail(I->E, st->loc, NF_EINTERNAL, "unknown statement");
     }
     if (rc) return rc;
@@ -2213,6 +2241,26 @@ int nf__elab_instantiate(nf_module *m, const nf_ast_def *def,
       goto done;
     }
     te->defined = 1;
+  }
+  /* Params: more inputs, in statement order, defined at their statement. */
+  for (int k = 0; k < def->n_body; k++) {
+    const nf_ast_stmt *st = def->body[k];
+    if (st->kind != NF_S_PARAM) continue;
+    int r;
+    int64_t shape[NF_MAX_RANK];
+    if ((rc = eval_dims(I, &st->decl, &r, shape))) goto done;
+    int id = nf_graph_add_tensor(E.g, st->decl.name, (nf_dtype)st->decl.dtype,
+                                 NF_T_INPUT, r, shape);
+    if (id < 0) {
+      rc = id == NF_ENOMEM ? oom(&E)
+                           : fail(&E, st->decl.loc, id, "bad param '%s'",
+                                  st->decl.name);
+      goto done;
+    }
+    if (!tadd(I, st->decl.name, (uint32_t)id)) {
+      rc = oom(&E);
+      goto done;
+    }
   }
   for (int k = 0; k < def->n_outputs; k++) {
     int id = nf_graph_add_tensor(E.g, def->outputs[k].name,

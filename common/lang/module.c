@@ -1,7 +1,8 @@
 /* module.c - loading `.nf` files with their imports, and the static checks
  * that need no sizes: unique def names, known callees with the right
  * arity and parameter names, no recursion among defs, known tensors,
- * outputs that are defined.  Everything else (sizes, ranges, types,
+ * outputs that are defined, `param` declarations with a float dtype, no
+ * packs and a name of their own.  Everything else (sizes, ranges, types,
  * bounds) is checked when a def is instantiated (elab.c).
  *
  * A module owns its file texts, ASTs and names in one arena. */
@@ -337,6 +338,7 @@ static int check_body(const nf_module *m, const nf_ast_def *def,
       bad |= check_expr(st->rhs, tensors, d);
       continue;
     }
+    if (st->kind == NF_S_PARAM) continue; /* checked by check_param_decls */
     for (int j = 0; j < st->n_args; j++)
       if (!names_has(tensors, st->args[j].name)) {
         nf_diag_error(d, st->args[j].loc, "unknown tensor '%s'", st->args[j].name);
@@ -371,6 +373,64 @@ static int check_body(const nf_module *m, const nf_ast_def *def,
         bad = 1;
       }
     }
+  }
+  return bad;
+}
+
+static int is_float_dtype(int t) {
+  return t == NF_F32 || t == NF_F64 || t == NF_F16 || t == NF_BF16;
+}
+
+/* The `param` declarations of a def (top level of its body; the parser
+ * rejects them in loops): a float dtype, no packs, and a name that is not
+ * an integer parameter, input, output, another param or a tensor defined
+ * by a statement.  Adds their names to tensors.  Returns 1 after errors,
+ * -1 on OOM. */
+static int check_param_decls(const nf_ast_def *def, const names *defined,
+                             names *tensors, nf_diag *d) {
+  int bad = 0;
+  for (int k = 0; k < def->n_body; k++) {
+    const nf_ast_stmt *st = def->body[k];
+    if (st->kind != NF_S_PARAM) continue;
+    const nf_ast_tdecl *t = &st->decl;
+    const char *clash = NULL;
+    for (int j = 0; j < def->n_params && !clash; j++)
+      if (strcmp(def->params[j].name, t->name) == 0)
+        clash = "an integer parameter";
+    for (int j = 0; j < def->n_inputs && !clash; j++)
+      if (strcmp(def->inputs[j].name, t->name) == 0) clash = "an input";
+    for (int j = 0; j < def->n_outputs && !clash; j++)
+      if (strcmp(def->outputs[j].name, t->name) == 0) clash = "an output";
+    if (clash) {
+      nf_diag_error(d, t->loc, "param '%s' has the same name as %s of %s",
+                    t->name, clash, def->name);
+      bad = 1;
+    } else if (names_has(tensors, t->name)) {
+      nf_diag_error(d, t->loc, "param '%s' is declared twice", t->name);
+      bad = 1;
+    } else if (names_has(defined, t->name)) {
+      nf_diag_error(d, t->loc,
+                    "param '%s' is also defined by a statement of %s (a param "
+                    "is an input of the graph: it is read-only)",
+                    t->name, def->name);
+      bad = 1;
+    }
+    if (!is_float_dtype(t->dtype)) {
+      nf_diag_error(d, t->loc,
+                    "param '%s' has dtype %s; a trainable parameter needs a "
+                    "float dtype (f32, f64, f16 or bf16)",
+                    t->name, nf_dtype_name((nf_dtype)t->dtype));
+      bad = 1;
+    }
+    for (int j = 0; j < t->n_dims; j++)
+      if (t->dims[j]->kind == NF_A_PACK) {
+        nf_diag_error(d, t->dims[j]->loc,
+                      "the dims of param '%s' cannot be a pack ('*%s'): give "
+                      "each dimension as a size expression",
+                      t->name, t->dims[j]->name);
+        bad = 1;
+      }
+    if (names_add(tensors, t->name)) return -1;
   }
   return bad;
 }
@@ -412,6 +472,14 @@ static int check_def(const nf_module *m, const nf_ast_def *def, nf_diag *d) {
                     def->outputs[k].name, def->name);
       bad = 1;
     }
+  {
+    int prc = check_param_decls(def, &defined, &tensors, d);
+    if (prc < 0) {
+      free(defined.v);
+      goto oom;
+    }
+    bad |= prc;
+  }
   for (int k = 0; k < defined.n; k++)
     if (names_add(&tensors, defined.v[k])) goto oom;
   free(defined.v);
@@ -578,6 +646,29 @@ int nf_module_def_params(const nf_module *m, const char *def,
   if (!d) return -1;
   for (int k = 0; k < d->n_params && k < max; k++) names[k] = d->params[k].name;
   return d->n_params;
+}
+
+int nf_module_def_param_decls(const nf_module *m, const char *def,
+                              nf_param_decl *out, int max) {
+  const nf_ast_def *d = nf__module_find(m, def);
+  if (!d) return -1;
+  int n = 0;
+  for (int k = 0; k < d->n_body; k++) {
+    const nf_ast_stmt *st = d->body[k];
+    if (st->kind != NF_S_PARAM) continue;
+    if (out && n < max) {
+      nf_param_decl *pd = &out[n];
+      pd->name = st->decl.name;
+      pd->init = (nf_init_kind)st->init;
+      pd->a = st->n_init_args > 0 ? st->init_args[0] : 0;
+      pd->b = st->n_init_args > 1 ? st->init_args[1] : 0;
+      if (st->n_init_args == 0 && (st->init == NF_INIT_XAVIER_UNIFORM ||
+                                   st->init == NF_INIT_XAVIER_NORMAL))
+        pd->a = 1; /* the default gain */
+    }
+    n++;
+  }
+  return n;
 }
 
 int nf_module_instantiate(nf_module *m, const char *def,

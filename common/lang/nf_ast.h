@@ -14,6 +14,7 @@
 #include "../nf_buf.h"
 #include "../nf_diag.h"
 #include "../nf_ir.h"
+#include "../nf_lang.h"
 
 typedef enum nf_ast_kind {
   NF_A_INT = 0, /* ival */
@@ -62,11 +63,21 @@ typedef struct nf_ast_param_arg { /* name = expr, in a call's <...> */
   nf_loc loc;
 } nf_ast_param_arg;
 
+typedef struct nf_ast_tdecl { /* NAME: DTYPE[dims] */
+  const char *name;
+  uint8_t dtype;
+  int n_dims;
+  nf_ast_expr **dims; /* size expressions or NF_A_PACK */
+  nf_loc loc;
+} nf_ast_tdecl;
+
 typedef enum nf_ast_stmt_kind {
   NF_S_ELEM = 0, /* lhs(idx...) OP rhs [where ranges] */
   NF_S_CALL,     /* results = callee<params>(args); callee NULL for a copy
                     `T = U` (then n_args == 1, n_params == 0) */
-  NF_S_FOR       /* for var in lo:hi { body } */
+  NF_S_FOR,      /* for var in lo:hi { body } */
+  NF_S_PARAM     /* param NAME: DTYPE[dims] = init(args): only at the top
+                    level of a def's body (the parser rejects it in `for`) */
 } nf_ast_stmt_kind;
 
 typedef struct nf_ast_stmt nf_ast_stmt;
@@ -95,15 +106,13 @@ struct nf_ast_stmt {
   nf_ast_expr *lo, *hi;
   int n_body;
   nf_ast_stmt **body;
+  /* PARAM */
+  nf_ast_tdecl decl;    /* name, dtype (any, as parsed) and dims */
+  uint8_t init;         /* nf_init_kind */
+  int n_init_args;      /* as written: 0..2 (the parser checks the arity) */
+  double init_args[2];  /* numeric literals, the sign applied */
+  nf_loc init_loc;      /* of the initializer's name */
 };
-
-typedef struct nf_ast_tdecl { /* NAME: DTYPE[dims] */
-  const char *name;
-  uint8_t dtype;
-  int n_dims;
-  nf_ast_expr **dims; /* size expressions or NF_A_PACK */
-  nf_loc loc;
-} nf_ast_tdecl;
 
 typedef struct nf_ast_param { /* name [= default] */
   const char *name;

@@ -32,6 +32,13 @@
  *    `max=`, `min=` without `!` are errors that say to add it.
  *  - The `where` ranges of an element statement may start on the next
  *    line (`where` cannot start a statement).
+ *  - `param` is a contextual keyword: a statement is a param declaration
+ *    only when it starts with the identifier `param` followed by another
+ *    identifier and ':' (two tokens of lookahead, on a copy of the lexer),
+ *    so `param` stays an ordinary tensor name elsewhere.  A declaration
+ *    inside a `for` body is a syntax error.  The initializer's name, arity
+ *    and argument ranges (uniform LO <= HI, normal STD >= 0) are checked
+ *    here; the dtype and dims are checked by module.c.
  *  - On error *out is NULL: a partial tree is never returned.
  *
  * The parser does not resolve names or check types: `max(a, b)`, `f32(x)`
@@ -60,6 +67,7 @@ typedef struct parser {
   int h;        /* height of the expression last returned */
   int failed;   /* an error was reported in the current statement */
   int unclosed; /* a missing '}' was reported; outer blocks end quietly */
+  int in_for;   /* > 0: parsing a `for` body */
   int n_errors;
   int oom;
 } parser;
@@ -718,8 +726,10 @@ static nf_ast_stmt *parse_for(parser *p) {
   }
   char what[96];
   snprintf(what, sizeof what, "'for %.64s'", s->var);
-  if (!block(p, &s->body, &s->n_body, open, what)) return NULL;
-  return s;
+  p->in_for++;
+  int closed = block(p, &s->body, &s->n_body, open, what);
+  p->in_for--;
+  return closed ? s : NULL;
 }
 
 /* Whether the token after the current NEWLINE is 'where' (an element
@@ -927,9 +937,165 @@ static nf_ast_stmt *parse_call(parser *p, nf_ast_stmt *s) {
   return s;
 }
 
+/* ---- param declarations ---- */
+
+static const struct {
+  const char *name;
+  int kind;              /* nf_init_kind */
+  int min_args, max_args;
+  const char *args;      /* for messages */
+} inits[] = {
+    {"zeros", NF_INIT_ZEROS, 0, 0, ""},
+    {"ones", NF_INIT_ONES, 0, 0, ""},
+    {"constant", NF_INIT_CONSTANT, 1, 1, "V"},
+    {"uniform", NF_INIT_UNIFORM, 2, 2, "LO, HI"},
+    {"normal", NF_INIT_NORMAL, 2, 2, "MEAN, STD"},
+    {"xavier_uniform", NF_INIT_XAVIER_UNIFORM, 0, 1, "the gain"},
+    {"xavier_normal", NF_INIT_XAVIER_NORMAL, 0, 1, "the gain"},
+    {"kaiming_uniform", NF_INIT_KAIMING_UNIFORM, 0, 1, "the negative slope a"},
+    {"kaiming_normal", NF_INIT_KAIMING_NORMAL, 0, 1, "the negative slope a"},
+};
+
+#define N_INITS ((int)(sizeof inits / sizeof inits[0]))
+
+static const char init_list[] =
+    "zeros, ones, constant(V), uniform(LO, HI), normal(MEAN, STD), "
+    "xavier_uniform, xavier_normal, kaiming_uniform or kaiming_normal";
+
+/* Public (nf_lang.h); lives with the grammar so the parser, the printer
+ * and the fuzz target share one table. */
+const char *nf_init_name(nf_init_kind k) {
+  for (int i = 0; i < N_INITS; i++)
+    if (inits[i].kind == (int)k) return inits[i].name;
+  return "?";
+}
+
+/* Whether the current token `param` starts a declaration: the next two
+ * tokens are a name and ':'.  Lexes ahead on a copy of the lexer. */
+static int next_is_param_decl(parser *p) {
+  nf_lexer la = p->lx;
+  nf_token t1, t2;
+  nf__lex_next(&la, &t1);
+  int yes = 0;
+  if (t1.kind == NF_T_IDENT) {
+    nf__lex_next(&la, &t2);
+    yes = t2.kind == NF_T_COLON;
+  }
+  if (la.oom) p->oom = 1;
+  return yes;
+}
+
+/* A numeric literal with an optional unary minus; 0 after an error. */
+static int parse_init_number(parser *p, double *out) {
+  int neg = accept(p, NF_T_MINUS);
+  const nf_token *t = cur(p);
+  if (t->kind == NF_T_INT)
+    *out = (double)t->ival;
+  else if (t->kind == NF_T_FLOAT)
+    *out = t->fval;
+  else {
+    expected(p, "a number (initializer arguments are numeric literals)");
+    return 0;
+  }
+  if (neg) *out = -*out;
+  advance(p);
+  return 1;
+}
+
+/* param NAME ':' DTYPE '[' dims ']' '=' INIT [ '(' [num {',' num}] ')' ]
+ * (the current token is `param`). */
+static nf_ast_stmt *parse_param(parser *p, nf_ast_stmt *s) {
+  s->kind = NF_S_PARAM;
+  if (p->in_for) {
+    error_at(p, s->loc,
+             "param declarations are allowed only at the top level of a "
+             "def's body, not inside 'for'");
+    return NULL;
+  }
+  advance(p); /* param */
+  if (!parse_tdecl(p, &s->decl, "a parameter name after 'param'"))
+    return NULL;
+  if (!accept(p, NF_T_ASSIGN)) {
+    expected(p, "'=' and an initializer (%s) after param '%.64s'", init_list,
+             s->decl.name);
+    return NULL;
+  }
+  const nf_token *t = cur(p);
+  if (t->kind != NF_T_IDENT) {
+    expected(p, "an initializer (%s)", init_list);
+    return NULL;
+  }
+  int found = -1;
+  for (int i = 0; i < N_INITS; i++)
+    if (strlen(inits[i].name) == t->len &&
+        memcmp(inits[i].name, p->src->text + t->off, t->len) == 0)
+      found = i;
+  if (found < 0) {
+    char shown[64];
+    describe(p, t, shown, sizeof shown);
+    error_at(p, t->loc, "unknown initializer %s (expected %s)", shown,
+             init_list);
+    return NULL;
+  }
+  s->init = (uint8_t)inits[found].kind;
+  s->init_loc = t->loc;
+  advance(p);
+  const char *iname = inits[found].name;
+  int n = 0;
+  if (at_kind(p, NF_T_LPAREN)) {
+    int nl = p->nl_skip;
+    advance(p);
+    p->nl_skip++;
+    if (!at_kind(p, NF_T_RPAREN)) {
+      do {
+        double v;
+        if (!parse_init_number(p, &v)) return NULL;
+        if (n < 2) s->init_args[n] = v;
+        n++;
+      } while (accept(p, NF_T_COMMA));
+    }
+    if (!accept(p, NF_T_RPAREN)) {
+      expected(p, "')' after the arguments of '%s'", iname);
+      return NULL;
+    }
+    p->nl_skip = nl;
+  }
+  int lo = inits[found].min_args, hi = inits[found].max_args;
+  if (n < lo || n > hi) {
+    if (hi == 0)
+      error_at(p, s->init_loc, "'%s' takes no arguments, got %d", iname, n);
+    else if (lo == hi)
+      error_at(p, s->init_loc, "'%s' takes %d argument%s (%s), got %d", iname,
+               lo, lo == 1 ? "" : "s", inits[found].args, n);
+    else
+      error_at(p, s->init_loc,
+               "'%s' takes at most %d argument (%s, optional), got %d", iname,
+               hi, inits[found].args, n);
+    return NULL;
+  }
+  s->n_init_args = n;
+  if (s->init == NF_INIT_UNIFORM && s->init_args[0] > s->init_args[1]) {
+    error_at(p, s->init_loc,
+             "uniform(LO, HI) needs LO <= HI, got LO = %g and HI = %g",
+             s->init_args[0], s->init_args[1]);
+    return NULL;
+  }
+  if (s->init == NF_INIT_NORMAL && s->init_args[1] < 0) {
+    error_at(p, s->init_loc, "normal(MEAN, STD) needs STD >= 0, got STD = %g",
+             s->init_args[1]);
+    return NULL;
+  }
+  return s;
+}
+
 static nf_ast_stmt *parse_stmt(parser *p) {
   const nf_token *t = cur(p);
   if (t->kind == NF_T_FOR) return parse_for(p);
+  if (t->kind == NF_T_IDENT && t->len == 5 &&
+      memcmp(p->src->text + t->off, "param", 5) == 0 && next_is_param_decl(p)) {
+    nf_ast_stmt *s = new_stmt(p, NF_S_PARAM, t->loc);
+    return s ? parse_param(p, s) : NULL;
+  }
   if (t->kind != NF_T_IDENT) {
     expected(p, "a statement");
     return NULL;

@@ -1,0 +1,503 @@
+/* dlink.c - the session's connection to neoflowd, on a background thread.
+ *
+ * The thread connects to the session's address ($NEOFLOW_SOCKET or the
+ * per-user default when none was given).  When nothing answers on a Unix
+ * socket it starts a per-user neoflowd (detached, in its own session) and
+ * retries; two clients doing so at once end up with one daemon, because a
+ * second daemon on the same socket and cache refuses to start.  After
+ * every connection it submits each subgraph that has no final kernel yet;
+ * it reassembles kernels from their chunks, checks the digest, the key
+ * the daemon accepted the request under, the kernel ABI and the ELF
+ * image (nf_kernel_load), and hands a loaded kernel to the program's
+ * thread, which runs the canary and swaps it in at a step boundary.  It
+ * reports each subgraph's share of step time about once a second.  A lost
+ * connection is retried with exponential backoff (0.1 s doubling to 5 s);
+ * meanwhile training goes on with the kernels it has. */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sodium.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "nf_config.h"
+#include "nf_dconn.h"
+#include "nf_kernel.h"
+#include "nf_wire.h"
+#include "session_int.h"
+
+extern char **environ;
+
+typedef struct asm_k { /* a kernel being reassembled */
+  int kent;            /* -1: none */
+  int tier, final;
+  double time_ms;
+  uint8_t sha[32];
+  uint8_t *bin;
+  size_t len, want;
+} asm_k;
+
+typedef struct dlink {
+  nf_session *s;
+  nf_dconn *c;
+  uint64_t next_id;
+  asm_k *as; /* per kent */
+  pid_t spawned;
+  double last_spawn, last_report;
+  int warned_target;
+} dlink;
+
+/* ---- handing kernels over ---- */
+
+int nf__session_offer(nf_session *s, int k, const void *bin, size_t len,
+                      const uint8_t sha256[32], const uint8_t key[32], int tier) {
+  if (k < 0 || k >= s->n_kents || !bin || !len) return NF_EINVAL;
+  nf__kent *e = &s->kents[k];
+  char hex[65];
+  nf_hash_hex(e->key, hex);
+  hex[16] = 0;
+  uint8_t got[32];
+  crypto_hash_sha256(got, bin, len);
+  const char *why = NULL;
+  int rc = NF_OK;
+  pthread_mutex_lock(&s->mu);
+  uint8_t dkey[32];
+  memcpy(dkey, e->dkey, 32);
+  int have_key = e->dstate >= DK_ACCEPTED;
+  pthread_mutex_unlock(&s->mu);
+  if (memcmp(got, sha256, 32) != 0) {
+    why = "its SHA-256 does not match the digest announced";
+    rc = NF_EFORMAT;
+  } else if (key && (!have_key || memcmp(key, dkey, 32) != 0)) {
+    why = "it answers another key than the request's";
+    rc = NF_EFORMAT;
+  }
+  nf_kernel *kn = NULL;
+  nf_buf err = NF_BUF_INIT;
+  if (rc == NF_OK && (rc = nf_kernel_load(bin, len, &kn, &err)) != NF_OK) why = nf_buf_str(&err);
+  pthread_mutex_lock(&s->mu);
+  if (rc != NF_OK) {
+    s->link_rejected++;
+  } else {
+    nf_kernel_free(e->in_k);
+    e->in_k = kn;
+    e->in_tier = tier;
+    pthread_cond_broadcast(&s->cv);
+  }
+  pthread_mutex_unlock(&s->mu);
+  if (rc != NF_OK) nf__session_warn(s, "kernel %s (tier %d) rejected: %s", hex, tier, why);
+  nf_buf_free(&err);
+  return rc;
+}
+
+/* ---- the daemon process ---- */
+
+static const char *neoflowd_path(void) {
+  static char self[4096];
+  const char *v = getenv("NF_NEOFLOWD");
+  if (v && *v) return v;
+  if (access(NF_NEOFLOWD_INSTALL_PATH, X_OK) == 0) return NF_NEOFLOWD_INSTALL_PATH;
+  if (access(NF_NEOFLOWD_BUILD_PATH, X_OK) == 0) return NF_NEOFLOWD_BUILD_PATH;
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 16);
+  if (n > 0) {
+    self[n] = 0;
+    char *slash = strrchr(self, '/');
+    if (slash) {
+      strcpy(slash + 1, "neoflowd");
+      if (access(self, X_OK) == 0) return self;
+    }
+  }
+  return "neoflowd";
+}
+
+static int is_unix_address(const char *a) {
+  return !a || !*a || strncmp(a, "tcp:", 4) != 0;
+}
+
+static void spawn_daemon(dlink *L) {
+  nf_session *s = L->s;
+  const char *path = neoflowd_path();
+  const char *addr = s->daemon_addr;
+  if (addr && !strncmp(addr, "unix:", 5)) addr += 5;
+  char *argv[5] = {(char *)"neoflowd", NULL, NULL, NULL, NULL};
+  if (addr && *addr) {
+    argv[1] = (char *)"--socket";
+    argv[2] = (char *)addr;
+  }
+  posix_spawn_file_actions_t fa;
+  posix_spawnattr_t at;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawnattr_init(&at);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+  sigset_t none;
+  sigemptyset(&none);
+  posix_spawnattr_setsigmask(&at, &none);
+  posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK);
+  pid_t pid;
+  int e = strchr(path, '/') ? posix_spawn(&pid, path, &fa, &at, argv, environ)
+                            : posix_spawnp(&pid, path, &fa, &at, argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&at);
+  L->last_spawn = nf__now_ms();
+  if (e != 0) {
+    nf__session_warn(s, "cannot start neoflowd (%s): %s; training on fallback kernels", path,
+                     strerror(e));
+    return;
+  }
+  L->spawned = pid;
+}
+
+static void reap(dlink *L) {
+  if (L->spawned > 0 && waitpid(L->spawned, NULL, WNOHANG) == L->spawned) L->spawned = 0;
+}
+
+/* ---- the connection ---- */
+
+static void drop(dlink *L, const char *why) {
+  nf_session *s = L->s;
+  if (L->c) {
+    nf_dconn_close(L->c);
+    L->c = NULL;
+    nf__session_warn(s, "lost the daemon connection (%s); training goes on, reconnecting", why);
+  }
+  pthread_mutex_lock(&s->mu);
+  s->connected = 0;
+  for (int i = 0; i < s->n_kents; i++) {
+    nf__kent *k = &s->kents[i];
+    if (k->dstate == DK_SUBMITTED || k->dstate == DK_ACCEPTED) k->dstate = DK_NONE;
+  }
+  pthread_cond_broadcast(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+  for (int i = 0; i < s->n_kents; i++) {
+    free(L->as[i].bin);
+    memset(&L->as[i], 0, sizeof L->as[i]);
+    L->as[i].kent = -1;
+  }
+}
+
+static int submit_all(dlink *L) {
+  nf_session *s = L->s;
+  nf_buf err = NF_BUF_INIT;
+  int rc = NF_OK;
+  for (int i = 0; i < s->n_kents && rc == NF_OK; i++) {
+    nf__kent *k = &s->kents[i];
+    pthread_mutex_lock(&s->mu);
+    int need = k->dstate == DK_NONE;
+    pthread_mutex_unlock(&s->mu);
+    if (!need) continue;
+    Neoflow__Graph *pg = NULL;
+    if (nf_wire_graph_from_ir(k->g, &pg) != NF_OK) {
+      pthread_mutex_lock(&s->mu);
+      k->dstate = DK_FAILED;
+      pthread_mutex_unlock(&s->mu);
+      continue;
+    }
+    Neoflow__Submit sm = NEOFLOW__SUBMIT__INIT;
+    uint64_t id = ++L->next_id;
+    sm.request_id = id;
+    sm.graph = pg;
+    sm.mode = s->opts.compile_only ? NEOFLOW__MODE__MODE_COMPILE : NEOFLOW__MODE__MODE_TUNE;
+    Neoflow__ClientMessage cm = NEOFLOW__CLIENT_MESSAGE__INIT;
+    cm.msg_case = NEOFLOW__CLIENT_MESSAGE__MSG_SUBMIT;
+    cm.submit = &sm;
+    rc = nf_dconn_send(L->c, &cm, &err);
+    nf_wire_graph_free(pg);
+    if (rc == NF_OK) {
+      pthread_mutex_lock(&s->mu);
+      k->req_id = id;
+      k->dstate = DK_SUBMITTED;
+      k->trial = k->max_trials = 0;
+      pthread_mutex_unlock(&s->mu);
+    }
+  }
+  nf_buf_free(&err);
+  return rc;
+}
+
+static int kent_of(const nf_session *s, uint64_t id) {
+  if (!id) return -1;
+  for (int i = 0; i < s->n_kents; i++)
+    if (s->kents[i].req_id == id) return i;
+  return -1;
+}
+
+/* Handles one message; returns 0, or -1 when the connection must go. */
+static int handle(dlink *L, const Neoflow__ServerMessage *m) {
+  nf_session *s = L->s;
+  int k;
+  switch (m->msg_case) {
+    case NEOFLOW__SERVER_MESSAGE__MSG_ACCEPTED:
+      pthread_mutex_lock(&s->mu);
+      if ((k = kent_of(s, m->accepted->request_id)) >= 0 && m->accepted->key.len == 32) {
+        memcpy(s->kents[k].dkey, m->accepted->key.data, 32);
+        if (s->kents[k].dstate == DK_SUBMITTED) s->kents[k].dstate = DK_ACCEPTED;
+      }
+      pthread_mutex_unlock(&s->mu);
+      return 0;
+    case NEOFLOW__SERVER_MESSAGE__MSG_PROGRESS:
+      pthread_mutex_lock(&s->mu);
+      if ((k = kent_of(s, m->progress->request_id)) >= 0) {
+        s->kents[k].trial = m->progress->trial;
+        s->kents[k].max_trials = m->progress->max_trials;
+      }
+      pthread_mutex_unlock(&s->mu);
+      return 0;
+    case NEOFLOW__SERVER_MESSAGE__MSG_KERNEL: {
+      const Neoflow__KernelUpdate *u = m->kernel;
+      pthread_mutex_lock(&s->mu);
+      k = kent_of(s, u->request_id);
+      int key_ok = k >= 0 && s->kents[k].dstate >= DK_ACCEPTED && u->key.len == 32 &&
+                   !memcmp(s->kents[k].dkey, u->key.data, 32);
+      pthread_mutex_unlock(&s->mu);
+      if (k < 0) return 0; /* a request of an earlier connection */
+      asm_k *a = &L->as[k];
+      free(a->bin);
+      memset(a, 0, sizeof *a);
+      a->kent = -1;
+      if (!key_ok || u->kernel_abi != NF_KERNEL_ABI_VERSION || u->size == 0 ||
+          u->sha256.len != 32) {
+        pthread_mutex_lock(&s->mu);
+        s->link_rejected++;
+        pthread_mutex_unlock(&s->mu);
+        nf__session_warn(s, "kernel for request %llu rejected: %s", (unsigned long long)u->request_id,
+                         !key_ok ? "it answers another key than the request's"
+                                 : "unsupported kernel ABI or empty binary");
+        return 0;
+      }
+      a->bin = malloc(u->size);
+      if (!a->bin) return -1;
+      a->kent = k;
+      a->tier = (int)u->tier;
+      a->final = u->final;
+      a->time_ms = u->time_ms;
+      a->want = u->size;
+      memcpy(a->sha, u->sha256.data, 32);
+      return 0;
+    }
+    case NEOFLOW__SERVER_MESSAGE__MSG_CHUNK: {
+      const Neoflow__Chunk *ch = m->chunk;
+      pthread_mutex_lock(&s->mu);
+      k = kent_of(s, ch->request_id);
+      pthread_mutex_unlock(&s->mu);
+      if (k < 0) return 0;
+      asm_k *a = &L->as[k];
+      if (a->kent != k) return 0; /* the announcement was refused */
+      if (ch->offset != a->len || ch->data.len > a->want - a->len) return -1;
+      memcpy(a->bin + a->len, ch->data.data, ch->data.len);
+      a->len += ch->data.len;
+      if (a->len < a->want) return 0;
+      uint8_t key[32];
+      pthread_mutex_lock(&s->mu);
+      memcpy(key, s->kents[k].dkey, 32);
+      pthread_mutex_unlock(&s->mu);
+      int rc = nf__session_offer(s, k, a->bin, a->len, a->sha, key, a->tier);
+      pthread_mutex_lock(&s->mu);
+      if (rc == NF_OK) s->kents[k].in_ms = a->time_ms;
+      if (a->final) s->kents[k].dstate = rc == NF_OK ? DK_FINAL : DK_FAILED;
+      pthread_cond_broadcast(&s->cv);
+      pthread_mutex_unlock(&s->mu);
+      free(a->bin);
+      memset(a, 0, sizeof *a);
+      a->kent = -1;
+      return 0;
+    }
+    case NEOFLOW__SERVER_MESSAGE__MSG_ERROR: {
+      const Neoflow__Error *e = m->error;
+      pthread_mutex_lock(&s->mu);
+      k = kent_of(s, e->request_id);
+      if (k >= 0) s->kents[k].dstate = DK_FAILED;
+      pthread_cond_broadcast(&s->cv);
+      pthread_mutex_unlock(&s->mu);
+      if (k >= 0) {
+        char hex[65];
+        nf_hash_hex(s->kents[k].key, hex);
+        hex[16] = 0;
+        nf__session_warn(s, "the daemon gave up on subgraph %s: %s", hex, e->message);
+      }
+      return e->fatal || e->request_id == 0 ? -1 : 0;
+    }
+    case NEOFLOW__SERVER_MESSAGE__MSG_GOODBYE: return -1;
+    default: return 0;
+  }
+}
+
+static void report(dlink *L) {
+  nf_session *s = L->s;
+  uint64_t *ids = malloc(sizeof(uint64_t) * (size_t)(s->n_kents + 1));
+  double *ms = malloc(sizeof(double) * (size_t)(s->n_kents + 1));
+  size_t n = 0;
+  if (ids && ms) {
+    pthread_mutex_lock(&s->mu);
+    for (int i = 0; i < s->n_kents; i++) {
+      const nf__kent *k = &s->kents[i];
+      if ((k->dstate == DK_ACCEPTED || k->dstate == DK_SUBMITTED) && k->share_ms > 0) {
+        ids[n] = k->req_id;
+        ms[n++] = k->share_ms;
+      }
+    }
+    pthread_mutex_unlock(&s->mu);
+  }
+  if (n) {
+    Neoflow__StepTimes st = NEOFLOW__STEP_TIMES__INIT;
+    st.n_request_id = n;
+    st.request_id = ids;
+    st.n_ms = n;
+    st.ms = ms;
+    Neoflow__ClientMessage cm = NEOFLOW__CLIENT_MESSAGE__INIT;
+    cm.msg_case = NEOFLOW__CLIENT_MESSAGE__MSG_STEP_TIMES;
+    cm.step_times = &st;
+    nf_buf err = NF_BUF_INIT;
+    if (nf_dconn_send(L->c, &cm, &err) != NF_OK) drop(L, nf_buf_str(&err));
+    nf_buf_free(&err);
+  }
+  free(ids);
+  free(ms);
+}
+
+static int stopping(nf_session *s) {
+  pthread_mutex_lock(&s->mu);
+  int v = s->link_stop;
+  pthread_mutex_unlock(&s->mu);
+  return v;
+}
+
+static void nap(nf_session *s, double ms) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  ts.tv_nsec += (long)(ms * 1e6);
+  while (ts.tv_nsec >= 1000000000L) {
+    ts.tv_sec++;
+    ts.tv_nsec -= 1000000000L;
+  }
+  pthread_mutex_lock(&s->mu);
+  if (!s->link_stop) pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+  pthread_mutex_unlock(&s->mu);
+}
+
+static void *link_main(void *arg) {
+  dlink *L = arg;
+  nf_session *s = L->s;
+  double backoff = 100, next_try = 0;
+  int failures = 0;
+  while (!stopping(s)) {
+    reap(L);
+    if (!L->c) {
+      double now = nf__now_ms();
+      if (now < next_try) {
+        nap(s, next_try - now);
+        continue;
+      }
+      nf_buf err = NF_BUF_INIT;
+      nf_dconn_opts o = {.address = s->daemon_addr, .client_name = "libneoflow-client",
+                         .timeout_ms = 2000};
+      int rc = nf_dconn_open(&o, &L->c, &err);
+      if (rc == NF_OK && !nf_dconn_same_target(L->c)) {
+        if (!L->warned_target)
+          nf__session_warn(s, "the daemon compiles for another machine (%s): not using it",
+                           nf_dconn_daemon_target(L->c));
+        L->warned_target = 1;
+        nf_dconn_close(L->c);
+        L->c = NULL;
+        rc = NF_EUNSUPPORTED;
+      }
+      if (rc == NF_OK) {
+        pthread_mutex_lock(&s->mu);
+        s->connected = 1;
+        s->connects++;
+        pthread_cond_broadcast(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+        backoff = 100;
+        failures = 0;
+        if (submit_all(L) != NF_OK) drop(L, "cannot submit");
+      } else {
+        failures++;
+        /* nothing answers on the Unix socket: start a per-user daemon
+         * (at most every 10 s), then poll quickly while it comes up */
+        if (rc == NF_EIO && is_unix_address(s->daemon_addr) && !s->opts.no_spawn &&
+            L->spawned == 0 && (L->last_spawn == 0 || now - L->last_spawn > 10000))
+          spawn_daemon(L);
+        int starting = L->last_spawn > 0 && now - L->last_spawn < 3000;
+        next_try = now + (starting ? 50 : backoff);
+        if (!starting) backoff = backoff * 2 > 5000 ? 5000 : backoff * 2;
+      }
+      nf_buf_free(&err);
+      continue;
+    }
+    /* wait for a frame's first byte here: once one has started, the whole
+     * frame is read (a stall of 10 s within it drops the connection) */
+    struct pollfd pfd = {.fd = nf_dconn_fd(L->c), .events = POLLIN};
+    int pr = poll(&pfd, 1, 100);
+    nf_buf err = NF_BUF_INIT;
+    if (pr > 0) {
+      Neoflow__ServerMessage *m = NULL;
+      int rc = nf_dconn_recv(L->c, 10000, &m, &err);
+      if (rc == NF_OK) {
+        if (handle(L, m) != 0) drop(L, "the daemon closed the session");
+        nf_wire_free_server(m);
+      } else {
+        drop(L, rc == NF_ENOENT ? "the daemon closed the connection" : nf_buf_str(&err));
+      }
+    } else if (pr < 0 && errno != EINTR) {
+      drop(L, strerror(errno));
+    }
+    nf_buf_free(&err);
+    /* resubmit what a lost request left, report step times */
+    if (L->c) {
+      int again = 0;
+      pthread_mutex_lock(&s->mu);
+      for (int i = 0; i < s->n_kents; i++) again |= s->kents[i].dstate == DK_NONE;
+      pthread_mutex_unlock(&s->mu);
+      if (again && submit_all(L) != NF_OK) drop(L, "cannot submit");
+    }
+    double now = nf__now_ms();
+    if (L->c && now - L->last_report > 1000) {
+      L->last_report = now;
+      report(L);
+    }
+  }
+  if (L->c) nf_dconn_close(L->c);
+  for (int i = 0; i < s->n_kents; i++) free(L->as[i].bin);
+  free(L->as);
+  reap(L);
+  free(L);
+  return NULL;
+}
+
+int nf__dlink_start(nf_session *s) {
+  dlink *L = calloc(1, sizeof *L);
+  if (!L) return NF_ENOMEM;
+  L->s = s;
+  L->as = calloc((size_t)s->n_kents + 1, sizeof *L->as);
+  if (!L->as) {
+    free(L);
+    return NF_ENOMEM;
+  }
+  for (int i = 0; i < s->n_kents; i++) L->as[i].kent = -1;
+  if (pthread_create(&s->link_th, NULL, link_main, L) != 0) {
+    free(L->as);
+    free(L);
+    nf_buf_printf(&s->err, "cannot start the daemon thread");
+    return NF_ENOMEM;
+  }
+  s->link_started = 1;
+  return NF_OK;
+}
+
+void nf__dlink_stop(nf_session *s) {
+  if (!s->link_started) return;
+  pthread_mutex_lock(&s->mu);
+  s->link_stop = 1;
+  pthread_cond_broadcast(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+  pthread_join(s->link_th, NULL);
+  s->link_started = 0;
+}

@@ -1,0 +1,445 @@
+/* gemm.c - matmul-shaped subgraphs through cblas_sgemm (nf_gemm.h).
+ *
+ * The analysis works on the anchor's index variables.  Each has an extent
+ * and a stride (in elements, 0 where it does not index the tensor) in the
+ * result T and the two factors P and Q of the product.  Output variables
+ * fall in three classes: P-only (rows of P's side), Q-only (columns),
+ * and batch (both factors, or neither: a broadcast).  Variables of extent
+ * 1 are dropped; two variables of one class merge into one when the outer
+ * one's strides are the inner one's times its extent in all three tensors
+ * (a batch or row block that is contiguous in memory is one dimension).
+ * Then every choice of one row variable, one column variable (either may
+ * be a virtual one of extent 1) and orientation (T = P Q, or T^T = Q^T
+ * P^T when T's unit-stride variable is on P's side) is tried against
+ * row-major sgemm's layout rules: C's columns have unit stride, each
+ * factor has unit stride along its rows or its columns (N or T) and a
+ * leading dimension at least its other extent.  The valid choice with the
+ * most result elements per call wins; every other variable is a batch
+ * loop around the calls, with the factors' offsets from their strides.
+ *
+ * Storage during a run: the subgraph's inputs and outputs are the
+ * caller's buffers; the prologue's results and a local anchor result live
+ * in one block allocated by nf_gemm_prepare.  The prologue and epilogue
+ * go through nf_interp_run (f32), whose output arrays are copied into
+ * place and freed. */
+#include <cblas.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nf_gemm.h"
+#include "nf_interp.h"
+#include "nf_npy.h"
+#include "nf_partition.h"
+
+#define ALIGN 64
+
+/* An index variable: extent and strides in T (or C), P (or A), Q (or B). */
+typedef struct dimv {
+  int64_t e, st, sp, sq;
+} dimv;
+
+enum { CL_BATCH = 0, CL_P, CL_Q, N_CL };
+
+/* A prologue or epilogue: its graph (tensor ids of the subgraph in
+ * sg.in/sg.out) and the interpreter's argument arrays. */
+typedef struct stage {
+  int present;
+  nf_subgraph sg;
+  nf_array *in, *out;
+} stage;
+
+struct nf_gemm_sub {
+  const nf_graph *sub;
+  stage pro, epi;
+  void **ptr;   /* subgraph tensor -> its storage during a run */
+  void *locals; /* the intermediates' block */
+  uint32_t t_c, t_a, t_b;
+  int trans_a, trans_b;
+  int64_t m, n, k, lda, ldb, ldc;
+  int64_t off_a, off_b; /* elements: the reduction's lower bound */
+  int64_t c_numel, n_calls;
+  int n_batch;
+  dimv batch[NF_MAX_VARS]; /* st, sp, sq: strides in C, A, B */
+  char desc[160];
+};
+
+/* Strides of one factor: 1 when acc is an f32 access of a subgraph
+ * tensor whose indices are distinct bare variables < n_vars, each within
+ * the tensor's extent along its dimension over the variable's range. */
+static int factor_strides(const nf_graph *g, const nf_expr *acc, uint32_t n_vars,
+                          const int64_t *ext, const int64_t *lo, int64_t *str, uint8_t *used) {
+  if (acc->op != NF_OP_ACCESS || acc->dtype != NF_F32 || acc->u.tensor >= g->n_tensors) return 0;
+  const nf_tensor *t = &g->tensors[acc->u.tensor];
+  if (t->dtype != NF_F32 || t->rank != acc->n_args) return 0;
+  int64_t stride = 1;
+  for (int d = t->rank - 1; d >= 0; d--) {
+    const nf_expr *ix = acc->args[d];
+    if (ix->op != NF_OP_VAR || ix->u.var >= n_vars || used[ix->u.var]) return 0;
+    uint32_t v = ix->u.var;
+    if (ext[v] > 0 && (lo[v] < 0 || ext[v] > t->shape[d] || lo[v] > t->shape[d] - ext[v]))
+      return 0; /* out of bounds: the interpreter reports it */
+    used[v] = 1;
+    str[v] = stride;
+    stride *= t->shape[d];
+  }
+  return 1;
+}
+
+/* Row-major layout of a factor with rows (er, sr) and columns (ec, sc):
+ * 1 and *trans, *ld when one of them has unit stride (or extent 1). */
+static int factor_layout(int64_t er, int64_t sr, int64_t ec, int64_t sc, int *trans,
+                         int64_t *ld) {
+  int64_t ec1 = ec > 1 ? ec : 1, er1 = er > 1 ? er : 1;
+  if (ec <= 1 || sc == 1) {
+    *trans = 0;
+    *ld = er > 1 ? sr : ec1;
+    return *ld >= ec1;
+  }
+  if (er <= 1 || sr == 1) {
+    *trans = 1;
+    *ld = sc;
+    return *ld >= er1;
+  }
+  return 0;
+}
+
+static int fusible(const dimv *outer, const dimv *inner) {
+  return outer->st == inner->e * inner->st && outer->sp == inner->e * inner->sp &&
+         outer->sq == inner->e * inner->sq;
+}
+
+/* Merges the variables of one class that are one block in memory. */
+static void fuse(dimv *d, int *n) {
+  for (int changed = 1; changed;) {
+    changed = 0;
+    for (int u = 0; u < *n && !changed; u++)
+      for (int w = 0; w < *n && !changed; w++) {
+        if (u == w || !fusible(&d[u], &d[w])) continue;
+        d[u].e *= d[w].e;
+        d[u].st = d[w].st;
+        d[u].sp = d[w].sp;
+        d[u].sq = d[w].sq;
+        d[w] = d[--*n];
+        changed = 1;
+      }
+  }
+}
+
+static int fits_int(int64_t v) {
+  return v >= 0 && v <= INT_MAX;
+}
+
+/* Fills s's GEMM when statement a of sub is a plain (batched) f32
+ * product; 1 if so, 0 when it is not. */
+static int match_anchor(const nf_graph *sub, uint32_t a, nf_gemm_sub *s) {
+  const nf_stmt *st = &sub->stmts[a];
+  const nf_tensor *tt = &sub->tensors[st->out];
+  if (st->red != NF_RED_SUM || st->n_red != 1 || tt->dtype != NF_F32) return 0;
+  const nf_expr *e = st->rhs;
+  if (e->op != NF_OP_MUL || e->n_args != 2) return 0;
+  const nf_expr *p = e->args[0], *q = e->args[1];
+  uint32_t rank = tt->rank, n_vars = rank + 1, kv = rank;
+  int64_t ext[NF_MAX_VARS], lo[NF_MAX_VARS], s_t[NF_MAX_VARS], s_p[NF_MAX_VARS], s_q[NF_MAX_VARS];
+  uint8_t in_p[NF_MAX_VARS] = {0}, in_q[NF_MAX_VARS] = {0};
+  int64_t stride = 1;
+  for (uint32_t v = rank; v-- > 0;) {
+    ext[v] = tt->shape[v];
+    lo[v] = 0;
+    s_t[v] = stride;
+    stride *= tt->shape[v];
+  }
+  ext[kv] = st->red_ext[0];
+  lo[kv] = st->red_lo[0];
+  s_t[kv] = 0;
+  memset(s_p, 0, sizeof s_p);
+  memset(s_q, 0, sizeof s_q);
+  if (!factor_strides(sub, p, n_vars, ext, lo, s_p, in_p) ||
+      !factor_strides(sub, q, n_vars, ext, lo, s_q, in_q))
+    return 0;
+  if (!in_p[kv] || !in_q[kv]) return 0; /* a sum over one factor only */
+  if (p->u.tensor == st->out || q->u.tensor == st->out) return 0;
+  s->c_numel = nf_tensor_numel(tt);
+  s->t_c = st->out;
+  s->off_a = lo[kv] * s_p[kv];
+  s->off_b = lo[kv] * s_q[kv];
+  s->t_a = p->u.tensor;
+  s->t_b = q->u.tensor;
+  s->k = ext[kv];
+  if (s->c_numel == 0) return 1; /* nothing to compute: no calls */
+
+  dimv cls[N_CL][NF_MAX_VARS];
+  int n_cls[N_CL] = {0};
+  for (uint32_t v = 0; v < rank; v++) {
+    if (ext[v] == 1) continue;
+    int c = in_p[v] == in_q[v] ? CL_BATCH : in_p[v] ? CL_P : CL_Q;
+    cls[c][n_cls[c]++] = (dimv){ext[v], s_t[v], s_p[v], s_q[v]};
+  }
+  for (int c = 0; c < N_CL; c++) fuse(cls[c], &n_cls[c]);
+  const dimv kd = {ext[kv], 0, s_p[kv], s_q[kv]}, virt = {1, 0, 0, 0};
+
+  int64_t best = -1;
+  int best_o = 0, best_r = -1, best_c = -1;
+  for (int o = 0; o < 2; o++) {
+    int rc_ = o ? CL_Q : CL_P, cc = o ? CL_P : CL_Q;
+    for (int ri = -1; ri < n_cls[rc_]; ri++)
+      for (int ci = -1; ci < n_cls[cc]; ci++) {
+        const dimv *r = ri < 0 ? &virt : &cls[rc_][ri], *c = ci < 0 ? &virt : &cls[cc][ci];
+        int64_t sa_r = o ? r->sq : r->sp, sa_k = o ? kd.sq : kd.sp;
+        int64_t sb_k = o ? kd.sp : kd.sq, sb_c = o ? c->sp : c->sq;
+        if (c->e > 1 && c->st != 1) continue;
+        int64_t ldc = r->e > 1 ? r->st : (c->e > 1 ? c->e : 1);
+        int ta, tb;
+        int64_t lda, ldb;
+        if (ldc < c->e || !factor_layout(r->e, sa_r, kd.e, sa_k, &ta, &lda) ||
+            !factor_layout(kd.e, sb_k, c->e, sb_c, &tb, &ldb))
+          continue;
+        if (!fits_int(r->e) || !fits_int(c->e) || !fits_int(kd.e) || !fits_int(lda) ||
+            !fits_int(ldb) || !fits_int(ldc))
+          continue;
+        int64_t score = r->e * c->e;
+        if (score <= best) continue;
+        best = score;
+        best_o = o;
+        best_r = ri;
+        best_c = ci;
+        s->m = r->e;
+        s->n = c->e;
+        s->lda = lda;
+        s->ldb = ldb;
+        s->ldc = ldc;
+        s->trans_a = ta;
+        s->trans_b = tb;
+      }
+  }
+  if (best < 0) return 0;
+  /* the batch loops: C, A, B strides */
+  int rc_ = best_o ? CL_Q : CL_P, cc = best_o ? CL_P : CL_Q;
+  s->n_batch = 0;
+  s->n_calls = 1;
+  for (int c = 0; c < N_CL; c++)
+    for (int i = 0; i < n_cls[c]; i++) {
+      if ((c == rc_ && i == best_r) || (c == cc && i == best_c)) continue;
+      const dimv *d = &cls[c][i];
+      s->batch[s->n_batch++] = (dimv){d->e, d->st, best_o ? d->sq : d->sp, best_o ? d->sp : d->sq};
+      s->n_calls *= d->e;
+    }
+  if (best_o) {
+    uint32_t t = s->t_a;
+    s->t_a = s->t_b;
+    s->t_b = t;
+    int64_t off = s->off_a;
+    s->off_a = s->off_b;
+    s->off_b = off;
+  }
+  return 1;
+}
+
+static int stage_init(stage *S, const nf_graph *sub, const uint32_t *stmts, uint32_t n,
+                      const uint8_t *is_out) {
+  if (n == 0) return NF_OK;
+  int rc = nf_graph_extract(sub, stmts, n, is_out, &S->sg);
+  if (rc != NF_OK) return rc;
+  S->present = 1;
+  S->in = calloc(S->sg.n_in ? S->sg.n_in : 1, sizeof *S->in);
+  S->out = calloc(S->sg.n_out ? S->sg.n_out : 1, sizeof *S->out);
+  if (!S->in || !S->out) return NF_ENOMEM;
+  for (uint32_t k = 0; k < S->sg.n_in; k++) {
+    const nf_tensor *t = &sub->tensors[S->sg.in[k]];
+    S->in[k].dtype = (nf_dtype)t->dtype;
+    S->in[k].rank = t->rank;
+    memcpy(S->in[k].shape, t->shape, sizeof t->shape);
+    S->in[k].numel = nf_tensor_numel(t);
+  }
+  return NF_OK;
+}
+
+static void stage_clear(stage *S) {
+  nf_subgraph_clear(&S->sg);
+  free(S->in);
+  free(S->out);
+}
+
+static int64_t tensor_bytes(const nf_tensor *t) {
+  return nf_tensor_numel(t) * (int64_t)nf_dtype_size((nf_dtype)t->dtype);
+}
+
+/* Places the prologue's results and a local anchor result in one block. */
+static int alloc_locals(nf_gemm_sub *s) {
+  const nf_graph *sub = s->sub;
+  uint8_t *need = calloc(sub->n_tensors ? sub->n_tensors : 1, 1);
+  if (!need) return NF_ENOMEM;
+  if (s->pro.present)
+    for (uint32_t k = 0; k < s->pro.sg.n_out; k++) need[s->pro.sg.out[k]] = 1;
+  need[s->t_c] = 1;
+  int64_t total = 0;
+  for (uint32_t t = 0; t < sub->n_tensors; t++) {
+    if (!need[t] || sub->tensors[t].kind != NF_T_LOCAL) continue;
+    int64_t b = tensor_bytes(&sub->tensors[t]);
+    if (b < 0 || total > INT64_MAX - b - ALIGN) {
+      free(need);
+      return NF_ENOMEM;
+    }
+    total += (b + ALIGN - 1) / ALIGN * ALIGN;
+  }
+  if (total > 0 && !(s->locals = aligned_alloc(ALIGN, (size_t)total))) {
+    free(need);
+    return NF_ENOMEM;
+  }
+  int64_t off = 0;
+  for (uint32_t t = 0; t < sub->n_tensors; t++) {
+    if (!need[t] || sub->tensors[t].kind != NF_T_LOCAL) continue;
+    s->ptr[t] = (char *)s->locals + off;
+    off += (tensor_bytes(&sub->tensors[t]) + ALIGN - 1) / ALIGN * ALIGN;
+  }
+  free(need);
+  return NF_OK;
+}
+
+static void describe(nf_gemm_sub *s) {
+  uint32_t np = s->pro.present ? s->pro.sg.n_stmts : 0, ne = s->epi.present ? s->epi.sg.n_stmts : 0;
+  snprintf(s->desc, sizeof s->desc,
+           "sgemm %c%c %lldx%lldx%lld batch %lld, prologue %u stmt%s, epilogue %u stmt%s",
+           s->trans_a ? 'T' : 'N', s->trans_b ? 'T' : 'N', (long long)s->m, (long long)s->n,
+           (long long)s->k, (long long)(s->c_numel ? s->n_calls : 0), np, np == 1 ? "" : "s", ne,
+           ne == 1 ? "" : "s");
+}
+
+int nf_gemm_prepare(const nf_graph *sub, nf_gemm_sub **out, nf_buf *err) {
+  *out = NULL;
+  int rc = nf_graph_validate(sub, err);
+  if (rc != NF_OK) return rc == NF_ENOMEM ? rc : NF_EINVAL;
+  /* one anchor; only dtypes whose buffers the interpreter reads as they are */
+  int anchor = -1;
+  for (uint32_t i = 0; i < sub->n_stmts; i++)
+    if (sub->stmts[i].red != NF_RED_NONE) {
+      if (anchor >= 0) return NF_OK;
+      anchor = (int)i;
+    }
+  if (anchor < 0) return NF_OK;
+  for (uint32_t t = 0; t < sub->n_tensors; t++) {
+    nf_dtype d = (nf_dtype)sub->tensors[t].dtype;
+    if (d != NF_F32 && d != NF_I32 && d != NF_I64 && d != NF_BOOL) return NF_OK;
+  }
+  nf_gemm_sub *s = calloc(1, sizeof *s);
+  if (!s) {
+    nf_buf_printf(err, "gemm: out of memory");
+    return NF_ENOMEM;
+  }
+  s->sub = sub;
+  if (!match_anchor(sub, (uint32_t)anchor, s)) {
+    free(s);
+    return NF_OK;
+  }
+  uint32_t a = (uint32_t)anchor, n = sub->n_stmts;
+  uint32_t *order = malloc((n ? n : 1) * sizeof *order);
+  uint8_t *is_out = calloc(sub->n_tensors ? sub->n_tensors : 1, 1);
+  s->ptr = calloc(sub->n_tensors ? sub->n_tensors : 1, sizeof *s->ptr);
+  if (!order || !is_out || !s->ptr) {
+    rc = NF_ENOMEM;
+    goto done;
+  }
+  for (uint32_t i = 0; i < n; i++) order[i] = i;
+  /* the prologue returns what the anchor, the epilogue or the caller reads */
+  for (uint32_t k = 0; k < sub->n_outputs; k++) is_out[sub->outputs[k]] = 1;
+  for (uint32_t i = a; i < n && rc == NF_OK; i++) rc = nf_stmt_reads(sub, i, is_out);
+  if (rc == NF_OK) rc = stage_init(&s->pro, sub, order, a, is_out);
+  if (rc == NF_OK) {
+    memset(is_out, 0, sub->n_tensors);
+    for (uint32_t k = 0; k < sub->n_outputs; k++) is_out[sub->outputs[k]] = 1;
+    rc = stage_init(&s->epi, sub, order + a + 1, n - a - 1, is_out);
+  }
+  if (rc == NF_OK) rc = alloc_locals(s);
+done:
+  free(order);
+  free(is_out);
+  if (rc != NF_OK) {
+    nf_gemm_free(s);
+    if (rc == NF_ENOMEM) nf_buf_printf(err, "gemm: out of memory");
+    return rc;
+  }
+  describe(s);
+  *out = s;
+  return NF_OK;
+}
+
+static int stage_run(nf_gemm_sub *s, stage *S, const char *what, nf_buf *err) {
+  const nf_graph *sub = s->sub;
+  for (uint32_t k = 0; k < S->sg.n_in; k++) S->in[k].data = s->ptr[S->sg.in[k]];
+  int rc = nf_interp_run(S->sg.g, S->in, NF_INTERP_F32, S->out, err);
+  if (rc != NF_OK) {
+    nf_buf_printf(err, " (in the %s of a GEMM subgraph)", what);
+    return rc;
+  }
+  for (uint32_t k = 0; k < S->sg.n_out; k++) {
+    const nf_tensor *t = &sub->tensors[S->sg.out[k]];
+    if (rc == NF_OK &&
+        (S->out[k].dtype != (nf_dtype)t->dtype || S->out[k].numel != nf_tensor_numel(t))) {
+      nf_buf_printf(err, "gemm: the %s's output %s came back as %s", what, t->name,
+                    nf_dtype_name(S->out[k].dtype));
+      rc = NF_EINTERNAL;
+    }
+    if (rc == NF_OK && S->out[k].numel)
+      memcpy(s->ptr[S->sg.out[k]], S->out[k].data, (size_t)tensor_bytes(t));
+    nf_array_free(&S->out[k]);
+  }
+  return rc;
+}
+
+static void gemm_exec(const nf_gemm_sub *s) {
+  if (s->c_numel == 0) return;
+  float *c = s->ptr[s->t_c];
+  if (s->k == 0) {
+    memset(c, 0, (size_t)s->c_numel * sizeof *c);
+    return;
+  }
+  const float *a = (const float *)s->ptr[s->t_a] + s->off_a;
+  const float *b = (const float *)s->ptr[s->t_b] + s->off_b;
+  int64_t idx[NF_MAX_VARS] = {0};
+  for (int64_t call = 0; call < s->n_calls; call++) {
+    int64_t oc = 0, oa = 0, ob = 0;
+    for (int d = 0; d < s->n_batch; d++) {
+      oc += idx[d] * s->batch[d].st;
+      oa += idx[d] * s->batch[d].sp;
+      ob += idx[d] * s->batch[d].sq;
+    }
+    cblas_sgemm(CblasRowMajor, s->trans_a ? CblasTrans : CblasNoTrans,
+                s->trans_b ? CblasTrans : CblasNoTrans, (blasint)s->m, (blasint)s->n,
+                (blasint)s->k, 1.0f, a + oa, (blasint)s->lda, b + ob, (blasint)s->ldb, 0.0f,
+                c + oc, (blasint)s->ldc);
+    for (int d = s->n_batch - 1; d >= 0; d--) {
+      if (++idx[d] < s->batch[d].e) break;
+      idx[d] = 0;
+    }
+  }
+}
+
+int nf_gemm_run(nf_gemm_sub *s, void *const *buffers, nf_buf *err) {
+  const nf_graph *sub = s->sub;
+  for (uint32_t k = 0; k < sub->n_inputs; k++) s->ptr[sub->inputs[k]] = buffers[k];
+  for (uint32_t k = 0; k < sub->n_outputs; k++)
+    s->ptr[sub->outputs[k]] = buffers[sub->n_inputs + k];
+  int rc;
+  if (s->pro.present && (rc = stage_run(s, &s->pro, "prologue", err)) != NF_OK) return rc;
+  gemm_exec(s);
+  if (s->epi.present && (rc = stage_run(s, &s->epi, "epilogue", err)) != NF_OK) return rc;
+  return NF_OK;
+}
+
+void nf_gemm_free(nf_gemm_sub *s) {
+  if (!s) return;
+  stage_clear(&s->pro);
+  stage_clear(&s->epi);
+  free(s->ptr);
+  free(s->locals);
+  free(s);
+}
+
+const char *nf_gemm_describe(const nf_gemm_sub *s) {
+  return s->desc;
+}
+
+void nf_gemm_set_threads(int n) {
+  openblas_set_num_threads(n < 1 ? 1 : n);
+}

@@ -1,0 +1,67 @@
+/* nf_gemm.h - tier 0 for matmul-shaped subgraphs: OpenBLAS cblas_sgemm
+ * instead of the reference interpreter.
+ *
+ * A subgraph (a graph from nf_partition_graph) is matmul-shaped when its
+ * one reduction statement (the anchor) is a plain, possibly batched, f32
+ * matrix product once its operands exist:
+ *
+ *     T(b.., i, j) +=! X(..) * Y(..)
+ *
+ * with a single reduction variable k that both operands read, every index
+ * a bare variable (no offsets, strides or expressions), each variable at
+ * most once per access, and X, Y tensors of the subgraph (inputs or
+ * locals computed before the anchor).  Output variables that only X reads
+ * are rows, those only Y reads columns, those both read (or neither) are
+ * batch loops; any transpose of either operand and of the result maps to
+ * sgemm's NN/NT/TN/TT forms, and what does not fit one call (a weight
+ * shared across the batch, several row variables that are not adjacent in
+ * memory) becomes a loop of sgemm calls with leading dimensions.  Other
+ * shapes (a sum over one operand only, a convolution's shifted windows,
+ * two reduction variables, a constant factor, non-f32, f16/bf16/f64
+ * tensors anywhere in the subgraph) are not matmul-shaped: the caller
+ * keeps the interpreter.
+ *
+ * The statements before the anchor (inlined producers: a concat, a
+ * transpose) run as one prologue graph through the interpreter, the
+ * statements after it (the fused epilogue: bias, ReLU) as one epilogue
+ * graph; both are cut from the subgraph with nf_graph_extract.  sgemm
+ * accumulates in f32 (the interpreter in f64), so results agree to f32
+ * rounding of a K-term sum, not bit for bit. */
+#ifndef NF_GEMM_H
+#define NF_GEMM_H
+
+#include "nf_buf.h"
+#include "nf_ir.h"
+
+typedef struct nf_gemm_sub nf_gemm_sub;
+
+/* Analyses sub (one subgraph's graph; it must stay alive, unchanged, as
+ * long as the result).  NF_OK with *out set when sub is matmul-shaped,
+ * NF_OK with *out NULL when it is not; NF_EINVAL when sub does not
+ * validate (message in err), NF_ENOMEM.  The prologue and epilogue graphs
+ * are built in sub->ctx (they live as long as it; the context must not be
+ * used concurrently meanwhile); the intermediates a run needs (the
+ * prologue's results, a local anchor result) are allocated here, once. */
+int nf_gemm_prepare(const nf_graph *sub, nf_gemm_sub **out, nf_buf *err);
+
+/* Runs s: buffers are sub's inputs then its outputs, in graph order, each
+ * dense row-major in its tensor's dtype (the kernel ABI, nf_kernel.h);
+ * every output is written.  Allocates nothing itself (the interpreter
+ * allocates while running the prologue and epilogue).  NF_OK, or the
+ * interpreter's error for the prologue or epilogue with its message in
+ * err.  Not thread-safe on one s (its intermediates are shared). */
+int nf_gemm_run(nf_gemm_sub *s, void *const *buffers, nf_buf *err);
+
+/* Frees s (not the graphs in sub->ctx).  NULL is a no-op. */
+void nf_gemm_free(nf_gemm_sub *s);
+
+/* A short description for logs, e.g. "sgemm NT 64x128x784 batch 1,
+ * prologue 1 stmt, epilogue 2 stmts" (M x N x K, batch = sgemm calls per
+ * run).  Owned by s, valid while it lives. */
+const char *nf_gemm_describe(const nf_gemm_sub *s);
+
+/* The number of threads OpenBLAS may use (openblas_set_num_threads; n < 1
+ * means 1).  Process-wide: call once from the session's set-up. */
+void nf_gemm_set_threads(int n);
+
+#endif

@@ -1,0 +1,225 @@
+/* neoflow/neoflow.h - libneoflow-client: train models written as `.nf`
+ * tensor expressions.
+ *
+ * A program loads `.nf` modules (nf_model), describes what to train (a def
+ * of a module, or a net built in C by applying defs: nf_net), and opens a
+ * session (nf_session).  The session differentiates the loss, adds the
+ * optimizer's fused update, partitions the training step into subgraphs,
+ * plans memory once and trains at once on fallback kernels (tier 0: the
+ * reference interpreter, OpenBLAS sgemm for matmul-shaped subgraphs).  A
+ * background thread sends the subgraphs to neoflowd (started per user when
+ * none answers) and swaps each better kernel in between steps, after
+ * verifying it (digest, the key it answers, a canary run against the
+ * kernel it replaces).  See docs/client.md for a complete example.
+ *
+ * Conventions: functions return 0 (NF_OK) or a negative status
+ * (nf_strerror); on error a message naming what failed and why is kept
+ * on the object (nf_model_error, nf_net_error, nf_session_error) or, for
+ * constructors, written to *err (malloc'd; free it with free()).  Objects
+ * are not thread-safe: one thread uses a session at a time (the library's
+ * own background thread is internal).  Tensor data is dense row-major in
+ * the tensor's dtype (f32: float). */
+#ifndef NEOFLOW_NEOFLOW_H
+#define NEOFLOW_NEOFLOW_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define NF_API __attribute__((visibility("default")))
+#else
+#define NF_API
+#endif
+
+#define NEOFLOW_VERSION_MAJOR 0
+#define NEOFLOW_VERSION_MINOR 7
+
+/* Status codes (the same numbers as the rest of NeoFlow). */
+#define NEOFLOW_OK 0
+NF_API const char *nf_strerror(int status);
+
+/* Element types (the same values as the IR's nf_dtype). */
+typedef enum nf_elem {
+  NF_ELEM_BOOL = 0, NF_ELEM_I32 = 1, NF_ELEM_I64 = 2, NF_ELEM_F16 = 3, NF_ELEM_BF16 = 4,
+  NF_ELEM_F32 = 5, NF_ELEM_F64 = 6
+} nf_elem;
+
+/* ---- models: loaded .nf files ---- */
+
+typedef struct nf_model nf_model;
+
+/* Loads a `.nf` file and its imports (`import nn` finds the standard
+ * library through $NEOFLOW_LIB or the installed data directory).  NULL on
+ * error with the diagnostics (file:line:col: error: ...) in *err. */
+NF_API nf_model *nf_model_load(const char *path, char **err);
+/* The same from text; name is used in messages. */
+NF_API nf_model *nf_model_load_source(const char *name, const char *text, char **err);
+NF_API void nf_model_free(nf_model *m);
+
+/* ---- initializers ---- */
+
+typedef enum nf_init_fn {
+  NF_INIT_FN_ZEROS = 0, NF_INIT_FN_ONES, NF_INIT_FN_CONSTANT, NF_INIT_FN_UNIFORM,
+  NF_INIT_FN_NORMAL, NF_INIT_FN_XAVIER_UNIFORM, NF_INIT_FN_XAVIER_NORMAL,
+  NF_INIT_FN_KAIMING_UNIFORM, NF_INIT_FN_KAIMING_NORMAL,
+  NF_INIT_FN_BUFFER /* copy `data` (numel floats) */
+} nf_init_fn;
+
+typedef struct nf_init {
+  nf_init_fn fn;
+  double a, b;       /* constant: a; uniform: [a, b); normal: mean a, std b;
+                        xavier: gain a (0 means 1); kaiming: slope a */
+  const float *data; /* NF_INIT_FN_BUFFER */
+} nf_init;
+
+/* ---- nets: graphs built in C by applying defs ---- */
+
+/* A net is a def written for the caller: inputs, parameters and the
+ * results of applying the model's defs (`linear`, `relu`, any user def) to
+ * them.  Tensors are small integer handles (>= 0).  The net is checked
+ * when a session is opened on it (errors name the step of the net). */
+typedef struct nf_net nf_net;
+
+NF_API nf_net *nf_net_new(nf_model *m);
+NF_API void nf_net_free(nf_net *n);
+NF_API const char *nf_net_error(const nf_net *n);
+/* A data input (fed with nf_session_feed). */
+NF_API int nf_net_input(nf_net *n, const char *name, nf_elem t, int rank, const int64_t *dims);
+/* A trainable parameter with its initializer (float types only). */
+NF_API int nf_net_param(nf_net *n, const char *name, nf_elem t, int rank, const int64_t *dims,
+                 nf_init init);
+/* Applies def to the tensors in[0..n_in) with integer parameters
+ * (names[i] = values[i]), writing the handles of its n_out results to
+ * out.  Returns NF_OK or an error (unknown def, arity). */
+NF_API int nf_net_apply(nf_net *n, const char *def, int n_iparams, const char *const *inames,
+                 const int64_t *ivalues, int n_in, const int *in, int n_out, int *out);
+/* Declares the scalar f32 loss the session minimises (exactly once). */
+NF_API int nf_net_loss(nf_net *n, int tensor);
+/* Makes a tensor readable by name after each step (nf_session_read). */
+NF_API int nf_net_output(nf_net *n, const char *name, int tensor);
+/* Asks for the gradient of the loss with respect to tensor (an input or
+ * a parameter), readable after each step as "grad_" + its name.  The
+ * session always forms the parameters' gradients; this exposes them (and
+ * input gradients) to the program. */
+NF_API int nf_grad(nf_net *n, int wrt);
+/* The `.nf` text the net stands for (for messages and debugging); valid
+ * until the net changes. */
+NF_API const char *nf_net_source(nf_net *n);
+
+/* ---- optimizers ---- */
+
+typedef enum nf_optim_kind { NF_OPTIM_SGD = 0, NF_OPTIM_ADAM, NF_OPTIM_ADAMW } nf_optim_kind;
+
+/* The update of every parameter is one `.nf` expression (lib/optim.nf)
+ * over all parameters laid out in one vector, fused into one update
+ * kernel that updates parameters and state in place.  Zero fields take
+ * PyTorch's defaults: momentum 0, beta1 0.9, beta2 0.999, eps 1e-8,
+ * weight_decay 0 (AdamW: 0.01). */
+typedef struct nf_optimizer {
+  nf_optim_kind kind;
+  double lr;
+  double momentum;     /* SGD */
+  double beta1, beta2, eps;
+  double weight_decay; /* SGD, Adam: L2 added to the gradient; AdamW: decoupled */
+} nf_optimizer;
+
+/* ---- sessions ---- */
+
+typedef struct nf_session nf_session;
+
+typedef struct nf_session_opts {
+  nf_optimizer optim;
+  int threads;          /* 0: the machine's cores */
+  uint64_t seed;        /* parameter initialisation */
+  const char *daemon;   /* NULL: $NEOFLOW_SOCKET, else the per-user default;
+                           "none": no daemon (tier 0 only) */
+  int no_spawn;         /* do not start a per-user neoflowd when none answers */
+  int compile_only;     /* ask for default kernels only (no tuning) */
+  /* Integer parameters of a def (e.g. <batch = 64>) and shapes of inputs
+   * with symbolic sizes, for nf_session_new_def. */
+  int n_iparams;
+  const char *const *inames;
+  const int64_t *ivalues;
+  int n_shapes;
+  const char *const *shape_names;
+  const int *shape_ranks;
+  const int64_t *const *shape_dims;
+  int quiet;            /* no warnings on stderr (they are in the stats' log) */
+} nf_session_opts;
+
+/* A session training def of m: its first output is the scalar f32 loss;
+ * its `param` declarations are the parameters (initialised from their
+ * initializers with opts->seed); its other inputs are fed each step. */
+NF_API nf_session *nf_session_new_def(nf_model *m, const char *def, const nf_session_opts *opts,
+                               char **err);
+/* A session training a net. */
+NF_API nf_session *nf_session_new_net(nf_net *n, const nf_session_opts *opts, char **err);
+/* Stops the background thread, closes the daemon connection, frees all. */
+NF_API void nf_session_free(nf_session *s);
+NF_API const char *nf_session_error(const nf_session *s);
+
+/* Inputs and parameters: names, element types and shapes. */
+NF_API int nf_session_n_inputs(const nf_session *s);
+NF_API int nf_session_n_params(const nf_session *s);
+/* Describes input or parameter i: name, element type, rank, dims (up to 8). */
+NF_API int nf_session_input_info(const nf_session *s, int i, const char **name, nf_elem *t, int *rank,
+                          int64_t dims[8]);
+NF_API int nf_session_param_info(const nf_session *s, int i, const char **name, nf_elem *t, int *rank,
+                          int64_t dims[8]);
+
+/* Copies an input's data for the next steps (bytes must equal its size). */
+NF_API int nf_session_feed(nf_session *s, const char *input, const void *data, size_t bytes);
+/* One training step on the fed inputs: forward, gradients, update.
+ * *loss (may be NULL) gets the step's loss (before the update). */
+NF_API int nf_session_step(nf_session *s, double *loss);
+/* Copies a parameter, an output declared with nf_net_output, the loss
+ * ("loss" or its name) or a gradient ("grad_" + name) of the last step. */
+NF_API int nf_session_read(nf_session *s, const char *name, void *data, size_t bytes);
+/* Sets a parameter from a buffer (e.g. pretrained weights). */
+NF_API int nf_session_set_param(nf_session *s, const char *name, const float *data, size_t n);
+/* Changes the learning rate for the next steps (schedules). */
+NF_API int nf_session_set_lr(nf_session *s, double lr);
+
+/* Parameters on disk (docs/client.md "Parameter files"): written to a
+ * temporary file, fsynced and renamed; loading checks every name, type,
+ * shape and the trailing SHA-256 before changing anything. */
+NF_API int nf_session_save(nf_session *s, const char *path);
+NF_API int nf_session_load(nf_session *s, const char *path);
+
+typedef struct nf_session_stats {
+  int64_t step;          /* steps done */
+  double loss;           /* of the last step */
+  double ms;             /* wall time of the last step */
+  double ms_avg;         /* average over the last 10 steps */
+  int kernels;           /* distinct subgraph kernels */
+  int tier1, tier2;      /* of them, running a daemon kernel / a tuned one */
+  int blas;              /* running OpenBLAS at tier 0 */
+  int tuning;            /* kernels still being tuned by the daemon */
+  int64_t trials, trials_max; /* tuning progress over those kernels */
+  int connected;         /* to a daemon now */
+  int64_t reconnects;    /* connections made after the first */
+  int64_t rejected;      /* kernels refused (digest, key, load, canary) */
+  int64_t swaps;         /* kernels swapped in */
+  double first_step_ms;  /* from session start to the end of step 1 */
+} nf_session_stats;
+
+NF_API int nf_session_stats_get(const nf_session *s, nf_session_stats *st);
+/* Same as nf_session_stats_get (the name the docs use). */
+#define nf_session_stats(s, st) nf_session_stats_get((s), (st))
+
+/* Waits (up to timeout_ms; <= 0: no limit) until every kernel has its
+ * final daemon kernel or the daemon gave up; steps are not run meanwhile,
+ * kernels that arrived are swapped in at the next step.  0 when all are
+ * final, NF_ERANGE-like negative status on timeout.  For tests, benchmarks
+ * and the demo. */
+NF_API int nf_session_wait_kernels(nf_session *s, int timeout_ms, int want_tier);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,1224 @@
+/* session.c - models, sessions and the step program (session_int.h).
+ *
+ * Building a session: the forward graph (a def, or a net's generated def)
+ * is cut down to what its loss needs, differentiated with respect to the
+ * parameters (nf_grad, forward outputs kept), and followed by the
+ * optimizer's update (lib/optim.nf) over the parameters laid out in one
+ * flat vector.  Both graphs are partitioned; each subgraph becomes an op
+ * that reads and writes slots: fed inputs, views into the flat parameter
+ * and gradient vectors, the loss, and temporaries placed in one arena by
+ * the static planner (nf_plan.h).  Ops with equal keys share one kernel
+ * entry (nf__kent), so a repeated block is compiled and swapped once.
+ *
+ * Running a step: each op runs its entry's compiled kernel when one has
+ * been verified, else tier 0 (OpenBLAS for matmul-shaped subgraphs, the
+ * interpreter otherwise).  A kernel handed over by the link thread is a
+ * candidate: its first run is checked against what it replaces (tier 0
+ * for the entry's first compiled kernel, the verified kernel after that)
+ * on the step's real data, and it is used only from then on. */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "nf_autodiff.h"
+#include "nf_interp.h"
+#include "nf_npy.h"
+#include "nf_plan.h"
+#include "session_int.h"
+
+#define ALIGN_ELEMS 16 /* each parameter starts on a 64-byte boundary */
+#define CANARY_TOL 2e-4
+
+double nf__now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static char *dup_err(const char *what, const char *msg) {
+  size_t n = strlen(what) + strlen(msg) + 3;
+  char *e = malloc(n);
+  if (e) snprintf(e, n, "%s%s%s", what, *what && *msg ? ": " : "", msg);
+  return e;
+}
+
+static void set_err(char **err, const char *what, const char *msg) {
+  if (err) *err = dup_err(what, msg);
+}
+
+/* ---- models ---- */
+
+static nf_model *model_load(const char *path, const char *name, const char *text, char **err) {
+  if (err) *err = NULL;
+  nf_model *m = calloc(1, sizeof *m);
+  nf_diag *d = nf_diag_new();
+  if (!m || !d || !(m->mod = nf_module_new())) {
+    set_err(err, "", "out of memory");
+    goto fail;
+  }
+  int rc = path ? nf_module_load_file(m->mod, path, d)
+                : nf_module_load_source(m->mod, name, text, d);
+  if (rc != NF_OK) {
+    set_err(err, "", nf_diag_count(d) ? nf_diag_text(d) : nf_strerror(rc));
+    goto fail;
+  }
+  nf_diag_free(d);
+  return m;
+fail:
+  nf_diag_free(d);
+  nf_model_free(m);
+  return NULL;
+}
+
+nf_model *nf_model_load(const char *path, char **err) {
+  if (!path) {
+    set_err(err, "", "no file given");
+    return NULL;
+  }
+  return model_load(path, NULL, NULL, err);
+}
+
+nf_model *nf_model_load_source(const char *name, const char *text, char **err) {
+  if (!text) {
+    set_err(err, "", "no text given");
+    return NULL;
+  }
+  return model_load(NULL, name ? name : "<source>", text, err);
+}
+
+void nf_model_free(nf_model *m) {
+  if (!m) return;
+  nf_module_free(m->mod);
+  free(m);
+}
+
+/* ---- warnings ---- */
+
+void nf__session_warn(nf_session *s, const char *fmt, ...) {
+  va_list ap;
+  char line[1024];
+  va_start(ap, fmt);
+  vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  pthread_mutex_lock(&s->mu);
+  if (s->log.len > 64 * 1024) nf_buf_reset(&s->log); /* bounded */
+  nf_buf_printf(&s->log, "%s\n", line);
+  pthread_mutex_unlock(&s->mu);
+  if (!s->quiet) fprintf(stderr, "neoflow: warning: %s\n", line);
+}
+
+/* ---- building ---- */
+
+static int slot_new(nf_session *s, const nf_tensor *t, void *ptr) {
+  nf__slot *ns = realloc(s->slots, (size_t)(s->n_slots + 1) * sizeof *ns);
+  if (!ns) return NF_ENOMEM;
+  s->slots = ns;
+  nf__slot *sl = &s->slots[s->n_slots];
+  memset(sl, 0, sizeof *sl);
+  sl->dtype = t->dtype;
+  sl->rank = t->rank;
+  memcpy(sl->shape, t->shape, sizeof(int64_t) * t->rank);
+  sl->bytes = nf_tensor_numel(t) * (int64_t)nf_dtype_size((nf_dtype)t->dtype);
+  sl->ptr = ptr;
+  return s->n_slots++;
+}
+
+static int named_add(nf__named **arr, int *n, const char *name, int slot) {
+  nf__named *na = realloc(*arr, (size_t)(*n + 1) * sizeof *na);
+  if (!na) return NF_ENOMEM;
+  *arr = na;
+  na[*n].name = strdup(name);
+  na[*n].slot = slot;
+  if (!na[*n].name) return NF_ENOMEM;
+  (*n)++;
+  return NF_OK;
+}
+
+static int find_named(const nf__named *arr, int n, const char *name) {
+  for (int i = 0; i < n; i++)
+    if (!strcmp(arr[i].name, name)) return arr[i].slot;
+  return -1;
+}
+
+static int find_param(const nf_session *s, const char *name) {
+  for (int i = 0; i < s->n_params; i++)
+    if (!strcmp(s->params[i].name, name)) return i;
+  return -1;
+}
+
+static int kent_for(nf_session *s, const nf_subgraph *sg, int alias) {
+  for (int i = 0; i < s->n_kents; i++)
+    if (!memcmp(s->kents[i].key, sg->key, 32) && s->kents[i].alias == alias) {
+      s->kents[i].n_ops++;
+      return i;
+    }
+  nf__kent *nk = realloc(s->kents, (size_t)(s->n_kents + 1) * sizeof *nk);
+  if (!nk) return NF_ENOMEM;
+  s->kents = nk;
+  nf__kent *k = &s->kents[s->n_kents];
+  memset(k, 0, sizeof *k);
+  memcpy(k->key, sg->key, 32);
+  k->g = sg->g;
+  k->n_ops = 1;
+  k->alias = alias;
+  for (uint32_t i = 0; i < sg->g->n_stmts; i++) k->flops += nf_stmt_flops(sg->g, i);
+  nf_buf e = NF_BUF_INIT;
+  int rc = alias ? NF_OK : nf_gemm_prepare(sg->g, &k->gemm, &e);
+  nf_buf_free(&e);
+  if (rc != NF_OK) return rc;
+  return s->n_kents++;
+}
+
+/* Adds the ops of one partitioned graph.  tslot maps the parent's tensor
+ * ids to slots (-1: a temporary, created here); first/last record the
+ * temporaries' lifetimes in op positions. */
+static int add_ops(nf_session *s, const nf_graph *parent, const nf_partition *p, int *tslot,
+                   int alias, int **first, int **last) {
+  for (uint32_t i = 0; i < p->n; i++) {
+    const nf_subgraph *sg = &p->sub[i];
+    nf__op *no = realloc(s->ops, (size_t)(s->n_ops + 1) * sizeof *no);
+    if (!no) return NF_ENOMEM;
+    s->ops = no;
+    nf__op *op = &s->ops[s->n_ops];
+    memset(op, 0, sizeof *op);
+    int pos = s->n_ops++;
+    op->g = sg->g;
+    op->alias = alias;
+    op->n_in = sg->n_in;
+    op->n_out = sg->n_out;
+    op->slots = malloc(sizeof(int) * (sg->n_in + sg->n_out + 1));
+    op->bufs = malloc(sizeof(void *) * (sg->n_in + sg->n_out + 1));
+    if (!op->slots || !op->bufs) return NF_ENOMEM;
+    int k = kent_for(s, sg, alias);
+    if (k < 0) return k;
+    op->kent = k;
+    for (uint32_t j = 0; j < sg->n_out; j++) {
+      uint32_t t = sg->out[j];
+      if (tslot[t] < 0) {
+        int sl = slot_new(s, &parent->tensors[t], NULL);
+        if (sl < 0) return sl;
+        tslot[t] = sl;
+        int *nf = realloc(*first, sizeof(int) * (size_t)s->n_slots);
+        int *nl = realloc(*last, sizeof(int) * (size_t)s->n_slots);
+        if (nf) *first = nf;
+        if (nl) *last = nl;
+        if (!nf || !nl) return NF_ENOMEM;
+        (*first)[sl] = pos;
+        (*last)[sl] = pos;
+      }
+      op->slots[sg->n_in + j] = tslot[t];
+    }
+    for (uint32_t j = 0; j < sg->n_in; j++) {
+      uint32_t t = sg->in[j];
+      if (tslot[t] < 0) return NF_EINTERNAL; /* read before produced */
+      op->slots[j] = tslot[t];
+      if (s->slots[tslot[t]].ptr == NULL && (*last)[tslot[t]] < pos) (*last)[tslot[t]] = pos;
+    }
+  }
+  return NF_OK;
+}
+
+/* The graph of the statements of g that out (a tensor of g) and the
+ * outputs named in extra need; those are its outputs. */
+static int loss_only(const nf_graph *g, uint32_t out, int n_extra, const char *const *extra,
+                     nf_subgraph *sg, nf_buf *err) {
+  uint32_t nt = g->n_tensors;
+  uint8_t *need = calloc(nt ? nt : 1, 1), *row = calloc(nt ? nt : 1, 1);
+  uint8_t *is_out = calloc(nt ? nt : 1, 1);
+  uint32_t *stmts = malloc(sizeof(uint32_t) * (g->n_stmts + 1));
+  int rc = NF_OK;
+  if (!need || !row || !is_out || !stmts) rc = NF_ENOMEM;
+  uint32_t n = 0;
+  if (rc == NF_OK) {
+    need[out] = 1;
+    is_out[out] = 1;
+    for (uint32_t k = 0; k < g->n_outputs; k++)
+      for (int e = 0; e < n_extra; e++)
+        if (!strcmp(g->tensors[g->outputs[k]].name, extra[e])) need[g->outputs[k]] = is_out[g->outputs[k]] = 1;
+    for (uint32_t i = g->n_stmts; i-- > 0;) {
+      if (!need[g->stmts[i].out]) continue;
+      memset(row, 0, nt);
+      if ((rc = nf_stmt_reads(g, i, row))) break;
+      for (uint32_t t = 0; t < nt; t++)
+        if (row[t]) need[t] = 1;
+      stmts[n++] = i;
+    }
+  }
+  if (rc == NF_OK) {
+    for (uint32_t a = 0, b = n ? n - 1 : 0; a < b; a++, b--) {
+      uint32_t x = stmts[a];
+      stmts[a] = stmts[b];
+      stmts[b] = x;
+    }
+    rc = nf_graph_extract(g, stmts, n, is_out, sg);
+    if (rc != NF_OK) nf_buf_printf(err, "cannot extract the loss's statements: %s", nf_strerror(rc));
+  }
+  free(need);
+  free(row);
+  free(is_out);
+  free(stmts);
+  return rc;
+}
+
+static int is_f_input(const nf_graph *F, const char *name) {
+  for (uint32_t k = 0; k < F->n_inputs; k++)
+    if (!strcmp(F->tensors[F->inputs[k]].name, name)) return 1;
+  return 0;
+}
+
+static const char *optim_def(nf_optim_kind k) {
+  return k == NF_OPTIM_ADAM ? "adam" : k == NF_OPTIM_ADAMW ? "adamw" : "sgd";
+}
+
+/* Builds the step program for forward graph F whose params are named in
+ * s->params (already filled, offsets assigned here). */
+static int build(nf_session *s, const nf_graph *F, int n_gin, const char *const *gin,
+                 int n_extra, const char *const *extra, nf_buf *err) {
+  int rc;
+  if (F->n_outputs < 1) {
+    nf_buf_printf(err, "%s has no outputs: the first output must be the scalar loss", F->name);
+    return NF_EINVAL;
+  }
+  const nf_tensor *L = &F->tensors[F->outputs[0]];
+  if (L->rank != 0 || L->dtype != NF_F32) {
+    nf_buf_printf(err, "the first output of %s, '%s', must be the scalar loss (f32[]), not %s[%d dims]",
+                  F->name, L->name, nf_dtype_name((nf_dtype)L->dtype), L->rank);
+    return NF_EINVAL;
+  }
+  for (uint32_t i = 0; i < F->n_tensors; i++) {
+    uint8_t t = F->tensors[i].dtype;
+    if (t == NF_F16 || t == NF_BF16 || t == NF_F64) {
+      nf_buf_printf(err, "tensor '%s' is %s: CPU training supports f32, i32, i64 and bool",
+                    F->tensors[i].name, nf_dtype_name((nf_dtype)t));
+      return NF_EUNSUPPORTED;
+    }
+  }
+  /* parameters: flat layout */
+  int64_t off = 0;
+  for (int i = 0; i < s->n_params; i++) {
+    nf__param *pr = &s->params[i];
+    int found = 0;
+    for (uint32_t k = 0; k < F->n_inputs; k++) {
+      const nf_tensor *t = &F->tensors[F->inputs[k]];
+      if (strcmp(t->name, pr->name)) continue;
+      found = 1;
+      if (t->dtype != NF_F32) {
+        nf_buf_printf(err, "parameter '%s' is %s: parameters must be f32", pr->name,
+                      nf_dtype_name((nf_dtype)t->dtype));
+        return NF_EUNSUPPORTED;
+      }
+      pr->dtype = t->dtype;
+      pr->rank = t->rank;
+      memcpy(pr->shape, t->shape, sizeof(int64_t) * t->rank);
+      pr->numel = nf_tensor_numel(t);
+    }
+    if (!found) {
+      nf_buf_printf(err, "parameter '%s' is not an input of %s", pr->name, F->name);
+      return NF_ENOENT;
+    }
+    pr->offset = off;
+    off += (pr->numel + ALIGN_ELEMS - 1) / ALIGN_ELEMS * ALIGN_ELEMS;
+  }
+  if (s->n_params == 0) {
+    nf_buf_printf(err, "%s has no parameters to train (declare them with `param`)", F->name);
+    return NF_EINVAL;
+  }
+  s->n_flat = off;
+  size_t fb = (size_t)off * sizeof(float);
+  s->P = aligned_alloc(64, fb);
+  s->G = aligned_alloc(64, fb);
+  s->M = aligned_alloc(64, fb);
+  s->V = aligned_alloc(64, fb);
+  if (!s->P || !s->G || !s->M || !s->V) return NF_ENOMEM;
+  memset(s->P, 0, fb);
+  memset(s->G, 0, fb);
+  memset(s->M, 0, fb);
+  memset(s->V, 0, fb);
+
+  /* the loss's part, its gradient */
+  nf_subgraph lo;
+  memset(&lo, 0, sizeof lo);
+  if ((rc = loss_only(F, F->outputs[0], n_extra, extra, &lo, err))) return rc;
+  const char **wrt = malloc(sizeof(char *) * (size_t)(s->n_params + n_gin + 1));
+  int n_wrt = 0;
+  if (!wrt) {
+    nf_subgraph_clear(&lo);
+    return NF_ENOMEM;
+  }
+  for (int i = 0; i < s->n_params; i++) {
+    int used = 0;
+    for (uint32_t k = 0; k < lo.g->n_inputs; k++)
+      if (!strcmp(lo.g->tensors[lo.g->inputs[k]].name, s->params[i].name)) used = 1;
+    if (used) wrt[n_wrt++] = s->params[i].name;
+    else nf__session_warn(s, "parameter '%s' does not affect the loss: its gradient is zero",
+                          s->params[i].name);
+  }
+  for (int i = 0; n_wrt && i < n_gin; i++) {
+    int used = 0;
+    for (uint32_t k = 0; k < lo.g->n_inputs; k++)
+      if (!strcmp(lo.g->tensors[lo.g->inputs[k]].name, gin[i])) used = 1;
+    if (used) wrt[n_wrt++] = gin[i];
+    else nf__session_warn(s, "input '%s' does not affect the loss: no gradient", gin[i]);
+  }
+  nf_grad_opts go = {.n_wrt = n_wrt, .wrt = wrt, .keep_outputs = 1};
+  nf_graph *T = NULL;
+  rc = n_wrt ? nf_grad_graph(lo.g, &go, s->ctx, &T, NULL, err) : NF_EINVAL;
+  if (!n_wrt) nf_buf_printf(err, "no parameter affects the loss");
+  free(wrt);
+  nf_subgraph_clear(&lo);
+  if (rc) return rc;
+
+  /* the optimizer's update */
+  nf_module *om = nf_module_new();
+  nf_diag *d = nf_diag_new();
+  nf_graph *U = NULL;
+  if (!om || !d) rc = NF_ENOMEM;
+  if (rc == NF_OK) rc = nf_module_load_source(om, "<optimizer>", "import optim\n", d);
+  if (rc == NF_OK) {
+    nf_arg_shape sh[4];
+    const char *nm[4] = {"P", "G", "M", "V"};
+    for (int i = 0; i < 4; i++) {
+      memset(&sh[i], 0, sizeof sh[i]);
+      sh[i].name = nm[i];
+      sh[i].rank = 1;
+      sh[i].dims[0] = s->n_flat;
+    }
+    nf_inst_opts io = {.n_shapes = s->opts.optim.kind == NF_OPTIM_SGD ? 0 : 4, .shapes = sh};
+    if (s->opts.optim.kind == NF_OPTIM_SGD) {
+      sh[2].name = "V";
+      io.n_shapes = 3;
+    }
+    rc = nf_module_instantiate(om, optim_def(s->opts.optim.kind), &io, s->ctx, &U, d);
+  }
+  if (rc != NF_OK)
+    nf_buf_printf(err, "the optimizer (lib/optim.nf): %s",
+                  d && nf_diag_count(d) ? nf_diag_text(d) : nf_strerror(rc));
+  nf_diag_free(d);
+  nf_module_free(om);
+  if (rc) return rc;
+
+  /* partition */
+  if ((rc = nf_partition_graph(T, &s->part_step, err))) return rc;
+  if ((rc = nf_partition_graph(U, &s->part_upd, err))) return rc;
+  if (s->part_upd->n != 1) {
+    nf_buf_printf(err, "internal error: the optimizer's update is %u subgraphs, not one",
+                  s->part_upd->n);
+    return NF_EINTERNAL;
+  }
+
+  /* slots of the step graph's inputs and outputs */
+  int *tslot = malloc(sizeof(int) * (T->n_tensors + 1));
+  int *uslot = malloc(sizeof(int) * (U->n_tensors + 1));
+  int *first = calloc(1, sizeof(int)), *last = calloc(1, sizeof(int));
+  if (!tslot || !uslot || !first || !last) rc = NF_ENOMEM;
+  for (uint32_t t = 0; rc == NF_OK && t < T->n_tensors; t++) tslot[t] = -1;
+  for (uint32_t t = 0; rc == NF_OK && t < U->n_tensors; t++) uslot[t] = -1;
+  char seed_name[300];
+  snprintf(seed_name, sizeof seed_name, "d%s", L->name);
+  for (uint32_t k = 0; rc == NF_OK && k < T->n_inputs; k++) {
+    uint32_t t = T->inputs[k];
+    const nf_tensor *tn = &T->tensors[t];
+    int pi = find_param(s, tn->name), is_seed = 0;
+    void *ptr;
+    if (pi >= 0) {
+      ptr = s->P + s->params[pi].offset;
+    } else {
+      ptr = aligned_alloc(64, ((size_t)nf_tensor_numel(tn) * nf_dtype_size((nf_dtype)tn->dtype) + 63) / 64 * 64 + 64);
+      if (!ptr) {
+        rc = NF_ENOMEM;
+        break;
+      }
+      memset(ptr, 0, (size_t)nf_tensor_numel(tn) * nf_dtype_size((nf_dtype)tn->dtype));
+      if (!strcmp(tn->name, seed_name)) *(float *)ptr = 1.0f;
+      if (!is_f_input(F, tn->name)) is_seed = 1; /* d<output>: 1 for the loss, else 0 */
+    }
+    int sl = slot_new(s, tn, ptr);
+    if (sl < 0) {
+      if (pi < 0) free(ptr);
+      rc = sl;
+      break;
+    }
+    if (pi < 0) {
+      s->slots[sl].shape[7] = -1; /* owned: freed with the session (rank < 8 here) */
+      if (!is_seed) rc = named_add(&s->inputs, &s->n_inputs, tn->name, sl);
+    }
+    tslot[t] = sl;
+  }
+  for (uint32_t k = 0; rc == NF_OK && k < T->n_outputs; k++) {
+    uint32_t t = T->outputs[k];
+    const nf_tensor *tn = &T->tensors[t];
+    void *ptr = NULL;
+    int pi = strncmp(tn->name, "grad_", 5) ? -1 : find_param(s, tn->name + 5);
+    if (pi >= 0) {
+      ptr = s->G + s->params[pi].offset;
+    } else {
+      size_t bytes = (size_t)nf_tensor_numel(tn) * nf_dtype_size((nf_dtype)tn->dtype);
+      ptr = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+      if (!ptr) {
+        rc = NF_ENOMEM;
+        break;
+      }
+      memset(ptr, 0, bytes);
+    }
+    int sl = slot_new(s, tn, ptr);
+    if (sl < 0) {
+      if (pi < 0) free(ptr);
+      rc = sl;
+      break;
+    }
+    if (pi < 0) s->slots[sl].shape[7] = -1;
+    if (k == 0) {
+      s->loss_slot = sl;
+      if ((rc = named_add(&s->named, &s->n_named, "loss", sl))) break;
+    }
+    rc = named_add(&s->named, &s->n_named, tn->name, sl);
+    tslot[t] = sl;
+  }
+  /* temporaries get first/last when produced */
+  if (rc == NF_OK) {
+    int *nf = realloc(first, sizeof(int) * (size_t)(s->n_slots + 1));
+    int *nl = realloc(last, sizeof(int) * (size_t)(s->n_slots + 1));
+    if (nf) first = nf;
+    if (nl) last = nl;
+    if (!nf || !nl) rc = NF_ENOMEM;
+  }
+  if (rc == NF_OK) rc = add_ops(s, T, s->part_step, tslot, 0, &first, &last);
+  /* the update: in place over the flat vectors */
+  for (uint32_t k = 0; rc == NF_OK && k < U->n_inputs; k++) {
+    uint32_t t = U->inputs[k];
+    const nf_tensor *tn = &U->tensors[t];
+    void *ptr = !strcmp(tn->name, "P") ? (void *)s->P
+              : !strcmp(tn->name, "G") ? (void *)s->G
+              : !strcmp(tn->name, "M") ? (void *)s->M
+              : !strcmp(tn->name, "V") ? (void *)s->V
+              : !strcmp(tn->name, "hp") ? (void *)s->hp : NULL;
+    if (!ptr) {
+      rc = NF_EINTERNAL;
+      break;
+    }
+    int sl = slot_new(s, tn, ptr);
+    if (sl < 0) rc = sl;
+    else uslot[t] = sl;
+  }
+  for (uint32_t k = 0; rc == NF_OK && k < U->n_outputs; k++) {
+    uint32_t t = U->outputs[k];
+    const char *nm = U->tensors[t].name; /* P2 over P, M2 over M, V2 over V */
+    void *ptr = !strcmp(nm, "P2") ? (void *)s->P : !strcmp(nm, "M2") ? (void *)s->M
+              : !strcmp(nm, "V2") ? (void *)s->V : NULL;
+    if (!ptr) {
+      rc = NF_EINTERNAL;
+      break;
+    }
+    int sl = slot_new(s, &U->tensors[t], ptr);
+    if (sl < 0) rc = sl;
+    else uslot[t] = sl;
+  }
+  if (rc == NF_OK) {
+    int *nf = realloc(first, sizeof(int) * (size_t)(s->n_slots + 1));
+    int *nl = realloc(last, sizeof(int) * (size_t)(s->n_slots + 1));
+    if (nf) first = nf;
+    if (nl) last = nl;
+    if (!nf || !nl) rc = NF_ENOMEM;
+  }
+  if (rc == NF_OK) rc = add_ops(s, U, s->part_upd, uslot, 1, &first, &last);
+  /* plan the temporaries */
+  if (rc == NF_OK) {
+    int n_tmp = 0;
+    for (int i = 0; i < s->n_slots; i++) n_tmp += s->slots[i].ptr == NULL;
+    nf_plan_buf *pb = calloc((size_t)n_tmp + 1, sizeof *pb);
+    int *which = calloc((size_t)n_tmp + 1, sizeof(int));
+    if (!pb || !which) rc = NF_ENOMEM;
+    int j = 0;
+    for (int i = 0; rc == NF_OK && i < s->n_slots; i++) {
+      if (s->slots[i].ptr) continue;
+      pb[j].bytes = s->slots[i].bytes;
+      pb[j].first = first[i];
+      pb[j].last = last[i];
+      which[j++] = i;
+    }
+    int64_t total = 0;
+    if (rc == NF_OK) rc = nf_plan_offsets(pb, (size_t)n_tmp, 64, &total);
+    if (rc == NF_OK) {
+      s->arena_bytes = total;
+      s->arena = aligned_alloc(64, (size_t)(total + 64));
+      if (!s->arena) rc = NF_ENOMEM;
+      else memset(s->arena, 0, (size_t)(total + 64));
+    }
+    for (int q = 0; rc == NF_OK && q < n_tmp; q++)
+      s->slots[which[q]].ptr = (char *)s->arena + pb[q].offset;
+    free(pb);
+    free(which);
+  }
+  for (int i = 0; rc == NF_OK && i < s->n_ops; i++) {
+    nf__op *op = &s->ops[i];
+    for (uint32_t j = 0; j < op->n_in + op->n_out; j++) op->bufs[j] = s->slots[op->slots[j]].ptr;
+  }
+  free(tslot);
+  free(uslot);
+  free(first);
+  free(last);
+  return rc;
+}
+
+/* ---- sessions ---- */
+
+static nf_session *session_alloc(const nf_session_opts *o) {
+  nf_session *s = calloc(1, sizeof *s);
+  if (!s) return NULL;
+  if (o) s->opts = *o;
+  s->opts.inames = NULL;
+  s->opts.ivalues = NULL;
+  s->opts.shape_names = NULL;
+  s->opts.shape_ranks = NULL;
+  s->opts.shape_dims = NULL;
+  s->opts.n_iparams = s->opts.n_shapes = 0;
+  s->quiet = s->opts.quiet;
+  nf_optimizer *op = &s->opts.optim;
+  if (op->lr <= 0) op->lr = op->kind == NF_OPTIM_SGD ? 0.01 : 0.001;
+  if (op->beta1 <= 0) op->beta1 = 0.9;
+  if (op->beta2 <= 0) op->beta2 = 0.999;
+  if (op->eps <= 0) op->eps = 1e-8;
+  if (op->kind == NF_OPTIM_ADAMW && op->weight_decay == 0) op->weight_decay = 0.01;
+  s->daemon_addr = o && o->daemon ? strdup(o->daemon) : NULL;
+  s->opts.daemon = s->daemon_addr;
+  pthread_mutex_init(&s->mu, NULL);
+  pthread_cond_init(&s->cv, NULL);
+  s->ctx = nf_ir_ctx_new();
+  s->t_start = nf__now_ms();
+  s->interp_rate = 2e5; /* flops per ms before anything is measured */
+  s->loss_slot = -1;
+  if (!s->ctx || (o && o->daemon && !s->daemon_addr)) {
+    nf_session_free(s);
+    return NULL;
+  }
+  return s;
+}
+
+static int finish(nf_session *s, const nf_graph *F, int n_gin, const char *const *gin,
+                  int n_extra, const char *const *extra, char **err) {
+  int rc = NF_OK;
+  const char *v = getenv("NEOFLOW_THREADS");
+  int th = s->opts.threads > 0 ? s->opts.threads : v && atoi(v) > 0 ? atoi(v) : (int)sysconf(_SC_NPROCESSORS_ONLN);
+  if (th < 1) th = 1;
+  if (th > 256) th = 256;
+  s->threads = th;
+  if ((rc = build(s, F, n_gin, gin, n_extra, extra, &s->err))) goto fail;
+  for (int i = 0; i < s->n_params; i++) {
+    nf__param *pr = &s->params[i];
+    nf_init in = pr->init;
+    if (in.fn == NF_INIT_FN_BUFFER) in.data = pr->init_data;
+    if ((rc = nf__init_fill(&in, pr->rank, pr->shape, s->opts.seed, pr->name, s->P + pr->offset,
+                            &s->err)))
+      goto fail;
+  }
+  s->pool = nf_pool_new(th);
+  if (!s->pool) {
+    rc = NF_ENOMEM;
+    goto fail;
+  }
+  nf_gemm_set_threads(th);
+  if (!(s->daemon_addr && !strcmp(s->daemon_addr, "none")) && (rc = nf__dlink_start(s))) goto fail;
+  return NF_OK;
+fail:
+  if (err) *err = dup_err("", s->err.len ? nf_buf_str(&s->err) : nf_strerror(rc));
+  return rc;
+}
+
+static int init_from_decl(const nf_param_decl *d, nf_init *in) {
+  static const nf_init_fn map[] = {
+      [NF_INIT_ZEROS] = NF_INIT_FN_ZEROS, [NF_INIT_ONES] = NF_INIT_FN_ONES,
+      [NF_INIT_CONSTANT] = NF_INIT_FN_CONSTANT, [NF_INIT_UNIFORM] = NF_INIT_FN_UNIFORM,
+      [NF_INIT_NORMAL] = NF_INIT_FN_NORMAL, [NF_INIT_XAVIER_UNIFORM] = NF_INIT_FN_XAVIER_UNIFORM,
+      [NF_INIT_XAVIER_NORMAL] = NF_INIT_FN_XAVIER_NORMAL,
+      [NF_INIT_KAIMING_UNIFORM] = NF_INIT_FN_KAIMING_UNIFORM,
+      [NF_INIT_KAIMING_NORMAL] = NF_INIT_FN_KAIMING_NORMAL};
+  if ((unsigned)d->init >= sizeof map / sizeof map[0]) return NF_EINVAL;
+  memset(in, 0, sizeof *in);
+  in->fn = map[d->init];
+  in->a = d->a;
+  in->b = d->b;
+  return NF_OK;
+}
+
+/* Parameters from def's `param` declarations in m. */
+static int params_from_decls(nf_session *s, nf_model *m, const char *def, char **err) {
+  int n = nf_module_def_param_decls(m->mod, def, NULL, 0);
+  if (n < 0) {
+    char msg[512];
+    snprintf(msg, sizeof msg, "no def '%s' in the model", def);
+    set_err(err, "", msg);
+    return NF_ENOENT;
+  }
+  nf_param_decl *pd = calloc((size_t)n + 1, sizeof *pd);
+  s->params = calloc((size_t)n + 1, sizeof *s->params);
+  if (!pd || !s->params) {
+    free(pd);
+    set_err(err, "", "out of memory");
+    return NF_ENOMEM;
+  }
+  nf_module_def_param_decls(m->mod, def, pd, n);
+  for (int i = 0; i < n; i++) {
+    s->params[i].name = strdup(pd[i].name);
+    init_from_decl(&pd[i], &s->params[i].init);
+    s->n_params++;
+    if (!s->params[i].name) {
+      free(pd);
+      set_err(err, "", "out of memory");
+      return NF_ENOMEM;
+    }
+  }
+  free(pd);
+  return NF_OK;
+}
+
+nf_session *nf__session_new_graph(nf_model *m, nf_graph *F, nf_ir_ctx *ctx,
+                                  const nf_session_opts *o, int n_gin, const char *const *gin,
+                                  int n_extra, const char *const *extra, char **err) {
+  if (err) *err = NULL;
+  nf_session *s = session_alloc(o);
+  if (!s) {
+    nf_ir_ctx_free(ctx);
+    set_err(err, "", "out of memory");
+    return NULL;
+  }
+  nf_ir_ctx_free(s->ctx);
+  s->ctx = ctx;
+  if (params_from_decls(s, m, F->name, err) != NF_OK ||
+      finish(s, F, n_gin, gin, n_extra, extra, err) != NF_OK) {
+    nf_session_free(s);
+    return NULL;
+  }
+  return s;
+}
+
+nf_session *nf_session_new_def(nf_model *m, const char *def, const nf_session_opts *o,
+                               char **err) {
+  if (err) *err = NULL;
+  if (!m || !def) {
+    set_err(err, "", "no model or def given");
+    return NULL;
+  }
+  if (nf_module_def_param_decls(m->mod, def, NULL, 0) < 0) {
+    char msg[512];
+    snprintf(msg, sizeof msg, "no def '%s' in the model", def);
+    set_err(err, "", msg);
+    return NULL;
+  }
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  if (!ctx) {
+    set_err(err, "", "out of memory");
+    return NULL;
+  }
+  nf_arg_shape *sh = o && o->n_shapes > 0 ? calloc((size_t)o->n_shapes, sizeof *sh) : NULL;
+  for (int i = 0; sh && i < o->n_shapes; i++) {
+    sh[i].name = o->shape_names[i];
+    sh[i].rank = o->shape_ranks[i] > 8 ? 8 : o->shape_ranks[i] < 0 ? 0 : o->shape_ranks[i];
+    for (int r = 0; r < sh[i].rank; r++) sh[i].dims[r] = o->shape_dims[i][r];
+  }
+  nf_inst_opts io = {.n_shapes = sh ? o->n_shapes : 0, .shapes = sh,
+                     .n_params = o ? o->n_iparams : 0, .param_names = o ? o->inames : NULL,
+                     .param_values = o ? o->ivalues : NULL};
+  nf_diag *d = nf_diag_new();
+  nf_graph *F = NULL;
+  int rc = d ? nf_module_instantiate(m->mod, def, &io, ctx, &F, d) : NF_ENOMEM;
+  free(sh);
+  if (rc != NF_OK) {
+    set_err(err, "", d && nf_diag_count(d) ? nf_diag_text(d) : nf_strerror(rc));
+    nf_diag_free(d);
+    nf_ir_ctx_free(ctx);
+    return NULL;
+  }
+  nf_diag_free(d);
+  return nf__session_new_graph(m, F, ctx, o, 0, NULL, 0, NULL, err);
+}
+
+void nf_session_free(nf_session *s) {
+  if (!s) return;
+  nf__dlink_stop(s);
+  for (int i = 0; i < s->n_kents; i++) {
+    nf__kent *k = &s->kents[i];
+    nf_gemm_free(k->gemm);
+    nf_kernel_free(k->cur);
+    nf_kernel_free(k->cand);
+    nf_kernel_free(k->in_k);
+  }
+  free(s->kents);
+  for (int i = 0; i < s->n_ops; i++) {
+    free(s->ops[i].slots);
+    free(s->ops[i].bufs);
+  }
+  free(s->ops);
+  for (int i = 0; i < s->n_slots; i++)
+    if (s->slots[i].shape[7] == -1) free(s->slots[i].ptr);
+  free(s->slots);
+  for (int i = 0; i < s->n_inputs; i++) free(s->inputs[i].name);
+  free(s->inputs);
+  for (int i = 0; i < s->n_named; i++) free(s->named[i].name);
+  free(s->named);
+  for (int i = 0; i < s->n_params; i++) {
+    free(s->params[i].name);
+    free(s->params[i].init_data);
+  }
+  free(s->params);
+  free(s->P);
+  free(s->G);
+  free(s->M);
+  free(s->V);
+  free(s->arena);
+  nf_partition_free(s->part_step);
+  nf_partition_free(s->part_upd);
+  if (s->pool) nf_pool_free(s->pool);
+  nf_ir_ctx_free(s->ctx);
+  nf_buf_free(&s->err);
+  nf_buf_free(&s->log);
+  free(s->daemon_addr);
+  pthread_mutex_destroy(&s->mu);
+  pthread_cond_destroy(&s->cv);
+  free(s);
+}
+
+const char *nf_session_error(const nf_session *s) {
+  return s && s->err.len ? s->err.data : "";
+}
+
+/* ---- running ---- */
+
+static int run_interp(const nf__op *op, void *const *bufs, nf_buf *err) {
+  const nf_graph *g = op->g;
+  nf_array in[64], out[64];
+  nf_array *pin = op->n_in > 64 ? calloc(op->n_in, sizeof *pin) : in;
+  nf_array *pout = op->n_out > 64 ? calloc(op->n_out, sizeof *pout) : out;
+  int rc = NF_OK;
+  if (!pin || !pout) rc = NF_ENOMEM;
+  for (uint32_t i = 0; rc == NF_OK && i < op->n_in; i++) {
+    const nf_tensor *t = &g->tensors[g->inputs[i]];
+    memset(&pin[i], 0, sizeof pin[i]);
+    pin[i].dtype = (nf_dtype)t->dtype;
+    pin[i].rank = t->rank;
+    memcpy(pin[i].shape, t->shape, sizeof(int64_t) * t->rank);
+    pin[i].numel = nf_tensor_numel(t);
+    pin[i].data = bufs[i];
+  }
+  if (rc == NF_OK) rc = nf_interp_run(g, pin, NF_INTERP_F32, pout, err);
+  if (rc == NF_OK) {
+    for (uint32_t k = 0; k < op->n_out; k++) {
+      const nf_tensor *t = &g->tensors[g->outputs[k]];
+      size_t want = (size_t)nf_tensor_numel(t) * nf_dtype_size((nf_dtype)t->dtype);
+      size_t got = (size_t)pout[k].numel * nf_dtype_size(pout[k].dtype);
+      if (got != want && rc == NF_OK) {
+        nf_buf_printf(err, "internal error: interpreter output '%s' has %zu bytes, not %zu",
+                      t->name, got, want);
+        rc = NF_EINTERNAL;
+      }
+      if (rc == NF_OK) memcpy(bufs[op->n_in + k], pout[k].data, want);
+      nf_array_free(&pout[k]);
+    }
+  }
+  if (pin != in) free(pin);
+  if (pout != out) free(pout);
+  return rc;
+}
+
+/* Tier 0: OpenBLAS or the interpreter. */
+static int run_tier0(nf_session *s, const nf__kent *k, const nf__op *op, void *const *bufs,
+                     nf_buf *err) {
+  (void)s;
+  if (k->gemm && !op->alias) return nf_gemm_run(k->gemm, bufs, err);
+  return run_interp(op, bufs, err);
+}
+
+static int max_rel_ok(const nf_graph *g, uint32_t out, const void *a, const void *ref,
+                      double *worst) {
+  const nf_tensor *t = &g->tensors[g->outputs[out]];
+  int64_t n = nf_tensor_numel(t);
+  if (t->dtype == NF_F32) {
+    const float *x = a, *y = ref;
+    double mx = 0, md = 0;
+    for (int64_t i = 0; i < n; i++) {
+      if (isnan(x[i]) != isnan(y[i])) return 0;
+      if (isnan(y[i])) continue;
+      if (isinf(y[i]) || isinf(x[i])) {
+        if (x[i] != y[i]) return 0;
+        continue;
+      }
+      double d = fabs((double)x[i] - (double)y[i]);
+      if (fabs((double)y[i]) > mx) mx = fabs((double)y[i]);
+      if (d > md) md = d;
+    }
+    double rel = md / (mx > 1e-30 ? mx : 1e-30);
+    if (md <= 1e-30) rel = 0;
+    if (rel > *worst) *worst = rel;
+    return rel <= CANARY_TOL;
+  }
+  return memcmp(a, ref, (size_t)n * nf_dtype_size((nf_dtype)t->dtype)) == 0;
+}
+
+static int run_kernel(nf_session *s, nf_kernel *kn, const nf__op *op, void *const *bufs,
+                      nf_buf *err) {
+  return nf_kernel_run(kn, bufs, op->n_in + op->n_out, s->pool, err);
+}
+
+/* Runs op with k's candidate and what it replaces, compares, and promotes
+ * or rejects the candidate.  The real outputs come from the reference. */
+static int run_canary(nf_session *s, nf__kent *k, nf__op *op) {
+  uint32_t n = op->n_in + op->n_out;
+  void **cb = calloc(n, sizeof(void *));
+  void **scratch = calloc(n, sizeof(void *));
+  int rc = cb && scratch ? NF_OK : NF_ENOMEM;
+  const nf_graph *g = op->g;
+  /* candidate buffers: outputs to scratch; for an in-place op, inputs
+   * copied to scratch too and outputs aliasing those copies */
+  for (uint32_t j = 0; rc == NF_OK && j < n; j++) {
+    const nf__slot *sl = &s->slots[op->slots[j]];
+    if (j < op->n_in && !op->alias) {
+      cb[j] = op->bufs[j];
+      continue;
+    }
+    if (j >= op->n_in && op->alias) {
+      for (uint32_t i = 0; i < op->n_in; i++)
+        if (s->slots[op->slots[i]].ptr == sl->ptr) cb[j] = cb[i];
+      if (cb[j]) continue;
+    }
+    scratch[j] = aligned_alloc(64, ((size_t)sl->bytes + 63) / 64 * 64 + 64);
+    if (!scratch[j]) {
+      rc = NF_ENOMEM;
+      break;
+    }
+    if (j < op->n_in) memcpy(scratch[j], op->bufs[j], (size_t)sl->bytes);
+    cb[j] = scratch[j];
+  }
+  nf_buf e = NF_BUF_INIT;
+  int crc = NF_OK;
+  if (rc == NF_OK) crc = run_kernel(s, k->cand, op, cb, &e);
+  /* the reference, for real */
+  if (rc == NF_OK) {
+    if (k->cur && k->verified) rc = run_kernel(s, k->cur, op, op->bufs, &s->err);
+    else rc = run_tier0(s, k, op, op->bufs, &s->err);
+  }
+  if (rc == NF_OK) {
+    char hex[65];
+    nf_hash_hex(k->key, hex);
+    hex[16] = 0;
+    double worst = 0;
+    int ok = crc == NF_OK;
+    for (uint32_t o = 0; ok && o < op->n_out; o++)
+      ok = max_rel_ok(g, o, cb[op->n_in + o], op->bufs[op->n_in + o], &worst);
+    if (ok) {
+      nf_kernel_free(k->cur); /* the handle only: the code stays loaded */
+      k->cur = k->cand;
+      k->cur_tier = k->cand_tier;
+      k->cur_ms = k->cand_ms;
+      k->verified = 1;
+      s->swaps++;
+    } else {
+      nf__session_warn(s, "kernel %s (tier %d) rejected: %s%s", hex, k->cand_tier,
+                       crc != NF_OK ? "it failed: " : "its results differ from the reference",
+                       crc != NF_OK ? nf_buf_str(&e) : "");
+      nf_kernel_free(k->cand);
+      s->rejected++;
+    }
+    k->cand = NULL;
+  }
+  nf_buf_free(&e);
+  for (uint32_t j = 0; scratch && j < n; j++) free(scratch[j]);
+  free(scratch);
+  free(cb);
+  return rc;
+}
+
+/* Whether to wait for the daemon's first kernel of k rather than run
+ * tier 0: only while connected and the kernel is on its way, and only as
+ * long as tier 0 would take. */
+static void maybe_wait(nf_session *s, nf__kent *k) {
+  if (k->cur || k->gemm || k->cand) return;
+  double est = (double)k->flops * k->n_ops / s->interp_rate;
+  if (est < 50) return;
+  if (est > 5000) est = 5000;
+  double until = nf__now_ms() + est;
+  pthread_mutex_lock(&s->mu);
+  while (!k->in_k && s->connected && (k->dstate == DK_SUBMITTED || k->dstate == DK_ACCEPTED)) {
+    double now = nf__now_ms();
+    if (now >= until) break;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    double w = until - now;
+    ts.tv_sec += (time_t)(w / 1000);
+    ts.tv_nsec += (long)(fmod(w, 1000) * 1e6);
+    if (ts.tv_nsec >= 1000000000L) {
+      ts.tv_sec++;
+      ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+  }
+  if (k->in_k) {
+    k->cand = k->in_k;
+    k->cand_tier = k->in_tier;
+    k->cand_ms = k->in_ms;
+    k->in_k = NULL;
+  }
+  pthread_mutex_unlock(&s->mu);
+}
+
+static int run_op(nf_session *s, nf__op *op) {
+  nf__kent *k = &s->kents[op->kent];
+  if (!k->cur && !k->cand && s->step == 0) maybe_wait(s, k);
+  double t0 = nf__now_ms();
+  int rc;
+  if (k->cand) {
+    rc = run_canary(s, k, op);
+  } else if (k->cur) {
+    rc = run_kernel(s, k->cur, op, op->bufs, &s->err);
+  } else {
+    rc = run_tier0(s, k, op, op->bufs, &s->err);
+    double dt = nf__now_ms() - t0;
+    if (!k->gemm && dt > 1 && k->flops > 0) {
+      double r = (double)k->flops / dt;
+      s->interp_rate = 0.7 * s->interp_rate + 0.3 * r;
+    }
+  }
+  k->run_ms += nf__now_ms() - t0;
+  return rc;
+}
+
+static void update_hp(nf_session *s) {
+  const nf_optimizer *o = &s->opts.optim;
+  double t = (double)(s->step + 1);
+  if (o->kind == NF_OPTIM_SGD) {
+    s->hp[0] = (float)o->lr;
+    s->hp[1] = (float)o->momentum;
+    s->hp[2] = (float)o->weight_decay;
+  } else {
+    double c1 = 1 - pow(o->beta1, t), c2 = 1 - pow(o->beta2, t);
+    s->hp[0] = (float)(o->lr / c1);
+    s->hp[1] = (float)(1 / sqrt(c2));
+    s->hp[2] = (float)o->beta1;
+    s->hp[3] = (float)o->beta2;
+    s->hp[4] = (float)o->eps;
+    s->hp[5] = (float)(o->kind == NF_OPTIM_ADAMW ? o->lr * o->weight_decay : o->weight_decay);
+  }
+}
+
+int nf_session_step(nf_session *s, double *loss) {
+  if (!s) return NF_EINVAL;
+  nf_buf_reset(&s->err);
+  double t0 = nf__now_ms();
+  /* step boundary: take kernels the link handed over */
+  pthread_mutex_lock(&s->mu);
+  for (int i = 0; i < s->n_kents; i++) {
+    nf__kent *k = &s->kents[i];
+    if (!k->in_k) continue;
+    nf_kernel_free(k->cand); /* superseded before its canary */
+    k->cand = k->in_k;
+    k->cand_tier = k->in_tier;
+    k->cand_ms = k->in_ms;
+    k->in_k = NULL;
+  }
+  pthread_mutex_unlock(&s->mu);
+  update_hp(s);
+  for (int i = 0; i < s->n_kents; i++) s->kents[i].run_ms = 0;
+  int rc = NF_OK;
+  for (int i = 0; i < s->n_ops && rc == NF_OK; i++) rc = run_op(s, &s->ops[i]);
+  if (rc != NF_OK) {
+    if (!s->err.len) nf_buf_printf(&s->err, "step %lld failed: %s", (long long)s->step + 1,
+                                   nf_strerror(rc));
+    return rc;
+  }
+  s->step++;
+  s->last_loss = *(const float *)s->slots[s->loss_slot].ptr;
+  if (loss) *loss = s->last_loss;
+  double now = nf__now_ms();
+  s->last_ms = now - t0;
+  s->ms_hist[(s->step - 1) % 10] = s->last_ms;
+  if (s->step == 1) s->first_step_ms = now - s->t_start;
+  pthread_mutex_lock(&s->mu);
+  for (int i = 0; i < s->n_kents; i++) s->kents[i].share_ms = s->kents[i].run_ms;
+  pthread_mutex_unlock(&s->mu);
+  return NF_OK;
+}
+
+/* ---- data in and out ---- */
+
+static int named_slot(const nf_session *s, const char *name) {
+  int sl = find_named(s->named, s->n_named, name);
+  if (sl < 0) sl = find_named(s->inputs, s->n_inputs, name);
+  return sl;
+}
+
+int nf_session_feed(nf_session *s, const char *input, const void *data, size_t bytes) {
+  if (!s || !input || !data) return NF_EINVAL;
+  nf_buf_reset(&s->err);
+  int sl = find_named(s->inputs, s->n_inputs, input);
+  if (sl < 0) {
+    nf_buf_printf(&s->err, "no input '%s' (inputs the loss does not read are not fed)", input);
+    return NF_ENOENT;
+  }
+  if ((int64_t)bytes != s->slots[sl].bytes) {
+    nf_buf_printf(&s->err, "input '%s' takes %lld bytes, not %zu", input,
+                  (long long)s->slots[sl].bytes, bytes);
+    return NF_EINVAL;
+  }
+  memcpy(s->slots[sl].ptr, data, bytes);
+  return NF_OK;
+}
+
+int nf_session_read(nf_session *s, const char *name, void *data, size_t bytes) {
+  if (!s || !name || !data) return NF_EINVAL;
+  nf_buf_reset(&s->err);
+  int pi = find_param(s, name);
+  const void *src;
+  int64_t want;
+  if (pi >= 0) {
+    src = s->P + s->params[pi].offset;
+    want = s->params[pi].numel * 4;
+  } else if (!strncmp(name, "grad_", 5) && find_param(s, name + 5) >= 0) {
+    pi = find_param(s, name + 5);
+    src = s->G + s->params[pi].offset;
+    want = s->params[pi].numel * 4;
+  } else {
+    int sl = named_slot(s, name);
+    if (sl < 0) {
+      nf_buf_printf(&s->err, "nothing named '%s' to read", name);
+      return NF_ENOENT;
+    }
+    src = s->slots[sl].ptr;
+    want = s->slots[sl].bytes;
+  }
+  if ((int64_t)bytes != want) {
+    nf_buf_printf(&s->err, "'%s' has %lld bytes, not %zu", name, (long long)want, bytes);
+    return NF_EINVAL;
+  }
+  memcpy(data, src, bytes);
+  return NF_OK;
+}
+
+int nf_session_set_param(nf_session *s, const char *name, const float *data, size_t n) {
+  if (!s || !name || !data) return NF_EINVAL;
+  nf_buf_reset(&s->err);
+  int pi = find_param(s, name);
+  if (pi < 0) {
+    nf_buf_printf(&s->err, "no parameter '%s'", name);
+    return NF_ENOENT;
+  }
+  if ((int64_t)n != s->params[pi].numel) {
+    nf_buf_printf(&s->err, "parameter '%s' has %lld elements, not %zu", name,
+                  (long long)s->params[pi].numel, n);
+    return NF_EINVAL;
+  }
+  memcpy(s->P + s->params[pi].offset, data, n * sizeof(float));
+  return NF_OK;
+}
+
+int nf_session_set_lr(nf_session *s, double lr) {
+  if (!s || !(lr > 0) || !isfinite(lr)) return NF_EINVAL;
+  s->opts.optim.lr = lr;
+  return NF_OK;
+}
+
+int nf_session_n_inputs(const nf_session *s) { return s ? s->n_inputs : 0; }
+int nf_session_n_params(const nf_session *s) { return s ? s->n_params : 0; }
+
+static int info(const nf__slot *sl, nf_elem *t, int *rank, int64_t dims[8]) {
+  if (t) *t = (nf_elem)sl->dtype;
+  if (rank) *rank = sl->rank;
+  if (dims) memcpy(dims, sl->shape, sizeof(int64_t) * sl->rank);
+  return NF_OK;
+}
+
+int nf_session_input_info(const nf_session *s, int i, const char **name, nf_elem *t, int *rank,
+                          int64_t dims[8]) {
+  if (!s || i < 0 || i >= s->n_inputs) return NF_EINVAL;
+  if (name) *name = s->inputs[i].name;
+  return info(&s->slots[s->inputs[i].slot], t, rank, dims);
+}
+
+int nf_session_param_info(const nf_session *s, int i, const char **name, nf_elem *t, int *rank,
+                          int64_t dims[8]) {
+  if (!s || i < 0 || i >= s->n_params) return NF_EINVAL;
+  const nf__param *p = &s->params[i];
+  if (name) *name = p->name;
+  if (t) *t = (nf_elem)p->dtype;
+  if (rank) *rank = p->rank;
+  if (dims) memcpy(dims, p->shape, sizeof(int64_t) * p->rank);
+  return NF_OK;
+}
+
+int nf_session_stats_get(const nf_session *s, nf_session_stats *st) {
+  if (!s || !st) return NF_EINVAL;
+  memset(st, 0, sizeof *st);
+  st->step = s->step;
+  st->loss = s->last_loss;
+  st->ms = s->last_ms;
+  int n = s->step < 10 ? (int)s->step : 10;
+  for (int i = 0; i < n; i++) st->ms_avg += s->ms_hist[i] / n;
+  st->kernels = s->n_kents;
+  nf_session *ms = (nf_session *)s;
+  pthread_mutex_lock(&ms->mu);
+  for (int i = 0; i < s->n_kents; i++) {
+    const nf__kent *k = &s->kents[i];
+    if (k->cur && k->cur_tier == 1) st->tier1++;
+    if (k->cur && k->cur_tier == 2) st->tier2++;
+    if (!k->cur && k->gemm) st->blas++;
+    if (k->dstate == DK_SUBMITTED || k->dstate == DK_ACCEPTED) {
+      st->tuning++;
+      st->trials += k->trial;
+      st->trials_max += k->max_trials;
+    }
+  }
+  st->connected = s->connected;
+  st->reconnects = s->connects > 1 ? s->connects - 1 : 0;
+  st->rejected = s->rejected + s->link_rejected;
+  pthread_mutex_unlock(&ms->mu);
+  st->swaps = s->swaps;
+  st->first_step_ms = s->first_step_ms;
+  return NF_OK;
+}
+
+int nf_session_wait_kernels(nf_session *s, int timeout_ms, int want_tier) {
+  if (!s) return NF_EINVAL;
+  double until = nf__now_ms() + (timeout_ms > 0 ? timeout_ms : 1e12);
+  pthread_mutex_lock(&s->mu);
+  for (;;) {
+    int done = 1;
+    for (int i = 0; i < s->n_kents && done; i++) {
+      const nf__kent *k = &s->kents[i];
+      if (k->dstate == DK_FAILED) continue;
+      if (want_tier <= 1) done = k->cur || k->cand || k->in_k;
+      else done = k->dstate == DK_FINAL;
+    }
+    if (!s->link_started) done = 1;
+    if (done) break;
+    double now = nf__now_ms();
+    if (now >= until) {
+      pthread_mutex_unlock(&s->mu);
+      return NF_ERANGE;
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    double w = until - now > 200 ? 200 : until - now;
+    ts.tv_nsec += (long)(w * 1e6);
+    while (ts.tv_nsec >= 1000000000L) {
+      ts.tv_sec++;
+      ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+  }
+  pthread_mutex_unlock(&s->mu);
+  return NF_OK;
+}
+
+int nf_session_save(nf_session *s, const char *path) {
+  if (!s || !path) return NF_EINVAL;
+  nf_buf_reset(&s->err);
+  return nf__params_save(s, path);
+}
+
+int nf_session_load(nf_session *s, const char *path) {
+  if (!s || !path) return NF_EINVAL;
+  nf_buf_reset(&s->err);
+  return nf__params_load(s, path);
+}

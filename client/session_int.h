@@ -1,0 +1,169 @@
+/* session_int.h - the training session's internals, shared by session.c
+ * (building the step program, running steps, swapping kernels), dlink.c
+ * (the daemon connection on its background thread), init.c (parameter
+ * initialisers) and params_io.c (parameter files).
+ *
+ * Threads: the program's thread runs steps and is the only one that
+ * touches slots, ops and the kernels in use (kent.cur, kent.cand).  The
+ * link thread owns its nf_dconn and writes only the fields marked
+ * "under mu"; it hands a loaded kernel over through kent.in_k.  Kernels
+ * are swapped at step boundaries only, and a replaced kernel's code stays
+ * loaded (nf_kernel_free never unloads), so no call can run freed code. */
+#ifndef NF_SESSION_INT_H
+#define NF_SESSION_INT_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "neoflow/neoflow.h"
+#include "nf_buf.h"
+#include "nf_exec.h"
+#include "nf_gemm.h"
+#include "nf_ir.h"
+#include "nf_lang.h"
+#include "nf_partition.h"
+
+struct nf_model {
+  nf_module *mod;
+};
+
+/* Kernel state as the daemon reports it (kent.dstate). */
+enum { DK_NONE = 0, DK_SUBMITTED, DK_ACCEPTED, DK_FINAL, DK_FAILED };
+
+/* One distinct subgraph (by canonical key): the kernels that run it. */
+typedef struct nf__kent {
+  uint8_t key[32];      /* nf_graph_hash of g */
+  const nf_graph *g;    /* the first op's subgraph graph (immutable) */
+  nf_gemm_sub *gemm;    /* tier 0 through OpenBLAS, or NULL */
+  int64_t flops;        /* per run */
+  int n_ops;            /* ops running it per step */
+  int alias;            /* its ops run in place (the optimizer update) */
+  /* program thread only */
+  nf_kernel *cur;       /* compiled kernel in use, or NULL (tier 0) */
+  int cur_tier;         /* 0, 1 or 2 */
+  double cur_ms;        /* daemon-measured time of cur (0: unknown) */
+  nf_kernel *cand;      /* loaded, waiting for its canary */
+  int cand_tier;
+  double cand_ms;
+  int verified;         /* a compiled kernel passed a canary against tier 0 */
+  double run_ms;        /* time spent in it during the last step */
+  /* under mu */
+  nf_kernel *in_k;      /* handed over by the link thread */
+  int in_tier;
+  double in_ms;
+  int dstate;           /* DK_* */
+  uint64_t req_id;
+  uint8_t dkey[32];     /* the key the daemon accepted it under */
+  uint32_t trial, max_trials;
+  double share_ms;      /* step time share to report */
+} nf__kent;
+
+/* A buffer of the step program. */
+typedef struct nf__slot {
+  void *ptr;
+  int64_t bytes;
+  uint8_t dtype;
+  uint8_t rank;
+  int64_t shape[8];
+} nf__slot;
+
+/* One subgraph run. */
+typedef struct nf__op {
+  int kent;
+  const nf_graph *g;
+  uint32_t n_in, n_out;
+  int *slots;           /* n_in + n_out slot indices */
+  void **bufs;          /* their pointers (fixed once memory is planned) */
+  int alias;            /* outputs overwrite inputs (the update op) */
+} nf__op;
+
+/* A named tensor the program can read or write. */
+typedef struct nf__named {
+  char *name;
+  int slot;
+} nf__named;
+
+typedef struct nf__param {
+  char *name;
+  uint8_t dtype, rank;
+  int64_t shape[8];
+  int64_t numel;
+  int64_t offset;       /* in elements, into the flat vectors */
+  nf_init init;
+  float *init_data;     /* NF_INIT_FN_BUFFER: a copy */
+} nf__param;
+
+struct nf_session {
+  nf_buf err;
+  nf_session_opts opts;
+  char *daemon_addr;
+  nf_ir_ctx *ctx;
+  int quiet;
+  /* parameters, flat */
+  int n_params;
+  nf__param *params;
+  int64_t n_flat;       /* padded total elements */
+  float *P, *G, *M, *V; /* flat vectors (M, V: optimizer state; V also SGD momentum) */
+  float hp[8];
+  /* program */
+  int n_slots;
+  nf__slot *slots;
+  int n_ops;
+  nf__op *ops;
+  int n_kents;
+  nf__kent *kents;
+  void *arena;
+  int64_t arena_bytes;
+  int n_inputs;          /* data inputs fed by the program */
+  nf__named *inputs;
+  int n_named;           /* readable: loss, outputs, grads, inputs */
+  nf__named *named;
+  int loss_slot;
+  nf_partition *part_step, *part_upd;
+  nf_pool *pool;
+  int threads;
+  /* steps */
+  int64_t step;
+  double last_loss, last_ms, ms_hist[10];
+  double t_start, first_step_ms;
+  double interp_rate;    /* flops per ms measured at tier 0 */
+  int64_t rejected, swaps;
+  /* the link */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;     /* a kernel arrived, or the link's state changed */
+  pthread_t link_th;
+  int link_started;
+  int link_stop;         /* under mu */
+  int connected;         /* under mu */
+  int64_t connects;      /* under mu */
+  int64_t link_rejected; /* under mu: refused by the link (digest, key, load) */
+  nf_buf log;            /* under mu: recent warnings */
+};
+
+/* session.c: a session training F (in ctx, which the session takes over)
+ * with the `param` declarations of F->name in m, the gradients of the
+ * inputs gin also formed, and the outputs extra also computed. */
+nf_session *nf__session_new_graph(nf_model *m, nf_graph *F, nf_ir_ctx *ctx,
+                                  const nf_session_opts *o, int n_gin, const char *const *gin,
+                                  int n_extra, const char *const *extra, char **err);
+
+/* dlink.c */
+int nf__dlink_start(nf_session *s);
+void nf__dlink_stop(nf_session *s);
+/* Offers a kernel binary for kent k as the daemon would (tests): the
+ * digest, key and ELF checks then the canary at the next step.  key may
+ * be NULL (then k's accepted key is taken).  NF_OK or the reason. */
+int nf__session_offer(nf_session *s, int k, const void *bin, size_t len,
+                      const uint8_t sha256[32], const uint8_t key[32], int tier);
+void nf__session_warn(nf_session *s, const char *fmt, ...) NF_PRINTF(2, 3);
+double nf__now_ms(void);
+
+/* init.c: fills numel floats of a parameter of the given shape. */
+int nf__init_fill(const nf_init *in, int rank, const int64_t *shape, uint64_t seed,
+                  const char *name, float *out, nf_buf *err);
+
+/* params_io.c */
+int nf__params_save(nf_session *s, const char *path);
+int nf__params_load(nf_session *s, const char *path);
+
+#endif

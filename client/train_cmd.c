@@ -1,0 +1,346 @@
+/* train_cmd.c - `neoflow train FILE.nf DEF --data synthetic --steps N ...`:
+ * trains a model written wholly in `.nf` through the public API
+ * (neoflow/neoflow.h), as any program would.
+ *
+ * Synthetic data (docs/neoflow.md): a pool of --samples samples drawn once
+ * from the seed.  Every float input gets N(0, 1) values; every integer
+ * input of shape [batch] gets class labels in [0, --classes): the argmax
+ * of a fixed random linear "teacher" of the sample of the first float
+ * input, so the task is learnable.  Step k reads samples k*batch ... of
+ * the pool (wrapping around).  Inputs whose first dimension is not the
+ * batch get fixed N(0, 1) values. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "daemon_cmd.h"
+#include "neoflow/neoflow.h"
+#include "nf_lang.h"
+#include "session_int.h"
+
+static const char train_usage[] =
+    "usage: neoflow train FILE.nf DEF --data synthetic --steps N [options]\n"
+    "\n"
+    "Trains DEF (first output: the scalar loss; `param` declarations: the\n"
+    "parameters) on fallback kernels at once, with kernels from neoflowd\n"
+    "swapped in as they arrive.\n"
+    "\n"
+    "  --data synthetic      the data source (docs/neoflow.md)\n"
+    "  --steps N             training steps\n"
+    "  --batch B             sets DEF's integer parameter `batch`\n"
+    "  --param NAME=V        another integer parameter of DEF\n"
+    "  --optim sgd|adam|adamw  (default adam)\n"
+    "  --lr X                learning rate (default 0.001 for adam, 0.01 for sgd)\n"
+    "  --momentum X, --weight-decay X\n"
+    "  --threads T           threads (default: the machine's cores)\n"
+    "  --seed S              parameter initialisation and data (default 1)\n"
+    "  --classes K           synthetic labels (default 10)\n"
+    "  --samples N           synthetic pool size (default 2048)\n"
+    "  --daemon ADDR|none    neoflowd's socket (default $NEOFLOW_SOCKET or the\n"
+    "                        per-user socket); none: fallback kernels only\n"
+    "  --no-spawn            do not start a per-user neoflowd\n"
+    "  --compile-only        default kernels only (no tuning)\n"
+    "  --wait-kernels SEC    before training, wait up to SEC s for the daemon's\n"
+    "                        final kernels (benchmarks)\n"
+    "  --log-every N         log every N steps (default 10; --json: 1)\n"
+    "  --json                one JSON object per logged step\n"
+    "  --save FILE, --load FILE  parameters after / before training\n";
+
+static uint64_t rs;
+static double unif(void) {
+  rs += 0x9e3779b97f4a7c15ULL;
+  uint64_t z = rs;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  z ^= z >> 31;
+  return (double)(z >> 11) * 0x1.0p-53;
+}
+static double gauss(void) {
+  double u = unif(), v = unif();
+  if (u < 1e-300) u = 1e-300;
+  return sqrt(-2 * log(u)) * cos(2 * M_PI * v);
+}
+
+typedef struct feed {
+  const char *name;
+  nf_elem t;
+  int batched;          /* first dim is the batch */
+  int64_t per;          /* elements per sample (or all, unbatched) */
+  size_t esz;
+  void *pool;           /* samples x per (or per) */
+  void *buf;            /* one batch */
+  size_t bytes;         /* of buf */
+} feed;
+
+static size_t esize(nf_elem t) {
+  return t == NF_ELEM_F64 || t == NF_ELEM_I64 ? 8 : t == NF_ELEM_BOOL ? 1 : 4;
+}
+
+static int bad(const char *fmt, const char *a) {
+  fprintf(stderr, "neoflow train: ");
+  fprintf(stderr, fmt, a);
+  fprintf(stderr, "\n(run 'neoflow train --help' for usage)\n");
+  return 2;
+}
+
+int nf__cli_train(int argc, char **argv) {
+  const char *file = NULL, *def = NULL, *data = NULL, *daemon = NULL, *save = NULL, *load = NULL;
+  long steps = -1, batch = -1, classes = 10, samples = 2048, log_every = -1;
+  int threads = 0, json = 0, no_spawn = 0, compile_only = 0;
+  double lr = 0, momentum = 0, wd = 0, wait_s = 0;
+  uint64_t seed = 1;
+  nf_optim_kind ok = NF_OPTIM_ADAM;
+  const char *inames[40];
+  int64_t ivals[40];
+  int n_ip = 0;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+      fputs(train_usage, stdout);
+      return 0;
+    }
+    if (a[0] != '-' || a[1] != '-') {
+      if (!file) file = a;
+      else if (!def) def = a;
+      else return bad("unexpected argument '%s'", a);
+      continue;
+    }
+    if (!strcmp(a, "--json")) { json = 1; continue; }
+    if (!strcmp(a, "--no-spawn")) { no_spawn = 1; continue; }
+    if (!strcmp(a, "--compile-only")) { compile_only = 1; continue; }
+    if (i + 1 >= argc) return bad("option '%s' needs a value", a);
+    const char *v = argv[++i];
+    char *end = NULL;
+    errno = 0;
+    if (!strcmp(a, "--data")) data = v;
+    else if (!strcmp(a, "--daemon")) daemon = v;
+    else if (!strcmp(a, "--save")) save = v;
+    else if (!strcmp(a, "--load")) load = v;
+    else if (!strcmp(a, "--optim")) {
+      if (!strcmp(v, "sgd")) ok = NF_OPTIM_SGD;
+      else if (!strcmp(v, "adam")) ok = NF_OPTIM_ADAM;
+      else if (!strcmp(v, "adamw")) ok = NF_OPTIM_ADAMW;
+      else return bad("--optim is sgd, adam or adamw, got '%s'", v);
+    } else if (!strcmp(a, "--param")) {
+      const char *eq = strchr(v, '=');
+      if (!eq || eq == v || n_ip >= 40) return bad("--param wants NAME=INTEGER, got '%s'", v);
+      long long x = strtoll(eq + 1, &end, 10);
+      if (errno || !*(eq + 1) || *end) return bad("--param wants NAME=INTEGER, got '%s'", v);
+      char *nm = strndup(v, (size_t)(eq - v));
+      if (!nm) return 1;
+      inames[n_ip] = nm;
+      ivals[n_ip++] = x;
+    } else if (!strcmp(a, "--lr") || !strcmp(a, "--momentum") || !strcmp(a, "--weight-decay") ||
+               !strcmp(a, "--wait-kernels")) {
+      double x = strtod(v, &end);
+      if (errno || end == v || *end || !isfinite(x) || x < 0)
+        return bad("expected a non-negative number, got '%s'", v);
+      if (!strcmp(a, "--lr")) lr = x;
+      else if (!strcmp(a, "--momentum")) momentum = x;
+      else if (!strcmp(a, "--weight-decay")) wd = x;
+      else wait_s = x;
+    } else {
+      long long x = strtoll(v, &end, 10);
+      if (errno || end == v || *end) return bad("expected an integer, got '%s'", v);
+      if (!strcmp(a, "--steps") && x >= 0) steps = x;
+      else if (!strcmp(a, "--batch") && x > 0) batch = x;
+      else if (!strcmp(a, "--threads") && x >= 1 && x <= 256) threads = (int)x;
+      else if (!strcmp(a, "--seed") && x >= 0) seed = (uint64_t)x;
+      else if (!strcmp(a, "--classes") && x >= 1 && x <= 1000000) classes = x;
+      else if (!strcmp(a, "--samples") && x >= 1 && x <= 100000000) samples = x;
+      else if (!strcmp(a, "--log-every") && x >= 1) log_every = x;
+      else return bad("unknown option or value out of range: '%s'", a);
+    }
+  }
+  if (!file || !def) return bad("%s", "needs FILE.nf and DEF");
+  if (!data) return bad("%s", "needs --data (synthetic)");
+  if (strcmp(data, "synthetic")) return bad("unknown --data '%s' (this build: synthetic)", data);
+  if (steps < 0) return bad("%s", "needs --steps N");
+  if (log_every < 0) log_every = json ? 1 : 10;
+
+  double t_start = nf__now_ms();
+  char *err = NULL;
+  nf_model *m = nf_model_load(file, &err);
+  if (!m) {
+    fprintf(stderr, "%s", err ? err : "neoflow train: out of memory\n");
+    free(err);
+    return 1;
+  }
+  if (batch > 0) {
+    const char *pn[64];
+    int np = nf_module_def_params(m->mod, def, pn, 64), has = 0;
+    for (int i = 0; i < np && i < 64; i++) has |= !strcmp(pn[i], "batch");
+    if (np >= 0 && !has) {
+      fprintf(stderr, "neoflow train: error: --batch: %s has no integer parameter 'batch' "
+                      "(declare it: def %s<batch = 32>(X: f32[batch, ...], ...))\n", def, def);
+      nf_model_free(m);
+      return 1;
+    }
+    if (n_ip < 40) {
+      inames[n_ip] = strdup("batch");
+      ivals[n_ip++] = batch;
+    }
+  }
+  nf_session_opts so = {0};
+  so.optim.kind = ok;
+  so.optim.lr = lr;
+  so.optim.momentum = momentum;
+  so.optim.weight_decay = wd;
+  so.threads = threads;
+  so.seed = seed;
+  so.daemon = daemon;
+  so.no_spawn = no_spawn;
+  so.compile_only = compile_only;
+  so.n_iparams = n_ip;
+  so.inames = inames;
+  so.ivalues = ivals;
+  so.quiet = json;
+  nf_session *s = nf_session_new_def(m, def, &so, &err);
+  for (int i = 0; i < n_ip; i++) free((char *)inames[i]);
+  int status = 1;
+  feed *f = NULL;
+  int nf = 0;
+  if (!s) {
+    fprintf(stderr, "neoflow train: error: %s\n", err ? err : "out of memory");
+    free(err);
+    goto out;
+  }
+  if (load && nf_session_load(s, load) != NF_OK) {
+    fprintf(stderr, "neoflow train: error: %s\n", nf_session_error(s));
+    goto out;
+  }
+  /* the synthetic pool */
+  nf = nf_session_n_inputs(s);
+  f = calloc((size_t)nf + 1, sizeof *f);
+  if (!f) goto out;
+  rs = seed * 0x2545f4914f6cdd1dULL + 17;
+  int64_t bdim = -1;
+  int first_float = -1;
+  for (int i = 0; i < nf; i++) {
+    int rank;
+    int64_t dims[8];
+    nf_session_input_info(s, i, &f[i].name, &f[i].t, &rank, dims);
+    if (i == 0 && rank > 0) bdim = dims[0];
+    f[i].batched = rank > 0 && dims[0] == bdim;
+    int64_t all = 1;
+    for (int r = 0; r < rank; r++) all *= dims[r];
+    f[i].per = f[i].batched ? all / bdim : all;
+    f[i].esz = esize(f[i].t);
+    f[i].bytes = (size_t)all * f[i].esz;
+    f[i].buf = malloc(f[i].bytes ? f[i].bytes : 1);
+    int64_t cnt = f[i].batched ? samples : 1;
+    f[i].pool = malloc((size_t)(f[i].per * cnt) * f[i].esz + 1);
+    if (!f[i].buf || !f[i].pool) goto out;
+    if (first_float < 0 && (f[i].t == NF_ELEM_F32) && f[i].batched) first_float = i;
+  }
+  for (int i = 0; i < nf; i++) {
+    int64_t cnt = f[i].batched ? samples : 1, n = f[i].per * cnt;
+    if (f[i].t == NF_ELEM_F32)
+      for (int64_t k = 0; k < n; k++) ((float *)f[i].pool)[k] = (float)gauss();
+  }
+  for (int i = 0; i < nf; i++) {
+    if (f[i].t != NF_ELEM_I32 && f[i].t != NF_ELEM_I64) continue;
+    int64_t cnt = f[i].batched ? samples : 1;
+    if (!f[i].batched || f[i].per != 1 || first_float < 0) {
+      for (int64_t k = 0; k < f[i].per * cnt; k++) {
+        if (f[i].t == NF_ELEM_I32) ((int32_t *)f[i].pool)[k] = 0;
+        else ((int64_t *)f[i].pool)[k] = 0;
+      }
+      continue;
+    }
+    const feed *x = &f[first_float];
+    float *teacher = malloc(sizeof(float) * (size_t)(x->per * classes));
+    if (!teacher) goto out;
+    for (int64_t k = 0; k < x->per * classes; k++) teacher[k] = (float)gauss();
+    for (int64_t smp = 0; smp < samples; smp++) {
+      const float *xs = (const float *)x->pool + smp * x->per;
+      int64_t best = 0;
+      double bv = -INFINITY;
+      for (int64_t c = 0; c < classes; c++) {
+        double acc = 0;
+        for (int64_t d = 0; d < x->per; d++) acc += (double)teacher[c * x->per + d] * xs[d];
+        if (acc > bv) bv = acc, best = c;
+      }
+      if (f[i].t == NF_ELEM_I32) ((int32_t *)f[i].pool)[smp] = (int32_t)best;
+      else ((int64_t *)f[i].pool)[smp] = best;
+    }
+    free(teacher);
+  }
+  if (wait_s > 0) nf_session_wait_kernels(s, (int)(wait_s * 1000), 2);
+  int tty = isatty(2) && !json;
+  double loss0 = NAN, loss = NAN;
+  for (long st = 0; st < steps; st++) {
+    for (int i = 0; i < nf; i++) {
+      if (!f[i].batched) {
+        memcpy(f[i].buf, f[i].pool, f[i].bytes);
+      } else {
+        size_t one = (size_t)f[i].per * f[i].esz;
+        for (int64_t b = 0; b < bdim; b++) {
+          int64_t smp = (st * bdim + b) % samples;
+          memcpy((char *)f[i].buf + (size_t)b * one, (char *)f[i].pool + (size_t)smp * one, one);
+        }
+      }
+      if (nf_session_feed(s, f[i].name, f[i].buf, f[i].bytes) != NF_OK) {
+        fprintf(stderr, "neoflow train: error: %s\n", nf_session_error(s));
+        goto out;
+      }
+    }
+    if (nf_session_step(s, &loss) != NF_OK) {
+      fprintf(stderr, "neoflow train: error: %s\n", nf_session_error(s));
+      goto out;
+    }
+    if (st == 0) loss0 = loss;
+    nf_session_stats stt;
+    nf_session_stats_get(s, &stt);
+    int last = st + 1 == steps;
+    if (json && ((st + 1) % log_every == 0 || last)) {
+      printf("{\"step\":%lld,\"loss\":%.9g,\"ms\":%.4f,\"tier1\":%d,\"tier2\":%d,\"kernels\":%d,"
+             "\"blas\":%d,\"tuning\":%d,\"trials\":%lld,\"trials_max\":%lld,\"connected\":%s,"
+             "\"swaps\":%lld,\"rejected\":%lld,\"reconnects\":%lld,\"elapsed_ms\":%.1f}\n",
+             (long long)stt.step, loss, stt.ms, stt.tier1, stt.tier2, stt.kernels, stt.blas,
+             stt.tuning, (long long)stt.trials, (long long)stt.trials_max,
+             stt.connected ? "true" : "false", (long long)stt.swaps, (long long)stt.rejected,
+             (long long)stt.reconnects, nf__now_ms() - t_start);
+      fflush(stdout);
+    } else if (tty) {
+      fprintf(stderr, "\rstep %lld/%ld  loss %.5g  %.2f ms/step  tier1 %d/%d  tier2 %d/%d",
+              (long long)stt.step, steps, loss, stt.ms_avg, stt.tier1, stt.kernels, stt.tier2,
+              stt.kernels);
+      if (stt.tuning) fprintf(stderr, "  tuning %d (trials %lld/%lld)", stt.tuning,
+                              (long long)stt.trials, (long long)stt.trials_max);
+      fprintf(stderr, "%s      ", stt.connected ? "" : "  (no daemon)");
+      if (last) fputc('\n', stderr);
+    } else if (!json && ((st + 1) % log_every == 0 || last || st == 0)) {
+      printf("step %lld  loss %.6g  %.2f ms  tier1 %d/%d  tier2 %d/%d%s\n", (long long)stt.step,
+             loss, stt.ms, stt.tier1, stt.kernels, stt.tier2, stt.kernels,
+             stt.connected ? "" : "  (no daemon)");
+    }
+  }
+  if (save && nf_session_save(s, save) != NF_OK) {
+    fprintf(stderr, "neoflow train: error: %s\n", nf_session_error(s));
+    goto out;
+  }
+  if (!json) {
+    nf_session_stats stt;
+    nf_session_stats_get(s, &stt);
+    printf("trained %lld steps: loss %.6g -> %.6g; first step done %.0f ms after start; "
+           "%.2f ms/step (last 10); kernels %d: tier1 %d, tier2 %d, blas %d; swaps %lld, "
+           "rejected %lld\n",
+           (long long)stt.step, loss0, loss, stt.first_step_ms, stt.ms_avg, stt.kernels, stt.tier1,
+           stt.tier2, stt.blas, (long long)stt.swaps, (long long)stt.rejected);
+  }
+  status = isfinite(loss) || steps == 0 ? 0 : 1;
+  if (status) fprintf(stderr, "neoflow train: error: the loss is not finite (%g)\n", loss);
+out:
+  for (int i = 0; f && i < nf; i++) {
+    free(f[i].buf);
+    free(f[i].pool);
+  }
+  free(f);
+  nf_session_free(s);
+  nf_model_free(m);
+  return status;
+}

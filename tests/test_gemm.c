@@ -1,0 +1,448 @@
+/* test_gemm.c - tier 0 of matmul-shaped subgraphs through cblas_sgemm
+ * (client/executor/nf_gemm.h).
+ *
+ * Every graph is partitioned (nf_partition_graph) and every subgraph that
+ * nf_gemm_prepare accepts is run both ways on random inputs (never
+ * zeros; odd sizes): nf_gemm_run must write every output (they start as
+ * NaN) and agree with nf_interp_run (f32) within 1e-5 of the output's
+ * largest magnitude, twice with fresh inputs (the intermediates are
+ * reused).  Covered: the four transposes, operands in either order, a
+ * transposed result, batches (shared, fused, one operand batched, batch in
+ * the middle), matrix-vector and dot products, linear + ReLU (epilogue),
+ * lltm_cell (concat prologue), the gradient graphs of matmul_loss and
+ * lltm_loss (the GEMM subgraphs counted), and the shapes that must stay
+ * with the interpreter (conv2d, a scaled product, shifted indices, two
+ * reduction variables, a one-sided sum, f64).  An epilogue's run-time
+ * error comes back from nf_gemm_run with the interpreter's message. */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nf_autodiff.h"
+#include "nf_diag.h"
+#include "nf_gemm.h"
+#include "nf_interp.h"
+#include "nf_ir.h"
+#include "nf_lang.h"
+#include "nf_partition.h"
+
+static const char *const kSrc =
+    "def mm_nn(A: f32[M, K], B: f32[K, N]) -> (C: f32[M, N]) {\n"
+    "  C(i, j) +=! A(i, k) * B(k, j)\n}\n"
+    "def mm_nt(A: f32[M, K], B: f32[N, K]) -> (C: f32[M, N]) {\n"
+    "  C(i, j) +=! A(i, k) * B(j, k)\n}\n"
+    "def mm_tn(A: f32[K, M], B: f32[K, N]) -> (C: f32[M, N]) {\n"
+    "  C(i, j) +=! A(k, i) * B(k, j)\n}\n"
+    "def mm_tt(A: f32[K, M], B: f32[N, K]) -> (C: f32[M, N]) {\n"
+    "  C(i, j) +=! A(k, i) * B(j, k)\n}\n"
+    "def mm_swapped(A: f32[M, K], B: f32[K, N]) -> (C: f32[M, N]) {\n"
+    "  C(i, j) +=! B(k, j) * A(i, k)\n}\n"
+    "def mm_ct(A: f32[N, K], B: f32[K, M]) -> (C: f32[M, N]) {\n"
+    "  C(i, j) +=! A(j, k) * B(k, i)\n}\n"
+    "def bmm(A: f32[Bt, M, K], B: f32[Bt, K, N]) -> (C: f32[Bt, M, N]) {\n"
+    "  C(b, i, j) +=! A(b, i, k) * B(b, k, j)\n}\n"
+    "def bmm_w(A: f32[Bt, M, K], W: f32[K, N]) -> (C: f32[Bt, M, N]) {\n"
+    "  C(b, i, j) +=! A(b, i, k) * W(k, j)\n}\n"
+    "def bmm_wl(W: f32[M, K], B: f32[Bt, K, N]) -> (C: f32[Bt, M, N]) {\n"
+    "  C(b, i, j) +=! W(i, k) * B(b, k, j)\n}\n"
+    "def bmm_mid(A: f32[M, Bt, K], B: f32[Bt, N, K]) -> (C: f32[Bt, M, N]) {\n"
+    "  C(b, i, j) +=! A(i, b, k) * B(b, j, k)\n}\n"
+    "def bmm_bcast(A: f32[M, K], B: f32[K, N]) -> (C: f32[3, M, N]) {\n"
+    "  C(b, i, j) +=! A(i, k) * B(k, j)\n}\n"
+    "def matvec(A: f32[M, K], x: f32[K]) -> (y: f32[M]) {\n"
+    "  y(i) +=! A(i, k) * x(k)\n}\n"
+    "def dot(x: f32[K], z: f32[K]) -> (s: f32[]) {\n"
+    "  s() +=! x(k) * z(k)\n}\n"
+    "def xtx(A: f32[K, M]) -> (C: f32[M, M]) {\n"
+    "  C(i, j) +=! A(k, i) * A(k, j)\n}\n"
+    "def mm_lo(A: f32[M, K], B: f32[K, N]) -> (C: f32[M, N]) {\n"
+    "  C(i, j) +=! A(i, k) * B(k, j) where k in 2:K\n}\n"
+    "def mm_k0(A: f32[M, K], B: f32[K, N]) -> (C: f32[M, N]) {\n"
+    "  C(i, j) +=! A(i, k) * B(k, j) where k in 3:3\n}\n"
+    "def mm_gather(A: f32[M, K], B: f32[K, N], idx: i64[P]) -> (Y: f32[P, N]) {\n"
+    "  C(i, j) +=! A(i, k) * B(k, j)\n"
+    "  Y(p, j) = C(idx(p), j)\n}\n"
+    /* not matmul-shaped */
+    "def mm_scaled(A: f32[M, K], B: f32[K, N]) -> (C: f32[M, N]) {\n"
+    "  C(i, j) +=! 2.0 * A(i, k) * B(k, j)\n}\n"
+    "def mm_shifted(A: f32[M, K], B: f32[K, N]) -> (C: f32[M, N]) {\n"
+    "  C(i, j) +=! A(i, k + 1) * B(k, j) where k in 0:K - 1\n}\n"
+    "def two_red(A: f32[M, K, L], B: f32[K, L]) -> (C: f32[M]) {\n"
+    "  C(i) +=! A(i, k, l) * B(k, l)\n}\n"
+    "def one_sided(A: f32[M, K], B: f32[M, N]) -> (C: f32[M, N]) {\n"
+    "  C(i, j) +=! A(i, k) * B(i, j)\n}\n"
+    "def mm_max(A: f32[M, K], B: f32[K, N]) -> (C: f32[M, N]) {\n"
+    "  C(i, j) max=! A(i, k) * B(k, j)\n}\n"
+    "def mm_f64(A: f64[M, K], B: f64[K, N]) -> (C: f64[M, N]) {\n"
+    "  C(i, j) +=! A(i, k) * B(k, j)\n}\n";
+
+/* ---- instantiation ---- */
+
+/* def of a file under $NEOFLOW_LIB (rel) or of kSrc (rel NULL). */
+static nf_graph *inst(const char *rel, const char *def, int n, const nf_arg_shape *sh,
+                      nf_ir_ctx *ctx) {
+  const char *lib = getenv("NEOFLOW_LIB");
+  ck_assert_ptr_nonnull(lib);
+  nf_module *m = nf_module_new();
+  nf_diag *d = nf_diag_new();
+  int rc;
+  if (rel) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", lib, rel);
+    rc = nf_module_load_file(m, path, d);
+  } else {
+    rc = nf_module_load_source(m, "gemm_cases.nf", kSrc, d);
+  }
+  ck_assert_msg(rc == NF_OK, "%s", nf_diag_text(d));
+  nf_graph *g = NULL;
+  nf_inst_opts o = {.n_shapes = n, .shapes = sh};
+  ck_assert_msg(nf_module_instantiate(m, def, &o, ctx, &g, d) == NF_OK, "%s: %s", def,
+                nf_diag_text(d));
+  nf_diag_free(d);
+  nf_module_free(m);
+  return g;
+}
+
+#define SH(...) {NULL, sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t), {__VA_ARGS__}}
+
+/* ---- running a subgraph both ways ---- */
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static double unit(void) {
+  rng_state ^= rng_state << 13;
+  rng_state ^= rng_state >> 7;
+  rng_state ^= rng_state << 17;
+  return (double)(rng_state >> 11) / 9007199254740992.0;
+}
+
+/* Fills a with random non-zero floats in +-[0.1, 1], integers with 0 (or
+ * int_fill). */
+static void fill(nf_array *a, int64_t int_fill) {
+  for (int64_t i = 0; i < a->numel; i++) {
+    double v = 0.1 + 0.9 * unit();
+    if (unit() < 0.5) v = -v;
+    switch (a->dtype) {
+    case NF_F32: ((float *)a->data)[i] = (float)v; break;
+    case NF_I64: ((int64_t *)a->data)[i] = int_fill; break;
+    case NF_I32: ((int32_t *)a->data)[i] = (int32_t)int_fill; break;
+    case NF_BOOL: ((uint8_t *)a->data)[i] = 0; break;
+    default: ck_abort_msg("dtype %d", (int)a->dtype);
+    }
+  }
+}
+
+/* Runs s and the interpreter on sub twice with fresh inputs; asserts
+ * agreement.  With int_fill != 0 expects nf_gemm_run to fail instead and
+ * returns its status. */
+static int compare(const nf_graph *sub, nf_gemm_sub *s, int64_t int_fill) {
+  uint32_t ni = sub->n_inputs, no = sub->n_outputs;
+  nf_array *in = calloc(ni ? ni : 1, sizeof *in), *want = calloc(no ? no : 1, sizeof *want);
+  void **bufs = calloc(ni + no ? ni + no : 1, sizeof *bufs);
+  nf_buf err = NF_BUF_INIT;
+  int status = NF_OK;
+  for (uint32_t k = 0; k < ni; k++) {
+    const nf_tensor *t = &sub->tensors[sub->inputs[k]];
+    ck_assert_int_eq(nf_array_alloc(&in[k], (nf_dtype)t->dtype, t->rank, t->shape), NF_OK);
+    bufs[k] = in[k].data;
+  }
+  for (uint32_t k = 0; k < no; k++) {
+    const nf_tensor *t = &sub->tensors[sub->outputs[k]];
+    size_t bytes = (size_t)nf_tensor_numel(t) * nf_dtype_size((nf_dtype)t->dtype);
+    bufs[ni + k] = malloc(bytes ? bytes : 1);
+    ck_assert_ptr_nonnull(bufs[ni + k]);
+  }
+  for (int rep = 0; rep < 2; rep++) {
+    for (uint32_t k = 0; k < ni; k++) fill(&in[k], int_fill);
+    for (uint32_t k = 0; k < no; k++) {
+      const nf_tensor *t = &sub->tensors[sub->outputs[k]];
+      memset(bufs[ni + k], 0xff, (size_t)nf_tensor_numel(t) * nf_dtype_size((nf_dtype)t->dtype));
+    }
+    int rc = nf_gemm_run(s, bufs, &err);
+    if (int_fill) {
+      ck_assert_int_ne(rc, NF_OK);
+      ck_assert_msg(strstr(nf_buf_str(&err), "epilogue") != NULL, "%s", nf_buf_str(&err));
+      status = rc;
+      break;
+    }
+    ck_assert_msg(rc == NF_OK, "%s: %s", nf_gemm_describe(s), nf_buf_str(&err));
+    ck_assert_msg(nf_interp_run(sub, in, NF_INTERP_F32, want, &err) == NF_OK, "%s",
+                  nf_buf_str(&err));
+    for (uint32_t k = 0; k < no; k++) {
+      const nf_tensor *t = &sub->tensors[sub->outputs[k]];
+      ck_assert_int_eq(want[k].dtype, t->dtype);
+      if (t->dtype != NF_F32) {
+        ck_assert(memcmp(want[k].data, bufs[ni + k],
+                         (size_t)want[k].numel * nf_dtype_size(want[k].dtype)) == 0);
+      } else {
+        const float *w = want[k].data, *got = bufs[ni + k];
+        double max_abs = 0, max_diff = 0;
+        for (int64_t i = 0; i < want[k].numel; i++) {
+          ck_assert_msg(!isnan(got[i]), "%s: output %s[%lld] not written",
+                        nf_gemm_describe(s), t->name, (long long)i);
+          if (fabs(w[i]) > max_abs) max_abs = fabs(w[i]);
+          if (fabs((double)w[i] - got[i]) > max_diff) max_diff = fabs((double)w[i] - got[i]);
+        }
+        ck_assert_msg(max_diff <= 1e-5 * max_abs, "%s: output %s differs by %g (max %g)",
+                      nf_gemm_describe(s), t->name, max_diff, max_abs);
+      }
+      nf_array_free(&want[k]);
+    }
+  }
+  for (uint32_t k = 0; k < ni; k++) nf_array_free(&in[k]);
+  for (uint32_t k = 0; k < no; k++) free(bufs[ni + k]);
+  free(in);
+  free(want);
+  free(bufs);
+  nf_buf_free(&err);
+  return status;
+}
+
+#define MAX_DESC 64
+
+typedef struct result {
+  int n_sub, n_gemm;
+  char desc[MAX_DESC][160]; /* of the GEMM subgraphs, in order */
+} result;
+
+/* Partitions g and checks every matmul-shaped subgraph. */
+static void check_graph(const nf_graph *g, result *r) {
+  memset(r, 0, sizeof *r);
+  nf_partition *p = NULL;
+  nf_buf err = NF_BUF_INIT;
+  ck_assert_msg(nf_partition_graph(g, &p, &err) == NF_OK, "%s", nf_buf_str(&err));
+  r->n_sub = (int)p->n;
+  for (uint32_t i = 0; i < p->n; i++) {
+    nf_gemm_sub *s = NULL;
+    ck_assert_msg(nf_gemm_prepare(p->sub[i].g, &s, &err) == NF_OK, "%s", nf_buf_str(&err));
+    if (!s) continue;
+    if (r->n_gemm < MAX_DESC)
+      snprintf(r->desc[r->n_gemm], sizeof r->desc[0], "%s", nf_gemm_describe(s));
+    r->n_gemm++;
+    compare(p->sub[i].g, s, 0);
+    nf_gemm_free(s);
+  }
+  nf_partition_free(p);
+  nf_buf_free(&err);
+}
+
+/* One def of kSrc: one GEMM subgraph described as want (a prefix). */
+static void one(const char *def, int n, const nf_arg_shape *sh, const char *want) {
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  nf_graph *g = inst(NULL, def, n, sh, ctx);
+  result r;
+  check_graph(g, &r);
+  ck_assert_msg(r.n_gemm == 1, "%s: %d GEMM subgraphs", def, r.n_gemm);
+  ck_assert_msg(strncmp(r.desc[0], want, strlen(want)) == 0, "%s: \"%s\", want \"%s\"", def,
+                r.desc[0], want);
+  nf_ir_ctx_free(ctx);
+}
+
+/* M 13, K 7, N 9, batch 3 */
+START_TEST(gemm_transposes) {
+  nf_arg_shape mk[2] = {SH(13, 7), SH(7, 9)};
+  one("mm_nn", 2, mk, "sgemm NN 13x9x7 batch 1, prologue 0 stmts, epilogue 0 stmts");
+  nf_arg_shape nt[2] = {SH(13, 7), SH(9, 7)};
+  one("mm_nt", 2, nt, "sgemm NT 13x9x7 batch 1");
+  nf_arg_shape tn[2] = {SH(7, 13), SH(7, 9)};
+  one("mm_tn", 2, tn, "sgemm TN 13x9x7 batch 1");
+  nf_arg_shape tt[2] = {SH(7, 13), SH(9, 7)};
+  one("mm_tt", 2, tt, "sgemm TT 13x9x7 batch 1");
+  one("mm_swapped", 2, mk, "sgemm NN 13x9x7 batch 1");
+  /* C = B^T A^T: computed as C with rows from B */
+  nf_arg_shape ct[2] = {SH(9, 7), SH(7, 13)};
+  one("mm_ct", 2, ct, "sgemm TT 13x9x7 batch 1");
+  nf_arg_shape xtx[1] = {SH(7, 13)};
+  one("xtx", 1, xtx, "sgemm TN 13x13x7 batch 1");
+  nf_arg_shape mv[2] = {SH(13, 7), SH(7)};
+  one("matvec", 2, mv, "sgemm NN 13x1x7 batch 1");
+  nf_arg_shape dt[2] = {SH(7), SH(7)};
+  one("dot", 2, dt, "sgemm NN 1x1x7 batch 1");
+  /* a reduction range that starts at 2, and an empty one (C = 0) */
+  one("mm_lo", 2, mk, "sgemm NN 13x9x5 batch 1");
+  one("mm_k0", 2, mk, "sgemm NN 13x9x0 batch 1");
+}
+END_TEST
+
+START_TEST(gemm_batched) {
+  nf_arg_shape bmm[2] = {SH(3, 13, 7), SH(3, 7, 9)};
+  one("bmm", 2, bmm, "sgemm NN 13x9x7 batch 3");
+  /* a weight shared across the batch: batch and rows are one block */
+  nf_arg_shape w[2] = {SH(3, 13, 7), SH(7, 9)};
+  one("bmm_w", 2, w, "sgemm NN 39x9x7 batch 1");
+  nf_arg_shape wl[2] = {SH(13, 7), SH(3, 7, 9)};
+  one("bmm_wl", 2, wl, "sgemm NN 13x9x7 batch 3");
+  nf_arg_shape mid[2] = {SH(13, 3, 7), SH(3, 9, 7)};
+  one("bmm_mid", 2, mid, "sgemm NT 13x9x7 batch 3");
+  nf_arg_shape bc[2] = {SH(13, 7), SH(7, 9)};
+  one("bmm_bcast", 2, bc, "sgemm NN 13x9x7 batch 3");
+  /* the library's batch_matmul over two batch dims (one block of 6) */
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  nf_arg_shape b4[2] = {SH(2, 3, 5, 7), SH(2, 3, 7, 4)};
+  nf_graph *g = inst("nn.nf", "batch_matmul", 2, b4, ctx);
+  result r;
+  check_graph(g, &r);
+  ck_assert_int_eq(r.n_gemm, 1);
+  ck_assert_str_eq(r.desc[0], "sgemm NN 5x4x7 batch 6, prologue 0 stmts, epilogue 0 stmts");
+  nf_ir_ctx_free(ctx);
+}
+END_TEST
+
+START_TEST(gemm_prologue_epilogue) {
+  static const char *src =
+      "import nn\n"
+      "def lin_relu(X: f32[N, I], W: f32[O, I], b: f32[O]) -> (Y: f32[N, O]) {\n"
+      "  Z = linear(X, W, b)\n  Y = relu(Z)\n}\n";
+  const char *lib = getenv("NEOFLOW_LIB");
+  ck_assert_ptr_nonnull(lib);
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  nf_module *m = nf_module_new();
+  nf_diag *d = nf_diag_new();
+  ck_assert_int_eq(nf_module_set_lib_dir(m, lib), NF_OK);
+  ck_assert_msg(nf_module_load_source(m, "lin_relu.nf", src, d) == NF_OK, "%s", nf_diag_text(d));
+  nf_arg_shape sh[3] = {SH(11, 17), SH(6, 17), SH(6)};
+  nf_inst_opts o = {.n_shapes = 3, .shapes = sh};
+  nf_graph *g = NULL;
+  ck_assert_msg(nf_module_instantiate(m, "lin_relu", &o, ctx, &g, d) == NF_OK, "%s",
+                nf_diag_text(d));
+  nf_diag_free(d);
+  nf_module_free(m);
+  result r;
+  check_graph(g, &r);
+  ck_assert_int_eq(r.n_sub, 1);
+  ck_assert_int_eq(r.n_gemm, 1);
+  ck_assert_str_eq(r.desc[0], "sgemm NT 11x6x17 batch 1, prologue 0 stmts, epilogue 2 stmts");
+  nf_ir_ctx_free(ctx);
+
+  /* lltm_cell: the concat is inlined before the matmul, the gates after */
+  ctx = nf_ir_ctx_new();
+  nf_arg_shape cell[5] = {SH(3, 5), SH(3, 4), SH(3, 4), SH(12, 9), SH(12)};
+  g = inst("../examples/models.nf", "lltm_cell", 5, cell, ctx);
+  check_graph(g, &r);
+  ck_assert_int_eq(r.n_gemm, 1);
+  ck_assert_msg(strncmp(r.desc[0], "sgemm NT 3x12x9 batch 1, prologue 1 stmt, epilogue", 50) == 0,
+                "%s", r.desc[0]);
+  nf_ir_ctx_free(ctx);
+}
+END_TEST
+
+static nf_graph *grad(const nf_graph *g, int n, const char **wrt, nf_ir_ctx *ctx) {
+  nf_grad_opts go = {.n_wrt = n, .wrt = wrt};
+  nf_graph *gg = NULL;
+  nf_buf err = NF_BUF_INIT;
+  ck_assert_msg(nf_grad_graph(g, &go, ctx, &gg, NULL, &err) == NF_OK, "%s", nf_buf_str(&err));
+  nf_buf_free(&err);
+  return gg;
+}
+
+static int count_prefix(const result *r, const char *prefix) {
+  int n = 0;
+  for (int i = 0; i < r->n_gemm && i < MAX_DESC; i++)
+    n += strncmp(r->desc[i], prefix, strlen(prefix)) == 0;
+  return n;
+}
+
+START_TEST(gemm_gradients) {
+  /* matmul_loss: dA = dC B^T (NT) and dB = A^T dC (TN) */
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  nf_arg_shape mm[3] = {SH(13, 7), SH(7, 9), SH(13, 9)};
+  nf_graph *g = inst("../examples/workloads.nf", "matmul_loss", 3, mm, ctx);
+  const char *ab[2] = {"A", "B"};
+  result r;
+  check_graph(grad(g, 2, ab, ctx), &r);
+  ck_assert_int_ge(r.n_gemm, 2);
+  ck_assert_int_eq(count_prefix(&r, "sgemm NT 13x7x9 batch 1"), 1);
+  ck_assert_int_eq(count_prefix(&r, "sgemm TN 7x9x13 batch 1"), 1);
+  nf_ir_ctx_free(ctx);
+
+  /* lltm_loss (8 steps): per step the forward X W^T, and backward dG W
+   * (into [x, h]) and dG^T XH (into W); the step-1 dG W feeds only X and
+   * H0, which are not differentiated */
+  ctx = nf_ir_ctx_new();
+  nf_arg_shape ll[5] = {SH(8, 3, 5), SH(3, 4), SH(3, 4), SH(12, 9), SH(12)};
+  g = inst("../examples/workloads.nf", "lltm_loss", 5, ll, ctx);
+  const char *wb[2] = {"W", "b"};
+  check_graph(grad(g, 2, wb, ctx), &r);
+  ck_assert_int_eq(count_prefix(&r, "sgemm NT 3x12x9"), 8);
+  ck_assert_int_eq(count_prefix(&r, "sgemm NN 3x9x12"), 7);
+  ck_assert_int_eq(count_prefix(&r, "sgemm TN 12x9x3"), 8);
+  ck_assert_int_eq(r.n_gemm, 23);
+  nf_ir_ctx_free(ctx);
+}
+END_TEST
+
+START_TEST(gemm_not_matmul_shaped) {
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  nf_arg_shape cv[2] = {SH(2, 3, 9, 7), SH(4, 3, 3, 3)};
+  nf_graph *g = inst("nn.nf", "conv2d", 2, cv, ctx);
+  result r;
+  check_graph(g, &r);
+  ck_assert_int_eq(r.n_sub, 1);
+  ck_assert_int_eq(r.n_gemm, 0);
+  /* and its gradient graph (reductions over windows, no plain product) */
+  const char *w[1] = {"W"};
+  check_graph(grad(g, 1, w, ctx), &r);
+  ck_assert_int_ge(r.n_sub, 1);
+  ck_assert_int_eq(r.n_gemm, 0);
+  static const char *defs[] = {"mm_scaled", "mm_shifted", "one_sided", "mm_max", "mm_f64"};
+  nf_arg_shape mk[2] = {SH(13, 7), SH(7, 9)}, os[2] = {SH(13, 7), SH(13, 9)};
+  for (size_t i = 0; i < sizeof defs / sizeof *defs; i++) {
+    g = inst(NULL, defs[i], 2, strcmp(defs[i], "one_sided") == 0 ? os : mk, ctx);
+    check_graph(g, &r);
+    ck_assert_msg(r.n_gemm == 0, "%s matched: %s", defs[i], r.desc[0]);
+  }
+  nf_arg_shape tr[2] = {SH(13, 7, 5), SH(7, 5)};
+  check_graph(inst(NULL, "two_red", 2, tr, ctx), &r);
+  ck_assert_int_eq(r.n_gemm, 0);
+  nf_ir_ctx_free(ctx);
+}
+END_TEST
+
+/* An i64 gather in the epilogue: right when the indices are, and the
+ * interpreter's bounds error (with its message) when they are not. */
+START_TEST(gemm_epilogue_error) {
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  nf_arg_shape sh[3] = {SH(13, 7), SH(7, 9), SH(5)};
+  nf_graph *g = inst(NULL, "mm_gather", 3, sh, ctx);
+  nf_partition *p = NULL;
+  nf_buf err = NF_BUF_INIT;
+  ck_assert_int_eq(nf_partition_graph(g, &p, &err), NF_OK);
+  ck_assert_uint_eq(p->n, 1);
+  nf_gemm_sub *s = NULL;
+  ck_assert_int_eq(nf_gemm_prepare(p->sub[0].g, &s, &err), NF_OK);
+  ck_assert_ptr_nonnull(s);
+  ck_assert_str_eq(nf_gemm_describe(s),
+                   "sgemm NN 13x9x7 batch 1, prologue 0 stmts, epilogue 1 stmt");
+  compare(p->sub[0].g, s, 0);
+  ck_assert_int_eq(compare(p->sub[0].g, s, 13), NF_EBOUNDS);
+  nf_gemm_free(s);
+  nf_partition_free(p);
+  nf_buf_free(&err);
+  nf_ir_ctx_free(ctx);
+}
+END_TEST
+
+static Suite *suite(void) {
+  Suite *s = suite_create("gemm");
+  TCase *tc = tcase_create("gemm");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, gemm_transposes);
+  tcase_add_test(tc, gemm_batched);
+  tcase_add_test(tc, gemm_prologue_epilogue);
+  tcase_add_test(tc, gemm_gradients);
+  tcase_add_test(tc, gemm_not_matmul_shaped);
+  tcase_add_test(tc, gemm_epilogue_error);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) {
+  nf_gemm_set_threads(2);
+  SRunner *r = srunner_create(suite());
+  srunner_run_all(r, CK_NORMAL);
+  int failed = srunner_ntests_failed(r);
+  srunner_free(r);
+  return failed ? 1 : 0;
+}
