@@ -676,6 +676,33 @@ static int params_from_decls(nf_session *s, nf_model *m, const char *def, char *
   return NF_OK;
 }
 
+/* Inputs of F trained as parameters (opts.trainable). */
+static int add_trainable(nf_session *s, const nf_graph *F, int n, const char *const *names,
+                         char **err) {
+  if (n <= 0) return NF_OK;
+  nf__param *np = realloc(s->params, sizeof *np * (size_t)(s->n_params + n + 1));
+  if (!np) return NF_ENOMEM;
+  s->params = np;
+  for (int i = 0; i < n; i++) {
+    char msg[600];
+    if (!names || !names[i] || !is_f_input(F, names[i]) || find_param(s, names[i]) >= 0) {
+      snprintf(msg, sizeof msg, "cannot train '%s': %s", names && names[i] ? names[i] : "(null)",
+               names && names[i] && find_param(s, names[i]) >= 0 ? "it is a parameter already"
+                                                                : "not an input of the def");
+      set_err(err, "", msg);
+      return NF_EINVAL;
+    }
+    nf__param *p = &s->params[s->n_params];
+    memset(p, 0, sizeof *p);
+    p->name = strdup(names[i]);
+    if (!p->name) return NF_ENOMEM;
+    p->init.fn = NF_INIT_FN_KAIMING_UNIFORM;
+    p->init.a = sqrt(5.0);
+    s->n_params++;
+  }
+  return NF_OK;
+}
+
 nf_session *nf__session_new_graph(nf_model *m, nf_graph *F, nf_ir_ctx *ctx,
                                   const nf_session_opts *o, int n_gin, const char *const *gin,
                                   int n_extra, const char *const *extra, char **err) {
@@ -689,6 +716,7 @@ nf_session *nf__session_new_graph(nf_model *m, nf_graph *F, nf_ir_ctx *ctx,
   nf_ir_ctx_free(s->ctx);
   s->ctx = ctx;
   if (params_from_decls(s, m, F->name, err) != NF_OK ||
+      (o && add_trainable(s, F, o->n_trainable, o->trainable, err) != NF_OK) ||
       finish(s, F, n_gin, gin, n_extra, extra, err) != NF_OK) {
     nf_session_free(s);
     return NULL;

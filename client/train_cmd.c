@@ -32,6 +32,9 @@ static const char train_usage[] =
     "  --steps N             training steps\n"
     "  --batch B             sets DEF's integer parameter `batch`\n"
     "  --param NAME=V        another integer parameter of DEF\n"
+    "  --shape NAME=d1,d2,.. the shape of an input with symbolic sizes\n"
+    "  --params A,B,...      inputs of DEF to train as parameters (besides its\n"
+    "                        `param` declarations), PyTorch's default init\n"
     "  --optim sgd|adam|adamw  (default adam)\n"
     "  --lr X                learning rate (default 0.001 for adam, 0.01 for sgd)\n"
     "  --momentum X, --weight-decay X\n"
@@ -96,6 +99,14 @@ int nf__cli_train(int argc, char **argv) {
   const char *inames[40];
   int64_t ivals[40];
   int n_ip = 0;
+  const char *shn[40];
+  int shr[40];
+  int64_t shd[40][8];
+  const int64_t *shp[40];
+  int n_sh = 0;
+  char *trainable_buf = NULL;
+  const char *trainable[64];
+  int n_tr = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -133,6 +144,26 @@ int nf__cli_train(int argc, char **argv) {
       if (!nm) return 1;
       inames[n_ip] = nm;
       ivals[n_ip++] = x;
+    } else if (!strcmp(a, "--shape")) {
+      const char *eq = strchr(v, '=');
+      if (!eq || eq == v || n_sh >= 40) return bad("--shape wants NAME=d1,d2,..., got '%s'", v);
+      shn[n_sh] = strndup(v, (size_t)(eq - v));
+      shr[n_sh] = 0;
+      for (const char *p = eq + 1; *p;) {
+        long long x = strtoll(p, &end, 10);
+        if (end == p || x <= 0 || shr[n_sh] >= 8) return bad("--shape: bad dimensions in '%s'", v);
+        shd[n_sh][shr[n_sh]++] = x;
+        p = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') return bad("--shape: bad dimensions in '%s'", v);
+      }
+      shp[n_sh] = shd[n_sh];
+      n_sh++;
+    } else if (!strcmp(a, "--params")) {
+      free(trainable_buf);
+      trainable_buf = strdup(v);
+      n_tr = 0;
+      for (char *t = strtok(trainable_buf, ","); t && n_tr < 64; t = strtok(NULL, ","))
+        trainable[n_tr++] = t;
     } else if (!strcmp(a, "--lr") || !strcmp(a, "--momentum") || !strcmp(a, "--weight-decay") ||
                !strcmp(a, "--wait-kernels")) {
       double x = strtod(v, &end);
@@ -198,8 +229,16 @@ int nf__cli_train(int argc, char **argv) {
   so.inames = inames;
   so.ivalues = ivals;
   so.quiet = json;
+  so.n_shapes = n_sh;
+  so.shape_names = shn;
+  so.shape_ranks = shr;
+  so.shape_dims = shp;
+  so.n_trainable = n_tr;
+  so.trainable = trainable;
   nf_session *s = nf_session_new_def(m, def, &so, &err);
   for (int i = 0; i < n_ip; i++) free((char *)inames[i]);
+  for (int i = 0; i < n_sh; i++) free((char *)shn[i]);
+  free(trainable_buf);
   int status = 1;
   feed *f = NULL;
   int nf = 0;

@@ -148,7 +148,14 @@ typedef struct nf_session_opts {
   const char *const *shape_names;
   const int *shape_ranks;
   const int64_t *const *shape_dims;
-  int quiet;            /* no warnings on stderr (they are in the stats' log) */
+  /* Inputs of the def to train as parameters besides its `param`
+   * declarations (defs written with their weights as inputs, like
+   * examples/workloads.nf), initialised like PyTorch's default for linear
+   * and convolution weights: kaiming_uniform with a = sqrt(5), i.e.
+   * U(-1/sqrt(fan_in), 1/sqrt(fan_in)). */
+  int n_trainable;
+  const char *const *trainable;
+  int quiet;            /* no warnings on stderr */
 } nf_session_opts;
 
 /* A session training def of m: its first output is the scalar f32 loss;
