@@ -206,6 +206,8 @@ static int submit_all(dlink *L) {
     sm.request_id = id;
     sm.graph = pg;
     sm.mode = s->opts.compile_only ? NEOFLOW__MODE__MODE_COMPILE : NEOFLOW__MODE__MODE_TUNE;
+    sm.max_trials = s->opts.tune_trials > 0 ? (uint32_t)s->opts.tune_trials : 0;
+    sm.max_seconds = s->opts.tune_seconds > 0 ? (uint32_t)s->opts.tune_seconds : 0;
     Neoflow__ClientMessage cm = NEOFLOW__CLIENT_MESSAGE__INIT;
     cm.msg_case = NEOFLOW__CLIENT_MESSAGE__MSG_SUBMIT;
     cm.submit = &sm;
@@ -387,7 +389,6 @@ static void *link_main(void *arg) {
   dlink *L = arg;
   nf_session *s = L->s;
   double backoff = 100, next_try = 0;
-  int failures = 0;
   while (!stopping(s)) {
     reap(L);
     if (!L->c) {
@@ -416,16 +417,24 @@ static void *link_main(void *arg) {
         pthread_cond_broadcast(&s->cv);
         pthread_mutex_unlock(&s->mu);
         backoff = 100;
-        failures = 0;
         if (submit_all(L) != NF_OK) drop(L, "cannot submit");
+        pthread_mutex_lock(&s->mu);
+        s->link_first = 0;
+        pthread_cond_broadcast(&s->cv);
+        pthread_mutex_unlock(&s->mu);
       } else {
-        failures++;
         /* nothing answers on the Unix socket: start a per-user daemon
          * (at most every 10 s), then poll quickly while it comes up */
         if (rc == NF_EIO && is_unix_address(s->daemon_addr) && !s->opts.no_spawn &&
             L->spawned == 0 && (L->last_spawn == 0 || now - L->last_spawn > 10000))
           spawn_daemon(L);
         int starting = L->last_spawn > 0 && now - L->last_spawn < 3000;
+        if (!starting) {
+          pthread_mutex_lock(&s->mu);
+          s->link_first = 0; /* no daemon for now: nobody waits for one */
+          pthread_cond_broadcast(&s->cv);
+          pthread_mutex_unlock(&s->mu);
+        }
         next_try = now + (starting ? 50 : backoff);
         if (!starting) backoff = backoff * 2 > 5000 ? 5000 : backoff * 2;
       }
@@ -482,7 +491,9 @@ int nf__dlink_start(nf_session *s) {
     return NF_ENOMEM;
   }
   for (int i = 0; i < s->n_kents; i++) L->as[i].kent = -1;
+  s->link_first = 1;
   if (pthread_create(&s->link_th, NULL, link_main, L) != 0) {
+    s->link_first = 0;
     free(L->as);
     free(L);
     nf_buf_printf(&s->err, "cannot start the daemon thread");

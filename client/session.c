@@ -969,7 +969,8 @@ static void maybe_wait(nf_session *s, nf__kent *k) {
   if (est > 5000) est = 5000;
   double until = nf__now_ms() + est;
   pthread_mutex_lock(&s->mu);
-  while (!k->in_k && s->connected && (k->dstate == DK_SUBMITTED || k->dstate == DK_ACCEPTED)) {
+  while (!k->in_k && ((s->connected && (k->dstate == DK_SUBMITTED || k->dstate == DK_ACCEPTED)) ||
+                      (s->link_first && k->dstate == DK_NONE))) {
     double now = nf__now_ms();
     if (now >= until) break;
     struct timespec ts;

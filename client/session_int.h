@@ -135,6 +135,8 @@ struct nf_session {
   int link_started;
   int link_stop;         /* under mu */
   int connected;         /* under mu */
+  int link_first;        /* under mu: the first connection is still being tried
+                            (a daemon may be starting) */
   int64_t connects;      /* under mu */
   int64_t link_rejected; /* under mu: refused by the link (digest, key, load) */
   nf_buf log;            /* under mu: recent warnings */

@@ -46,6 +46,7 @@ static const char train_usage[] =
     "                        per-user socket); none: fallback kernels only\n"
     "  --no-spawn            do not start a per-user neoflowd\n"
     "  --compile-only        default kernels only (no tuning)\n"
+    "  --tune-trials N, --tune-seconds S  the daemon's budget per subgraph\n"
     "  --wait-kernels SEC    before training, wait up to SEC s for the daemon's\n"
     "                        final kernels (benchmarks)\n"
     "  --log-every N         log every N steps (default 10; --json: 1)\n"
@@ -92,7 +93,8 @@ static int bad(const char *fmt, const char *a) {
 int nf__cli_train(int argc, char **argv) {
   const char *file = NULL, *def = NULL, *data = NULL, *daemon = NULL, *save = NULL, *load = NULL;
   long steps = -1, batch = -1, classes = 10, samples = 2048, log_every = -1;
-  int threads = 0, json = 0, no_spawn = 0, compile_only = 0;
+  int threads = 0, json = 0, no_spawn = 0, compile_only = 0, tune_trials = 0, tune_seconds = 0;
+  int samples_given = 0;
   double lr = 0, momentum = 0, wd = 0, wait_s = 0;
   uint64_t seed = 1;
   nf_optim_kind ok = NF_OPTIM_ADAM;
@@ -181,7 +183,9 @@ int nf__cli_train(int argc, char **argv) {
       else if (!strcmp(a, "--threads") && x >= 1 && x <= 256) threads = (int)x;
       else if (!strcmp(a, "--seed") && x >= 0) seed = (uint64_t)x;
       else if (!strcmp(a, "--classes") && x >= 1 && x <= 1000000) classes = x;
-      else if (!strcmp(a, "--samples") && x >= 1 && x <= 100000000) samples = x;
+      else if (!strcmp(a, "--samples") && x >= 1 && x <= 100000000) samples = x, samples_given = 1;
+      else if (!strcmp(a, "--tune-trials") && x >= 1 && x <= 1000000) tune_trials = (int)x;
+      else if (!strcmp(a, "--tune-seconds") && x >= 1 && x <= 604800) tune_seconds = (int)x;
       else if (!strcmp(a, "--log-every") && x >= 1) log_every = x;
       else return bad("unknown option or value out of range: '%s'", a);
     }
@@ -225,6 +229,8 @@ int nf__cli_train(int argc, char **argv) {
   so.daemon = daemon;
   so.no_spawn = no_spawn;
   so.compile_only = compile_only;
+  so.tune_trials = tune_trials;
+  so.tune_seconds = tune_seconds;
   so.n_iparams = n_ip;
   so.inames = inames;
   so.ivalues = ivals;
@@ -270,13 +276,23 @@ int nf__cli_train(int argc, char **argv) {
     f[i].esz = esize(f[i].t);
     f[i].bytes = (size_t)all * f[i].esz;
     f[i].buf = malloc(f[i].bytes ? f[i].bytes : 1);
-    int64_t cnt = f[i].batched ? samples : 1;
-    f[i].pool = malloc((size_t)(f[i].per * cnt) * f[i].esz + 1);
-    if (!f[i].buf || !f[i].pool) goto out;
+    if (!f[i].buf) goto out;
     if (first_float < 0 && (f[i].t == NF_ELEM_F32) && f[i].batched) first_float = i;
+  }
+  {
+    /* the default pool holds at most 256 MiB (and at least one batch) */
+    int64_t per_sample = 0;
+    for (int i = 0; i < nf; i++)
+      if (f[i].batched) per_sample += f[i].per * (int64_t)f[i].esz;
+    if (!samples_given && per_sample > 0 && samples * per_sample > (256LL << 20))
+      samples = (256LL << 20) / per_sample > bdim ? (256LL << 20) / per_sample : bdim;
   }
   for (int i = 0; i < nf; i++) {
     int64_t cnt = f[i].batched ? samples : 1, n = f[i].per * cnt;
+    if (!f[i].pool) {
+      f[i].pool = malloc((size_t)n * f[i].esz + 1);
+      if (!f[i].pool) goto out;
+    }
     if (f[i].t == NF_ELEM_F32)
       for (int64_t k = 0; k < n; k++) ((float *)f[i].pool)[k] = (float)gauss();
   }
@@ -338,11 +354,12 @@ int nf__cli_train(int argc, char **argv) {
     if (json && ((st + 1) % log_every == 0 || last)) {
       printf("{\"step\":%lld,\"loss\":%.9g,\"ms\":%.4f,\"tier1\":%d,\"tier2\":%d,\"kernels\":%d,"
              "\"blas\":%d,\"tuning\":%d,\"trials\":%lld,\"trials_max\":%lld,\"connected\":%s,"
-             "\"swaps\":%lld,\"rejected\":%lld,\"reconnects\":%lld,\"elapsed_ms\":%.1f}\n",
+             "\"swaps\":%lld,\"rejected\":%lld,\"reconnects\":%lld,\"first_step_ms\":%.1f,"
+             "\"elapsed_ms\":%.1f}\n",
              (long long)stt.step, loss, stt.ms, stt.tier1, stt.tier2, stt.kernels, stt.blas,
              stt.tuning, (long long)stt.trials, (long long)stt.trials_max,
              stt.connected ? "true" : "false", (long long)stt.swaps, (long long)stt.rejected,
-             (long long)stt.reconnects, nf__now_ms() - t_start);
+             (long long)stt.reconnects, stt.first_step_ms, nf__now_ms() - t_start);
       fflush(stdout);
     } else if (tty) {
       fprintf(stderr, "\rstep %lld/%ld  loss %.5g  %.2f ms/step  tier1 %d/%d  tier2 %d/%d",

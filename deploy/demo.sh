@@ -53,6 +53,9 @@ head -n 1 "$out/hit.txt"
 echo "   (answered in ${time_hit} s)"
 run status
 $NF cache stats --cache "$out/cache.db"
+echo "== training: a CNN written wholly in .nf (examples/cnn.nf) on synthetic data; it starts"
+echo "   on fallback kernels and the daemon's kernels are swapped in as they arrive"
+run train examples/cnn.nf cnn --data synthetic --steps 60 --batch 16 --log-every 10 --tune-trials 8 --tune-seconds 10
 kill -TERM $nfd_pid; wait $nfd_pid
 unset NEOFLOW_SOCKET
 echo "== gradients: capsule routing (3 iterations) with respect to W, as .nf"

@@ -139,6 +139,8 @@ typedef struct nf_session_opts {
                            "none": no daemon (tier 0 only) */
   int no_spawn;         /* do not start a per-user neoflowd when none answers */
   int compile_only;     /* ask for default kernels only (no tuning) */
+  int tune_trials;      /* per subgraph; 0: the daemon's default (capped by its config) */
+  int tune_seconds;     /* per subgraph; 0: the daemon's default */
   /* Integer parameters of a def (e.g. <batch = 64>) and shapes of inputs
    * with symbolic sizes, for nf_session_new_def. */
   int n_iparams;
