@@ -1149,12 +1149,20 @@ static int cmd_partition(opts *o) {
   nf_partition *p = NULL;
   nf_buf err = NF_BUF_INIT;
   if (!ctx || instantiate(m, o, ctx, &g)) goto done;
-  if (o->wrt) {
+  /* a def with `param` declarations: its training graph (the loss and the
+   * gradients of every parameter) unless --wrt says otherwise */
+  nf_param_decl pd[MAX_ARGS];
+  int n_pd = o->wrt ? 0 : nf_module_def_param_decls(m, o->def, pd, MAX_ARGS);
+  if (o->wrt || n_pd > 0) {
     const char *wrt[MAX_ARGS];
     int n_wrt = 0;
-    wrt_copy = split_wrt(o->wrt, wrt, &n_wrt);
-    if (!wrt_copy) goto done;
-    nf_grad_opts go = {.n_wrt = n_wrt, .wrt = wrt};
+    if (o->wrt) {
+      wrt_copy = split_wrt(o->wrt, wrt, &n_wrt);
+      if (!wrt_copy) goto done;
+    } else {
+      for (int i = 0; i < n_pd && i < MAX_ARGS; i++) wrt[n_wrt++] = pd[i].name;
+    }
+    nf_grad_opts go = {.n_wrt = n_wrt, .wrt = wrt, .keep_outputs = !o->wrt};
     nf_grad_report rep;
     if (n_wrt == 0 || nf_grad_graph(g, &go, ctx, &gg, &rep, &err)) {
       fprintf(stderr, "%s: error: cannot differentiate %s: %s\n", o->file, o->def,
