@@ -174,6 +174,16 @@ static int kent_for(nf_session *s, const nf_subgraph *sg, int alias) {
   return s->n_kents++;
 }
 
+/* Grows the lifetime arrays (first and last op positions per slot) to n
+ * slots. */
+static int grow_lives(int **first, int **last, int n) {
+  int *nf = realloc(*first, sizeof(int) * (size_t)(n + 1));
+  if (nf) *first = nf;
+  int *nl = realloc(*last, sizeof(int) * (size_t)(n + 1));
+  if (nl) *last = nl;
+  return nf && nl ? NF_OK : NF_ENOMEM;
+}
+
 /* Adds the ops of one partitioned graph.  tslot maps the parent's tensor
  * ids to slots (-1: a temporary, created here); first/last record the
  * temporaries' lifetimes in op positions. */
@@ -203,11 +213,8 @@ static int add_ops(nf_session *s, const nf_graph *parent, const nf_partition *p,
         int sl = slot_new(s, &parent->tensors[t], NULL);
         if (sl < 0) return sl;
         tslot[t] = sl;
-        int *nf = realloc(*first, sizeof(int) * (size_t)s->n_slots);
-        int *nl = realloc(*last, sizeof(int) * (size_t)s->n_slots);
-        if (nf) *first = nf;
-        if (nl) *last = nl;
-        if (!nf || !nl) return NF_ENOMEM;
+        int grc = grow_lives(first, last, s->n_slots);
+        if (grc != NF_OK) return grc;
         (*first)[sl] = pos;
         (*last)[sl] = pos;
       }
@@ -480,13 +487,7 @@ static int build(nf_session *s, const nf_graph *F, int n_gin, const char *const 
     tslot[t] = sl;
   }
   /* temporaries get first/last when produced */
-  if (rc == NF_OK) {
-    int *nf = realloc(first, sizeof(int) * (size_t)(s->n_slots + 1));
-    int *nl = realloc(last, sizeof(int) * (size_t)(s->n_slots + 1));
-    if (nf) first = nf;
-    if (nl) last = nl;
-    if (!nf || !nl) rc = NF_ENOMEM;
-  }
+  if (rc == NF_OK) rc = grow_lives(&first, &last, s->n_slots);
   if (rc == NF_OK) rc = add_ops(s, T, s->part_step, tslot, 0, &first, &last);
   /* the update: in place over the flat vectors */
   for (uint32_t k = 0; rc == NF_OK && k < U->n_inputs; k++) {
@@ -518,13 +519,7 @@ static int build(nf_session *s, const nf_graph *F, int n_gin, const char *const 
     if (sl < 0) rc = sl;
     else uslot[t] = sl;
   }
-  if (rc == NF_OK) {
-    int *nf = realloc(first, sizeof(int) * (size_t)(s->n_slots + 1));
-    int *nl = realloc(last, sizeof(int) * (size_t)(s->n_slots + 1));
-    if (nf) first = nf;
-    if (nl) last = nl;
-    if (!nf || !nl) rc = NF_ENOMEM;
-  }
+  if (rc == NF_OK) rc = grow_lives(&first, &last, s->n_slots);
   if (rc == NF_OK) rc = add_ops(s, U, s->part_upd, uslot, 1, &first, &last);
   /* plan the temporaries */
   if (rc == NF_OK) {
