@@ -38,7 +38,7 @@ sep=""
 for w in "${WL[@]}"; do
   a=${ARGS[$w]}
   tmp=$(mktemp -d); chmod 700 "$tmp"
-  export NEOFLOW_SOCKET=$tmp/d/neoflowd.sock NEOFLOW_CACHE=$tmp/cache.db
+  export NEOFLOW_SOCKET=$tmp/d/neoflowd.sock NEOFLOW_CACHE=$tmp/cache.db NEOFLOW_VERIFIED=$tmp/verified
   # cold: empty cache, no daemon; the client starts one
   cold_json=$($NF train $a --data synthetic --steps 1 --json --compile-only)
   cold=$(echo "$cold_json" | field elapsed_ms 0)

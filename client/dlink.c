@@ -89,6 +89,7 @@ int nf__session_offer(nf_session *s, int k, const void *bin, size_t len,
     nf_kernel_free(e->in_k);
     e->in_k = kn;
     e->in_tier = tier;
+    memcpy(e->in_sha, got, 32);
     pthread_cond_broadcast(&s->cv);
   }
   pthread_mutex_unlock(&s->mu);

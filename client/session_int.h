@@ -44,12 +44,14 @@ typedef struct nf__kent {
   double cur_ms;        /* daemon-measured time of cur (0: unknown) */
   nf_kernel *cand;      /* loaded, waiting for its canary */
   int cand_tier;
+  uint8_t cand_sha[32];
   double cand_ms;
   int verified;         /* a compiled kernel passed a canary against tier 0 */
   double run_ms;        /* time spent in it during the last step */
   /* under mu */
   nf_kernel *in_k;      /* handed over by the link thread */
   int in_tier;
+  uint8_t in_sha[32];
   double in_ms;
   int dstate;           /* DK_* */
   uint64_t req_id;
@@ -127,7 +129,12 @@ struct nf_session {
   double last_loss, last_ms, ms_hist[10];
   double t_start, first_step_ms;
   double interp_rate;    /* flops per ms measured at tier 0 */
-  int64_t rejected, swaps;
+  int64_t rejected, swaps, trusted;
+  /* kernels (key, SHA-256) that passed a canary on this machine before
+   * (verify.c): they are swapped in without one */
+  char *verified_path;   /* NULL: not kept */
+  int n_verified;
+  uint8_t (*verified)[64];
   /* the link */
   pthread_mutex_t mu;
   pthread_cond_t cv;     /* a kernel arrived, or the link's state changed */
@@ -159,6 +166,11 @@ int nf__session_offer(nf_session *s, int k, const void *bin, size_t len,
                       const uint8_t sha256[32], const uint8_t key[32], int tier);
 void nf__session_warn(nf_session *s, const char *fmt, ...) NF_PRINTF(2, 3);
 double nf__now_ms(void);
+
+/* verify.c */
+void nf__verified_load(nf_session *s);
+int nf__verified_has(const nf_session *s, const uint8_t key[32], const uint8_t *sha);
+void nf__verified_add(nf_session *s, const uint8_t key[32], const uint8_t sha[32]);
 
 /* init.c: fills numel floats of a parameter of the given shape. */
 int nf__init_fill(const nf_init *in, int rank, const int64_t *shape, uint64_t seed,

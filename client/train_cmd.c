@@ -354,11 +354,12 @@ int nf__cli_train(int argc, char **argv) {
     if (json && ((st + 1) % log_every == 0 || last)) {
       printf("{\"step\":%lld,\"loss\":%.9g,\"ms\":%.4f,\"tier1\":%d,\"tier2\":%d,\"kernels\":%d,"
              "\"blas\":%d,\"tuning\":%d,\"trials\":%lld,\"trials_max\":%lld,\"connected\":%s,"
-             "\"swaps\":%lld,\"rejected\":%lld,\"reconnects\":%lld,\"first_step_ms\":%.1f,"
+             "\"swaps\":%lld,\"trusted\":%lld,\"rejected\":%lld,\"reconnects\":%lld,\"first_step_ms\":%.1f,"
              "\"elapsed_ms\":%.1f}\n",
              (long long)stt.step, loss, stt.ms, stt.tier1, stt.tier2, stt.kernels, stt.blas,
              stt.tuning, (long long)stt.trials, (long long)stt.trials_max,
-             stt.connected ? "true" : "false", (long long)stt.swaps, (long long)stt.rejected,
+             stt.connected ? "true" : "false", (long long)stt.swaps, (long long)stt.trusted,
+             (long long)stt.rejected,
              (long long)stt.reconnects, stt.first_step_ms, nf__now_ms() - t_start);
       fflush(stdout);
     } else if (tty) {

@@ -213,6 +213,8 @@ typedef struct nf_session_stats {
   int64_t reconnects;    /* connections made after the first */
   int64_t rejected;      /* kernels refused (digest, key, load, canary) */
   int64_t swaps;         /* kernels swapped in */
+  int64_t trusted;       /* of them, without a canary: the same bytes passed
+                            one for the same key on this machine before */
   double first_step_ms;  /* from session start to the end of step 1 */
 } nf_session_stats;
 
