@@ -18,7 +18,6 @@
 #include <poll.h>
 #include <signal.h>
 #include <sodium.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,7 +48,7 @@ typedef struct dlink {
   nf_dconn *c;
   uint64_t next_id;
   asm_k *as; /* per kent */
-  pid_t spawned;
+  int spawned;
   double last_spawn, last_report;
   int warned_target;
 } dlink;
@@ -57,7 +56,7 @@ typedef struct dlink {
 /* ---- handing kernels over ---- */
 
 int nf__session_offer(nf_session *s, int k, const void *bin, size_t len,
-                      const uint8_t sha256[32], const uint8_t key[32], int tier) {
+                      const uint8_t sha256[32], const uint8_t key[32], int tier, double time_ms) {
   if (k < 0 || k >= s->n_kents || !bin || !len) return NF_EINVAL;
   nf__kent *e = &s->kents[k];
   char hex[65];
@@ -89,6 +88,7 @@ int nf__session_offer(nf_session *s, int k, const void *bin, size_t len,
     nf_kernel_free(e->in_k);
     e->in_k = kn;
     e->in_tier = tier;
+    e->in_ms = time_ms;
     memcpy(e->in_sha, got, 32);
     pthread_cond_broadcast(&s->cv);
   }
@@ -122,6 +122,10 @@ static int is_unix_address(const char *a) {
   return !a || !*a || strncmp(a, "tcp:", 4) != 0;
 }
 
+/* Starts neoflowd detached: a child that starts a new session, forks the
+ * daemon and exits at once (reaped here), so the daemon is never a child
+ * of the program and never left a zombie.  Between fork and exec only
+ * async-signal-safe calls are made. */
 static void spawn_daemon(dlink *L) {
   nf_session *s = L->s;
   const char *path = neoflowd_path();
@@ -132,33 +136,61 @@ static void spawn_daemon(dlink *L) {
     argv[1] = (char *)"--socket";
     argv[2] = (char *)addr;
   }
-  posix_spawn_file_actions_t fa;
-  posix_spawnattr_t at;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawnattr_init(&at);
-  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
-  sigset_t none;
-  sigemptyset(&none);
-  posix_spawnattr_setsigmask(&at, &none);
-  posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK);
-  pid_t pid;
-  int e = strchr(path, '/') ? posix_spawn(&pid, path, &fa, &at, argv, environ)
-                            : posix_spawnp(&pid, path, &fa, &at, argv, environ);
-  posix_spawn_file_actions_destroy(&fa);
-  posix_spawnattr_destroy(&at);
+  /* resolve a bare name on PATH before forking */
+  char found[4096];
+  if (!strchr(path, '/')) {
+    const char *pp = getenv("PATH");
+    found[0] = 0;
+    while (pp && *pp && !found[0]) {
+      const char *c = strchr(pp, ':');
+      size_t n = c ? (size_t)(c - pp) : strlen(pp);
+      if (n && n + strlen(path) + 2 < sizeof found) {
+        memcpy(found, pp, n);
+        found[n] = '/';
+        strcpy(found + n + 1, path);
+        if (access(found, X_OK) != 0) found[0] = 0;
+      }
+      pp = c ? c + 1 : NULL;
+    }
+    if (!found[0]) {
+      nf__session_warn(s, "cannot start neoflowd: not found (set NF_NEOFLOWD); training on "
+                          "fallback kernels");
+      L->last_spawn = nf__now_ms();
+      return;
+    }
+    path = found;
+  }
   L->last_spawn = nf__now_ms();
-  if (e != 0) {
-    nf__session_warn(s, "cannot start neoflowd (%s): %s; training on fallback kernels", path,
-                     strerror(e));
+  pid_t pid = fork();
+  if (pid < 0) {
+    nf__session_warn(s, "cannot start neoflowd: fork: %s", strerror(errno));
     return;
   }
-  L->spawned = pid;
+  if (pid == 0) {
+    sigset_t none;
+    sigemptyset(&none);
+    pthread_sigmask(SIG_SETMASK, &none, NULL);
+    setsid();
+    if (fork() != 0) _exit(0);
+    int fd = open("/dev/null", O_RDWR);
+    if (fd >= 0) {
+      dup2(fd, 0);
+      dup2(fd, 1);
+      dup2(fd, 2);
+      if (fd > 2) close(fd);
+    }
+    execve(path, argv, environ);
+    _exit(127);
+  }
+  while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {
+  }
+  L->spawned = 1; /* a start is under way; retried only after 10 s */
 }
 
+/* The daemon is not our child (spawn_daemon): after 10 s without an
+ * answer another start may be tried. */
 static void reap(dlink *L) {
-  if (L->spawned > 0 && waitpid(L->spawned, NULL, WNOHANG) == L->spawned) L->spawned = 0;
+  if (L->spawned && nf__now_ms() - L->last_spawn > 10000) L->spawned = 0;
 }
 
 /* ---- the connection ---- */
@@ -302,9 +334,8 @@ static int handle(dlink *L, const Neoflow__ServerMessage *m) {
       pthread_mutex_lock(&s->mu);
       memcpy(key, s->kents[k].dkey, 32);
       pthread_mutex_unlock(&s->mu);
-      int rc = nf__session_offer(s, k, a->bin, a->len, a->sha, key, a->tier);
+      int rc = nf__session_offer(s, k, a->bin, a->len, a->sha, key, a->tier, a->time_ms);
       pthread_mutex_lock(&s->mu);
-      if (rc == NF_OK) s->kents[k].in_ms = a->time_ms;
       if (a->final) s->kents[k].dstate = rc == NF_OK ? DK_FINAL : DK_FAILED;
       pthread_cond_broadcast(&s->cv);
       pthread_mutex_unlock(&s->mu);

@@ -104,7 +104,8 @@ int nf__init_fill(const nf_init *in, int rank, const int64_t *shape, uint64_t se
       nf_buf_printf(err, "parameter '%s': unknown initialiser %d", name, (int)in->fn);
       return NF_EINVAL;
   }
-  if (!isfinite(lo) || !isfinite(hi) || !isfinite(mean) || !isfinite(std) || hi < lo || std < 0) {
+  if (!isfinite(lo) || !isfinite(hi) || !isfinite(mean) || !isfinite(std) ||
+      (kind == 1 && hi < lo) || std < 0) {
     nf_buf_printf(err, "parameter '%s': initialiser arguments out of range", name);
     return NF_EINVAL;
   }

@@ -1093,8 +1093,12 @@ static int named_slot(const nf_session *s, const char *name) {
 }
 
 int nf_session_feed(nf_session *s, const char *input, const void *data, size_t bytes) {
-  if (!s || !input || !data) return NF_EINVAL;
+  if (!s) return NF_EINVAL;
   nf_buf_reset(&s->err);
+  if (!input || !data) {
+    nf_buf_printf(&s->err, "nf_session_feed: no input name or no data");
+    return NF_EINVAL;
+  }
   int sl = find_named(s->inputs, s->n_inputs, input);
   if (sl < 0) {
     nf_buf_printf(&s->err, "no input '%s' (inputs the loss does not read are not fed)", input);
@@ -1110,8 +1114,12 @@ int nf_session_feed(nf_session *s, const char *input, const void *data, size_t b
 }
 
 int nf_session_read(nf_session *s, const char *name, void *data, size_t bytes) {
-  if (!s || !name || !data) return NF_EINVAL;
+  if (!s) return NF_EINVAL;
   nf_buf_reset(&s->err);
+  if (!name || !data) {
+    nf_buf_printf(&s->err, "nf_session_read: no name or no buffer");
+    return NF_EINVAL;
+  }
   int pi = find_param(s, name);
   const void *src;
   int64_t want;
@@ -1140,8 +1148,12 @@ int nf_session_read(nf_session *s, const char *name, void *data, size_t bytes) {
 }
 
 int nf_session_set_param(nf_session *s, const char *name, const float *data, size_t n) {
-  if (!s || !name || !data) return NF_EINVAL;
+  if (!s) return NF_EINVAL;
   nf_buf_reset(&s->err);
+  if (!name || !data) {
+    nf_buf_printf(&s->err, "nf_session_set_param: no name or no data");
+    return NF_EINVAL;
+  }
   int pi = find_param(s, name);
   if (pi < 0) {
     nf_buf_printf(&s->err, "no parameter '%s'", name);
@@ -1157,7 +1169,12 @@ int nf_session_set_param(nf_session *s, const char *name, const float *data, siz
 }
 
 int nf_session_set_lr(nf_session *s, double lr) {
-  if (!s || !(lr > 0) || !isfinite(lr)) return NF_EINVAL;
+  if (!s) return NF_EINVAL;
+  nf_buf_reset(&s->err);
+  if (!(lr > 0) || !isfinite(lr)) {
+    nf_buf_printf(&s->err, "the learning rate must be positive and finite, got %g", lr);
+    return NF_EINVAL;
+  }
   s->opts.optim.lr = lr;
   return NF_OK;
 }

@@ -159,11 +159,12 @@ nf_session *nf__session_new_graph(nf_model *m, nf_graph *F, nf_ir_ctx *ctx,
 /* dlink.c */
 int nf__dlink_start(nf_session *s);
 void nf__dlink_stop(nf_session *s);
-/* Offers a kernel binary for kent k as the daemon would (tests): the
- * digest, key and ELF checks then the canary at the next step.  key may
- * be NULL (then k's accepted key is taken).  NF_OK or the reason. */
+/* Offers a kernel binary for kent k as the daemon would (the link, and
+ * tests): the digest, key and ELF checks, then the canary at the next
+ * step.  key NULL: no key check (tests).  time_ms: the daemon's
+ * measurement (0: none).  NF_OK or the reason (logged, counted). */
 int nf__session_offer(nf_session *s, int k, const void *bin, size_t len,
-                      const uint8_t sha256[32], const uint8_t key[32], int tier);
+                      const uint8_t sha256[32], const uint8_t key[32], int tier, double time_ms);
 void nf__session_warn(nf_session *s, const char *fmt, ...) NF_PRINTF(2, 3);
 double nf__now_ms(void);
 

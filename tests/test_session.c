@@ -1,0 +1,1405 @@
+/* test_session.c - libneoflow-client's training sessions end to end
+ * (neoflow/neoflow.h, client/session.c, client/dlink.c):
+ *
+ *  - examples/mlp.nf and examples/cnn.nf learn a fixed pool of batches at
+ *    tier 0 (OpenBLAS for the matmuls, the interpreter for the rest);
+ *  - SGD (momentum, weight decay), Adam and AdamW move a parameter exactly
+ *    as PyTorch's formulas say, computed here in double from the
+ *    session's own gradients;
+ *  - the session's gradients agree with central finite differences of its
+ *    own loss;
+ *  - kernels compiled in this process with the default schedule and
+ *    offered as the daemon would are verified by their canaries, swapped
+ *    in, and train exactly like tier 0;
+ *  - a kernel with a wrong digest, a damaged ELF header, or the wrong
+ *    arithmetic is refused, and the entry keeps the kernel it had;
+ *  - a daemon killed with SIGKILL: training goes on, and the session
+ *    reconnects when it is back;
+ *  - two clients starting at once with no daemon end up with one daemon;
+ *  - parameter files round-trip bit for bit and a damaged or foreign file
+ *    changes nothing;
+ *  - bad input is an error with a message, never a crash. */
+#include <check.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <signal.h>
+#include <sodium.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "neoflow/neoflow.h"
+#include "nf_codegen.h"
+#include "nf_exec.h"
+#include "nf_ir.h"
+#include "nf_lower.h"
+#include "nf_status.h"
+#include "session_int.h"
+
+/* ---- helpers ---- */
+
+static uint64_t rng_state;
+
+static void rng_seed(uint64_t s) { rng_state = s; }
+
+static double unif(void) {
+  rng_state += 0x9e3779b97f4a7c15ULL;
+  uint64_t z = rng_state;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  z ^= z >> 31;
+  return (double)(z >> 11) * 0x1.0p-53;
+}
+
+static double gauss(void) {
+  double u = unif(), v = unif();
+  if (u < 1e-300) u = 1e-300;
+  return sqrt(-2 * log(u)) * cos(2 * M_PI * v);
+}
+
+static void fill_gauss(float *x, size_t n) {
+  for (size_t i = 0; i < n; i++) x[i] = (float)gauss();
+}
+
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* The path of an example model: $NEOFLOW_LIB/../examples/NAME. */
+static void example_path(char *out, size_t n, const char *name) {
+  const char *lib = getenv("NEOFLOW_LIB");
+  ck_assert_msg(lib != NULL, "NEOFLOW_LIB is not set");
+  snprintf(out, n, "%s/../examples/%s", lib, name);
+}
+
+static nf_model *load_example(const char *name) {
+  char path[4096];
+  example_path(path, sizeof path, name);
+  char *err = NULL;
+  nf_model *m = nf_model_load(path, &err);
+  ck_assert_msg(m != NULL, "%s: %s", path, err ? err : "?");
+  free(err);
+  return m;
+}
+
+static nf_model *load_text(const char *name, const char *text) {
+  char *err = NULL;
+  nf_model *m = nf_model_load_source(name, text, &err);
+  ck_assert_msg(m != NULL, "%s: %s", name, err ? err : "?");
+  free(err);
+  return m;
+}
+
+static nf_session *open_def(nf_model *m, const char *def, const nf_session_opts *o) {
+  char *err = NULL;
+  nf_session *s = nf_session_new_def(m, def, o, &err);
+  ck_assert_msg(s != NULL, "session on %s: %s", def, err ? err : "?");
+  ck_assert_ptr_null(err);
+  return s;
+}
+
+static void feed(nf_session *s, const char *name, const void *data, size_t bytes) {
+  int rc = nf_session_feed(s, name, data, bytes);
+  ck_assert_msg(rc == NF_OK, "feed %s: %s: %s", name, nf_strerror(rc), nf_session_error(s));
+}
+
+static double step(nf_session *s) {
+  double loss = NAN;
+  int rc = nf_session_step(s, &loss);
+  ck_assert_msg(rc == NF_OK, "step: %s: %s", nf_strerror(rc), nf_session_error(s));
+  ck_assert_msg(isfinite(loss), "step: loss %g", loss);
+  return loss;
+}
+
+static void read_t(nf_session *s, const char *name, void *data, size_t bytes) {
+  int rc = nf_session_read(s, name, data, bytes);
+  ck_assert_msg(rc == NF_OK, "read %s: %s: %s", name, nf_strerror(rc), nf_session_error(s));
+}
+
+static int64_t param_numel(const nf_session *s, int i, const char **name) {
+  int rank = 0;
+  int64_t dims[8];
+  ck_assert_int_eq(nf_session_param_info(s, i, name, NULL, &rank, dims), NF_OK);
+  int64_t n = 1;
+  for (int r = 0; r < rank; r++) n *= dims[r];
+  return n;
+}
+
+/* Every parameter, concatenated (malloc'd; *n gets the count). */
+static float *all_params(nf_session *s, int64_t *n) {
+  int64_t total = 0;
+  for (int i = 0; i < nf_session_n_params(s); i++) total += param_numel(s, i, NULL);
+  float *v = malloc(sizeof(float) * (size_t)(total + 1));
+  ck_assert_ptr_nonnull(v);
+  int64_t at = 0;
+  for (int i = 0; i < nf_session_n_params(s); i++) {
+    const char *name = NULL;
+    int64_t k = param_numel(s, i, &name);
+    read_t(s, name, v + at, sizeof(float) * (size_t)k);
+    at += k;
+  }
+  *n = total;
+  return v;
+}
+
+/* max |a - b| / max |b| */
+static double rel_diff(const float *a, const float *b, int64_t n) {
+  double md = 0, mx = 0;
+  for (int64_t i = 0; i < n; i++) {
+    double d = fabs((double)a[i] - (double)b[i]);
+    if (d > md || isnan(d)) md = isnan(d) ? INFINITY : d;
+    if (fabs((double)b[i]) > mx) mx = fabs((double)b[i]);
+  }
+  return md / (mx > 0 ? mx : 1);
+}
+
+static nf_session_stats stats(const nf_session *s) {
+  nf_session_stats st;
+  ck_assert_int_eq(nf_session_stats(s, &st), NF_OK);
+  return st;
+}
+
+/* The session's recent warnings (for failure messages). */
+static const char *session_log(nf_session *s) { return s->log.len ? s->log.data : "(no warnings)"; }
+
+/* ---- the MLP of examples/mlp.nf with a fixed pool of batches ---- */
+
+enum { MLP_BATCH = 16, MLP_HIDDEN = 32, MLP_POOL = 4, MLP_IN = 784 };
+
+typedef struct mlp_data {
+  float X[MLP_POOL][MLP_BATCH * MLP_IN];
+  int64_t labels[MLP_POOL][MLP_BATCH];
+} mlp_data;
+
+static mlp_data *mlp_data_new(uint64_t seed) {
+  mlp_data *d = malloc(sizeof *d);
+  ck_assert_ptr_nonnull(d);
+  rng_seed(seed);
+  for (int b = 0; b < MLP_POOL; b++) {
+    fill_gauss(d->X[b], MLP_BATCH * MLP_IN);
+    for (int i = 0; i < MLP_BATCH; i++) d->labels[b][i] = (int64_t)(unif() * 10) % 10;
+  }
+  return d;
+}
+
+static const char *const mlp_inames[] = {"batch", "hidden"};
+static const int64_t mlp_ivalues[] = {MLP_BATCH, MLP_HIDDEN};
+
+static nf_session_opts mlp_opts(void) {
+  nf_session_opts o = {.optim = {.kind = NF_OPTIM_ADAM, .lr = 0.01}, .seed = 7,
+                       .daemon = "none", .n_iparams = 2, .inames = mlp_inames,
+                       .ivalues = mlp_ivalues};
+  return o;
+}
+
+static void mlp_feed(nf_session *s, const mlp_data *d, int64_t stepno) {
+  int b = (int)(stepno % MLP_POOL);
+  feed(s, "X", d->X[b], sizeof d->X[b]);
+  feed(s, "labels", d->labels[b], sizeof d->labels[b]);
+}
+
+/* ---- compiling kernels in this process (the daemon's default kernels) ---- */
+
+static void compile_graph(const nf_graph *g, nf_blob *so) {
+  nf_ir_ctx *pctx = nf_ir_ctx_new();
+  ck_assert_ptr_nonnull(pctx);
+  nf_buf err = NF_BUF_INIT;
+  nf_lprog *p = NULL;
+  nf_cpu_target tgt = {NULL, NULL, NULL, 0};
+  int rc = nf_lower(g, NULL, pctx, &p, &err);
+  ck_assert_msg(rc == NF_OK, "lower %s: %s: %s", g->name ? g->name : "?", nf_strerror(rc),
+                nf_buf_str(&err));
+  rc = nf_cpu_compile(p, &tgt, so, NULL, &err);
+  ck_assert_msg(rc == NF_OK, "compile %s: %s: %s", g->name ? g->name : "?", nf_strerror(rc),
+                nf_buf_str(&err));
+  nf_buf_free(&err);
+  nf_ir_ctx_free(pctx);
+}
+
+/* Compiles entry k's graph and offers it (tier 1, key unchecked). */
+static int offer_compiled(nf_session *s, int k) {
+  nf_blob so = NF_BLOB_INIT;
+  compile_graph(s->kents[k].g, &so);
+  uint8_t sha[32];
+  crypto_hash_sha256(sha, so.data, so.len);
+  int rc = nf__session_offer(s, k, so.data, so.len, sha, NULL, 1, 0);
+  nf_blob_free(&so);
+  return rc;
+}
+
+/* A graph with the signature of g (the same tensors, inputs and outputs)
+ * whose f32 outputs are 2 x + 1 of g's: a kernel for it loads and runs
+ * on g's buffers, with other results.  Built in ctx. */
+static nf_graph *wrong_twin(nf_ir_ctx *ctx, const nf_graph *g) {
+  nf_graph *w = nf_graph_new(ctx, "wrong_twin");
+  ck_assert_ptr_nonnull(w);
+  for (uint32_t t = 0; t < g->n_tensors; t++) {
+    const nf_tensor *tn = &g->tensors[t];
+    int id = nf_graph_add_tensor(w, tn->name, (nf_dtype)tn->dtype, (nf_tkind)tn->kind, tn->rank,
+                                 tn->shape);
+    ck_assert_int_eq(id, (int)t);
+  }
+  ck_assert_int_eq(w->n_inputs, g->n_inputs);
+  ck_assert_int_eq(w->n_outputs, g->n_outputs);
+  for (uint32_t i = 0; i < g->n_inputs; i++) ck_assert_uint_eq(w->inputs[i], g->inputs[i]);
+  for (uint32_t i = 0; i < g->n_outputs; i++) ck_assert_uint_eq(w->outputs[i], g->outputs[i]);
+  int changed = 0;
+  for (uint32_t i = 0; i < g->n_stmts; i++) {
+    nf_stmt st = g->stmts[i];
+    const nf_tensor *out = &g->tensors[st.out];
+    if (out->kind == NF_T_OUTPUT && out->dtype == NF_F32) {
+      st.rhs = nf_e_binary(ctx, NF_OP_ADD,
+                           nf_e_binary(ctx, NF_OP_MUL, st.rhs, nf_e_const_f(ctx, NF_F32, 2.0)),
+                           nf_e_const_f(ctx, NF_F32, 1.0));
+      ck_assert_ptr_nonnull(st.rhs);
+      changed++;
+    }
+    ck_assert_int_eq(nf_graph_add_stmt(w, &st), NF_OK);
+  }
+  ck_assert_int_gt(changed, 0);
+  nf_buf err = NF_BUF_INIT;
+  int rc = nf_graph_validate(w, &err);
+  ck_assert_msg(rc == NF_OK, "wrong twin: %s", nf_buf_str(&err));
+  nf_buf_free(&err);
+  return w;
+}
+
+/* ---- 1. the MLP learns ---- */
+
+START_TEST(session_mlp_trains) {
+  nf_model *m = load_example("mlp.nf");
+  mlp_data *d = mlp_data_new(11);
+  nf_session_opts o = mlp_opts();
+  nf_session *s = open_def(m, "mlp", &o);
+  ck_assert_int_eq(nf_session_n_params(s), 6);
+  ck_assert_int_eq(nf_session_n_inputs(s), 2);
+  double first = 0, last[4] = {0};
+  const int n_steps = 150;
+  for (int i = 0; i < n_steps; i++) {
+    mlp_feed(s, d, i);
+    double l = step(s);
+    if (i == 0) first = l;
+    last[i % 4] = l;
+  }
+  double mean_last = (last[0] + last[1] + last[2] + last[3]) / 4;
+  /* ten classes, small initial logits: about ln 10 at first */
+  ck_assert_msg(first > 1.5 && first < 4, "first loss %g", first);
+  ck_assert_msg(mean_last < 0.3 * first, "loss %g after %d steps, %g at first", mean_last, n_steps,
+                first);
+  float lf = 0, lL = 0;
+  read_t(s, "loss", &lf, sizeof lf);
+  read_t(s, "L", &lL, sizeof lL);
+  ck_assert_msg(lf == (float)last[(n_steps - 1) % 4] && lL == lf, "read loss %g, L %g", lf, lL);
+  nf_session_stats st = stats(s);
+  ck_assert_int_eq(st.step, n_steps);
+  ck_assert_msg(fabs(st.loss - last[(n_steps - 1) % 4]) < 1e-12, "stats.loss %g", st.loss);
+  ck_assert_int_gt(st.kernels, 0);
+  ck_assert_int_gt(st.blas, 0);
+  ck_assert_int_eq(st.tier1, 0);
+  ck_assert_int_eq(st.tier2, 0);
+  ck_assert_int_eq(st.connected, 0);
+  ck_assert_int_eq(st.swaps, 0);
+  ck_assert_int_eq(st.rejected, 0);
+  ck_assert(st.ms > 0 && st.ms_avg > 0);
+  nf_session_free(s);
+  nf_model_free(m);
+  free(d);
+}
+END_TEST
+
+/* ---- 2. the CNN learns ---- */
+
+START_TEST(session_cnn_trains) {
+  enum { B = 4, POOL = 2, PIX = 28 * 28 };
+  nf_model *m = load_example("cnn.nf");
+  static float X[POOL][B * PIX];
+  int64_t labels[POOL][B];
+  rng_seed(23);
+  for (int b = 0; b < POOL; b++) {
+    fill_gauss(X[b], B * PIX);
+    for (int i = 0; i < B; i++) labels[b][i] = (int64_t)(unif() * 10) % 10;
+  }
+  const char *inames[] = {"batch"};
+  const int64_t ivalues[] = {B};
+  nf_session_opts o = {.optim = {.kind = NF_OPTIM_ADAM, .lr = 0.01}, .seed = 3, .daemon = "none",
+                       .n_iparams = 1, .inames = inames, .ivalues = ivalues};
+  nf_session *s = open_def(m, "cnn", &o);
+  ck_assert_int_eq(nf_session_n_params(s), 6);
+  const int n_steps = 40;
+  double first = 0, last2[2] = {0};
+  for (int i = 0; i < n_steps; i++) {
+    feed(s, "X", X[i % POOL], sizeof X[0]);
+    feed(s, "labels", labels[i % POOL], sizeof labels[0]);
+    double l = step(s);
+    if (i == 0) first = l;
+    last2[i % 2] = l;
+  }
+  double mean_last = (last2[0] + last2[1]) / 2;
+  /* kaiming-initialised convolutions on N(0, 1) pixels: large logits */
+  ck_assert_msg(first > 1, "first loss %g", first);
+  ck_assert_msg(mean_last < 1.0, "loss %g after %d steps: not below chance (ln 10)", mean_last,
+                n_steps);
+  ck_assert_msg(mean_last < 0.5 * first, "loss %g after %d steps, %g at first", mean_last, n_steps,
+                first);
+  nf_session_stats st = stats(s);
+  ck_assert_int_eq(st.step, n_steps);
+  ck_assert_int_gt(st.kernels, 0);
+  ck_assert_int_eq(st.tier1 + st.tier2, 0);
+  nf_session_free(s);
+  nf_model_free(m);
+}
+END_TEST
+
+/* ---- 3. optimizers against PyTorch's formulas ---- */
+
+static const char opt_model[] =
+    "def m(X: f32[2, 3], y: f32[2]) -> (L: f32[]) {\n"
+    "  param W: f32[3] = constant(0.5)\n"
+    "  P(i) +=! X(i, j) * W(j)\n"
+    "  D(i) = P(i) - y(i)\n"
+    "  S() +=! D(i) * D(i)\n"
+    "  L() = S() / 2.0\n"
+    "}\n";
+
+/* Runs 3 steps of optimizer o on opt_model; checks W after each against
+ * the reference in double (torch.optim.SGD / Adam / AdamW). */
+static void check_optimizer(nf_optimizer opt, const char *what) {
+  nf_model *m = load_text("opt.nf", opt_model);
+  nf_session_opts o = {.optim = opt, .seed = 1, .daemon = "none"};
+  nf_session *s = open_def(m, "m", &o);
+  float X[6], y[2];
+  rng_seed(5);
+  fill_gauss(X, 6);
+  fill_gauss(y, 2);
+  feed(s, "X", X, sizeof X);
+  feed(s, "y", y, sizeof y);
+  float w0[3];
+  read_t(s, "W", w0, sizeof w0);
+  for (int i = 0; i < 3; i++) ck_assert_float_eq(w0[i], 0.5f);
+  /* PyTorch's defaults where the options leave zeros */
+  double lr = opt.lr, b1 = opt.beta1 > 0 ? opt.beta1 : 0.9, b2 = opt.beta2 > 0 ? opt.beta2 : 0.999;
+  double eps = opt.eps > 0 ? opt.eps : 1e-8, wd = opt.weight_decay, mom = opt.momentum;
+  double p[3] = {0.5, 0.5, 0.5}, mm[3] = {0}, vv[3] = {0}, buf[3] = {0};
+  for (int t = 1; t <= 3; t++) {
+    float wb[3];
+    read_t(s, "W", wb, sizeof wb);
+    double loss = step(s);
+    /* the loss the session reports is at the weights before the step */
+    double ref_loss = 0;
+    for (int i = 0; i < 2; i++) {
+      double pi = 0;
+      for (int j = 0; j < 3; j++) pi += (double)X[i * 3 + j] * wb[j];
+      ref_loss += (pi - y[i]) * (pi - y[i]) / 2;
+    }
+    ck_assert_msg(fabs(loss - ref_loss) <= 1e-5 * fabs(ref_loss) + 1e-7,
+                  "%s step %d: loss %.9g, want %.9g",
+                  what, t, loss, ref_loss);
+    float g[3], w[3];
+    read_t(s, "grad_W", g, sizeof g);
+    read_t(s, "W", w, sizeof w);
+    /* the gradient itself: X^T (X w - y) at the weights before */
+    for (int j = 0; j < 3; j++) {
+      double gj = 0;
+      for (int i = 0; i < 2; i++) {
+        double pi = 0;
+        for (int k = 0; k < 3; k++) pi += (double)X[i * 3 + k] * wb[k];
+        gj += (pi - y[i]) * X[i * 3 + j];
+      }
+      ck_assert_msg(fabs(g[j] - gj) <= 1e-5 * fabs(gj) + 1e-6,
+                    "%s step %d: grad_W[%d] %.9g, want %.9g",
+                    what, t, j, g[j], gj);
+    }
+    for (int j = 0; j < 3; j++) {
+      double gj = g[j];
+      if (opt.kind == NF_OPTIM_SGD) {
+        double gg = gj + wd * p[j];
+        buf[j] = t == 1 ? gg : mom * buf[j] + gg;
+        p[j] -= lr * buf[j];
+      } else {
+        if (opt.kind == NF_OPTIM_ADAMW) p[j] *= 1 - lr * wd;
+        else gj += wd * p[j];
+        mm[j] = b1 * mm[j] + (1 - b1) * gj;
+        vv[j] = b2 * vv[j] + (1 - b2) * gj * gj;
+        double mh = mm[j] / (1 - pow(b1, t)), vh = vv[j] / (1 - pow(b2, t));
+        p[j] -= lr * mh / (sqrt(vh) + eps);
+      }
+      ck_assert_msg(fabs(w[j] - p[j]) <= 1e-5 * fabs(p[j]),
+                    "%s step %d: W[%d] = %.9g, PyTorch's formula gives %.9g (before %.9g)", what,
+                    t, j, w[j], p[j], wb[j]);
+      ck_assert_msg(w[j] != wb[j], "%s step %d: W[%d] did not move", what, t, j);
+    }
+  }
+  nf_session_free(s);
+  nf_model_free(m);
+}
+
+START_TEST(session_optimizers) {
+  check_optimizer((nf_optimizer){.kind = NF_OPTIM_SGD, .lr = 0.05, .momentum = 0.9,
+                                 .weight_decay = 0.01}, "sgd");
+  check_optimizer((nf_optimizer){.kind = NF_OPTIM_ADAM, .lr = 0.01}, "adam");
+  check_optimizer((nf_optimizer){.kind = NF_OPTIM_ADAM, .lr = 0.01, .weight_decay = 0.1,
+                                 .beta1 = 0.8, .beta2 = 0.99}, "adam+l2");
+  check_optimizer((nf_optimizer){.kind = NF_OPTIM_ADAMW, .lr = 0.01, .weight_decay = 0.1}, "adamw");
+}
+END_TEST
+
+/* ---- 4. gradients against finite differences ---- */
+
+static const char fd_model[] =
+    "import nn\n"
+    "def fdm(X: f32[4, 3], T: f32[4, 2]) -> (L: f32[]) {\n"
+    "  param W1: f32[5, 3] = xavier_uniform\n"
+    "  param b1: f32[5] = uniform(-0.5, 0.5)\n"
+    "  param W2: f32[2, 5] = xavier_uniform\n"
+    "  H = linear(X, W1, b1)\n"
+    "  A(n, j) = tanh(H(n, j))\n"
+    "  Y(n, o) +=! A(n, j) * W2(o, j)\n"
+    "  L = mse(Y, T)\n"
+    "}\n";
+
+START_TEST(session_gradients_match_finite_differences) {
+  nf_model *m = load_text("fd.nf", fd_model);
+  /* lr 1e-30: a step leaves the parameters as they are */
+  nf_session_opts o = {.optim = {.kind = NF_OPTIM_SGD, .lr = 1e-30}, .seed = 9, .daemon = "none"};
+  nf_session *s = open_def(m, "fdm", &o);
+  float X[12], T[8];
+  rng_seed(77);
+  fill_gauss(X, 12);
+  fill_gauss(T, 8);
+  feed(s, "X", X, sizeof X);
+  feed(s, "T", T, sizeof T);
+  ck_assert_int_eq(nf_session_n_params(s), 3);
+  const float eps = 1e-3f;
+  int checked = 0;
+  for (int p = 0; p < nf_session_n_params(s); p++) {
+    const char *name = NULL;
+    int64_t n = param_numel(s, p, &name);
+    char gname[64];
+    snprintf(gname, sizeof gname, "grad_%s", name);
+    float *base = malloc(sizeof(float) * (size_t)n), *g = malloc(sizeof(float) * (size_t)n);
+    float *w = malloc(sizeof(float) * (size_t)n);
+    double *fd = malloc(sizeof(double) * (size_t)n);
+    ck_assert(base && g && w && fd);
+    read_t(s, name, base, sizeof(float) * (size_t)n);
+    step(s);
+    read_t(s, gname, g, sizeof(float) * (size_t)n);
+    read_t(s, name, w, sizeof(float) * (size_t)n);
+    ck_assert_msg(!memcmp(w, base, sizeof(float) * (size_t)n), "%s moved at lr 1e-30", name);
+    double md = 0, mx = 0;
+    for (int64_t i = 0; i < n; i++) {
+      memcpy(w, base, sizeof(float) * (size_t)n);
+      w[i] = base[i] + eps;
+      ck_assert_int_eq(nf_session_set_param(s, name, w, (size_t)n), NF_OK);
+      double lp = step(s);
+      w[i] = base[i] - eps;
+      ck_assert_int_eq(nf_session_set_param(s, name, w, (size_t)n), NF_OK);
+      double lm = step(s);
+      /* the true step of the perturbed float values */
+      fd[i] = (lp - lm) / ((double)(base[i] + eps) - (double)(base[i] - eps));
+      ck_assert_int_eq(nf_session_set_param(s, name, base, (size_t)n), NF_OK);
+      if (fabs(fd[i] - g[i]) > md) md = fabs(fd[i] - g[i]);
+      if (fabs(fd[i]) > mx) mx = fabs(fd[i]);
+      checked++;
+    }
+    ck_assert_msg(mx > 1e-3, "%s: finite differences all near zero (max %g)", name, mx);
+    ck_assert_msg(md <= 2e-2 * mx, "%s: gradient differs from finite differences by %g (max %g)",
+                  name, md, mx);
+    free(base);
+    free(g);
+    free(w);
+    free(fd);
+  }
+  ck_assert_int_eq(checked, 15 + 5 + 10);
+  nf_session_free(s);
+  nf_model_free(m);
+}
+END_TEST
+
+/* ---- 5. compiled kernels train exactly like tier 0 ---- */
+
+START_TEST(session_tiers_agree) {
+  nf_model *m = load_example("mlp.nf");
+  mlp_data *d = mlp_data_new(12);
+  nf_session_opts o = mlp_opts();
+  /* SGD with momentum: Adam's sign-like first steps would turn a rounding
+   * difference in a near-zero gradient into a full step */
+  o.optim = (nf_optimizer){.kind = NF_OPTIM_SGD, .lr = 0.01, .momentum = 0.5};
+  nf_session *a = open_def(m, "mlp", &o);
+  nf_session *b = open_def(m, "mlp", &o);
+  ck_assert_int_eq(a->n_kents, b->n_kents);
+  int n_k = b->n_kents, n_gemm = 0;
+  for (int k = 0; k < n_k; k++) {
+    int rc = offer_compiled(b, k);
+    ck_assert_msg(rc == NF_OK, "offer %d: %s: %s", k, nf_strerror(rc), session_log(b));
+    n_gemm += b->kents[k].gemm != NULL;
+  }
+  ck_assert_int_gt(n_gemm, 0);
+  nf_session_stats st = stats(b);
+  ck_assert_int_eq(st.tier1, 0);
+  ck_assert_int_eq(st.swaps, 0);
+  double la[3], lb[3];
+  for (int i = 0; i < 3; i++) {
+    mlp_feed(a, d, 0); /* one batch: the loss must fall */
+    mlp_feed(b, d, 0);
+    la[i] = step(a);
+    lb[i] = step(b);
+    if (i == 0) {
+      /* the first step ran every canary and promoted every kernel */
+      st = stats(b);
+      ck_assert_msg(st.swaps == n_k && st.rejected == 0, "swaps %lld of %d, rejected %lld: %s",
+                    (long long)st.swaps, n_k, (long long)st.rejected, session_log(b));
+      ck_assert_int_eq(st.tier1, n_k);
+      ck_assert_int_eq(st.trusted, 0);
+      ck_assert_int_eq(st.blas, 0);
+      for (int k = 0; k < n_k; k++) {
+        ck_assert_ptr_nonnull(b->kents[k].cur);
+        ck_assert_ptr_null(b->kents[k].cand);
+        ck_assert_int_eq(b->kents[k].cur_tier, 1);
+      }
+      /* the reference produced step 1's results */
+      ck_assert_msg(la[0] == lb[0], "step 1: loss %.9g at tier 0, %.9g with canaries", la[0],
+                    lb[0]);
+    }
+    ck_assert_msg(fabs(la[i] - lb[i]) <= 1e-5 * fabs(la[i]), "step %d: loss %.9g vs %.9g", i + 1,
+                  la[i], lb[i]);
+  }
+  ck_assert_msg(la[2] < la[0], "loss did not fall: %g -> %g", la[0], la[2]);
+  int64_t na = 0, nb = 0;
+  float *pa = all_params(a, &na), *pb = all_params(b, &nb);
+  ck_assert_int_eq(na, nb);
+  double r = rel_diff(pb, pa, na);
+  ck_assert_msg(r < 1e-5, "parameters after 3 steps differ by %g (relative)", r);
+  for (int p = 0; p < nf_session_n_params(a); p++) {
+    const char *name = NULL;
+    int64_t n = param_numel(a, p, &name);
+    char gname[64];
+    snprintf(gname, sizeof gname, "grad_%s", name);
+    float *ga = malloc(sizeof(float) * (size_t)n), *gb = malloc(sizeof(float) * (size_t)n);
+    read_t(a, gname, ga, sizeof(float) * (size_t)n);
+    read_t(b, gname, gb, sizeof(float) * (size_t)n);
+    double rg = rel_diff(gb, ga, n);
+    ck_assert_msg(rg < 1e-4, "%s differs by %g (relative)", gname, rg);
+    free(ga);
+    free(gb);
+  }
+  st = stats(b);
+  ck_assert_int_eq(st.tier1, n_k);
+  ck_assert_int_eq(st.swaps, n_k);
+  free(pa);
+  free(pb);
+  nf_session_free(a);
+  nf_session_free(b);
+  nf_model_free(m);
+  free(d);
+}
+END_TEST
+
+/* ---- 6. damaged and wrong kernels are refused ---- */
+
+START_TEST(session_corrupted_kernel_rejected) {
+  nf_model *m = load_example("mlp.nf");
+  mlp_data *d = mlp_data_new(13);
+  nf_session_opts o = mlp_opts();
+  o.quiet = 1; /* rejections are warned about */
+  nf_session *s = open_def(m, "mlp", &o);
+  nf_session *ref = open_def(m, "mlp", &o);
+  /* an entry of one op that runs in the interpreter at tier 0 gets a
+   * verified compiled kernel, then the attacks */
+  int k = -1;
+  for (int i = 0; i < s->n_kents && k < 0; i++)
+    if (!s->kents[i].alias && !s->kents[i].gemm && s->kents[i].n_ops == 1) k = i;
+  ck_assert_int_ge(k, 0);
+  int rc = offer_compiled(s, k);
+  ck_assert_msg(rc == NF_OK, "offer: %s: %s", nf_strerror(rc), session_log(s));
+  mlp_feed(s, d, 0);
+  mlp_feed(ref, d, 0);
+  double l0 = step(s), r0 = step(ref);
+  ck_assert_msg(l0 == r0, "step 1: %.9g vs %.9g", l0, r0);
+  nf_session_stats st = stats(s);
+  ck_assert_int_eq(st.swaps, 1);
+  ck_assert_int_eq(st.rejected, 0);
+  ck_assert_int_eq(st.tier1, 1);
+  nf_kernel *cur = s->kents[k].cur;
+  ck_assert_ptr_nonnull(cur);
+  ck_assert_int_eq(s->kents[k].cur_tier, 1);
+
+  nf_blob so = NF_BLOB_INIT;
+  compile_graph(s->kents[k].g, &so);
+  uint8_t sha[32];
+  /* (a) the digest announced is not the bytes' */
+  crypto_hash_sha256(sha, so.data, so.len);
+  sha[7] ^= 0x20;
+  rc = nf__session_offer(s, k, so.data, so.len, sha, NULL, 2, 0);
+  ck_assert_int_eq(rc, NF_EFORMAT);
+  ck_assert_int_eq(stats(s).rejected, 1);
+  ck_assert_ptr_null(s->kents[k].in_k);
+  ck_assert_msg(strstr(session_log(s), "SHA-256") != NULL, "log: %s", session_log(s));
+  /* (b) a damaged ELF header, with the digest of the damaged bytes */
+  uint8_t *bad = malloc(so.len);
+  ck_assert_ptr_nonnull(bad);
+  memcpy(bad, so.data, so.len);
+  ck_assert(bad[0] == 0x7f && bad[1] == 'E' && bad[2] == 'L' && bad[3] == 'F');
+  bad[1] = 'X';
+  crypto_hash_sha256(sha, bad, so.len);
+  rc = nf__session_offer(s, k, bad, so.len, sha, NULL, 2, 0);
+  ck_assert_msg(rc == NF_EFORMAT, "damaged ELF: %s", nf_strerror(rc));
+  ck_assert_int_eq(stats(s).rejected, 2);
+  ck_assert_ptr_null(s->kents[k].in_k);
+  /* ... and a valid header on a truncated image */
+  memcpy(bad, so.data, so.len);
+  crypto_hash_sha256(sha, bad, so.len / 3);
+  rc = nf__session_offer(s, k, bad, so.len / 3, sha, NULL, 2, 0);
+  ck_assert_msg(rc != NF_OK, "truncated ELF accepted");
+  ck_assert_int_eq(stats(s).rejected, 3);
+  ck_assert_ptr_null(s->kents[k].in_k);
+  free(bad);
+  nf_blob_free(&so);
+  /* (c) a valid kernel of another graph with the same buffers: it loads,
+   * and its canary at the next step refuses it */
+  nf_ir_ctx *wctx = nf_ir_ctx_new();
+  nf_graph *w = wrong_twin(wctx, s->kents[k].g);
+  compile_graph(w, &so);
+  crypto_hash_sha256(sha, so.data, so.len);
+  rc = nf__session_offer(s, k, so.data, so.len, sha, NULL, 2, 0);
+  ck_assert_msg(rc == NF_OK, "the wrong kernel should load: %s: %s", nf_strerror(rc),
+                session_log(s));
+  ck_assert_ptr_nonnull(s->kents[k].in_k);
+  nf_blob_free(&so);
+  st = stats(s);
+  ck_assert_int_eq(st.rejected, 3);
+  mlp_feed(s, d, 1);
+  mlp_feed(ref, d, 1);
+  double l1 = step(s), r1 = step(ref);
+  st = stats(s);
+  ck_assert_msg(st.rejected == 4, "rejected %lld: %s", (long long)st.rejected, session_log(s));
+  ck_assert_int_eq(st.swaps, 1);
+  ck_assert_ptr_eq(s->kents[k].cur, cur);
+  ck_assert_int_eq(s->kents[k].cur_tier, 1);
+  ck_assert_ptr_null(s->kents[k].cand);
+  ck_assert_ptr_null(s->kents[k].in_k);
+  ck_assert_int_eq(st.tier1, 1);
+  ck_assert_int_eq(st.tier2, 0);
+  ck_assert_msg(strstr(session_log(s), "differ from the reference") != NULL, "log: %s",
+                session_log(s));
+  ck_assert_msg(fabs(l1 - r1) <= 1e-5 * fabs(r1), "step 2: %.9g vs tier 0 %.9g", l1, r1);
+  /* and it keeps running the verified kernel */
+  mlp_feed(s, d, 2);
+  mlp_feed(ref, d, 2);
+  double l2 = step(s), r2 = step(ref);
+  ck_assert_msg(fabs(l2 - r2) <= 1e-5 * fabs(r2), "step 3: %.9g vs tier 0 %.9g", l2, r2);
+  ck_assert_ptr_eq(s->kents[k].cur, cur);
+  ck_assert_int_eq(stats(s).rejected, 4);
+  nf_ir_ctx_free(wctx);
+  nf_session_free(s);
+  nf_session_free(ref);
+  nf_model_free(m);
+  free(d);
+}
+END_TEST
+
+/* ---- a neoflowd of our own ---- */
+
+typedef struct dm {
+  char dir[256], sock[320], cache[320], conf[320], log[320];
+  pid_t pid;
+} dm;
+
+static void dm_init(dm *d) {
+  memset(d, 0, sizeof *d);
+  snprintf(d->dir, sizeof d->dir, "/tmp/nf_session_XXXXXX");
+  ck_assert_ptr_nonnull(mkdtemp(d->dir));
+  snprintf(d->sock, sizeof d->sock, "%s/run/neoflowd.sock", d->dir);
+  snprintf(d->cache, sizeof d->cache, "%s/cache.db", d->dir);
+  snprintf(d->conf, sizeof d->conf, "%s/neoflowd.conf", d->dir);
+  snprintf(d->log, sizeof d->log, "%s/neoflowd.log", d->dir);
+  FILE *f = fopen(d->conf, "w");
+  ck_assert_ptr_nonnull(f);
+  fprintf(f, "[daemon]\nsocket = %s\nlog_level = debug\n[cache]\ncache = %s\n", d->sock, d->cache);
+  fclose(f);
+}
+
+static int try_connect(const char *path) {
+  int s = socket(AF_UNIX, SOCK_STREAM, 0);
+  struct sockaddr_un a;
+  memset(&a, 0, sizeof a);
+  a.sun_family = AF_UNIX;
+  snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
+  if (connect(s, (struct sockaddr *)&a, sizeof a) != 0) {
+    close(s);
+    return -1;
+  }
+  close(s);
+  return 0;
+}
+
+static void dm_start(dm *d) {
+  const char *exe = getenv("NF_NEOFLOWD");
+  ck_assert_msg(exe != NULL, "NF_NEOFLOWD is not set");
+  d->pid = fork();
+  ck_assert_int_ge(d->pid, 0);
+  if (d->pid == 0) {
+    int fd = open(d->log, O_WRONLY | O_CREAT | O_APPEND, 0600);
+    if (fd >= 0) dup2(fd, 2);
+    execl(exe, exe, "--config", d->conf, (char *)NULL);
+    _exit(127);
+  }
+  for (int i = 0; i < 600; i++) {
+    if (try_connect(d->sock) == 0) return;
+    if (waitpid(d->pid, NULL, WNOHANG) == d->pid) {
+      d->pid = 0;
+      ck_abort_msg("neoflowd exited at start-up (see %s)", d->log);
+    }
+    sleep_ms(25);
+  }
+  ck_abort_msg("neoflowd did not answer on %s within 15 s", d->sock);
+}
+
+static int dm_stop(dm *d, int sig) {
+  if (d->pid <= 0) return -1;
+  kill(d->pid, sig);
+  int st = 0;
+  for (int i = 0; i < 800; i++) {
+    if (waitpid(d->pid, &st, WNOHANG) == d->pid) break;
+    if (i == 799) {
+      kill(d->pid, SIGKILL);
+      waitpid(d->pid, &st, 0);
+    }
+    sleep_ms(25);
+  }
+  d->pid = 0;
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static void rm_rf(const char *dir) {
+  if (getenv("NF_TEST_KEEP")) return;
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  ck_assert_int_eq(system(cmd), 0);
+}
+
+/* ---- 7. the daemon dies and comes back ---- */
+
+START_TEST(session_daemon_killed_and_back) {
+  dm d;
+  dm_init(&d);
+  dm_start(&d);
+  nf_model *m = load_example("mlp.nf");
+  mlp_data *data = mlp_data_new(14);
+  nf_session_opts o = mlp_opts();
+  o.daemon = d.sock;
+  o.no_spawn = 1;
+  o.compile_only = 1;
+  o.quiet = 1; /* the lost connection is warned about */
+  nf_session *s = open_def(m, "mlp", &o);
+  int64_t n = 0;
+  nf_session_stats st = stats(s);
+  double t0 = now_ms();
+  while (st.tier1 < st.kernels && now_ms() - t0 < 120000) {
+    nf_session_wait_kernels(s, 200, 1);
+    mlp_feed(s, data, n++);
+    step(s);
+    st = stats(s);
+  }
+  ck_assert_msg(st.tier1 == st.kernels, "%d of %d kernels at tier 1 after %.0f ms (see %s): %s",
+                st.tier1, st.kernels, now_ms() - t0, d.log, session_log(s));
+  ck_assert_int_eq(st.rejected, 0);
+  ck_assert_int_eq(st.swaps, st.kernels);
+  ck_assert_int_eq(st.connected, 1);
+  ck_assert_int_eq(st.reconnects, 0);
+  ck_assert_int_eq(st.blas, 0);
+
+  /* SIGKILL: every step still works, on the kernels it has */
+  ck_assert_int_eq(dm_stop(&d, SIGKILL), 128 + SIGKILL);
+  t0 = now_ms();
+  int steps_after = 0;
+  while (now_ms() - t0 < 2000) {
+    mlp_feed(s, data, n++);
+    step(s);
+    steps_after++;
+    sleep_ms(5);
+  }
+  st = stats(s);
+  ck_assert_int_gt(steps_after, 10);
+  ck_assert_int_eq(st.connected, 0);
+  ck_assert_int_eq(st.tier1, st.kernels);
+  ck_assert_int_eq(st.step, n);
+  ck_assert_msg(strstr(session_log(s), "lost the daemon connection") != NULL, "log: %s",
+                session_log(s));
+
+  /* back on the same socket and cache: the session reconnects */
+  dm_start(&d);
+  t0 = now_ms();
+  while (!(st.connected == 1 && st.reconnects >= 1) && now_ms() - t0 < 20000) {
+    mlp_feed(s, data, n++);
+    step(s);
+    sleep_ms(20);
+    st = stats(s);
+  }
+  ck_assert_msg(st.connected == 1 && st.reconnects >= 1,
+                "not reconnected after 20 s: connected %d, reconnects %lld", st.connected,
+                (long long)st.reconnects);
+  ck_assert_int_eq(st.tier1, st.kernels);
+  ck_assert_int_eq(st.rejected, 0);
+  nf_session_free(s);
+  ck_assert_int_eq(dm_stop(&d, SIGTERM), 0);
+  rm_rf(d.dir);
+  nf_model_free(m);
+  free(data);
+}
+END_TEST
+
+/* ---- 8. two clients, no daemon: one daemon ---- */
+
+static const char tiny_model[] =
+    "def tiny(X: f32[4, 3], y: f32[4]) -> (L: f32[]) {\n"
+    "  param W: f32[3] = constant(0.25)\n"
+    "  P(i) +=! X(i, j) * W(j)\n"
+    "  D(i) = tanh(P(i)) - y(i)\n"
+    "  S() +=! D(i) * D(i)\n"
+    "  L() = S() / 4.0\n"
+    "}\n";
+
+/* A client process: waits on the pipe, opens a session (the default
+ * daemon: $NEOFLOW_SOCKET, spawned when nothing answers) and steps until
+ * connected.  The exit status says what failed. */
+static int client_main(int go_fd) {
+  char *err = NULL;
+  nf_model *m = nf_model_load_source("tiny.nf", tiny_model, &err);
+  if (!m) return 2;
+  char c;
+  if (read(go_fd, &c, 1) != 1) return 3;
+  nf_session_opts o = {.optim = {.kind = NF_OPTIM_SGD, .lr = 0.01}, .compile_only = 1,
+                       .quiet = 1, .threads = 1};
+  nf_session *s = nf_session_new_def(m, "tiny", &o, &err);
+  if (!s) return 4;
+  float X[12], y[4];
+  for (int i = 0; i < 12; i++) X[i] = (float)(i % 5) / 5.0f - 0.4f;
+  for (int i = 0; i < 4; i++) y[i] = 0.1f * (float)i;
+  if (nf_session_feed(s, "X", X, sizeof X) || nf_session_feed(s, "y", y, sizeof y)) return 5;
+  double t0 = now_ms();
+  nf_session_stats st;
+  memset(&st, 0, sizeof st);
+  while (now_ms() - t0 < 20000) {
+    if (nf_session_step(s, NULL) != NF_OK) return 6;
+    nf_session_stats_get(s, &st);
+    if (st.connected) break;
+    sleep_ms(10);
+  }
+  nf_session_free(s);
+  nf_model_free(m);
+  return st.connected ? 0 : 7;
+}
+
+/* Live neoflowd processes (not job workers, not zombies) whose
+ * environment holds env (e.g. "NEOFLOW_SOCKET=/tmp/..."); the last one's
+ * pid in *pid. */
+static int count_daemons(const char *env, pid_t *pid) {
+  DIR *dir = opendir("/proc");
+  ck_assert_ptr_nonnull(dir);
+  struct dirent *e;
+  int n = 0;
+  size_t el = strlen(env);
+  while ((e = readdir(dir))) {
+    char *end;
+    long p = strtol(e->d_name, &end, 10);
+    if (*end || p <= 0) continue;
+    char path[300], buf[65536];
+    snprintf(path, sizeof path, "/proc/%ld/cmdline", p);
+    FILE *f = fopen(path, "r");
+    if (!f) continue;
+    size_t len = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    if (len == 0) continue; /* a zombie or a kernel thread */
+    buf[len] = 0;
+    const char *base = strrchr(buf, '/');
+    base = base ? base + 1 : buf;
+    if (strcmp(base, "neoflowd") != 0) continue;
+    size_t a0 = strlen(buf) + 1;
+    if (a0 < len && !strcmp(buf + a0, "--job")) continue;
+    snprintf(path, sizeof path, "/proc/%ld/stat", p);
+    f = fopen(path, "r");
+    char state = 0;
+    if (f) {
+      if (fscanf(f, "%*d (%*[^)]) %c", &state) != 1) state = 0;
+      fclose(f);
+    }
+    if (state == 'Z' || state == 'X') continue;
+    snprintf(path, sizeof path, "/proc/%ld/environ", p);
+    f = fopen(path, "r");
+    if (!f) continue;
+    len = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[len] = 0;
+    int found = 0;
+    for (size_t i = 0; i < len && !found; i += strlen(buf + i) + 1) {
+      found = strlen(buf + i) == el && !memcmp(buf + i, env, el);
+    }
+    if (found) {
+      n++;
+      *pid = (pid_t)p;
+    }
+  }
+  closedir(dir);
+  return n;
+}
+
+static int alive(pid_t pid) {
+  char path[64], state = 0;
+  snprintf(path, sizeof path, "/proc/%ld/stat", (long)pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return 0;
+  if (fscanf(f, "%*d (%*[^)]) %c", &state) != 1) state = 0;
+  fclose(f);
+  return state != 0 && state != 'Z' && state != 'X';
+}
+
+START_TEST(session_two_clients_one_daemon) {
+  const char *exe = getenv("NF_NEOFLOWD");
+  ck_assert_msg(exe != NULL, "NF_NEOFLOWD is not set");
+  dm d;
+  dm_init(&d);
+  setenv("NEOFLOW_SOCKET", d.sock, 1);
+  setenv("NEOFLOW_CACHE", d.cache, 1);
+  setenv("XDG_CONFIG_HOME", d.dir, 1); /* no user configuration */
+  char env[400];
+  snprintf(env, sizeof env, "NEOFLOW_SOCKET=%s", d.sock);
+  pid_t none = 0;
+  ck_assert_int_eq(count_daemons(env, &none), 0);
+  ck_assert_int_ne(try_connect(d.sock), 0);
+  int go[2];
+  ck_assert_int_eq(pipe(go), 0);
+  pid_t kids[2];
+  for (int i = 0; i < 2; i++) {
+    kids[i] = fork();
+    ck_assert_int_ge(kids[i], 0);
+    if (kids[i] == 0) {
+      close(go[1]);
+      _exit(client_main(go[0]));
+    }
+  }
+  close(go[0]);
+  sleep_ms(100); /* both start when the pipe has its two bytes */
+  ck_assert_int_eq(write(go[1], "gg", 2), 2);
+  close(go[1]);
+  for (int i = 0; i < 2; i++) {
+    int st = 0;
+    ck_assert_int_eq(waitpid(kids[i], &st, 0), kids[i]);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "client %d: %s %d", i,
+                  WIFEXITED(st) ? "exit" : "signal",
+                  WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+  }
+  /* one daemon serves the socket (a second start, if a client made one,
+   * has refused and is gone within a moment) */
+  pid_t pid = 0;
+  int n = 0;
+  for (int i = 0; i < 200; i++) {
+    n = count_daemons(env, &pid);
+    if (n == 1) break;
+    sleep_ms(25);
+  }
+  ck_assert_msg(n == 1, "%d neoflowd processes serve %s", n, d.sock);
+  ck_assert_int_eq(try_connect(d.sock), 0);
+  /* another start on the same socket and cache is refused and names it */
+  char cmd[1400], line[1024];
+  snprintf(cmd, sizeof cmd, "'%s' 2>'%s/second.log'", exe, d.dir);
+  int st = system(cmd);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 1, "a second daemon started (%d)", st);
+  snprintf(cmd, sizeof cmd, "%s/second.log", d.dir);
+  FILE *f = fopen(cmd, "r");
+  ck_assert_ptr_nonnull(f);
+  long named = 0;
+  while (fgets(line, sizeof line, f) && !named) {
+    const char *p = strstr(line, "(pid ");
+    if (p && (strstr(line, "in use by another neoflowd") || strstr(line, "already running")))
+      named = strtol(p + 5, NULL, 10);
+  }
+  fclose(f);
+  ck_assert_msg(named == (long)pid, "the second start names pid %ld, the daemon is %ld", named,
+                (long)pid);
+  ck_assert_int_eq(count_daemons(env, &pid), 1);
+  /* and it stops on SIGTERM */
+  ck_assert_int_eq(kill(pid, SIGTERM), 0);
+  double t0 = now_ms();
+  while (alive(pid) && now_ms() - t0 < 15000) sleep_ms(25);
+  ck_assert_msg(!alive(pid), "neoflowd %ld did not stop on SIGTERM", (long)pid);
+  ck_assert_int_ne(try_connect(d.sock), 0);
+  unsetenv("NEOFLOW_SOCKET");
+  unsetenv("NEOFLOW_CACHE");
+  unsetenv("XDG_CONFIG_HOME");
+  rm_rf(d.dir);
+}
+END_TEST
+
+/* ---- 9. parameter files ---- */
+
+static const char save_model_a[] =
+    "def m(X: f32[4, 3], y: f32[4]) -> (L: f32[]) {\n"
+    "  param W: f32[2, 3] = uniform(-1, 1)\n"
+    "  param c: f32[2] = normal(0, 1)\n"
+    "  P(i, o) +=! X(i, j) * W(o, j)\n"
+    "  D(i, o) = P(i, o) + c(o) - y(i)\n"
+    "  S() +=! D(i, o) * D(i, o)\n"
+    "  L() = S() / 8.0\n"
+    "}\n"
+    /* the same bytes, W transposed */
+    "def t(X: f32[4, 3], y: f32[4]) -> (L: f32[]) {\n"
+    "  param W: f32[3, 2] = uniform(-1, 1)\n"
+    "  param c: f32[2] = normal(0, 1)\n"
+    "  P(i, o) +=! X(i, j) * W(j, o)\n"
+    "  D(i, o) = P(i, o) + c(o) - y(i)\n"
+    "  S() +=! D(i, o) * D(i, o)\n"
+    "  L() = S() / 8.0\n"
+    "}\n"
+    /* another size */
+    "def big(X: f32[4, 3], y: f32[4]) -> (L: f32[]) {\n"
+    "  param W: f32[5, 3] = uniform(-1, 1)\n"
+    "  param c: f32[5] = normal(0, 1)\n"
+    "  P(i, o) +=! X(i, j) * W(o, j)\n"
+    "  D(i, o) = P(i, o) + c(o) - y(i)\n"
+    "  S() +=! D(i, o) * D(i, o)\n"
+    "  L() = S() / 20.0\n"
+    "}\n";
+
+static void read_file(const char *path, uint8_t **data, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  ck_assert_ptr_nonnull(f);
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  ck_assert_int_gt(n, 0);
+  *data = malloc((size_t)n);
+  ck_assert_ptr_nonnull(*data);
+  ck_assert_uint_eq(fread(*data, 1, (size_t)n, f), (size_t)n);
+  fclose(f);
+  *len = (size_t)n;
+}
+
+static void write_file(const char *path, const uint8_t *data, size_t len) {
+  FILE *f = fopen(path, "wb");
+  ck_assert_ptr_nonnull(f);
+  ck_assert_uint_eq(fwrite(data, 1, len, f), len);
+  ck_assert_int_eq(fclose(f), 0);
+}
+
+START_TEST(session_save_load) {
+  char dir[] = "/tmp/nf_params_XXXXXX";
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  char path[256], bad[256], other[256];
+  snprintf(path, sizeof path, "%s/m.nfp", dir);
+  snprintf(bad, sizeof bad, "%s/bad.nfp", dir);
+  nf_model *m = load_text("save.nf", save_model_a);
+  nf_session_opts o = {.optim = {.kind = NF_OPTIM_ADAM, .lr = 0.05}, .seed = 21, .daemon = "none"};
+  nf_session *s = open_def(m, "m", &o);
+  float X[12], y[4];
+  rng_seed(31);
+  fill_gauss(X, 12);
+  fill_gauss(y, 4);
+  feed(s, "X", X, sizeof X);
+  feed(s, "y", y, sizeof y);
+  for (int i = 0; i < 3; i++) step(s); /* trained values, not the initialisers' */
+  int64_t n = 0;
+  float *saved = all_params(s, &n);
+  ck_assert_int_eq(n, 8);
+  ck_assert_int_eq(nf_session_save(s, path), NF_OK);
+  /* no temporary file is left behind */
+  DIR *dd = opendir(dir);
+  int n_files = 0;
+  for (struct dirent *e; (e = readdir(dd));) n_files += e->d_name[0] != '.';
+  closedir(dd);
+  ck_assert_int_eq(n_files, 1);
+
+  /* perturb, load: bit for bit what was saved */
+  float pw[6], pc[2];
+  for (int i = 0; i < 6; i++) pw[i] = 100.0f + (float)i;
+  for (int i = 0; i < 2; i++) pc[i] = -7.0f - (float)i;
+  ck_assert_int_eq(nf_session_set_param(s, "W", pw, 6), NF_OK);
+  ck_assert_int_eq(nf_session_set_param(s, "c", pc, 2), NF_OK);
+  float *cur = all_params(s, &n);
+  ck_assert(memcmp(cur, saved, sizeof(float) * 8) != 0);
+  free(cur);
+  int rc = nf_session_load(s, path);
+  ck_assert_msg(rc == NF_OK, "load: %s: %s", nf_strerror(rc), nf_session_error(s));
+  cur = all_params(s, &n);
+  ck_assert(memcmp(cur, saved, sizeof(float) * 8) == 0);
+  free(cur);
+  /* and training goes on from them */
+  step(s);
+
+  /* one flipped byte: refused, nothing changes */
+  ck_assert_int_eq(nf_session_set_param(s, "W", pw, 6), NF_OK);
+  ck_assert_int_eq(nf_session_set_param(s, "c", pc, 2), NF_OK);
+  float *before = all_params(s, &n);
+  uint8_t *file = NULL;
+  size_t len = 0;
+  read_file(path, &file, &len);
+  for (size_t at = 0; at < len; at += len / 7 + 1) {
+    file[at] ^= 0x01;
+    write_file(bad, file, len);
+    file[at] ^= 0x01;
+    rc = nf_session_load(s, bad);
+    ck_assert_msg(rc == NF_EFORMAT, "byte %zu flipped: %s", at, nf_strerror(rc));
+    float *after = all_params(s, &n);
+    ck_assert_msg(memcmp(after, before, sizeof(float) * 8) == 0, "byte %zu: parameters changed",
+                  at);
+    free(after);
+  }
+  /* in the values: the digest catches it */
+  file[len - 40] ^= 0x80;
+  write_file(bad, file, len);
+  rc = nf_session_load(s, bad);
+  ck_assert_int_eq(rc, NF_EFORMAT);
+  ck_assert_msg(strstr(nf_session_error(s), "SHA-256") != NULL, "message: %s",
+                nf_session_error(s));
+  ck_assert_msg(strstr(nf_session_error(s), bad) != NULL, "message: %s", nf_session_error(s));
+  float *after = all_params(s, &n);
+  ck_assert(memcmp(after, before, sizeof(float) * 8) == 0);
+  free(after);
+  free(file);
+  /* a truncated file */
+  read_file(path, &file, &len);
+  write_file(bad, file, len - 1);
+  ck_assert_int_eq(nf_session_load(s, bad), NF_EFORMAT);
+  free(file);
+  ck_assert_int_eq(nf_session_load(s, "/nonexistent/dir/p.nfp"), NF_EIO);
+  ck_assert_msg(strstr(nf_session_error(s), "/nonexistent/dir/p.nfp") != NULL, "message: %s",
+                nf_session_error(s));
+
+  /* files of other models */
+  nf_session *t = open_def(m, "t", &o);
+  snprintf(other, sizeof other, "%s/t.nfp", dir);
+  ck_assert_int_eq(nf_session_save(t, other), NF_OK);
+  rc = nf_session_load(s, other);
+  ck_assert_int_eq(rc, NF_EFORMAT);
+  ck_assert_msg(strstr(nf_session_error(s), "'W'") && strstr(nf_session_error(s), "dimension"),
+                "message: %s", nf_session_error(s));
+  nf_session *b = open_def(m, "big", &o);
+  snprintf(other, sizeof other, "%s/big.nfp", dir);
+  ck_assert_int_eq(nf_session_save(b, other), NF_OK);
+  rc = nf_session_load(s, other);
+  ck_assert_int_eq(rc, NF_EFORMAT);
+  ck_assert_msg(strstr(nf_session_error(s), "another model") != NULL, "message: %s",
+                nf_session_error(s));
+  after = all_params(s, &n);
+  ck_assert(memcmp(after, before, sizeof(float) * 8) == 0);
+  free(after);
+  /* the other way: s's file does not fit big */
+  ck_assert_int_eq(nf_session_load(b, path), NF_EFORMAT);
+  free(before);
+  free(saved);
+  nf_session_free(b);
+  nf_session_free(t);
+  nf_session_free(s);
+  nf_model_free(m);
+  rm_rf(dir);
+}
+END_TEST
+
+/* ---- 10. bad input ---- */
+
+static const char bad_model[] =
+    "def vec(X: f32[3]) -> (Y: f32[3]) {\n"
+    "  param W: f32[3] = ones\n"
+    "  Y(i) = X(i) * W(i)\n"
+    "}\n"
+    "def ok(X: f32[4, 3], y: f32[4]) -> (L: f32[]) {\n"
+    "  param W: f32[3] = constant(0.5)\n"
+    "  P(i) +=! X(i, j) * W(j)\n"
+    "  D(i) = P(i) - y(i)\n"
+    "  S() +=! D(i) * D(i)\n"
+    "  L() = S() / 4.0\n"
+    "}\n";
+
+START_TEST(session_bad_input) {
+  nf_model *m = load_text("bad.nf", bad_model);
+  nf_session_opts o = {.daemon = "none", .quiet = 1};
+  char *err = NULL;
+  nf_session *s = nf_session_new_def(m, "nosuchdef", &o, &err);
+  ck_assert_ptr_null(s);
+  ck_assert_msg(err && strstr(err, "nosuchdef"), "message: %s", err ? err : "(none)");
+  free(err);
+  err = NULL;
+  s = nf_session_new_def(m, "vec", &o, &err);
+  ck_assert_ptr_null(s);
+  ck_assert_msg(err && strstr(err, "scalar loss"), "message: %s", err ? err : "(none)");
+  free(err);
+  err = NULL;
+  s = nf_session_new_def(NULL, "ok", &o, &err);
+  ck_assert_ptr_null(s);
+  ck_assert_ptr_nonnull(err);
+  free(err);
+  /* a model that does not parse */
+  err = NULL;
+  ck_assert_ptr_null(nf_model_load_source(
+      "broken.nf", "def f(X: f32[3]) -> (Y: f32[]) {\n  Y() +=! \n}\n", &err));
+  ck_assert_msg(err && strstr(err, "broken.nf"), "message: %s", err ? err : "(none)");
+  free(err);
+
+  err = NULL;
+  s = nf_session_new_def(m, "ok", &o, &err);
+  ck_assert_msg(s != NULL, "%s", err ? err : "?");
+  float X[12] = {0}, y[4] = {0};
+  /* wrong sizes */
+  ck_assert_int_eq(nf_session_feed(s, "X", X, sizeof X - 4), NF_EINVAL);
+  ck_assert_msg(strstr(nf_session_error(s), "'X'") && strstr(nf_session_error(s), "48"),
+                "message: %s", nf_session_error(s));
+  ck_assert_int_eq(nf_session_feed(s, "X", X, sizeof X + 4), NF_EINVAL);
+  ck_assert_int_eq(nf_session_feed(s, "nope", X, sizeof X), NF_ENOENT);
+  ck_assert_msg(strstr(nf_session_error(s), "nope") != NULL, "message: %s", nf_session_error(s));
+  ck_assert_int_eq(nf_session_feed(s, "X", NULL, sizeof X), NF_EINVAL);
+  /* reading */
+  ck_assert_int_eq(nf_session_read(s, "nothing", X, 4), NF_ENOENT);
+  ck_assert_msg(strstr(nf_session_error(s), "nothing") != NULL, "message: %s", nf_session_error(s));
+  ck_assert_int_eq(nf_session_read(s, "grad_nothing", X, 4), NF_ENOENT);
+  ck_assert_int_eq(nf_session_read(s, "W", X, 8), NF_EINVAL);
+  ck_assert_msg(strstr(nf_session_error(s), "'W'") && strstr(nf_session_error(s), "12"),
+                "message: %s", nf_session_error(s));
+  /* parameters and the learning rate */
+  ck_assert_int_eq(nf_session_set_param(s, "W", X, 2), NF_EINVAL);
+  ck_assert_int_eq(nf_session_set_param(s, "V", X, 3), NF_ENOENT);
+  ck_assert_int_eq(nf_session_set_lr(s, 0), NF_EINVAL);
+  ck_assert_int_eq(nf_session_set_lr(s, -1), NF_EINVAL);
+  ck_assert_int_eq(nf_session_set_lr(s, NAN), NF_EINVAL);
+  ck_assert_int_eq(nf_session_set_lr(s, INFINITY), NF_EINVAL);
+  ck_assert_int_eq(nf_session_set_lr(s, 0.1), NF_OK);
+  ck_assert_int_eq(nf_session_param_info(s, 1, NULL, NULL, NULL, NULL), NF_EINVAL);
+  ck_assert_int_eq(nf_session_input_info(s, -1, NULL, NULL, NULL, NULL), NF_EINVAL);
+  /* none of that touched the session: it steps */
+  ck_assert_int_eq(nf_session_feed(s, "X", X, sizeof X), NF_OK);
+  ck_assert_int_eq(nf_session_feed(s, "y", y, sizeof y), NF_OK);
+  double loss = -1;
+  ck_assert_int_eq(nf_session_step(s, &loss), NF_OK);
+  ck_assert(loss == 0.0); /* zeros in, zeros out */
+  ck_assert_str_eq(nf_session_error(s), "");
+  ck_assert_int_eq(nf_session_step(NULL, &loss), NF_EINVAL);
+  nf_session_free(NULL);
+  nf_session_free(s);
+  nf_model_free(m);
+}
+END_TEST
+
+/* Every initializer of the language fills its parameter as documented
+ * (docs/language.md "Parameters"): constants exactly, random ones within
+ * their bounds with about the right moments, the same seed the same
+ * values. */
+static const char init_model[] =
+    "def m(X: f32[4, 100]) -> (L: f32[]) {\n"
+    "  param Z: f32[100] = zeros\n"
+    "  param O: f32[100] = ones\n"
+    "  param C: f32[100] = constant(2.5)\n"
+    "  param U: f32[2000] = uniform(-0.5, 1.5)\n"
+    "  param N: f32[4000] = normal(1.0, 2.0)\n"
+    "  param XU: f32[50, 100] = xavier_uniform\n"
+    "  param KU: f32[50, 100] = kaiming_uniform\n"
+    "  param KN: f32[50, 100] = kaiming_normal\n"
+    "  A() +=! X(b, i) * (Z(i) + O(i) + C(i) + XU(0, i) + KU(0, i) + KN(0, i))\n"
+    "  Bu() +=! U(j)\n"
+    "  Bn() +=! N(k)\n"
+    "  L() = A() + Bu() + Bn()\n"
+    "}\n";
+
+static void moments(const float *x, int n, double *mean, double *sd, double *lo, double *hi) {
+  double a = 0, b = 0;
+  *lo = INFINITY;
+  *hi = -INFINITY;
+  for (int i = 0; i < n; i++) {
+    a += x[i];
+    b += (double)x[i] * x[i];
+    if (x[i] < *lo) *lo = x[i];
+    if (x[i] > *hi) *hi = x[i];
+  }
+  *mean = a / n;
+  *sd = sqrt(b / n - *mean * *mean);
+}
+
+START_TEST(session_initializers) {
+  nf_model *m = load_text("init.nf", init_model);
+  nf_session_opts o = {.daemon = "none", .quiet = 1, .seed = 3};
+  nf_session *s = open_def(m, "m", &o);
+  static float v[5000], w[5000];
+  double mean, sd, lo, hi;
+  read_t(s, "Z", v, 100 * sizeof(float));
+  for (int i = 0; i < 100; i++) ck_assert_float_eq(v[i], 0.0f);
+  read_t(s, "O", v, 100 * sizeof(float));
+  for (int i = 0; i < 100; i++) ck_assert_float_eq(v[i], 1.0f);
+  read_t(s, "C", v, 100 * sizeof(float));
+  for (int i = 0; i < 100; i++) ck_assert_float_eq(v[i], 2.5f);
+  read_t(s, "U", v, 2000 * sizeof(float));
+  moments(v, 2000, &mean, &sd, &lo, &hi);
+  ck_assert(lo >= -0.5 && hi < 1.5 && fabs(mean - 0.5) < 0.05 && fabs(sd - 2 / sqrt(12)) < 0.03);
+  read_t(s, "N", v, 4000 * sizeof(float));
+  moments(v, 4000, &mean, &sd, &lo, &hi);
+  ck_assert_msg(fabs(mean - 1.0) < 0.1 && fabs(sd - 2.0) < 0.1, "normal: %g %g", mean, sd);
+  /* fan_in 100, fan_out 50 */
+  read_t(s, "XU", v, 5000 * sizeof(float));
+  moments(v, 5000, &mean, &sd, &lo, &hi);
+  double b = sqrt(6.0 / 150);
+  ck_assert(lo >= -b && hi <= b && hi > 0.9 * b && lo < -0.9 * b);
+  read_t(s, "KU", v, 5000 * sizeof(float));
+  moments(v, 5000, &mean, &sd, &lo, &hi);
+  b = sqrt(2.0) * sqrt(3.0 / 100);
+  ck_assert(lo >= -b && hi <= b && hi > 0.9 * b && lo < -0.9 * b);
+  read_t(s, "KN", v, 5000 * sizeof(float));
+  moments(v, 5000, &mean, &sd, &lo, &hi);
+  ck_assert_msg(fabs(sd - sqrt(2.0 / 100)) < 0.01 && fabs(mean) < 0.01, "kaiming_normal sd %g", sd);
+  /* the same seed, the same values; another seed, others */
+  nf_session *s2 = open_def(m, "m", &o);
+  read_t(s2, "KN", w, 5000 * sizeof(float));
+  ck_assert(memcmp(v, w, 5000 * sizeof(float)) == 0);
+  nf_session_free(s2);
+  o.seed = 4;
+  s2 = open_def(m, "m", &o);
+  read_t(s2, "KN", w, 5000 * sizeof(float));
+  ck_assert(memcmp(v, w, 5000 * sizeof(float)) != 0);
+  nf_session_free(s2);
+  nf_session_free(s);
+  nf_model_free(m);
+}
+END_TEST
+
+static Suite *suite(void) {
+  Suite *s = suite_create("session");
+  TCase *tc = tcase_create("session");
+  tcase_set_timeout(tc, 300);
+  tcase_add_test(tc, session_mlp_trains);
+  tcase_add_test(tc, session_cnn_trains);
+  tcase_add_test(tc, session_optimizers);
+  tcase_add_test(tc, session_initializers);
+  tcase_add_test(tc, session_gradients_match_finite_differences);
+  tcase_add_test(tc, session_tiers_agree);
+  tcase_add_test(tc, session_corrupted_kernel_rejected);
+  tcase_add_test(tc, session_save_load);
+  tcase_add_test(tc, session_bad_input);
+  if (getenv("NF_NEOFLOWD")) {
+    tcase_add_test(tc, session_daemon_killed_and_back);
+    tcase_add_test(tc, session_two_clients_one_daemon);
+  }
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) {
+  /* every kernel's first use runs its canary: no record of kernels
+   * verified by earlier runs (client/verify.c) */
+  setenv("NEOFLOW_VERIFIED", "none", 1);
+  SRunner *r = srunner_create(suite());
+  srunner_run_all(r, CK_NORMAL);
+  int failed = srunner_ntests_failed(r);
+  srunner_free(r);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
