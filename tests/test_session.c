@@ -43,6 +43,7 @@
 #include "nf_ir.h"
 #include "nf_lower.h"
 #include "nf_status.h"
+#include "nf_test_daemon.h"
 #include "session_int.h"
 
 /* ---- helpers ---- */
@@ -70,10 +71,6 @@ static void fill_gauss(float *x, size_t n) {
   for (size_t i = 0; i < n; i++) x[i] = (float)gauss();
 }
 
-static void sleep_ms(int ms) {
-  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-  nanosleep(&ts, NULL);
-}
 
 static double now_ms(void) {
   struct timespec ts;
@@ -713,77 +710,14 @@ START_TEST(session_corrupted_kernel_rejected) {
 }
 END_TEST
 
-/* ---- a neoflowd of our own ---- */
+/* ---- a neoflowd of our own (nf_test_daemon.h) ---- */
 
-typedef struct dm {
-  char dir[256], sock[320], cache[320], conf[320], log[320];
-  pid_t pid;
-} dm;
-
-static void dm_init(dm *d) {
-  memset(d, 0, sizeof *d);
-  snprintf(d->dir, sizeof d->dir, "/tmp/nf_session_XXXXXX");
-  ck_assert_ptr_nonnull(mkdtemp(d->dir));
-  snprintf(d->sock, sizeof d->sock, "%s/run/neoflowd.sock", d->dir);
-  snprintf(d->cache, sizeof d->cache, "%s/cache.db", d->dir);
-  snprintf(d->conf, sizeof d->conf, "%s/neoflowd.conf", d->dir);
-  snprintf(d->log, sizeof d->log, "%s/neoflowd.log", d->dir);
-  FILE *f = fopen(d->conf, "w");
-  ck_assert_ptr_nonnull(f);
-  fprintf(f, "[daemon]\nsocket = %s\nlog_level = debug\n[cache]\ncache = %s\n", d->sock, d->cache);
-  fclose(f);
-}
-
-static int try_connect(const char *path) {
-  int s = socket(AF_UNIX, SOCK_STREAM, 0);
-  struct sockaddr_un a;
-  memset(&a, 0, sizeof a);
-  a.sun_family = AF_UNIX;
-  snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
-  if (connect(s, (struct sockaddr *)&a, sizeof a) != 0) {
-    close(s);
-    return -1;
-  }
-  close(s);
-  return 0;
-}
-
-static void dm_start(dm *d) {
-  const char *exe = getenv("NF_NEOFLOWD");
-  ck_assert_msg(exe != NULL, "NF_NEOFLOWD is not set");
-  d->pid = fork();
-  ck_assert_int_ge(d->pid, 0);
-  if (d->pid == 0) {
-    int fd = open(d->log, O_WRONLY | O_CREAT | O_APPEND, 0600);
-    if (fd >= 0) dup2(fd, 2);
-    execl(exe, exe, "--config", d->conf, (char *)NULL);
-    _exit(127);
-  }
-  for (int i = 0; i < 600; i++) {
-    if (try_connect(d->sock) == 0) return;
-    if (waitpid(d->pid, NULL, WNOHANG) == d->pid) {
-      d->pid = 0;
-      ck_abort_msg("neoflowd exited at start-up (see %s)", d->log);
-    }
-    sleep_ms(25);
-  }
-  ck_abort_msg("neoflowd did not answer on %s within 15 s", d->sock);
-}
-
-static int dm_stop(dm *d, int sig) {
-  if (d->pid <= 0) return -1;
-  kill(d->pid, sig);
-  int st = 0;
-  for (int i = 0; i < 800; i++) {
-    if (waitpid(d->pid, &st, WNOHANG) == d->pid) break;
-    if (i == 799) {
-      kill(d->pid, SIGKILL);
-      waitpid(d->pid, &st, 0);
-    }
-    sleep_ms(25);
-  }
-  d->pid = 0;
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+/* 1 when something answers on the socket. */
+static int connects(const char *path) {
+  int fd = try_connect(path);
+  if (fd < 0) return 0;
+  close(fd);
+  return 1;
 }
 
 static void rm_rf(const char *dir) {
@@ -798,6 +732,7 @@ static void rm_rf(const char *dir) {
 START_TEST(session_daemon_killed_and_back) {
   dm d;
   dm_init(&d);
+  dm_config(&d, NULL);
   dm_start(&d);
   nf_model *m = load_example("mlp.nf");
   mlp_data *data = mlp_data_new(14);
@@ -974,6 +909,7 @@ START_TEST(session_two_clients_one_daemon) {
   ck_assert_msg(exe != NULL, "NF_NEOFLOWD is not set");
   dm d;
   dm_init(&d);
+  dm_config(&d, NULL);
   setenv("NEOFLOW_SOCKET", d.sock, 1);
   setenv("NEOFLOW_CACHE", d.cache, 1);
   setenv("XDG_CONFIG_HOME", d.dir, 1); /* no user configuration */
@@ -981,7 +917,7 @@ START_TEST(session_two_clients_one_daemon) {
   snprintf(env, sizeof env, "NEOFLOW_SOCKET=%s", d.sock);
   pid_t none = 0;
   ck_assert_int_eq(count_daemons(env, &none), 0);
-  ck_assert_int_ne(try_connect(d.sock), 0);
+  ck_assert(!connects(d.sock));
   int go[2];
   ck_assert_int_eq(pipe(go), 0);
   pid_t kids[2];
@@ -1014,7 +950,7 @@ START_TEST(session_two_clients_one_daemon) {
     sleep_ms(25);
   }
   ck_assert_msg(n == 1, "%d neoflowd processes serve %s", n, d.sock);
-  ck_assert_int_eq(try_connect(d.sock), 0);
+  ck_assert(connects(d.sock));
   /* another start on the same socket and cache is refused and names it */
   char cmd[1400], line[1024];
   snprintf(cmd, sizeof cmd, "'%s' 2>'%s/second.log'", exe, d.dir);
@@ -1038,7 +974,7 @@ START_TEST(session_two_clients_one_daemon) {
   double t0 = now_ms();
   while (alive(pid) && now_ms() - t0 < 15000) sleep_ms(25);
   ck_assert_msg(!alive(pid), "neoflowd %ld did not stop on SIGTERM", (long)pid);
-  ck_assert_int_ne(try_connect(d.sock), 0);
+  ck_assert(!connects(d.sock));
   unsetenv("NEOFLOW_SOCKET");
   unsetenv("NEOFLOW_CACHE");
   unsetenv("XDG_CONFIG_HOME");
