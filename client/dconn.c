@@ -23,7 +23,6 @@
 #include "nf_target.h"
 #include "nf_wire.h"
 #include "nf_wire_auth.h"
-#include "nfd_config.h"
 
 struct nf_dconn {
   int fd;
@@ -250,11 +249,15 @@ static int handshake(nf_dconn *c, const nf_dconn_opts *o, int timeout_ms, const 
 int nf_dconn_open(const nf_dconn_opts *o, nf_dconn **out, nf_buf *err) {
   *out = NULL;
   int timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 5000;
-  nfd_config dflt;
+  char dflt[108];
   const char *addr = o->address;
   if (!addr || !*addr) {
-    nfd_config_defaults(&dflt);
-    addr = dflt.socket_path;
+    if (nf_wire_default_socket(dflt, sizeof dflt, 1) != NF_OK) {
+      nf_buf_printf(err, "the daemon's default socket path is too long (NEOFLOW_SOCKET or "
+                         "XDG_RUNTIME_DIR)");
+      return NF_EINVAL;
+    }
+    addr = dflt;
   }
   uint8_t key[NF_AUTH_KEY];
   int have_key = 0;

@@ -20,6 +20,7 @@
  *  - A string too long for its field is an error, never truncated.
  *  - No process globals are written (libinih's runtime knobs are left as
  *    they are); this module only reads the environment. */
+#include "nf_wire.h"
 #include "nfd_config.h"
 
 #include <ctype.h>
@@ -154,16 +155,7 @@ static void default_cache_path(nfd_config *c) {
 }
 
 static void default_socket_path(nfd_config *c) {
-  const char *xdg = env_xdg("XDG_RUNTIME_DIR");
-  if (xdg) {
-    join3(c->socket_path, sizeof c->socket_path, xdg, "/neoflowd/neoflowd.sock", "");
-  } else if (geteuid() == 0) {
-    join3(c->socket_path, sizeof c->socket_path, "/run/neoflowd/neoflowd.sock", "", "");
-  } else {
-    char dir[64];
-    snprintf(dir, sizeof dir, "/tmp/neoflowd-%lu", (unsigned long)geteuid());
-    join3(c->socket_path, sizeof c->socket_path, dir, "/neoflowd.sock", "");
-  }
+  (void)nf_wire_default_socket(c->socket_path, sizeof c->socket_path, 0);
 }
 
 /* Applies NEOFLOW_SOCKET and NEOFLOW_CACHE.  A value too long for its

@@ -160,4 +160,10 @@ int nf_wire_write_frame(int fd, const ProtobufCMessage *m, uint32_t max, int tim
  * timeout (timeout_ms <= 0: none). */
 int nf_wire_read_frame(int fd, uint32_t max, int timeout_ms, nf_buf *out);
 
+/* The per-user default socket of neoflowd (docs/daemon.md): with_env,
+ * $NEOFLOW_SOCKET when set; else $XDG_RUNTIME_DIR/neoflowd/neoflowd.sock,
+ * /run/neoflowd/neoflowd.sock for root, /tmp/neoflowd-UID/neoflowd.sock.
+ * NF_OK, or NF_ELIMIT (out emptied) when it does not fit in n bytes. */
+int nf_wire_default_socket(char *out, size_t n, int with_env);
+
 #endif
