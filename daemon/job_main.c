@@ -34,6 +34,8 @@
 
 int nfd_job_main(void);
 
+#define NFD_JOB_NICE 10 /* job processes' niceness (setpriority) */
+
 typedef struct job {
   int fd;
   int failed_write;
@@ -275,6 +277,10 @@ int nfd_job_main(void) {
   signal(SIGPIPE, SIG_IGN);
   struct rlimit core = {0, 0};
   setrlimit(RLIMIT_CORE, &core);
+  /* below training on the same machine (a per-user daemon shares the
+   * cores with the client it serves): a first step at tier 0 must not
+   * wait behind up to compile_jobs compiles.  Failure is harmless. */
+  (void)setpriority(PRIO_PROCESS, 0, NFD_JOB_NICE);
   inject_fault();
   job J;
   memset(&J, 0, sizeof J);
