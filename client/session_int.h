@@ -129,6 +129,7 @@ struct nf_session {
   double last_loss, last_ms, ms_hist[10];
   double t_start, first_step_ms;
   double interp_rate;    /* flops per ms measured at tier 0 */
+  double first_wait_left; /* ms the first step may still wait beyond estimates */
   int64_t rejected, swaps, trusted;
   /* kernels (key, SHA-256) that passed a canary on this machine before
    * (verify.c): they are swapped in without one */

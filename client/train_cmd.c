@@ -41,7 +41,8 @@ static const char train_usage[] =
     "  --threads T           threads (default: the machine's cores)\n"
     "  --seed S              parameter initialisation and data (default 1)\n"
     "  --classes K           synthetic labels (default 10)\n"
-    "  --samples N           synthetic pool size (default 2048)\n"
+    "  --samples N           synthetic pool size (default 16 batches, at most\n"
+    "                        2048 samples and 256 MiB)\n"
     "  --daemon ADDR|none    neoflowd's socket (default $NEOFLOW_SOCKET or the\n"
     "                        per-user socket); none: fallback kernels only\n"
     "  --no-spawn            do not start a per-user neoflowd\n"
@@ -62,10 +63,19 @@ static double unif(void) {
   z ^= z >> 31;
   return (double)(z >> 11) * 0x1.0p-53;
 }
-static double gauss(void) {
+static double gauss(void) { /* Box-Muller, both values used */
+  static int have;
+  static double spare;
+  if (have) {
+    have = 0;
+    return spare;
+  }
   double u = unif(), v = unif();
   if (u < 1e-300) u = 1e-300;
-  return sqrt(-2 * log(u)) * cos(2 * M_PI * v);
+  double r = sqrt(-2 * log(u));
+  spare = r * sin(2 * M_PI * v);
+  have = 1;
+  return r * cos(2 * M_PI * v);
 }
 
 typedef struct feed {
@@ -284,6 +294,7 @@ int nf__cli_train(int argc, char **argv) {
     int64_t per_sample = 0;
     for (int i = 0; i < nf; i++)
       if (f[i].batched) per_sample += f[i].per * (int64_t)f[i].esz;
+    if (!samples_given && bdim > 0 && samples > 16 * bdim) samples = 16 * bdim;
     if (!samples_given && per_sample > 0 && samples * per_sample > (256LL << 20))
       samples = (256LL << 20) / per_sample > bdim ? (256LL << 20) / per_sample : bdim;
   }
