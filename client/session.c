@@ -721,6 +721,59 @@ nf_session *nf__session_new_graph(nf_model *m, nf_graph *F, nf_ir_ctx *ctx,
   return s;
 }
 
+/* F with its outputs after the first (the loss) kept readable but out of
+ * the gradient: each becomes a local, and a new output of the same name
+ * reads it through stop_gradient, so training computes its value and no
+ * adjoint for it.  The new outputs' names go to extra (n of them). */
+static nf_graph *stop_extra_outputs(const nf_graph *F, nf_ir_ctx *ctx, const char ***extra,
+                                    int *n) {
+  *extra = NULL;
+  *n = 0;
+  if (F->n_outputs <= 1) return (nf_graph *)F;
+  nf_graph *g = nf_graph_new(ctx, F->name);
+  const char **names = calloc(F->n_outputs, sizeof *names);
+  if (!g || !names) {
+    free(names);
+    return NULL;
+  }
+  for (uint32_t t = 0; t < F->n_tensors; t++) {
+    const nf_tensor *tn = &F->tensors[t];
+    int kind = tn->kind;
+    if (kind == NF_T_OUTPUT && t != F->outputs[0]) kind = NF_T_LOCAL;
+    if (nf_graph_add_tensor(g, tn->name, (nf_dtype)tn->dtype, (nf_tkind)kind, tn->rank,
+                            tn->shape) != (int)t) {
+      free(names);
+      return NULL;
+    }
+  }
+  for (uint32_t i = 0; i < F->n_stmts; i++)
+    if (nf_graph_add_stmt(g, &F->stmts[i]) != NF_OK) {
+      free(names);
+      return NULL;
+    }
+  for (uint32_t k = 1; k < F->n_outputs; k++) {
+    uint32_t o = F->outputs[k];
+    const nf_tensor *tn = &F->tensors[o];
+    int id = nf_graph_add_tensor(g, tn->name, (nf_dtype)tn->dtype, NF_T_OUTPUT, tn->rank, tn->shape);
+    const nf_expr *idx[NF_MAX_RANK];
+    for (int r = 0; r < tn->rank; r++) idx[r] = nf_e_var(ctx, (uint32_t)r);
+    const nf_expr *rhs = nf_e_unary(ctx, NF_OP_STOPGRAD,
+                                    nf_e_access(ctx, o, (nf_dtype)tn->dtype, tn->rank, idx));
+    nf_stmt st;
+    memset(&st, 0, sizeof st);
+    st.out = (uint32_t)id;
+    st.red = NF_RED_NONE;
+    st.rhs = rhs;
+    if (id < 0 || !rhs || nf_graph_add_stmt(g, &st) != NF_OK) {
+      free(names);
+      return NULL;
+    }
+    names[(*n)++] = tn->name;
+  }
+  *extra = names;
+  return g;
+}
+
 nf_session *nf_session_new_def(nf_model *m, const char *def, const nf_session_opts *o,
                                char **err) {
   if (err) *err = NULL;
@@ -759,7 +812,17 @@ nf_session *nf_session_new_def(nf_model *m, const char *def, const nf_session_op
     return NULL;
   }
   nf_diag_free(d);
-  return nf__session_new_graph(m, F, ctx, o, 0, NULL, 0, NULL, err);
+  const char **extra = NULL;
+  int n_extra = 0;
+  nf_graph *G = stop_extra_outputs(F, ctx, &extra, &n_extra);
+  if (!G) {
+    set_err(err, "", "out of memory");
+    nf_ir_ctx_free(ctx);
+    return NULL;
+  }
+  nf_session *s = nf__session_new_graph(m, G, ctx, o, 0, NULL, n_extra, extra, err);
+  free(extra);
+  return s;
 }
 
 void nf_session_free(nf_session *s) {

@@ -1308,6 +1308,42 @@ START_TEST(session_initializers) {
 }
 END_TEST
 
+/* A def's outputs after the loss are computed by each step and readable,
+ * and they take no part in the gradient. */
+static const char outs_model[] =
+    "def m(X: f32[4, 3], y: f32[4]) -> (L: f32[], P: f32[4]) {\n"
+    "  param W: f32[3] = constant(0.5)\n"
+    "  P(i) +=! X(i, j) * W(j)\n"
+    "  D(i) = P(i) - y(i)\n"
+    "  S() +=! D(i) * D(i)\n"
+    "  L() = S() / 4.0\n"
+    "}\n";
+
+START_TEST(session_def_outputs) {
+  nf_model *m = load_text("outs.nf", outs_model);
+  nf_session_opts o = {.daemon = "none", .quiet = 1, .optim = {.kind = NF_OPTIM_SGD, .lr = 0.1}};
+  nf_session *s = open_def(m, "m", &o);
+  float X[12], y[4] = {1, -1, 2, 0}, P[4], g[3];
+  for (int i = 0; i < 12; i++) X[i] = (float)(i % 5) - 1.5f;
+  feed(s, "X", X, sizeof X);
+  feed(s, "y", y, sizeof y);
+  double l = step(s);
+  read_t(s, "P", P, sizeof P);
+  read_t(s, "grad_W", g, sizeof g);
+  double L = 0, G[3] = {0, 0, 0};
+  for (int i = 0; i < 4; i++) {
+    double p = 0.5 * (X[3 * i] + X[3 * i + 1] + X[3 * i + 2]);
+    ck_assert_msg(fabs(P[i] - p) < 1e-6, "P[%d] %g, expected %g", i, P[i], p);
+    L += (p - y[i]) * (p - y[i]) / 4;
+    for (int j = 0; j < 3; j++) G[j] += 2 * (p - y[i]) * X[3 * i + j] / 4;
+  }
+  ck_assert(fabs(l - L) < 1e-5 * fabs(L) + 1e-7);
+  for (int j = 0; j < 3; j++) ck_assert_msg(fabs(g[j] - G[j]) < 1e-5, "grad_W[%d] %g vs %g", j, g[j], G[j]);
+  nf_session_free(s);
+  nf_model_free(m);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("session");
   TCase *tc = tcase_create("session");
@@ -1316,6 +1352,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, session_cnn_trains);
   tcase_add_test(tc, session_optimizers);
   tcase_add_test(tc, session_initializers);
+  tcase_add_test(tc, session_def_outputs);
   tcase_add_test(tc, session_gradients_match_finite_differences);
   tcase_add_test(tc, session_tiers_agree);
   tcase_add_test(tc, session_corrupted_kernel_rejected);
