@@ -10,10 +10,14 @@
  * transposed result, batches (shared, fused, one operand batched, batch in
  * the middle), matrix-vector and dot products, linear + ReLU (epilogue),
  * lltm_cell (concat prologue), the gradient graphs of matmul_loss and
- * lltm_loss (the GEMM subgraphs counted), and the shapes that must stay
- * with the interpreter (conv2d, a scaled product, shifted indices, two
- * reduction variables, a one-sided sum, f64).  An epilogue's run-time
- * error comes back from nf_gemm_run with the interpreter's message. */
+ * lltm_loss (the GEMM subgraphs counted), several reduction variables (one
+ * block, an accumulating loop), a constant index, convolutions through a
+ * gather (conv2d with stride 1 and 2, pad 0 and 1, depthwise, and the
+ * gradient graphs of conv2d, conv2d_relu_loss and mobilenet_dws_loss),
+ * and the shapes that must stay with the interpreter (a scaled product,
+ * both operands shifted, a shifted range not from 0, a one-sided sum, a
+ * max-reduction, f64).  An epilogue's run-time error comes back from
+ * nf_gemm_run with the interpreter's message. */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -64,13 +68,23 @@ static const char *const kSrc =
     "def mm_gather(A: f32[M, K], B: f32[K, N], idx: i64[P]) -> (Y: f32[P, N]) {\n"
     "  C(i, j) +=! A(i, k) * B(k, j)\n"
     "  Y(p, j) = C(idx(p), j)\n}\n"
-    /* not matmul-shaped */
-    "def mm_scaled(A: f32[M, K], B: f32[K, N]) -> (C: f32[M, N]) {\n"
-    "  C(i, j) +=! 2.0 * A(i, k) * B(k, j)\n}\n"
-    "def mm_shifted(A: f32[M, K], B: f32[K, N]) -> (C: f32[M, N]) {\n"
-    "  C(i, j) +=! A(i, k + 1) * B(k, j) where k in 0:K - 1\n}\n"
     "def two_red(A: f32[M, K, L], B: f32[K, L]) -> (C: f32[M]) {\n"
     "  C(i) +=! A(i, k, l) * B(k, l)\n}\n"
+    "def red_loop(A: f32[K, M, L], B: f32[K, L, N]) -> (C: f32[M, N]) {\n"
+    "  C(i, j) +=! A(k, i, l) * B(k, l, j)\n}\n"
+    "def mm_const(A: f32[M, 2, K], B: f32[K, N]) -> (C: f32[M, N]) {\n"
+    "  C(i, j) +=! A(i, 1, k) * B(k, j)\n}\n"
+    "def mm_shifted(A: f32[M, K], B: f32[K, N]) -> (C: f32[M, N]) {\n"
+    "  C(i, j) +=! A(i, k + 1) * B(k, j) where k in 0:K - 1\n}\n"
+    "def mm_masked(A: f32[M, K], B: f32[K, N]) -> (C: f32[M, N]) {\n"
+    "  C(i, j) +=! (i + k) % 3 != 0 ? A(i, k) * B(k, j) : 0.0\n}\n"
+    /* not matmul-shaped */
+    "def mm_shifted_lo(A: f32[M, K], B: f32[K, N]) -> (C: f32[M, N]) {\n"
+    "  C(i, j) +=! A(i, k - 1) * B(k, j) where k in 1:K\n}\n"
+    "def both_shifted(A: f32[M, K], B: f32[K, N]) -> (C: f32[M, N]) {\n"
+    "  C(i, j) +=! A(i, k + 1) * B(k + 1, j) where k in 0:K - 1\n}\n"
+    "def mm_scaled(A: f32[M, K], B: f32[K, N]) -> (C: f32[M, N]) {\n"
+    "  C(i, j) +=! 2.0 * A(i, k) * B(k, j)\n}\n"
     "def one_sided(A: f32[M, K], B: f32[M, N]) -> (C: f32[M, N]) {\n"
     "  C(i, j) +=! A(i, k) * B(i, j)\n}\n"
     "def mm_max(A: f32[M, K], B: f32[K, N]) -> (C: f32[M, N]) {\n"
@@ -375,27 +389,131 @@ END_TEST
 
 START_TEST(gemm_not_matmul_shaped) {
   nf_ir_ctx *ctx = nf_ir_ctx_new();
-  nf_arg_shape cv[2] = {SH(2, 3, 9, 7), SH(4, 3, 3, 3)};
-  nf_graph *g = inst("nn.nf", "conv2d", 2, cv, ctx);
   result r;
-  check_graph(g, &r);
-  ck_assert_int_eq(r.n_sub, 1);
-  ck_assert_int_eq(r.n_gemm, 0);
-  /* and its gradient graph (reductions over windows, no plain product) */
-  const char *w[1] = {"W"};
-  check_graph(grad(g, 1, w, ctx), &r);
-  ck_assert_int_ge(r.n_sub, 1);
-  ck_assert_int_eq(r.n_gemm, 0);
-  static const char *defs[] = {"mm_scaled", "mm_shifted", "one_sided", "mm_max", "mm_f64"};
+  static const char *defs[] = {"mm_scaled", "mm_shifted_lo", "both_shifted", "one_sided",
+                               "mm_max", "mm_f64"};
   nf_arg_shape mk[2] = {SH(13, 7), SH(7, 9)}, os[2] = {SH(13, 7), SH(13, 9)};
   for (size_t i = 0; i < sizeof defs / sizeof *defs; i++) {
-    g = inst(NULL, defs[i], 2, strcmp(defs[i], "one_sided") == 0 ? os : mk, ctx);
+    nf_graph *g = inst(NULL, defs[i], 2, strcmp(defs[i], "one_sided") == 0 ? os : mk, ctx);
     check_graph(g, &r);
     ck_assert_msg(r.n_gemm == 0, "%s matched: %s", defs[i], r.desc[0]);
   }
+  nf_ir_ctx_free(ctx);
+}
+END_TEST
+
+/* Several reduction variables: one block (K), a loop of accumulating
+ * calls, a constant index, a shifted operand or a guard (gathered). */
+START_TEST(gemm_reductions) {
   nf_arg_shape tr[2] = {SH(13, 7, 5), SH(7, 5)};
-  check_graph(inst(NULL, "two_red", 2, tr, ctx), &r);
-  ck_assert_int_eq(r.n_gemm, 0);
+  one("two_red", 2, tr, "sgemm NN 13x1x35 batch 1, prologue 0 stmts, epilogue 0 stmts");
+  nf_arg_shape rl[2] = {SH(7, 13, 5), SH(7, 5, 9)};
+  one("red_loop", 2, rl, "sgemm NN 13x9x5 batch 7, prologue 0 stmts, epilogue 0 stmts");
+  nf_arg_shape mc[2] = {SH(13, 2, 7), SH(7, 9)};
+  one("mm_const", 2, mc, "sgemm NN 13x9x7 batch 1, prologue 0 stmts, epilogue 0 stmts");
+  nf_arg_shape mk[2] = {SH(13, 7), SH(7, 9)};
+  one("mm_shifted", 2, mk,
+      "sgemm TN 13x9x6 batch 1, prologue 1 stmt, epilogue 0 stmts, gather 1 stmt");
+  one("mm_masked", 2, mk,
+      "sgemm TN 13x9x7 batch 1, prologue 1 stmt, epilogue 0 stmts, gather 1 stmt");
+}
+END_TEST
+
+static int count_substr(const result *r, const char *sub) {
+  int n = 0;
+  for (int i = 0; i < r->n_gemm && i < MAX_DESC; i++) n += strstr(r->desc[i], sub) != NULL;
+  return n;
+}
+
+/* lib/nn.nf's conv2d with template parameters. */
+static nf_graph *conv(int stride, int pad, int groups, const nf_arg_shape *sh, nf_ir_ctx *ctx) {
+  const char *lib = getenv("NEOFLOW_LIB");
+  ck_assert_ptr_nonnull(lib);
+  char path[4096];
+  snprintf(path, sizeof path, "%s/nn.nf", lib);
+  nf_module *m = nf_module_new();
+  nf_diag *d = nf_diag_new();
+  ck_assert_msg(nf_module_load_file(m, path, d) == NF_OK, "%s", nf_diag_text(d));
+  const char *names[3] = {"stride", "pad", "groups"};
+  int64_t vals[3] = {stride, pad, groups};
+  nf_inst_opts o = {.n_shapes = 2, .shapes = sh, .n_params = 3, .param_names = names,
+                    .param_values = vals};
+  nf_graph *g = NULL;
+  ck_assert_msg(nf_module_instantiate(m, "conv2d", &o, ctx, &g, d) == NF_OK, "%s",
+                nf_diag_text(d));
+  nf_diag_free(d);
+  nf_module_free(m);
+  return g;
+}
+
+/* Convolutions: the shifted, zero-padded input gathered (im2col), then
+ * sgemm; the weight gradient likewise, and the data gradient. */
+START_TEST(gemm_conv) {
+  nf_arg_shape cv[2] = {SH(2, 3, 9, 7), SH(4, 3, 3, 3)};
+  for (int stride = 1; stride <= 2; stride++)
+    for (int pad = 0; pad <= 1; pad++) {
+      nf_ir_ctx *ctx = nf_ir_ctx_new();
+      nf_graph *g = conv(stride, pad, 1, cv, ctx);
+      result r;
+      check_graph(g, &r);
+      ck_assert_int_eq(r.n_sub, 1);
+      ck_assert_msg(r.n_gemm == 1 && strstr(r.desc[0], "gather 1 stmt"),
+                    "stride %d pad %d: %d GEMM subgraphs (%s)", stride, pad, r.n_gemm, r.desc[0]);
+      /* per image: channels x output positions x (c, r, s) */
+      ck_assert_msg(strncmp(r.desc[0], "sgemm NN 4x", 11) == 0 &&
+                        strstr(r.desc[0], "x27 batch 2,") != NULL,
+                    "%s", r.desc[0]);
+      const char *w[2] = {"W", "I"};
+      check_graph(grad(g, 2, w, ctx), &r);
+      /* dW, and dI where its window is plain in the weight (stride 1;
+       * with stride 2 both of dI's factors are shifted: interpreter) */
+      ck_assert_msg(count_substr(&r, "gather 1 stmt") == (stride == 1 ? 2 : 1),
+                    "stride %d pad %d: %d gathers",
+                    stride, pad, count_substr(&r, "gather 1 stmt"));
+      nf_ir_ctx_free(ctx);
+    }
+  /* a depthwise convolution: a batch of matrix-vector products */
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  nf_arg_shape dw[2] = {SH(2, 3, 9, 7), SH(3, 1, 3, 3)};
+  result r;
+  check_graph(conv(1, 1, 3, dw, ctx), &r);
+  ck_assert_int_eq(r.n_gemm, 1);
+  ck_assert_msg(strstr(r.desc[0], "gather 1 stmt") != NULL, "%s", r.desc[0]);
+  nf_ir_ctx_free(ctx);
+}
+END_TEST
+
+START_TEST(gemm_conv_training) {
+  /* conv2d_relu_loss: the forward conv, dWt and dI each one gather and
+   * sgemm */
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  nf_arg_shape cv[2] = {SH(2, 3, 9, 7), SH(4, 3, 3, 3)};
+  nf_graph *g = inst("../examples/workloads.nf", "conv2d_relu_loss", 2, cv, ctx);
+  const char *wi[2] = {"Wt", "I"};
+  result r;
+  check_graph(grad(g, 2, wi, ctx), &r);
+  ck_assert_int_eq(count_substr(&r, "gather 1 stmt"), 3);
+  /* the forward: 4 channels x 63 positions x 27 (c, r, s) per image;
+   * dWt: 4 x 27 x 63 (h, w) per image, accumulated over n; dI: 3 x 63
+   * x 9 (r, s) per image and output channel, accumulated over k */
+  ck_assert_int_eq(count_prefix(&r, "sgemm NN 4x63x27 batch 2"), 1);
+  ck_assert_int_eq(count_prefix(&r, "sgemm NN 4x27x63 batch 2"), 1);
+  ck_assert_int_eq(count_prefix(&r, "sgemm NN 3x63x9 batch 8"), 1);
+  const char *wt[1] = {"Wt"};
+  check_graph(grad(g, 1, wt, ctx), &r);
+  ck_assert_int_eq(count_substr(&r, "gather 1 stmt"), 2);
+  nf_ir_ctx_free(ctx);
+
+  /* a MobileNet block: depthwise 3x3 and pointwise 1x1 with gradients */
+  ctx = nf_ir_ctx_new();
+  nf_arg_shape mb[3] = {SH(2, 3, 9, 7), SH(3, 1, 3, 3), SH(4, 3, 1, 1)};
+  g = inst("../examples/workloads.nf", "mobilenet_dws_loss", 3, mb, ctx);
+  const char *ww[3] = {"Wdw", "Wpw", "X"};
+  check_graph(grad(g, 3, ww, ctx), &r);
+  /* depthwise forward and its two gradients gathered (batches of small
+   * products), the pointwise 1x1 conv and its gradients plain */
+  ck_assert_int_eq(count_substr(&r, "gather 1 stmt"), 3);
+  ck_assert_int_eq(r.n_gemm, 6);
   nf_ir_ctx_free(ctx);
 }
 END_TEST
@@ -433,6 +551,9 @@ static Suite *suite(void) {
   tcase_add_test(tc, gemm_prologue_epilogue);
   tcase_add_test(tc, gemm_gradients);
   tcase_add_test(tc, gemm_not_matmul_shaped);
+  tcase_add_test(tc, gemm_reductions);
+  tcase_add_test(tc, gemm_conv);
+  tcase_add_test(tc, gemm_conv_training);
   tcase_add_test(tc, gemm_epilogue_error);
   suite_add_tcase(s, tc);
   return s;

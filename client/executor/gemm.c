@@ -17,6 +17,13 @@
  * most result elements per call wins; every other variable is a batch
  * loop around the calls, with the factors' offsets from their strides.
  *
+ * Reduction variables of extent > 1 fuse the same way (their stride in T
+ * is 0); one block is K, every other is a batch loop with C stride 0,
+ * whose calls after the first accumulate (beta 1).  An anchor that does
+ * not match as it is may match after gather_rewrite materialises its
+ * shifted operand (im2col) as a new local at the end of the prologue; the
+ * rewritten graph, built in sub->ctx, then replaces sub.
+ *
  * Storage during a run: the subgraph's inputs and outputs are the
  * caller's buffers; the prologue's results and a local anchor result live
  * in one block allocated by nf_gemm_prepare.  The prologue and epilogue
@@ -61,21 +68,31 @@ struct nf_gemm_sub {
   int64_t off_a, off_b; /* elements: the reduction's lower bound */
   int64_t c_numel, n_calls;
   int n_batch;
-  dimv batch[NF_MAX_VARS]; /* st, sp, sq: strides in C, A, B */
+  dimv batch[NF_MAX_VARS]; /* st, sp, sq: strides in C, A, B; st 0: a sum */
+  int n_gather;            /* gather statements at the prologue's end */
   char desc[160];
 };
 
 /* Strides of one factor: 1 when acc is an f32 access of a subgraph
  * tensor whose indices are distinct bare variables < n_vars, each within
- * the tensor's extent along its dimension over the variable's range. */
+ * the tensor's extent along its dimension over the variable's range, or
+ * constants within the extent (added to *off, in elements). */
 static int factor_strides(const nf_graph *g, const nf_expr *acc, uint32_t n_vars,
-                          const int64_t *ext, const int64_t *lo, int64_t *str, uint8_t *used) {
+                          const int64_t *ext, const int64_t *lo, int64_t *str, uint8_t *used,
+                          int64_t *off) {
   if (acc->op != NF_OP_ACCESS || acc->dtype != NF_F32 || acc->u.tensor >= g->n_tensors) return 0;
   const nf_tensor *t = &g->tensors[acc->u.tensor];
   if (t->dtype != NF_F32 || t->rank != acc->n_args) return 0;
   int64_t stride = 1;
+  *off = 0;
   for (int d = t->rank - 1; d >= 0; d--) {
     const nf_expr *ix = acc->args[d];
+    if (ix->op == NF_OP_CONST && nf_dtype_is_int((nf_dtype)ix->dtype)) {
+      if (ix->u.i < 0 || ix->u.i >= t->shape[d]) return 0;
+      *off += ix->u.i * stride;
+      stride *= t->shape[d];
+      continue;
+    }
     if (ix->op != NF_OP_VAR || ix->u.var >= n_vars || used[ix->u.var]) return 0;
     uint32_t v = ix->u.var;
     if (ext[v] > 0 && (lo[v] < 0 || ext[v] > t->shape[d] || lo[v] > t->shape[d] - ext[v]))
@@ -132,99 +149,125 @@ static int fits_int(int64_t v) {
 }
 
 /* Fills s's GEMM when statement a of sub is a plain (batched) f32
- * product; 1 if so, 0 when it is not. */
+ * product; 1 if so, 0 when it is not.  The reduction variables (each
+ * read by both factors) fuse into blocks like the output's; one block is
+ * sgemm's K, the others are loops of calls that accumulate (beta 1 after
+ * the first). */
 static int match_anchor(const nf_graph *sub, uint32_t a, nf_gemm_sub *s) {
   const nf_stmt *st = &sub->stmts[a];
   const nf_tensor *tt = &sub->tensors[st->out];
-  if (st->red != NF_RED_SUM || st->n_red != 1 || tt->dtype != NF_F32) return 0;
+  if (st->red != NF_RED_SUM || st->n_red < 1 || tt->dtype != NF_F32) return 0;
   const nf_expr *e = st->rhs;
   if (e->op != NF_OP_MUL || e->n_args != 2) return 0;
   const nf_expr *p = e->args[0], *q = e->args[1];
-  uint32_t rank = tt->rank, n_vars = rank + 1, kv = rank;
+  uint32_t rank = tt->rank, n_vars = rank + st->n_red;
+  if (n_vars > NF_MAX_VARS) return 0;
   int64_t ext[NF_MAX_VARS], lo[NF_MAX_VARS], s_t[NF_MAX_VARS], s_p[NF_MAX_VARS], s_q[NF_MAX_VARS];
   uint8_t in_p[NF_MAX_VARS] = {0}, in_q[NF_MAX_VARS] = {0};
-  int64_t stride = 1;
+  int64_t stride = 1, off_p, off_q;
   for (uint32_t v = rank; v-- > 0;) {
     ext[v] = tt->shape[v];
     lo[v] = 0;
     s_t[v] = stride;
     stride *= tt->shape[v];
   }
-  ext[kv] = st->red_ext[0];
-  lo[kv] = st->red_lo[0];
-  s_t[kv] = 0;
+  int empty = 0;
+  for (uint32_t r = 0; r < st->n_red; r++) {
+    ext[rank + r] = st->red_ext[r];
+    lo[rank + r] = st->red_lo[r];
+    s_t[rank + r] = 0;
+    empty |= st->red_ext[r] == 0;
+  }
   memset(s_p, 0, sizeof s_p);
   memset(s_q, 0, sizeof s_q);
-  if (!factor_strides(sub, p, n_vars, ext, lo, s_p, in_p) ||
-      !factor_strides(sub, q, n_vars, ext, lo, s_q, in_q))
+  if (!factor_strides(sub, p, n_vars, ext, lo, s_p, in_p, &off_p) ||
+      !factor_strides(sub, q, n_vars, ext, lo, s_q, in_q, &off_q))
     return 0;
-  if (!in_p[kv] || !in_q[kv]) return 0; /* a sum over one factor only */
+  for (uint32_t v = rank; v < n_vars; v++)
+    if (!in_p[v] || !in_q[v]) return 0; /* a sum over one factor only */
   if (p->u.tensor == st->out || q->u.tensor == st->out) return 0;
   s->c_numel = nf_tensor_numel(tt);
   s->t_c = st->out;
-  s->off_a = lo[kv] * s_p[kv];
-  s->off_b = lo[kv] * s_q[kv];
+  s->off_a = off_p;
+  s->off_b = off_q;
+  for (uint32_t v = rank; v < n_vars; v++) {
+    s->off_a += lo[v] * s_p[v];
+    s->off_b += lo[v] * s_q[v];
+  }
   s->t_a = p->u.tensor;
   s->t_b = q->u.tensor;
-  s->k = ext[kv];
   if (s->c_numel == 0) return 1; /* nothing to compute: no calls */
 
-  dimv cls[N_CL][NF_MAX_VARS];
-  int n_cls[N_CL] = {0};
-  for (uint32_t v = 0; v < rank; v++) {
+  dimv cls[N_CL][NF_MAX_VARS], red[NF_MAX_VARS];
+  int n_cls[N_CL] = {0}, n_red = 0;
+  for (uint32_t v = 0; v < n_vars; v++) {
     if (ext[v] == 1) continue;
+    dimv d = {ext[v], s_t[v], s_p[v], s_q[v]};
+    if (v >= rank) {
+      red[n_red++] = d;
+      continue;
+    }
     int c = in_p[v] == in_q[v] ? CL_BATCH : in_p[v] ? CL_P : CL_Q;
-    cls[c][n_cls[c]++] = (dimv){ext[v], s_t[v], s_p[v], s_q[v]};
+    cls[c][n_cls[c]++] = d;
   }
   for (int c = 0; c < N_CL; c++) fuse(cls[c], &n_cls[c]);
-  const dimv kd = {ext[kv], 0, s_p[kv], s_q[kv]}, virt = {1, 0, 0, 0};
+  fuse(red, &n_red);
+  const dimv virt = {1, 0, 0, 0};
 
   int64_t best = -1;
-  int best_o = 0, best_r = -1, best_c = -1;
+  int best_o = 0, best_r = -1, best_c = -1, best_k = -1;
   for (int o = 0; o < 2; o++) {
     int rc_ = o ? CL_Q : CL_P, cc = o ? CL_P : CL_Q;
-    for (int ri = -1; ri < n_cls[rc_]; ri++)
-      for (int ci = -1; ci < n_cls[cc]; ci++) {
-        const dimv *r = ri < 0 ? &virt : &cls[rc_][ri], *c = ci < 0 ? &virt : &cls[cc][ci];
-        int64_t sa_r = o ? r->sq : r->sp, sa_k = o ? kd.sq : kd.sp;
-        int64_t sb_k = o ? kd.sp : kd.sq, sb_c = o ? c->sp : c->sq;
-        if (c->e > 1 && c->st != 1) continue;
-        int64_t ldc = r->e > 1 ? r->st : (c->e > 1 ? c->e : 1);
-        int ta, tb;
-        int64_t lda, ldb;
-        if (ldc < c->e || !factor_layout(r->e, sa_r, kd.e, sa_k, &ta, &lda) ||
-            !factor_layout(kd.e, sb_k, c->e, sb_c, &tb, &ldb))
-          continue;
-        if (!fits_int(r->e) || !fits_int(c->e) || !fits_int(kd.e) || !fits_int(lda) ||
-            !fits_int(ldb) || !fits_int(ldc))
-          continue;
-        int64_t score = r->e * c->e;
-        if (score <= best) continue;
-        best = score;
-        best_o = o;
-        best_r = ri;
-        best_c = ci;
-        s->m = r->e;
-        s->n = c->e;
-        s->lda = lda;
-        s->ldb = ldb;
-        s->ldc = ldc;
-        s->trans_a = ta;
-        s->trans_b = tb;
-      }
+    for (int ki = n_red ? 0 : -1; ki < n_red; ki++)
+      for (int ri = -1; ri < n_cls[rc_]; ri++)
+        for (int ci = -1; ci < n_cls[cc]; ci++) {
+          const dimv *r = ri < 0 ? &virt : &cls[rc_][ri], *c = ci < 0 ? &virt : &cls[cc][ci];
+          const dimv *kd = ki < 0 ? &virt : &red[ki];
+          int64_t sa_r = o ? r->sq : r->sp, sa_k = o ? kd->sq : kd->sp;
+          int64_t sb_k = o ? kd->sp : kd->sq, sb_c = o ? c->sp : c->sq;
+          if (c->e > 1 && c->st != 1) continue;
+          int64_t ldc = r->e > 1 ? r->st : (c->e > 1 ? c->e : 1);
+          int ta, tb;
+          int64_t lda, ldb;
+          if (ldc < c->e || !factor_layout(r->e, sa_r, kd->e, sa_k, &ta, &lda) ||
+              !factor_layout(kd->e, sb_k, c->e, sb_c, &tb, &ldb))
+            continue;
+          if (!fits_int(r->e) || !fits_int(c->e) || !fits_int(kd->e) || !fits_int(lda) ||
+              !fits_int(ldb) || !fits_int(ldc))
+            continue;
+          int64_t score = r->e * c->e * (kd->e > 0 ? kd->e : 1);
+          if (score <= best) continue;
+          best = score;
+          best_o = o;
+          best_r = ri;
+          best_c = ci;
+          best_k = ki;
+          s->m = r->e;
+          s->n = c->e;
+          s->k = kd->e;
+          s->lda = lda;
+          s->ldb = ldb;
+          s->ldc = ldc;
+          s->trans_a = ta;
+          s->trans_b = tb;
+        }
   }
   if (best < 0) return 0;
-  /* the batch loops: C, A, B strides */
+  if (empty) s->k = 0; /* an empty reduction: C = 0 */
+  /* the batch loops: C, A, B strides; reduction loops have C stride 0 */
   int rc_ = best_o ? CL_Q : CL_P, cc = best_o ? CL_P : CL_Q;
   s->n_batch = 0;
   s->n_calls = 1;
-  for (int c = 0; c < N_CL; c++)
-    for (int i = 0; i < n_cls[c]; i++) {
-      if ((c == rc_ && i == best_r) || (c == cc && i == best_c)) continue;
-      const dimv *d = &cls[c][i];
+  for (int c = 0; c <= N_CL; c++) {
+    int n_c = c < N_CL ? n_cls[c] : n_red;
+    for (int i = 0; i < n_c; i++) {
+      if ((c == rc_ && i == best_r) || (c == cc && i == best_c) || (c == N_CL && i == best_k))
+        continue;
+      const dimv *d = c < N_CL ? &cls[c][i] : &red[i];
       s->batch[s->n_batch++] = (dimv){d->e, d->st, best_o ? d->sq : d->sp, best_o ? d->sp : d->sq};
       s->n_calls *= d->e;
     }
+  }
   if (best_o) {
     uint32_t t = s->t_a;
     s->t_a = s->t_b;
@@ -233,6 +276,189 @@ static int match_anchor(const nf_graph *sub, uint32_t a, nf_gemm_sub *s) {
     s->off_a = s->off_b;
     s->off_b = off;
   }
+  return 1;
+}
+
+/* ---- im2col: materialising a convolution's shifted operand ---- */
+
+#define GATHER_MAX_BYTES ((int64_t)256 << 20)
+
+static int is_zero(const nf_expr *e) {
+  return e->op == NF_OP_CONST && nf_dtype_is_float((nf_dtype)e->dtype) && e->u.f == 0.0;
+}
+
+/* 1 when acc is an access whose indices are distinct bare variables or
+ * constants (what match_anchor reads in place). */
+static int plain_access(const nf_expr *acc) {
+  uint8_t used[NF_MAX_VARS] = {0};
+  for (uint32_t d = 0; d < acc->n_args; d++) {
+    const nf_expr *ix = acc->args[d];
+    if (ix->op == NF_OP_CONST) continue;
+    if (ix->op != NF_OP_VAR || ix->u.var >= NF_MAX_VARS || used[ix->u.var]) return 0;
+    used[ix->u.var] = 1;
+  }
+  return 1;
+}
+
+typedef struct var_set {
+  uint8_t has[NF_MAX_VARS];
+  int bad; /* a variable out of range */
+} var_set;
+
+static void collect_var(const nf_expr *e, void *user) {
+  var_set *vs = user;
+  if (e->op != NF_OP_VAR) return;
+  if (e->u.var >= NF_MAX_VARS)
+    vs->bad = 1;
+  else
+    vs->has[e->u.var] = 1;
+}
+
+/* e with variable v renamed to map[v] (every variable e uses is mapped). */
+static const nf_expr *remap(nf_ir_ctx *ctx, const nf_expr *e, const uint32_t *map) {
+  if (!e) return NULL;
+  if (e->op == NF_OP_VAR) return nf_e_var(ctx, map[e->u.var]);
+  if (e->n_args == 0) return e;
+  const nf_expr *args[NF_MAX_RANK > 3 ? NF_MAX_RANK : 3];
+  if (e->n_args > sizeof args / sizeof *args) return NULL;
+  for (uint32_t i = 0; i < e->n_args; i++)
+    if (!(args[i] = remap(ctx, e->args[i], map))) return NULL;
+  return nf_e_rebuild(ctx, e, args);
+}
+
+/* Rewrites anchor a of sub, O(o..) +=! [g ?] A(f(o.., r..)) * B(..) [: 0],
+ * with B a plain access and A not (or guarded), into a graph (built in
+ * sub->ctx) of the same tensors, inputs and outputs plus a local Acol:
+ *
+ *     Acol(v..) = g ? A(f(..)) : 0.0     (statement a: the gather)
+ *     O(o..) +=! Acol(v..) * B(..)       (statement a + 1: the anchor)
+ *
+ * v.. are the variables A and g read: the reduction variables first, in
+ * the order of their strides in B (so that they fuse into one block, the
+ * GEMM's K, where B allows), then the output variables in O's order (the
+ * rows; the innermost, usually a long spatial one, keeps the gather
+ * vectorised).  1 and *out when rewritten, 0 when the anchor does not have
+ * that form (or Acol would exceed GATHER_MAX_BYTES or NF_MAX_RANK
+ * dimensions), NF_ENOMEM. */
+static int gather_rewrite(const nf_graph *sub, uint32_t a, nf_graph **out) {
+  *out = NULL;
+  const nf_stmt *st = &sub->stmts[a];
+  const nf_tensor *tt = &sub->tensors[st->out];
+  uint32_t rank = tt->rank, n_vars = rank + st->n_red;
+  if (st->red != NF_RED_SUM || st->n_red < 1 || tt->dtype != NF_F32 || n_vars > NF_MAX_VARS)
+    return 0;
+  for (uint32_t r = 0; r < st->n_red; r++)
+    if (st->red_lo[r] != 0) return 0;
+  const nf_expr *e = st->rhs, *guard = NULL;
+  if (e->op == NF_OP_SELECT && is_zero(e->args[2])) {
+    guard = e->args[0];
+    e = e->args[1];
+  }
+  if (e->op != NF_OP_MUL || e->n_args != 2) return 0;
+  const nf_expr *f[2] = {e->args[0], e->args[1]};
+  for (int i = 0; i < 2; i++)
+    if (f[i]->op == NF_OP_SELECT && is_zero(f[i]->args[2])) {
+      if (guard) return 0;
+      guard = f[i]->args[0];
+      f[i] = f[i]->args[1];
+    }
+  for (int i = 0; i < 2; i++)
+    if (f[i]->op != NF_OP_ACCESS || f[i]->dtype != NF_F32 || f[i]->u.tensor == st->out)
+      return 0;
+  int pa = plain_access(f[0]), pb = plain_access(f[1]);
+  if ((pa && pb && !guard) || (!pa && !pb)) return 0;
+  int ia = pa && !pb ? 1 : 0; /* the operand gathered */
+  const nf_expr *A = f[ia], *B = f[1 - ia];
+
+  var_set vs = {{0}, 0};
+  if (nf_expr_visit(A, collect_var, &vs) != NF_OK ||
+      (guard && nf_expr_visit(guard, collect_var, &vs) != NF_OK))
+    return NF_ENOMEM;
+  if (vs.bad) return 0;
+  /* Acol's variables: reductions by B's dimension, then the rest; then
+   * the output variables */
+  uint32_t order[NF_MAX_VARS], n = 0;
+  uint8_t placed[NF_MAX_VARS] = {0};
+  for (uint32_t d = 0; d < B->n_args; d++) {
+    const nf_expr *ix = B->args[d];
+    if (ix->op != NF_OP_VAR) continue;
+    uint32_t v = ix->u.var;
+    if (v >= rank && v < n_vars && vs.has[v] && !placed[v]) {
+      placed[v] = 1;
+      order[n++] = v;
+    }
+  }
+  for (uint32_t v = rank; v < n_vars; v++)
+    if (vs.has[v] && !placed[v]) {
+      placed[v] = 1;
+      order[n++] = v;
+    }
+  for (uint32_t v = n_vars; v < NF_MAX_VARS; v++)
+    if (vs.has[v]) return 0;
+  for (uint32_t v = 0; v < rank; v++)
+    if (vs.has[v]) order[n++] = v;
+  if (n == 0 || n > NF_MAX_RANK) return 0;
+  int64_t shape[NF_MAX_RANK], bytes = (int64_t)sizeof(float);
+  uint32_t map[NF_MAX_VARS] = {0};
+  for (uint32_t j = 0; j < n; j++) {
+    uint32_t v = order[j];
+    shape[j] = v < rank ? tt->shape[v] : st->red_ext[v - rank];
+    map[v] = j;
+    if (shape[j] > 0 && bytes > GATHER_MAX_BYTES / shape[j]) return 0;
+    bytes *= shape[j];
+  }
+  if (bytes > GATHER_MAX_BYTES) return 0;
+
+  nf_ir_ctx *ctx = sub->ctx;
+  nf_graph *g = nf_graph_new(ctx, sub->name);
+  if (!g) return NF_ENOMEM;
+  int rc = NF_OK;
+  for (uint32_t t = 0; t < sub->n_tensors && rc >= 0; t++) {
+    const nf_tensor *x = &sub->tensors[t];
+    rc = nf_graph_add_tensor(g, x->name, (nf_dtype)x->dtype, (nf_tkind)x->kind, x->rank, x->shape);
+  }
+  char name[96];
+  const char *a_name = sub->tensors[A->u.tensor].name;
+  snprintf(name, sizeof name, "%s_col", a_name ? a_name : "gather");
+  int t_col = rc >= 0 ? nf_graph_add_tensor(g, name, NF_F32, NF_T_LOCAL, (int)n, shape) : rc;
+  if (t_col < 0) return t_col == NF_ENOMEM ? NF_ENOMEM : 0;
+  if (g->n_inputs != sub->n_inputs || g->n_outputs != sub->n_outputs) return 0;
+  /* the same order of inputs and outputs, whatever their ids */
+  memcpy(g->inputs, sub->inputs, sub->n_inputs * sizeof *g->inputs);
+  memcpy(g->outputs, sub->outputs, sub->n_outputs * sizeof *g->outputs);
+
+  /* the gather, and the anchor reading Acol at bare variables */
+  nf_stmt gs = {0};
+  gs.out = (uint32_t)t_col;
+  gs.red = NF_RED_NONE;
+  const nf_expr *body = remap(ctx, A, map);
+  if (body && guard) {
+    const nf_expr *gg = remap(ctx, guard, map);
+    const nf_expr *zero = nf_e_const_f(ctx, NF_F32, 0.0);
+    body = gg && zero ? nf_e_select(ctx, gg, body, zero) : NULL;
+  }
+  const nf_expr *idx[NF_MAX_RANK];
+  for (uint32_t j = 0; j < n; j++) {
+    idx[j] = nf_e_var(ctx, order[j]);
+    gs.var_names[j] = st->var_names[order[j]];
+  }
+  const nf_expr *col = nf_e_access(ctx, (uint32_t)t_col, NF_F32, (int)n, idx);
+  const nf_expr *prod = col ? nf_e_binary(ctx, NF_OP_MUL, ia ? B : col, ia ? col : B) : NULL;
+  if (!body || !prod) return NF_ENOMEM;
+  gs.rhs = body;
+  nf_stmt as = *st;
+  as.rhs = prod;
+  for (uint32_t i = 0; i < sub->n_stmts && rc >= 0; i++) {
+    if (i == a) {
+      rc = nf_graph_add_stmt(g, &gs);
+      if (rc >= 0) rc = nf_graph_add_stmt(g, &as);
+    } else {
+      rc = nf_graph_add_stmt(g, &sub->stmts[i]);
+    }
+  }
+  if (rc < 0) return rc == NF_ENOMEM ? NF_ENOMEM : 0;
+  if (nf_graph_validate(g, NULL) != NF_OK) return 0;
+  *out = g;
   return 1;
 }
 
@@ -304,6 +530,11 @@ static void describe(nf_gemm_sub *s) {
            s->trans_a ? 'T' : 'N', s->trans_b ? 'T' : 'N', (long long)s->m, (long long)s->n,
            (long long)s->k, (long long)(s->c_numel ? s->n_calls : 0), np, np == 1 ? "" : "s", ne,
            ne == 1 ? "" : "s");
+  if (s->n_gather) {
+    size_t len = strlen(s->desc);
+    snprintf(s->desc + len, sizeof s->desc - len, ", gather %d stmt%s", s->n_gather,
+             s->n_gather == 1 ? "" : "s");
+  }
 }
 
 int nf_gemm_prepare(const nf_graph *sub, nf_gemm_sub **out, nf_buf *err) {
@@ -329,8 +560,23 @@ int nf_gemm_prepare(const nf_graph *sub, nf_gemm_sub **out, nf_buf *err) {
   }
   s->sub = sub;
   if (!match_anchor(sub, (uint32_t)anchor, s)) {
-    free(s);
-    return NF_OK;
+    /* a convolution: gather the shifted operand, then the plain product */
+    nf_graph *g = NULL;
+    rc = gather_rewrite(sub, (uint32_t)anchor, &g);
+    memset(s, 0, sizeof *s);
+    if (rc == 1 && match_anchor(g, (uint32_t)anchor + 1, s)) {
+      s->sub = sub = g;
+      s->n_gather = 1;
+      anchor++;
+      rc = NF_OK;
+    } else {
+      free(s);
+      if (rc == NF_ENOMEM || nf_ir_ctx_oom(sub->ctx)) {
+        nf_buf_printf(err, "gemm: out of memory");
+        return NF_ENOMEM;
+      }
+      return NF_OK;
+    }
   }
   uint32_t a = (uint32_t)anchor, n = sub->n_stmts;
   uint32_t *order = malloc((n ? n : 1) * sizeof *order);
@@ -399,14 +645,16 @@ static void gemm_exec(const nf_gemm_sub *s) {
   int64_t idx[NF_MAX_VARS] = {0};
   for (int64_t call = 0; call < s->n_calls; call++) {
     int64_t oc = 0, oa = 0, ob = 0;
+    float beta = 0.0f; /* accumulate after a reduction loop's first call */
     for (int d = 0; d < s->n_batch; d++) {
       oc += idx[d] * s->batch[d].st;
       oa += idx[d] * s->batch[d].sp;
       ob += idx[d] * s->batch[d].sq;
+      if (s->batch[d].st == 0 && idx[d] > 0) beta = 1.0f;
     }
     cblas_sgemm(CblasRowMajor, s->trans_a ? CblasTrans : CblasNoTrans,
                 s->trans_b ? CblasTrans : CblasNoTrans, (blasint)s->m, (blasint)s->n,
-                (blasint)s->k, 1.0f, a + oa, (blasint)s->lda, b + ob, (blasint)s->ldb, 0.0f,
+                (blasint)s->k, 1.0f, a + oa, (blasint)s->lda, b + ob, (blasint)s->ldb, beta,
                 c + oc, (blasint)s->ldc);
     for (int d = s->n_batch - 1; d >= 0; d--) {
       if (++idx[d] < s->batch[d].e) break;

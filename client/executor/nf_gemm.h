@@ -7,19 +7,32 @@
  *
  *     T(b.., i, j) +=! X(..) * Y(..)
  *
- * with a single reduction variable k that both operands read, every index
- * a bare variable (no offsets, strides or expressions), each variable at
- * most once per access, and X, Y tensors of the subgraph (inputs or
- * locals computed before the anchor).  Output variables that only X reads
- * are rows, those only Y reads columns, those both read (or neither) are
- * batch loops; any transpose of either operand and of the result maps to
- * sgemm's NN/NT/TN/TT forms, and what does not fit one call (a weight
- * shared across the batch, several row variables that are not adjacent in
- * memory) becomes a loop of sgemm calls with leading dimensions.  Other
- * shapes (a sum over one operand only, a convolution's shifted windows,
- * two reduction variables, a constant factor, non-f32, f16/bf16/f64
- * tensors anywhere in the subgraph) are not matmul-shaped: the caller
- * keeps the interpreter.
+ * with reduction variables that both operands read, every index a bare
+ * variable or a constant (no offsets, strides or expressions), each
+ * variable at most once per access, and X, Y tensors of the subgraph
+ * (inputs or locals computed before the anchor).  Output variables that
+ * only X reads are rows, those only Y reads columns, those both read (or
+ * neither) are batch loops; reduction variables contiguous in both
+ * operands are sgemm's K, the others loops of calls that accumulate; any
+ * transpose of either operand and of the result maps to sgemm's
+ * NN/NT/TN/TT forms, and what does not fit one call (a weight shared
+ * across the batch, several row variables that are not adjacent in
+ * memory) becomes a loop of sgemm calls with leading dimensions.
+ *
+ * A convolution-shaped anchor, T(o..) +=! [g ?] A(f(o.., r..)) * B(..)
+ * [: 0.0] with B plain and A at computed indices (a shifted, strided
+ * window) or guarded (zero padding), is rewritten first: a local
+ * Acol(r.., o..) = g ? A(f(..)) : 0.0 over the variables A and g read
+ * (im2col, by the interpreter, at most 256 MiB) joins the prologue, and
+ * the anchor becomes the plain product of Acol and B.  This covers a
+ * conv2d (any stride and padding), its weight gradient, its data
+ * gradient at stride 1 and depthwise convolutions (a batch of small
+ * products).  (Where B holds an infinity or NaN, a padded position gives
+ * NaN instead of 0: the select moved from the product to A.)  Other
+ * shapes (a sum over one operand only, both operands shifted, a shifted
+ * reduction range not starting at 0, a constant factor, non-f32,
+ * f16/bf16/f64 tensors anywhere in the subgraph) are not matmul-shaped:
+ * the caller keeps the interpreter.
  *
  * The statements before the anchor (inlined producers: a concat, a
  * transpose) run as one prologue graph through the interpreter, the
@@ -57,7 +70,9 @@ void nf_gemm_free(nf_gemm_sub *s);
 
 /* A short description for logs, e.g. "sgemm NT 64x128x784 batch 1,
  * prologue 1 stmt, epilogue 2 stmts" (M x N x K, batch = sgemm calls per
- * run).  Owned by s, valid while it lives. */
+ * run), with ", gather 1 stmt" appended when a convolution's operand is
+ * gathered (that statement is counted in the prologue).  Owned by s,
+ * valid while it lives. */
 const char *nf_gemm_describe(const nf_gemm_sub *s);
 
 /* The number of threads OpenBLAS may use (openblas_set_num_threads; n < 1
