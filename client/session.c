@@ -1163,13 +1163,19 @@ static int named_slot(const nf_session *s, const char *name) {
   return sl;
 }
 
+/* The start of a call that names a tensor and passes a buffer: clears the
+ * last error; NF_EINVAL with a message when either is missing. */
+static int begin_io(nf_session *s, const char *call, const char *name, const void *data) {
+  nf_buf_reset(&s->err);
+  if (name && data) return NF_OK;
+  nf_buf_printf(&s->err, "%s: no name or no buffer", call);
+  return NF_EINVAL;
+}
+
 int nf_session_feed(nf_session *s, const char *input, const void *data, size_t bytes) {
   if (!s) return NF_EINVAL;
-  nf_buf_reset(&s->err);
-  if (!input || !data) {
-    nf_buf_printf(&s->err, "nf_session_feed: no input name or no data");
-    return NF_EINVAL;
-  }
+  int rc = begin_io(s, "nf_session_feed", input, data);
+  if (rc != NF_OK) return rc;
   int sl = find_named(s->inputs, s->n_inputs, input);
   if (sl < 0) {
     nf_buf_printf(&s->err, "no input '%s' (inputs the loss does not read are not fed)", input);
@@ -1186,11 +1192,8 @@ int nf_session_feed(nf_session *s, const char *input, const void *data, size_t b
 
 int nf_session_read(nf_session *s, const char *name, void *data, size_t bytes) {
   if (!s) return NF_EINVAL;
-  nf_buf_reset(&s->err);
-  if (!name || !data) {
-    nf_buf_printf(&s->err, "nf_session_read: no name or no buffer");
-    return NF_EINVAL;
-  }
+  int rc = begin_io(s, "nf_session_read", name, data);
+  if (rc != NF_OK) return rc;
   int pi = find_param(s, name);
   const void *src;
   int64_t want;
@@ -1220,11 +1223,8 @@ int nf_session_read(nf_session *s, const char *name, void *data, size_t bytes) {
 
 int nf_session_set_param(nf_session *s, const char *name, const float *data, size_t n) {
   if (!s) return NF_EINVAL;
-  nf_buf_reset(&s->err);
-  if (!name || !data) {
-    nf_buf_printf(&s->err, "nf_session_set_param: no name or no data");
-    return NF_EINVAL;
-  }
+  int rc = begin_io(s, "nf_session_set_param", name, data);
+  if (rc != NF_OK) return rc;
   int pi = find_param(s, name);
   if (pi < 0) {
     nf_buf_printf(&s->err, "no parameter '%s'", name);
