@@ -479,6 +479,15 @@ static int build(nf_session *s, const nf_graph *F, int n_gin, const char *const 
       break;
     }
     if (pi < 0) s->slots[sl].shape[7] = -1;
+    if (strncmp(tn->name, "grad_", 5)) {
+      int *nf = realloc(s->fwd_slots, sizeof(int) * (size_t)(s->n_fwd + 1));
+      if (!nf) {
+        rc = NF_ENOMEM;
+        break;
+      }
+      s->fwd_slots = nf;
+      s->fwd_slots[s->n_fwd++] = sl;
+    }
     if (k == 0) {
       s->loss_slot = sl;
       if ((rc = named_add(&s->named, &s->n_named, "loss", sl))) break;
@@ -841,6 +850,8 @@ void nf_session_free(nf_session *s) {
     free(s->ops[i].bufs);
   }
   free(s->ops);
+  free(s->fwd_slots);
+  free(s->eval_op);
   for (int i = 0; i < s->n_slots; i++)
     if (s->slots[i].shape[7] == -1) free(s->slots[i].ptr);
   free(s->slots);
@@ -1155,6 +1166,51 @@ int nf_session_step(nf_session *s, double *loss) {
   return NF_OK;
 }
 
+/* The ops the forward outputs (the loss and the def's other outputs) need:
+ * a backward walk over the program from their slots.  The update never is
+ * one of them.  Running a subset of the ops in program order is safe with
+ * the planned arena: skipping an op only removes writes. */
+static int eval_mask(nf_session *s) {
+  uint8_t *need = calloc((size_t)s->n_slots + 1, 1);
+  s->eval_op = calloc((size_t)s->n_ops + 1, 1);
+  if (!need || !s->eval_op) {
+    free(need);
+    free(s->eval_op);
+    s->eval_op = NULL;
+    return NF_ENOMEM;
+  }
+  for (int i = 0; i < s->n_fwd; i++) need[s->fwd_slots[i]] = 1;
+  for (int i = s->n_ops - 1; i >= 0; i--) {
+    const nf__op *op = &s->ops[i];
+    if (op->alias) continue;
+    int used = 0;
+    for (uint32_t j = 0; j < op->n_out; j++) used |= need[op->slots[op->n_in + j]];
+    if (!used) continue;
+    s->eval_op[i] = 1;
+    for (uint32_t j = 0; j < op->n_in; j++) need[op->slots[j]] = 1;
+  }
+  free(need);
+  return NF_OK;
+}
+
+int nf_session_eval(nf_session *s, double *loss) {
+  if (!s) return NF_EINVAL;
+  nf_buf_reset(&s->err);
+  if (!s->eval_op) {
+    int rc = eval_mask(s);
+    if (rc != NF_OK) return rc;
+  }
+  int rc = NF_OK;
+  for (int i = 0; i < s->n_ops && rc == NF_OK; i++)
+    if (s->eval_op[i]) rc = run_op(s, &s->ops[i]);
+  if (rc != NF_OK) {
+    if (!s->err.len) nf_buf_printf(&s->err, "evaluation failed: %s", nf_strerror(rc));
+    return rc;
+  }
+  if (loss) *loss = *(const float *)s->slots[s->loss_slot].ptr;
+  return NF_OK;
+}
+
 /* ---- data in and out ---- */
 
 static int named_slot(const nf_session *s, const char *name) {
@@ -1276,6 +1332,21 @@ int nf_session_param_info(const nf_session *s, int i, const char **name, nf_elem
   if (rank) *rank = p->rank;
   if (dims) memcpy(dims, p->shape, sizeof(int64_t) * p->rank);
   return NF_OK;
+}
+
+int nf_session_n_outputs(const nf_session *s) { return s ? s->n_fwd : 0; }
+
+int nf_session_output_info(const nf_session *s, int i, const char **name, nf_elem *t, int *rank,
+                           int64_t dims[8]) {
+  if (!s || i < 0 || i >= s->n_fwd) return NF_EINVAL;
+  int sl = s->fwd_slots[i];
+  if (name) {
+    *name = NULL;
+    for (int k = 0; k < s->n_named; k++)
+      if (s->named[k].slot == sl && strcmp(s->named[k].name, "loss")) *name = s->named[k].name;
+    if (!*name) *name = "loss";
+  }
+  return info(&s->slots[sl], t, rank, dims);
 }
 
 int nf_session_stats_get(const nf_session *s, nf_session_stats *st) {

@@ -121,6 +121,9 @@ struct nf_session {
   int n_named;           /* readable: loss, outputs, grads, inputs */
   nf__named *named;
   int loss_slot;
+  int n_fwd;             /* slots of the loss and the def's other outputs */
+  int *fwd_slots;
+  uint8_t *eval_op;      /* ops nf_session_eval runs (NULL: not computed yet) */
   nf_partition *part_step, *part_upd;
   nf_pool *pool;
   int threads;

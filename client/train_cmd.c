@@ -23,13 +23,18 @@
 
 static const char train_usage[] =
     "usage: neoflow train FILE.nf DEF --data synthetic --steps N [options]\n"
+    "       neoflow train FILE.nf DEF --data fashion-mnist --epochs E [options]\n"
     "\n"
     "Trains DEF (first output: the scalar loss; `param` declarations: the\n"
     "parameters) on fallback kernels at once, with kernels from neoflowd\n"
     "swapped in as they arrive.\n"
     "\n"
-    "  --data synthetic      the data source (docs/neoflow.md)\n"
-    "  --steps N             training steps\n"
+    "  --data synthetic|fashion-mnist  the data source (docs/neoflow.md)\n"
+    "  --data-dir DIR        where the IDX files are (default\n"
+    "                        " NF_FASHION_MNIST_DIR ")\n"
+    "  --epochs E            passes over the training split (fashion-mnist);\n"
+    "                        the test accuracy is reported after each\n"
+    "  --steps N             training steps (with --epochs: at most N)\n"
     "  --batch B             sets DEF's integer parameter `batch`\n"
     "  --param NAME=V        another integer parameter of DEF\n"
     "  --shape NAME=d1,d2,.. the shape of an input with symbolic sizes\n"
@@ -100,8 +105,201 @@ static int bad(const char *fmt, const char *a) {
   return 2;
 }
 
+/* ---- MNIST-style datasets (--data fashion-mnist) ---- */
+
+typedef struct dsrun {
+  nf_dataset train, test;
+  int img, lab;          /* the inputs fed with images and labels */
+  const char *logits;    /* the output the accuracy reads, or NULL */
+  int64_t classes;
+  int64_t *perm;         /* this epoch's order of the training split */
+  float *logit_buf;
+} dsrun;
+
+/* Copies samples idx[0..bdim) of d into the image and label buffers
+ * (sample indices < 0: padding, a copy of sample 0). */
+static int ds_feed(nf_session *s, feed *f, const dsrun *r, const nf_dataset *d,
+                   const int64_t *idx, int64_t bdim) {
+  feed *fi = &f[r->img], *fl = &f[r->lab];
+  for (int64_t b = 0; b < bdim; b++) {
+    int64_t k = idx[b] < 0 ? 0 : idx[b];
+    memcpy((float *)fi->buf + b * fi->per, d->images + k * fi->per, sizeof(float) * (size_t)fi->per);
+    if (fl->t == NF_ELEM_I64) ((int64_t *)fl->buf)[b] = d->labels[k];
+    else ((int32_t *)fl->buf)[b] = (int32_t)d->labels[k];
+  }
+  if (nf_session_feed(s, fi->name, fi->buf, fi->bytes) != NF_OK ||
+      nf_session_feed(s, fl->name, fl->buf, fl->bytes) != NF_OK)
+    return -1;
+  return 0;
+}
+
+/* Correct predictions among the rows of the logits whose idx >= 0. */
+static int64_t ds_correct(nf_session *s, dsrun *r, const nf_dataset *d, const int64_t *idx,
+                          int64_t bdim) {
+  if (!r->logits) return 0;
+  if (nf_session_read(s, r->logits, r->logit_buf, sizeof(float) * (size_t)(bdim * r->classes)))
+    return 0;
+  int64_t ok = 0;
+  for (int64_t b = 0; b < bdim; b++) {
+    if (idx[b] < 0) continue;
+    const float *row = r->logit_buf + b * r->classes;
+    int64_t best = 0;
+    for (int64_t c = 1; c < r->classes; c++)
+      if (row[c] > row[best]) best = c;
+    ok += best == d->labels[idx[b]];
+  }
+  return ok;
+}
+
+/* The whole test split through nf_session_eval: accuracy and mean loss. */
+static int ds_evaluate(nf_session *s, feed *f, dsrun *r, int64_t bdim, double *acc, double *loss) {
+  int64_t *idx = malloc(sizeof(int64_t) * (size_t)bdim), correct = 0, n = r->test.n;
+  if (!idx) return -1;
+  double lsum = 0, lw = 0;
+  for (int64_t start = 0; start < n; start += bdim) {
+    int64_t valid = n - start < bdim ? n - start : bdim;
+    for (int64_t b = 0; b < bdim; b++) idx[b] = b < valid ? start + b : -1;
+    double l;
+    if (ds_feed(s, f, r, &r->test, idx, bdim) || nf_session_eval(s, &l) != NF_OK) {
+      free(idx);
+      return -1;
+    }
+    /* the loss is a mean over the batch; padded rows repeat sample 0 */
+    if (valid == bdim) {
+      lsum += l * (double)valid;
+      lw += (double)valid;
+    }
+    correct += ds_correct(s, r, &r->test, idx, bdim);
+  }
+  free(idx);
+  *acc = (double)correct / (double)n;
+  *loss = lw > 0 ? lsum / lw : NAN;
+  return 0;
+}
+
+/* Loads the splits, matches the def's inputs (the images: the first
+ * batched f32 input of rows x cols per sample; the labels: a batched
+ * integer input of one per sample) and finds the logits output (the first
+ * output after the loss of shape [batch, classes]).  Sets the step count
+ * from the epochs. */
+static int ds_setup(nf_session *s, feed *f, int nf, int64_t bdim, const char *dir, uint64_t seed,
+                    dsrun *r, long *epochs, long *steps) {
+  char *err = NULL;
+  if (nf_dataset_mnist_load(dir, "train", &r->train, &err) != NF_OK ||
+      nf_dataset_mnist_load(dir, "test", &r->test, &err) != NF_OK) {
+    fprintf(stderr, "neoflow train: error: %s\n", err ? err : "out of memory");
+    if (!dir && err && strstr(err, "No such file"))
+      fprintf(stderr, "(install Debian's dataset-fashion-mnist package, or give --data-dir)\n");
+    free(err);
+    return -1;
+  }
+  int64_t per = r->train.rows * r->train.cols;
+  for (int i = 0; i < nf; i++) {
+    if (!f[i].batched) {
+      fprintf(stderr, "neoflow train: error: input '%s' is not batched (its first dimension is "
+                      "not the batch %lld): --data fashion-mnist feeds only the images and the "
+                      "labels\n", f[i].name, (long long)bdim);
+      return -1;
+    }
+    if (r->img < 0 && f[i].t == NF_ELEM_F32 && f[i].per == per) r->img = i;
+    else if (r->lab < 0 && (f[i].t == NF_ELEM_I64 || f[i].t == NF_ELEM_I32) && f[i].per == 1)
+      r->lab = i;
+    else {
+      fprintf(stderr, "neoflow train: error: input '%s' is neither the images (f32, %lld values "
+                      "per sample, e.g. [batch, 1, %lld, %lld] or [batch, %lld]) nor the labels "
+                      "(i64 [batch])\n", f[i].name, (long long)per, (long long)r->train.rows,
+              (long long)r->train.cols, (long long)per);
+      return -1;
+    }
+  }
+  if (r->img < 0 || r->lab < 0) {
+    fprintf(stderr, "neoflow train: error: --data fashion-mnist needs an image input (f32, %lld "
+                    "values per sample) and a label input (i64 [batch])\n", (long long)per);
+    return -1;
+  }
+  if (bdim > r->train.n) {
+    fprintf(stderr, "neoflow train: error: the batch (%lld) is larger than the training split\n",
+            (long long)bdim);
+    return -1;
+  }
+  for (int i = 1; i < nf_session_n_outputs(s); i++) {
+    const char *nm;
+    nf_elem t;
+    int rank;
+    int64_t dims[8];
+    nf_session_output_info(s, i, &nm, &t, &rank, dims);
+    if (t == NF_ELEM_F32 && rank == 2 && dims[0] == bdim && dims[1] >= r->train.classes) {
+      r->logits = nm;
+      r->classes = dims[1];
+      break;
+    }
+  }
+  if (!r->logits)
+    fprintf(stderr, "neoflow train: warning: the def has no output [batch, %lld] after the loss "
+                    "(the logits): no accuracy is reported\n", (long long)r->train.classes);
+  r->perm = malloc(sizeof(int64_t) * (size_t)r->train.n);
+  r->logit_buf = malloc(sizeof(float) * (size_t)(bdim * (r->classes ? r->classes : 1)));
+  if (!r->perm || !r->logit_buf) return -1;
+  for (int64_t i = 0; i < r->train.n; i++) r->perm[i] = i;
+  rs = seed * 0x9e3779b97f4a7c15ULL + 3;
+  int64_t spe = r->train.n / bdim;
+  long want = *epochs > 0 ? (long)(*epochs * spe) : *steps;
+  if (*steps < 0 || want < *steps) *steps = want;
+  return 0;
+}
+
+/* Fisher-Yates with the tool's generator. */
+static void shuffle(int64_t *p, int64_t n) {
+  for (int64_t i = n - 1; i > 0; i--) {
+    int64_t j = (int64_t)(unif() * (double)(i + 1));
+    if (j > i) j = i;
+    int64_t t = p[i];
+    p[i] = p[j];
+    p[j] = t;
+  }
+}
+
+/* ---- ms/step by tier ---- */
+
+enum { PH_T0, PH_MIXED, PH_T1, PH_T2, PH_N };
+static const char *const ph_name[PH_N] = {
+    "fallback kernels only (tier 0)", "fallback + daemon kernels", "all daemon kernels (tier 1)",
+    "all daemon kernels, some tuned (tier 2)"};
+
+static int phase_of(const nf_session_stats *st) {
+  int c = st->tier1 + st->tier2;
+  if (c == 0) return PH_T0;
+  if (c < st->kernels) return PH_MIXED;
+  return st->tier2 ? PH_T2 : PH_T1;
+}
+
+static int cmp_dbl(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static void print_phases(const double *ms, const unsigned char *ph, long n, int64_t bdim) {
+  printf("\nms/step by kernel tier (median over the steps in each state):\n");
+  printf("  %-42s %7s %12s %12s\n", "kernels in use", "steps", "ms/step", "samples/s");
+  double *v = malloc(sizeof(double) * (size_t)(n + 1));
+  if (!v) return;
+  for (int p = 0; p < PH_N; p++) {
+    long k = 0;
+    for (long i = 1; i < n; i++) /* step 1 holds the start-up; leave it out */
+      if (ph[i] == p) v[k++] = ms[i];
+    if (!k) continue;
+    qsort(v, (size_t)k, sizeof *v, cmp_dbl);
+    double med = k % 2 ? v[k / 2] : (v[k / 2 - 1] + v[k / 2]) / 2;
+    printf("  %-42s %7ld %12.2f %12.0f\n", ph_name[p], k, med,
+           med > 0 ? (double)bdim * 1000.0 / med : 0.0);
+  }
+  free(v);
+}
+
 int nf__cli_train(int argc, char **argv) {
   const char *file = NULL, *def = NULL, *data = NULL, *daemon = NULL, *save = NULL, *load = NULL;
+  const char *data_dir = NULL;
+  long epochs = -1;
   long steps = -1, batch = -1, classes = 10, samples = 2048, log_every = -1;
   int threads = 0, json = 0, no_spawn = 0, compile_only = 0, tune_trials = 0, tune_seconds = 0;
   int samples_given = 0;
@@ -140,6 +338,7 @@ int nf__cli_train(int argc, char **argv) {
     errno = 0;
     if (!strcmp(a, "--data")) data = v;
     else if (!strcmp(a, "--daemon")) daemon = v;
+    else if (!strcmp(a, "--data-dir")) data_dir = v;
     else if (!strcmp(a, "--save")) save = v;
     else if (!strcmp(a, "--load")) load = v;
     else if (!strcmp(a, "--optim")) {
@@ -189,6 +388,7 @@ int nf__cli_train(int argc, char **argv) {
       long long x = strtoll(v, &end, 10);
       if (errno || end == v || *end) return bad("expected an integer, got '%s'", v);
       if (!strcmp(a, "--steps") && x >= 0) steps = x;
+      else if (!strcmp(a, "--epochs") && x >= 1 && x <= 100000) epochs = x;
       else if (!strcmp(a, "--batch") && x > 0) batch = x;
       else if (!strcmp(a, "--threads") && x >= 1 && x <= 256) threads = (int)x;
       else if (!strcmp(a, "--seed") && x >= 0) seed = (uint64_t)x;
@@ -201,11 +401,17 @@ int nf__cli_train(int argc, char **argv) {
     }
   }
   if (!file || !def) return bad("%s", "needs FILE.nf and DEF");
-  if (!data) return bad("%s", "needs --data (synthetic)");
-  if (strcmp(data, "synthetic")) return bad("unknown --data '%s' (this build: synthetic)", data);
-  if (steps < 0) return bad("%s", "needs --steps N");
+  if (!data) return bad("%s", "needs --data (synthetic or fashion-mnist)");
+  int fashion = !strcmp(data, "fashion-mnist");
+  if (!fashion && strcmp(data, "synthetic"))
+    return bad("unknown --data '%s' (synthetic or fashion-mnist)", data);
+  if (!fashion && epochs > 0) return bad("%s", "--epochs needs --data fashion-mnist");
+  if (!fashion && data_dir) return bad("%s", "--data-dir needs --data fashion-mnist");
+  if (fashion && epochs < 0 && steps < 0) epochs = 1;
+  if (!fashion && steps < 0) return bad("%s", "needs --steps N");
   if (log_every < 0) log_every = json ? 1 : 10;
 
+  setvbuf(stdout, NULL, _IOLBF, 0); /* progress lines reach a pipe or file at once */
   double t_start = nf__now_ms();
   char *err = NULL;
   nf_model *m = nf_model_load(file, &err);
@@ -258,6 +464,11 @@ int nf__cli_train(int argc, char **argv) {
   int status = 1;
   feed *f = NULL;
   int nf = 0;
+  dsrun ds;
+  memset(&ds, 0, sizeof ds);
+  ds.img = ds.lab = -1;
+  double *step_ms = NULL;
+  unsigned char *step_ph = NULL;
   if (!s) {
     fprintf(stderr, "neoflow train: error: %s\n", err ? err : "out of memory");
     free(err);
@@ -288,6 +499,10 @@ int nf__cli_train(int argc, char **argv) {
     f[i].buf = malloc(f[i].bytes ? f[i].bytes : 1);
     if (!f[i].buf) goto out;
     if (first_float < 0 && (f[i].t == NF_ELEM_F32) && f[i].batched) first_float = i;
+  }
+  if (fashion) {
+    if (ds_setup(s, f, nf, bdim, data_dir, seed, &ds, &epochs, &steps) != 0) goto out;
+    goto train;
   }
   {
     /* the default pool holds at most 256 MiB (and at least one batch) */
@@ -335,11 +550,25 @@ int nf__cli_train(int argc, char **argv) {
     }
     free(teacher);
   }
+train:
   if (wait_s > 0) nf_session_wait_kernels(s, (int)(wait_s * 1000), 2);
+  step_ms = malloc(sizeof(double) * (size_t)(steps + 1));
+  step_ph = malloc((size_t)steps + 1);
+  if (!step_ms || !step_ph) goto out;
   int tty = isatty(2) && !json;
   double loss0 = NAN, loss = NAN;
+  int64_t spe = fashion ? ds.train.n / bdim : 0, seen = 0, correct = 0;
   for (long st = 0; st < steps; st++) {
-    for (int i = 0; i < nf; i++) {
+    const int64_t *idx = NULL;
+    if (fashion) {
+      if (st % spe == 0) shuffle(ds.perm, ds.train.n);
+      idx = ds.perm + (st % spe) * bdim;
+      if (ds_feed(s, f, &ds, &ds.train, idx, bdim)) {
+        fprintf(stderr, "neoflow train: error: %s\n", nf_session_error(s));
+        goto out;
+      }
+    }
+    for (int i = 0; !fashion && i < nf; i++) {
       if (!f[i].batched) {
         memcpy(f[i].buf, f[i].pool, f[i].bytes);
       } else {
@@ -361,6 +590,12 @@ int nf__cli_train(int argc, char **argv) {
     if (st == 0) loss0 = loss;
     nf_session_stats stt;
     nf_session_stats_get(s, &stt);
+    step_ms[st] = stt.ms;
+    step_ph[st] = (unsigned char)phase_of(&stt);
+    if (fashion && ds.logits) {
+      correct += ds_correct(s, &ds, &ds.train, idx, bdim);
+      seen += bdim;
+    }
     int last = st + 1 == steps;
     if (json && ((st + 1) % log_every == 0 || last)) {
       printf("{\"step\":%lld,\"loss\":%.9g,\"ms\":%.4f,\"tier1\":%d,\"tier2\":%d,\"kernels\":%d,"
@@ -386,6 +621,26 @@ int nf__cli_train(int argc, char **argv) {
              loss, stt.ms, stt.tier1, stt.kernels, stt.tier2, stt.kernels,
              stt.connected ? "" : "  (no daemon)");
     }
+    if (fashion && ((st + 1) % spe == 0 || last)) {
+      double acc = 0, tl = 0, t0 = nf__now_ms();
+      if (ds_evaluate(s, f, &ds, bdim, &acc, &tl)) {
+        fprintf(stderr, "neoflow train: error: evaluation: %s\n", nf_session_error(s));
+        goto out;
+      }
+      double ev_ms = nf__now_ms() - t0;
+      double tr_acc = seen ? (double)correct / (double)seen : NAN;
+      if (json)
+        printf("{\"epoch\":%.4g,\"step\":%ld,\"train_accuracy\":%.6f,\"test_accuracy\":%.6f,"
+               "\"test_loss\":%.6g,\"eval_ms\":%.1f}\n",
+               (double)(st + 1) / (double)spe, st + 1, tr_acc, acc, tl, ev_ms);
+      else
+        printf("epoch %.4g (step %ld): train accuracy %.2f%% (running), test accuracy %.2f%% "
+               "(loss %.4f, %lld images, %.1f s)\n",
+               (double)(st + 1) / (double)spe, st + 1, 100 * tr_acc, 100 * acc, tl,
+               (long long)ds.test.n, ev_ms / 1000);
+      fflush(stdout);
+      seen = correct = 0;
+    }
   }
   if (save && nf_session_save(s, save) != NF_OK) {
     fprintf(stderr, "neoflow train: error: %s\n", nf_session_error(s));
@@ -399,10 +654,17 @@ int nf__cli_train(int argc, char **argv) {
            "rejected %lld\n",
            (long long)stt.step, loss0, loss, stt.first_step_ms, stt.ms_avg, stt.kernels, stt.tier1,
            stt.tier2, stt.blas, (long long)stt.swaps, (long long)stt.rejected);
+    if (steps > 1) print_phases(step_ms, step_ph, steps, bdim);
   }
   status = isfinite(loss) || steps == 0 ? 0 : 1;
   if (status) fprintf(stderr, "neoflow train: error: the loss is not finite (%g)\n", loss);
 out:
+  free(step_ms);
+  free(step_ph);
+  nf_dataset_free(&ds.train);
+  nf_dataset_free(&ds.test);
+  free(ds.perm);
+  free(ds.logit_buf);
   for (int i = 0; f && i < nf; i++) {
     free(f[i].buf);
     free(f[i].pool);

@@ -116,6 +116,28 @@ static const char *default_config(char *buf, size_t n) {
   return NULL;
 }
 
+/* Creates the missing directories above the cache file (0700: the cache
+ * holds the user's kernels), so that a first start - an auto-started
+ * per-user daemon, root's /var/lib/neoflowd - finds its place.  Existing
+ * directories are left as they are; the cache checks them. */
+static int make_cache_dirs(const char *path) {
+  char buf[4096];
+  if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) return 0;
+  char *slash = strrchr(buf, '/');
+  if (!slash || slash == buf) return 0;
+  *slash = 0;
+  for (char *p = buf + 1;; p++) {
+    if (*p != '/' && *p) continue;
+    char c = *p;
+    *p = 0;
+    if (mkdir(buf, 0700) != 0 && errno != EEXIST)
+      return fail("cache %s: cannot create directory %s: %s", path, buf, strerror(errno));
+    if (!c) break;
+    *p = c;
+  }
+  return 0;
+}
+
 static int add_listener(nfd_server *S, int fd, int tcp) {
   if (S->n_listeners == NFD_MAX_LISTENERS) return fail("too many listening sockets");
   nfd_listener *L = &S->listeners[S->n_listeners];
@@ -267,6 +289,7 @@ int main(int argc, char **argv) {
 
   /* the cache first: the writer's lock names a daemon already running;
    * then the event loop's own read-only handle */
+  if (make_cache_dirs(S.cfg.cache_path)) return 1;
   if (nfd_writer_start(&S, &err) != NF_OK) {
     int r = fail("cache %s: %s", S.cfg.cache_path, nf_buf_str(&err));
     nf_buf_free(&err);

@@ -180,11 +180,24 @@ NF_API int nf_session_input_info(const nf_session *s, int i, const char **name, 
 NF_API int nf_session_param_info(const nf_session *s, int i, const char **name, nf_elem *t, int *rank,
                           int64_t dims[8]);
 
+/* The forward outputs: 0 is the loss, then the def's outputs after it (or
+ * the net's nf_net_output tensors), readable after a step or an eval. */
+NF_API int nf_session_n_outputs(const nf_session *s);
+NF_API int nf_session_output_info(const nf_session *s, int i, const char **name, nf_elem *t,
+                                  int *rank, int64_t dims[8]);
+
 /* Copies an input's data for the next steps (bytes must equal its size). */
 NF_API int nf_session_feed(nf_session *s, const char *input, const void *data, size_t bytes);
 /* One training step on the fed inputs: forward, gradients, update.
  * *loss (may be NULL) gets the step's loss (before the update). */
 NF_API int nf_session_step(nf_session *s, double *loss);
+/* The forward pass only, on the fed inputs and the current parameters:
+ * the loss (*loss, may be NULL) and the outputs declared after it (or with
+ * nf_net_output), readable with nf_session_read; no gradient, no update,
+ * and the step count is unchanged (evaluation, e.g. test accuracy).
+ * Gradients read afterwards may hold partial values: read them after a
+ * step. */
+NF_API int nf_session_eval(nf_session *s, double *loss);
 /* Copies a parameter, an output declared with nf_net_output, the loss
  * ("loss" or its name) or a gradient ("grad_" + name) of the last step. */
 NF_API int nf_session_read(nf_session *s, const char *name, void *data, size_t bytes);
@@ -228,6 +241,46 @@ NF_API int nf_session_stats_get(const nf_session *s, nf_session_stats *st);
  * final, NF_ERANGE-like negative status on timeout.  For tests, benchmarks
  * and the demo. */
 NF_API int nf_session_wait_kernels(nf_session *s, int timeout_ms, int want_tier);
+
+/* ---- data: IDX files and MNIST-style datasets ---- */
+
+/* IDX element types (the format's type codes). */
+enum { NF_IDX_U8 = 0x08, NF_IDX_I8 = 0x09, NF_IDX_I16 = 0x0B, NF_IDX_I32 = 0x0C,
+       NF_IDX_F32 = 0x0D, NF_IDX_F64 = 0x0E };
+
+typedef struct nf_idx {
+  int type;            /* NF_IDX_* */
+  int rank;            /* 1..8 */
+  int64_t dims[8];
+  void *data;          /* the elements, row-major, in the host's byte order */
+  size_t bytes;
+} nf_idx;
+
+/* Reads an IDX file, gzip-compressed or not.  A missing, truncated,
+ * malformed or over-long file is an error whose message (in *err) names
+ * the file and the fault. */
+NF_API int nf_idx_load(const char *path, nf_idx *out, char **err);
+NF_API void nf_idx_free(nf_idx *x);
+
+/* Where Debian's dataset-fashion-mnist package puts the files. */
+#define NF_FASHION_MNIST_DIR "/usr/share/datasets/fashion-mnist"
+/* The training split's pixel mean and standard deviation (of x / 255). */
+#define NF_FASHION_MNIST_MEAN 0.2860
+#define NF_FASHION_MNIST_STD 0.3530
+
+typedef struct nf_dataset {
+  int64_t n, rows, cols;
+  int64_t classes;     /* the largest label + 1 */
+  float *images;       /* n x rows x cols: (x / 255 - mean) / std */
+  int64_t *labels;     /* n */
+} nf_dataset;
+
+/* Loads an MNIST-style split from dir (NULL: NF_FASHION_MNIST_DIR):
+ * split "train" reads train-{images-idx3,labels-idx1}-ubyte[.gz], "test"
+ * the t10k- files.  Pixels are normalised with Fashion-MNIST's training
+ * statistics. */
+NF_API int nf_dataset_mnist_load(const char *dir, const char *split, nf_dataset *out, char **err);
+NF_API void nf_dataset_free(nf_dataset *d);
 
 #ifdef __cplusplus
 }
