@@ -1015,6 +1015,8 @@ static int run_canary(nf_session *s, nf__kent *k, nf__op *op) {
       k->cur_tier = k->cand_tier;
       k->cur_ms = k->cand_ms;
       k->verified = 1;
+      k->race_left = k->gemm ? NF_RACE_RUNS : 0;
+      k->prefer_blas = 0;
       s->swaps++;
       nf__verified_add(s, k->key, k->cand_sha);
     } else {
@@ -1077,6 +1079,11 @@ static void maybe_wait(nf_session *s, nf__kent *k) {
   pthread_mutex_unlock(&s->mu);
 }
 
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
 static int run_op(nf_session *s, nf__op *op) {
   nf__kent *k = &s->kents[op->kent];
   if (!k->cur && !k->cand && s->step == 0) maybe_wait(s, k);
@@ -1088,6 +1095,8 @@ static int run_op(nf_session *s, nf__op *op) {
     k->cur_ms = k->cand_ms;
     k->cand = NULL;
     k->verified = 1;
+    k->race_left = k->gemm ? NF_RACE_RUNS : 0;
+    k->prefer_blas = 0;
     s->swaps++;
     s->trusted++;
   }
@@ -1095,7 +1104,20 @@ static int run_op(nf_session *s, nf__op *op) {
   int rc;
   if (k->cand) {
     rc = run_canary(s, k, op);
-  } else if (k->cur) {
+  } else if (k->cur && k->race_left > 0) {
+    /* OpenBLAS against the compiled kernel, alternating; both are
+     * verified, so either result is the step's */
+    int blas = k->race_left % 2, i = (k->race_left - 1) / 2;
+    rc = blas ? run_tier0(s, k, op, op->bufs, &s->err)
+              : run_kernel(s, k->cur, op, op->bufs, &s->err);
+    k->race_ms[blas][i] = nf__now_ms() - t0;
+    if (--k->race_left == 0) {
+      double *b = k->race_ms[1], *c = k->race_ms[0];
+      qsort(b, NF_RACE_RUNS / 2, sizeof *b, cmp_double);
+      qsort(c, NF_RACE_RUNS / 2, sizeof *c, cmp_double);
+      k->prefer_blas = b[NF_RACE_RUNS / 4] < 0.97 * c[NF_RACE_RUNS / 4];
+    }
+  } else if (k->cur && !k->prefer_blas) {
     rc = run_kernel(s, k->cur, op, op->bufs, &s->err);
   } else {
     rc = run_tier0(s, k, op, op->bufs, &s->err);
@@ -1362,9 +1384,14 @@ int nf_session_stats_get(const nf_session *s, nf_session_stats *st) {
   pthread_mutex_lock(&ms->mu);
   for (int i = 0; i < s->n_kents; i++) {
     const nf__kent *k = &s->kents[i];
-    if (k->cur && k->cur_tier == 1) st->tier1++;
-    if (k->cur && k->cur_tier == 2) st->tier2++;
-    if (!k->cur && k->gemm) st->blas++;
+    if (k->cur && k->prefer_blas) {
+      st->blas++;
+      st->blas_kept++;
+    } else {
+      if (k->cur && k->cur_tier == 1) st->tier1++;
+      if (k->cur && k->cur_tier == 2) st->tier2++;
+      if (!k->cur && k->gemm) st->blas++;
+    }
     if (k->dstate == DK_SUBMITTED || k->dstate == DK_ACCEPTED) {
       st->tuning++;
       st->trials += k->trial;

@@ -30,6 +30,9 @@ struct nf_model {
 /* Kernel state as the daemon reports it (kent.dstate). */
 enum { DK_NONE = 0, DK_SUBMITTED, DK_ACCEPTED, DK_FINAL, DK_FAILED };
 
+/* Runs of an OpenBLAS-vs-compiled race (even: half each). */
+#define NF_RACE_RUNS 6
+
 /* One distinct subgraph (by canonical key): the kernels that run it. */
 typedef struct nf__kent {
   uint8_t key[32];      /* nf_graph_hash of g */
@@ -48,6 +51,12 @@ typedef struct nf__kent {
   double cand_ms;
   int verified;         /* a compiled kernel passed a canary against tier 0 */
   double run_ms;        /* time spent in it during the last step */
+  /* entries with an OpenBLAS tier 0: after each swap, the next RACE_RUNS
+   * runs alternate between OpenBLAS and the compiled kernel, and the
+   * faster by median is kept (prefer_blas) */
+  int race_left;
+  double race_ms[2][NF_RACE_RUNS / 2];
+  int prefer_blas;
   /* under mu */
   nf_kernel *in_k;      /* handed over by the link thread */
   int in_tier;

@@ -265,9 +265,11 @@ enum { PH_T0, PH_MIXED, PH_T1, PH_T2, PH_N };
 static const char *const ph_name[PH_N] = {
     "fallback kernels only (tier 0)", "fallback + daemon kernels", "all daemon kernels (tier 1)",
     "all daemon kernels, some tuned (tier 2)"};
+/* (an entry whose daemon kernel lost the race against OpenBLAS counts as
+ * having its daemon kernel: it is final) */
 
 static int phase_of(const nf_session_stats *st) {
-  int c = st->tier1 + st->tier2;
+  int c = st->tier1 + st->tier2 + st->blas_kept; /* entries with their daemon kernel */
   if (c == 0) return PH_T0;
   if (c < st->kernels) return PH_MIXED;
   return st->tier2 ? PH_T2 : PH_T1;

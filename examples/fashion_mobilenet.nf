@@ -10,7 +10,7 @@ import nn
 # A depthwise-separable block: depthwise 3 x 3 (pad 1, groups = channels)
 # -> ReLU6 -> pointwise 1 x 1 (+ bias) -> ReLU6.
 def dws<stride = 1>(X: f32[N, C, H, Wd], Wdw: f32[C, 1, 3, 3], Wpw: f32[K, C, 1, 1],
-                    bpw: f32[K]) -> (Y: f32[N, K, OH, OW]) {
+                    bpw: f32[K]) -> (Y: f32[N, K, (H - 1) // stride + 1, (Wd - 1) // stride + 1]) {
   D = conv2d<stride = stride, pad = 1, groups = C>(X, Wdw)
   R = relu6(D)
   P = conv2d(R, Wpw)

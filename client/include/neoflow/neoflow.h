@@ -219,7 +219,7 @@ typedef struct nf_session_stats {
   double ms_avg;         /* average over the last 10 steps */
   int kernels;           /* distinct subgraph kernels */
   int tier1, tier2;      /* of them, running a daemon kernel / a tuned one */
-  int blas;              /* running OpenBLAS at tier 0 */
+  int blas;              /* running OpenBLAS (tier 0, or kept: blas_kept) */
   int tuning;            /* kernels still being tuned by the daemon */
   int64_t trials, trials_max; /* tuning progress over those kernels */
   int connected;         /* to a daemon now */
@@ -229,6 +229,9 @@ typedef struct nf_session_stats {
   int64_t trusted;       /* of them, without a canary: the same bytes passed
                             one for the same key on this machine before */
   double first_step_ms;  /* from session start to the end of step 1 */
+  int blas_kept;         /* of blas: entries whose daemon kernel arrived but
+                            OpenBLAS ran faster (measured, alternating, after
+                            each swap); not counted in tier1/tier2 */
 } nf_session_stats;
 
 NF_API int nf_session_stats_get(const nf_session *s, nf_session_stats *st);
