@@ -745,19 +745,21 @@ START_TEST(session_daemon_killed_and_back) {
   int64_t n = 0;
   nf_session_stats st = stats(s);
   double t0 = now_ms();
-  while (st.tier1 < st.kernels && now_ms() - t0 < 120000) {
+  /* every entry has its daemon kernel: in use, or kept out by OpenBLAS
+   * winning the race after the swap */
+  while (st.tier1 + st.blas_kept < st.kernels && now_ms() - t0 < 120000) {
     nf_session_wait_kernels(s, 200, 1);
     mlp_feed(s, data, n++);
     step(s);
     st = stats(s);
   }
-  ck_assert_msg(st.tier1 == st.kernels, "%d of %d kernels at tier 1 after %.0f ms (see %s): %s",
+  ck_assert_msg(st.tier1 + st.blas_kept == st.kernels, "%d of %d kernels at tier 1 after %.0f ms (see %s): %s",
                 st.tier1, st.kernels, now_ms() - t0, d.log, session_log(s));
   ck_assert_int_eq(st.rejected, 0);
   ck_assert_int_eq(st.swaps, st.kernels);
   ck_assert_int_eq(st.connected, 1);
   ck_assert_int_eq(st.reconnects, 0);
-  ck_assert_int_eq(st.blas, 0);
+  ck_assert_int_eq(st.blas, st.blas_kept);
 
   /* SIGKILL: every step still works, on the kernels it has */
   ck_assert_int_eq(dm_stop(&d, SIGKILL), 128 + SIGKILL);
@@ -772,7 +774,7 @@ START_TEST(session_daemon_killed_and_back) {
   st = stats(s);
   ck_assert_int_gt(steps_after, 10);
   ck_assert_int_eq(st.connected, 0);
-  ck_assert_int_eq(st.tier1, st.kernels);
+  ck_assert_int_eq(st.tier1 + st.blas_kept, st.kernels);
   ck_assert_int_eq(st.step, n);
   ck_assert_msg(strstr(session_log(s), "lost the daemon connection") != NULL, "log: %s",
                 session_log(s));
@@ -789,7 +791,7 @@ START_TEST(session_daemon_killed_and_back) {
   ck_assert_msg(st.connected == 1 && st.reconnects >= 1,
                 "not reconnected after 20 s: connected %d, reconnects %lld", st.connected,
                 (long long)st.reconnects);
-  ck_assert_int_eq(st.tier1, st.kernels);
+  ck_assert_int_eq(st.tier1 + st.blas_kept, st.kernels);
   ck_assert_int_eq(st.rejected, 0);
   nf_session_free(s);
   ck_assert_int_eq(dm_stop(&d, SIGTERM), 0);
