@@ -1184,6 +1184,8 @@ int nf_session_step(nf_session *s, double *loss) {
   if (s->step == 1) s->first_step_ms = now - s->t_start;
   pthread_mutex_lock(&s->mu);
   for (int i = 0; i < s->n_kents; i++) s->kents[i].share_ms = s->kents[i].run_ms;
+  for (int i = 0; i < s->n_kents; i++) s->kents[i].prof_ms += s->kents[i].run_ms;
+  s->prof_steps++;
   pthread_mutex_unlock(&s->mu);
   return NF_OK;
 }
@@ -1354,6 +1356,48 @@ int nf_session_param_info(const nf_session *s, int i, const char **name, nf_elem
   if (rank) *rank = p->rank;
   if (dims) memcpy(dims, p->shape, sizeof(int64_t) * p->rank);
   return NF_OK;
+}
+
+static int cmp_prof(const void *a, const void *b, void *arg) {
+  const nf__kent *k = arg;
+  double x = k[*(const int *)a].prof_ms, y = k[*(const int *)b].prof_ms;
+  return x > y ? -1 : x < y;
+}
+
+void nf__session_profile(nf_session *s, FILE *f, int reset) {
+  if (!reset) {
+    int *ord = malloc(sizeof(int) * (size_t)(s->n_kents + 1));
+    double total = 0;
+    if (!ord) return;
+    for (int i = 0; i < s->n_kents; i++) {
+      ord[i] = i;
+      total += s->kents[i].prof_ms;
+    }
+    qsort_r(ord, (size_t)s->n_kents, sizeof *ord, cmp_prof, s->kents);
+    int64_t n = s->prof_steps ? s->prof_steps : 1;
+    fprintf(f, "time per kernel entry over %lld steps (%.2f ms/step in kernels):\n",
+            (long long)s->prof_steps, total / (double)n);
+    fprintf(f, "  %-16s %-24s %4s %-9s %10s %6s %9s %9s\n", "key", "first output", "ops", "runs on",
+            "ms/step", "share", "MFLOP", "GFLOP/s");
+    for (int q = 0; q < s->n_kents; q++) {
+      const nf__kent *k = &s->kents[ord[q]];
+      char hex[65];
+      nf_hash_hex(k->key, hex);
+      hex[16] = 0;
+      const char *first = k->g && k->g->n_outputs ? k->g->tensors[k->g->outputs[0]].name : "?";
+      const char *on = k->cand ? "canary" : k->cur && !k->prefer_blas
+                       ? (k->cur_tier == 2 ? "tier 2" : "tier 1")
+                       : k->gemm ? "OpenBLAS" : "interp";
+      double ms = k->prof_ms / (double)n;
+      double fl = (double)k->flops * k->n_ops;
+      fprintf(f, "  %-16s %-24.24s %4d %-9s %10.3f %5.1f%% %9.1f %9.2f\n", hex, first, k->n_ops,
+              on, ms, total > 0 ? 100 * k->prof_ms / total : 0.0, fl / 1e6,
+              ms > 0 ? fl / ms / 1e6 : 0.0);
+    }
+    free(ord);
+  }
+  for (int i = 0; i < s->n_kents; i++) s->kents[i].prof_ms = 0;
+  s->prof_steps = 0;
 }
 
 int nf_session_n_outputs(const nf_session *s) { return s ? s->n_fwd : 0; }

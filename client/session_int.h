@@ -14,6 +14,7 @@
 
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "neoflow/neoflow.h"
 #include "nf_buf.h"
@@ -51,6 +52,7 @@ typedef struct nf__kent {
   double cand_ms;
   int verified;         /* a compiled kernel passed a canary against tier 0 */
   double run_ms;        /* time spent in it during the last step */
+  double prof_ms;       /* ... summed over the steps since the profile was reset */
   /* entries with an OpenBLAS tier 0: after each swap, the next RACE_RUNS
    * runs alternate between OpenBLAS and the compiled kernel, and the
    * faster by median is kept (prefer_blas) */
@@ -138,6 +140,7 @@ struct nf_session {
   int threads;
   /* steps */
   int64_t step;
+  int64_t prof_steps;    /* steps summed in kents[].prof_ms */
   double last_loss, last_ms, ms_hist[10];
   double t_start, first_step_ms;
   double interp_rate;    /* flops per ms measured at tier 0 */
@@ -180,6 +183,11 @@ int nf__session_offer(nf_session *s, int k, const void *bin, size_t len,
                       const uint8_t sha256[32], const uint8_t key[32], int tier, double time_ms);
 void nf__session_warn(nf_session *s, const char *fmt, ...) NF_PRINTF(2, 3);
 double nf__now_ms(void);
+
+/* session.c: the time per kernel entry (neoflow train --profile): prints
+ * one line per entry, slowest first, over the steps since the last call
+ * (reset: from now on). */
+void nf__session_profile(nf_session *s, FILE *f, int reset);
 
 /* verify.c */
 void nf__verified_load(nf_session *s);

@@ -57,6 +57,8 @@ static const char train_usage[] =
     "                        final kernels (benchmarks)\n"
     "  --log-every N         log every N steps (default 10; --json: 1)\n"
     "  --json                one JSON object per logged step\n"
+    "  --profile             at the end, the time of each kernel entry per step\n"
+    "                        (over the steps since the kernels last changed)\n"
     "  --save FILE, --load FILE  parameters after / before training\n";
 
 static uint64_t rs;
@@ -304,7 +306,8 @@ int nf__cli_train(int argc, char **argv) {
   long epochs = -1;
   long steps = -1, batch = -1, classes = 10, samples = 2048, log_every = -1;
   int threads = 0, json = 0, no_spawn = 0, compile_only = 0, tune_trials = 0, tune_seconds = 0;
-  int samples_given = 0;
+  int samples_given = 0, profile = 0;
+  int64_t prof_swaps = -1;
   double lr = 0, momentum = 0, wd = 0, wait_s = 0;
   uint64_t seed = 1;
   nf_optim_kind ok = NF_OPTIM_ADAM;
@@ -332,6 +335,7 @@ int nf__cli_train(int argc, char **argv) {
       continue;
     }
     if (!strcmp(a, "--json")) { json = 1; continue; }
+    if (!strcmp(a, "--profile")) { profile = 1; continue; }
     if (!strcmp(a, "--no-spawn")) { no_spawn = 1; continue; }
     if (!strcmp(a, "--compile-only")) { compile_only = 1; continue; }
     if (i + 1 >= argc) return bad("option '%s' needs a value", a);
@@ -593,6 +597,11 @@ train:
     nf_session_stats stt;
     nf_session_stats_get(s, &stt);
     step_ms[st] = stt.ms;
+    if (profile && stt.swaps + stt.blas_kept != prof_swaps) {
+      /* the profile covers the steps since the kernels last changed */
+      nf__session_profile(s, stderr, 1);
+      prof_swaps = stt.swaps + stt.blas_kept;
+    }
     step_ph[st] = (unsigned char)phase_of(&stt);
     if (fashion && ds.logits) {
       correct += ds_correct(s, &ds, &ds.train, idx, bdim);
@@ -658,6 +667,7 @@ train:
            stt.tier2, stt.blas, (long long)stt.swaps, (long long)stt.rejected);
     if (steps > 1) print_phases(step_ms, step_ph, steps, bdim);
   }
+  if (profile) nf__session_profile(s, stdout, 0);
   status = isfinite(loss) || steps == 0 ? 0 : 1;
   if (status) fprintf(stderr, "neoflow train: error: the loss is not finite (%g)\n", loss);
 out:
