@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <zlib.h>
 
 #include "neoflow/neoflow.h"
@@ -48,7 +49,16 @@ static int type_size(int type) {
 
 /* Reads exactly n bytes; 1 on success, 0 at a short read (*got set), -1
  * on a gzip error (message in *why). */
-static int read_all(gzFile f, void *buf, size_t n, size_t *got, const char **why) {
+/* zlib's messages start with the path given to gzopen: drop it (the
+ * message names the file once). */
+static const char *strip_path(const char *msg, const char *path) {
+  size_t n = strlen(path);
+  if (msg && !strncmp(msg, path, n) && msg[n] == ':' && msg[n + 1] == ' ') return msg + n + 2;
+  return msg ? msg : "?";
+}
+
+static int read_all(gzFile f, void *buf, size_t n, size_t *got, const char **why,
+                    const char *path) {
   size_t done = 0;
   while (done < n) {
     size_t want = n - done > (1u << 30) ? (1u << 30) : n - done;
@@ -57,6 +67,7 @@ static int read_all(gzFile f, void *buf, size_t n, size_t *got, const char **why
       int e;
       *why = gzerror(f, &e);
       if (e == Z_ERRNO) *why = strerror(errno);
+      else *why = strip_path(*why, path);
       *got = done;
       return -1;
     }
@@ -86,7 +97,7 @@ int nf_idx_load(const char *path, nf_idx *out, char **err) {
   const char *why = NULL;
   size_t got = 0;
   unsigned char hdr[4];
-  int r = read_all(f, hdr, 4, &got, &why);
+  int r = read_all(f, hdr, 4, &got, &why, path);
   if (r < 0) {
     idx_err(err, path, "corrupt compressed data: %s", why);
     goto out;
@@ -107,7 +118,7 @@ int nf_idx_load(const char *path, nf_idx *out, char **err) {
   out->type = hdr[2];
   out->rank = hdr[3];
   unsigned char dims[32];
-  r = read_all(f, dims, 4u * (unsigned)out->rank, &got, &why);
+  r = read_all(f, dims, 4u * (unsigned)out->rank, &got, &why, path);
   if (r <= 0) {
     if (r < 0) idx_err(err, path, "corrupt compressed data: %s", why);
     else idx_err(err, path, "truncated in the header: %d dimensions declared, %zu bytes of them "
@@ -127,13 +138,25 @@ int nf_idx_load(const char *path, nf_idx *out, char **err) {
     numel *= out->dims[i];
   }
   out->bytes = (size_t)numel * (size_t)es;
+  {
+    /* a plain file shorter than its header declares fails before the
+     * allocation (compressed files are checked as they are read) */
+    struct stat sb;
+    size_t hdr_bytes = 4 + 4 * (size_t)out->rank;
+    if (gzdirect(f) && stat(path, &sb) == 0 && S_ISREG(sb.st_mode) &&
+        (uint64_t)sb.st_size < hdr_bytes + out->bytes) {
+      idx_err(err, path, "truncated: the header declares %zu bytes of elements, the file holds %lld",
+              out->bytes, (long long)sb.st_size - (long long)hdr_bytes);
+      goto out;
+    }
+  }
   out->data = malloc(out->bytes ? out->bytes : 1);
   if (!out->data) {
     rc = NF_ENOMEM;
     idx_err(err, path, "out of memory for %zu bytes", out->bytes);
     goto out;
   }
-  r = read_all(f, out->data, out->bytes, &got, &why);
+  r = read_all(f, out->data, out->bytes, &got, &why, path);
   if (r < 0) {
     idx_err(err, path, "corrupt compressed data after %zu bytes of elements: %s", got, why);
     goto out;
@@ -144,7 +167,7 @@ int nf_idx_load(const char *path, nf_idx *out, char **err) {
     goto out;
   }
   unsigned char extra;
-  r = read_all(f, &extra, 1, &got, &why);
+  r = read_all(f, &extra, 1, &got, &why, path);
   if (r < 0) {
     idx_err(err, path, "corrupt compressed data after the elements: %s", why);
     goto out;
@@ -153,6 +176,16 @@ int nf_idx_load(const char *path, nf_idx *out, char **err) {
     idx_err(err, path, "trailing data after the %zu bytes of elements the header declares",
             out->bytes);
     goto out;
+  }
+  {
+    /* a stream cut in its trailer (CRC, length) decompresses every element
+     * and then ends early: zlib reports it as Z_BUF_ERROR, not as -1 */
+    int ze;
+    const char *zm = gzerror(f, &ze);
+    if (ze == Z_BUF_ERROR) {
+      idx_err(err, path, "truncated compressed data (%s)", strip_path(zm, path));
+      goto out;
+    }
   }
   /* big-endian to the host's order */
   if (es > 1) {

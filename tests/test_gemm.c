@@ -413,7 +413,7 @@ START_TEST(gemm_reductions) {
   one("mm_const", 2, mc, "sgemm NN 13x9x7 batch 1, prologue 0 stmts, epilogue 0 stmts");
   nf_arg_shape mk[2] = {SH(13, 7), SH(7, 9)};
   one("mm_shifted", 2, mk,
-      "sgemm TN 13x9x6 batch 1, prologue 1 stmt, epilogue 0 stmts, gather 1 stmt");
+      "sgemm TN 13x9x6 batch 1, prologue 0 stmts, epilogue 0 stmts, gather 1 stmt (native)");
   one("mm_masked", 2, mk,
       "sgemm TN 13x9x7 batch 1, prologue 1 stmt, epilogue 0 stmts, gather 1 stmt");
 }
@@ -470,6 +470,8 @@ START_TEST(gemm_conv) {
       ck_assert_msg(count_substr(&r, "gather 1 stmt") == (stride == 1 ? 2 : 1),
                     "stride %d pad %d: %d gathers",
                     stride, pad, count_substr(&r, "gather 1 stmt"));
+      /* every convolution gather has affine indices and guard: native */
+      ck_assert_int_eq(count_substr(&r, "(native)"), count_substr(&r, "gather 1 stmt"));
       nf_ir_ctx_free(ctx);
     }
   /* a depthwise convolution: a batch of matrix-vector products */
@@ -493,6 +495,7 @@ START_TEST(gemm_conv_training) {
   result r;
   check_graph(grad(g, 2, wi, ctx), &r);
   ck_assert_int_eq(count_substr(&r, "gather 1 stmt"), 3);
+  ck_assert_int_eq(count_substr(&r, "(native)"), 3);
   /* the forward: 4 channels x 63 positions x 27 (c, r, s) per image;
    * dWt: 4 x 27 x 63 (h, w) per image, accumulated over n; dI: 3 x 63
    * x 9 (r, s) per image and output channel, accumulated over k */
@@ -513,6 +516,7 @@ START_TEST(gemm_conv_training) {
   /* depthwise forward and its two gradients gathered (batches of small
    * products), the pointwise 1x1 conv and its gradients plain */
   ck_assert_int_eq(count_substr(&r, "gather 1 stmt"), 3);
+  ck_assert_int_eq(count_substr(&r, "(native)"), 3);
   ck_assert_int_eq(r.n_gemm, 6);
   nf_ir_ctx_free(ctx);
 }

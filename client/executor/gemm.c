@@ -28,7 +28,10 @@
  * caller's buffers; the prologue's results and a local anchor result live
  * in one block allocated by nf_gemm_prepare.  The prologue and epilogue
  * go through nf_interp_run (f32), whose output arrays are copied into
- * place and freed. */
+ * place and freed.  The gather runs natively (ng_run: rows of strided
+ * copies between zeros) when its indices and guard are affine, which is
+ * the case for convolutions of any stride, padding and dilation; else it
+ * stays the prologue's last statement. */
 #include <cblas.h>
 #include <limits.h>
 #include <stdio.h>
@@ -48,6 +51,32 @@ typedef struct dimv {
 } dimv;
 
 enum { CL_BATCH = 0, CL_P, CL_Q, N_CL };
+
+/* An affine form of the index variables: k + sum of c[v] * v. */
+typedef struct aff {
+  int64_t c[NF_MAX_VARS];
+  int64_t k;
+} aff;
+
+#define NG_MAX_CON 32
+
+/* The gather of a convolution run natively (ng_init): Acol(v..) = [g ?]
+ * A(f(v..)) [: 0.0] where the indices f and the guard's comparisons are
+ * affine in Acol's variables (the guard a conjunction of them).  Each
+ * innermost row is a strided copy between zeros, its bounds solved from
+ * the constraints. */
+typedef struct ngather {
+  int present;
+  uint32_t t_src, t_dst;
+  int n;                       /* Acol's rank = its variables */
+  int64_t ext[NF_MAX_RANK];
+  int rank;                    /* A's */
+  int64_t shape[NF_MAX_RANK];
+  aff idx[NF_MAX_RANK];        /* A's index per dimension */
+  aff off;                     /* A's flat offset */
+  int n_con;
+  aff con[NG_MAX_CON];         /* the guard: every con >= 0 */
+} ngather;
 
 /* A prologue or epilogue: its graph (tensor ids of the subgraph in
  * sg.in/sg.out) and the interpreter's argument arrays. */
@@ -70,6 +99,7 @@ struct nf_gemm_sub {
   int n_batch;
   dimv batch[NF_MAX_VARS]; /* st, sp, sq: strides in C, A, B; st 0: a sum */
   int n_gather;            /* gather statements at the prologue's end */
+  ngather ng;              /* that gather, run natively (else in the prologue) */
   char desc[160];
 };
 
@@ -462,6 +492,177 @@ static int gather_rewrite(const nf_graph *sub, uint32_t a, nf_graph **out) {
   return 1;
 }
 
+/* e as an affine form of variables < n; 0 when it is not one. */
+static int to_aff(const nf_expr *e, int n, aff *a) {
+  memset(a, 0, sizeof *a);
+  switch (e->op) {
+  case NF_OP_CONST:
+    if (!nf_dtype_is_int((nf_dtype)e->dtype)) return 0;
+    a->k = e->u.i;
+    return 1;
+  case NF_OP_VAR:
+    if ((int)e->u.var >= n) return 0;
+    a->c[e->u.var] = 1;
+    return 1;
+  case NF_OP_CAST:
+    return nf_dtype_is_int((nf_dtype)e->dtype) && e->n_args == 1 &&
+           nf_dtype_is_int((nf_dtype)e->args[0]->dtype) && to_aff(e->args[0], n, a);
+  case NF_OP_NEG:
+    if (!to_aff(e->args[0], n, a)) return 0;
+    for (int v = 0; v < n; v++) a->c[v] = -a->c[v];
+    a->k = -a->k;
+    return 1;
+  case NF_OP_ADD:
+  case NF_OP_SUB:
+  case NF_OP_MUL: {
+    aff x, y;
+    if (!to_aff(e->args[0], n, &x) || !to_aff(e->args[1], n, &y)) return 0;
+    if (e->op == NF_OP_MUL) {
+      int xc = 1, yc = 1;
+      for (int v = 0; v < n; v++) xc &= x.c[v] == 0, yc &= y.c[v] == 0;
+      if (!xc && !yc) return 0;
+      const aff *c = xc ? &x : &y, *o = xc ? &y : &x;
+      for (int v = 0; v < n; v++) a->c[v] = o->c[v] * c->k;
+      a->k = o->k * c->k;
+      return 1;
+    }
+    int64_t sg = e->op == NF_OP_SUB ? -1 : 1;
+    for (int v = 0; v < n; v++) a->c[v] = x.c[v] + sg * y.c[v];
+    a->k = x.k + sg * y.k;
+    return 1;
+  }
+  default:
+    return 0;
+  }
+}
+
+/* Adds the guard g (a conjunction of affine comparisons) as constraints
+ * con >= 0; 0 when it has another form. */
+static int guard_cons(const nf_expr *g, ngather *G) {
+  if (g->op == NF_OP_CONST && g->dtype == NF_BOOL) return g->u.i != 0; /* true: nothing */
+  if (g->op == NF_OP_AND) return guard_cons(g->args[0], G) && guard_cons(g->args[1], G);
+  if (g->op != NF_OP_LT && g->op != NF_OP_LE && g->op != NF_OP_GT && g->op != NF_OP_GE &&
+      g->op != NF_OP_EQ)
+    return 0;
+  aff x, y;
+  if (!to_aff(g->args[0], G->n, &x) || !to_aff(g->args[1], G->n, &y)) return 0;
+  aff d; /* x - y */
+  for (int v = 0; v < NF_MAX_VARS; v++) d.c[v] = x.c[v] - y.c[v];
+  d.k = x.k - y.k;
+  aff m = d; /* y - x */
+  for (int v = 0; v < NF_MAX_VARS; v++) m.c[v] = -d.c[v];
+  m.k = -d.k;
+  if (G->n_con + 2 > NG_MAX_CON) return 0;
+  switch (g->op) {
+  case NF_OP_LT: m.k -= 1; G->con[G->n_con++] = m; break;  /* y - x - 1 >= 0 */
+  case NF_OP_LE: G->con[G->n_con++] = m; break;
+  case NF_OP_GT: d.k -= 1; G->con[G->n_con++] = d; break;
+  case NF_OP_GE: G->con[G->n_con++] = d; break;
+  default: G->con[G->n_con++] = d; G->con[G->n_con++] = m; break; /* EQ */
+  }
+  return 1;
+}
+
+/* Analyses statement i of sub (the gather gather_rewrite made); 1 when it
+ * can run natively. */
+static int ng_init(const nf_graph *sub, uint32_t i, ngather *G) {
+  memset(G, 0, sizeof *G);
+  const nf_stmt *st = &sub->stmts[i];
+  const nf_tensor *dst = &sub->tensors[st->out];
+  if (st->red != NF_RED_NONE || dst->dtype != NF_F32 || dst->rank < 1) return 0;
+  G->n = dst->rank;
+  for (int d = 0; d < G->n; d++) G->ext[d] = dst->shape[d];
+  const nf_expr *e = st->rhs;
+  if (e->op == NF_OP_SELECT && is_zero(e->args[2])) {
+    if (!guard_cons(e->args[0], G)) return 0;
+    e = e->args[1];
+  }
+  if (e->op != NF_OP_ACCESS || e->dtype != NF_F32) return 0;
+  const nf_tensor *src = &sub->tensors[e->u.tensor];
+  if (src->dtype != NF_F32 || src->rank != e->n_args || src->rank > NF_MAX_RANK) return 0;
+  G->rank = src->rank;
+  int64_t stride = 1;
+  for (int d = G->rank - 1; d >= 0; d--) {
+    G->shape[d] = src->shape[d];
+    if (!to_aff(e->args[d], G->n, &G->idx[d])) return 0;
+    for (int v = 0; v < G->n; v++) G->off.c[v] += G->idx[d].c[v] * stride;
+    G->off.k += G->idx[d].k * stride;
+    stride *= src->shape[d];
+  }
+  G->t_src = e->u.tensor;
+  G->t_dst = st->out;
+  G->present = 1;
+  return 1;
+}
+
+static int64_t floor_div(int64_t a, int64_t b) { /* b > 0 */
+  return a >= 0 ? a / b : -((-a + b - 1) / b);
+}
+
+/* Narrows [*lo, *hi) to the i with base + a * i >= 0. */
+static void narrow(int64_t base, int64_t a, int64_t *lo, int64_t *hi) {
+  if (a == 0) {
+    if (base < 0) *hi = *lo;
+  } else if (a > 0) {
+    int64_t m = -floor_div(base, a); /* ceil(-base / a) */
+    if (m > *lo) *lo = m;
+  } else {
+    int64_t m = floor_div(base, -a) + 1;
+    if (m < *hi) *hi = m;
+  }
+}
+
+static int ng_run(const nf_gemm_sub *s, nf_buf *err) {
+  const ngather *G = &s->ng;
+  const float *src = s->ptr[G->t_src];
+  float *dst = s->ptr[G->t_dst];
+  int n = G->n, in = n - 1;
+  int64_t E = G->ext[in], rows = 1;
+  for (int d = 0; d < in; d++) rows *= G->ext[d];
+  if (E == 0 || rows == 0) return NF_OK;
+  int64_t ix[NF_MAX_RANK] = {0};
+  for (int64_t r = 0; r < rows; r++, dst += E) {
+    int64_t lo = 0, hi = E;
+    for (int c = 0; c < G->n_con && lo < hi; c++) {
+      int64_t b = G->con[c].k;
+      for (int d = 0; d < in; d++) b += G->con[c].c[d] * ix[d];
+      narrow(b, G->con[c].c[in], &lo, &hi);
+    }
+    if (lo < hi) {
+      /* every read must be in A's bounds */
+      int64_t blo = lo, bhi = hi;
+      for (int d = 0; d < G->rank; d++) {
+        int64_t b = G->idx[d].k;
+        for (int v = 0; v < in; v++) b += G->idx[d].c[v] * ix[v];
+        narrow(b, G->idx[d].c[in], &blo, &bhi);
+        narrow(G->shape[d] - 1 - b, -G->idx[d].c[in], &blo, &bhi);
+      }
+      if (blo != lo || bhi != hi) {
+        nf_buf_printf(err, "gemm: the gather of %s reads outside %s",
+                      s->sub->tensors[G->t_dst].name, s->sub->tensors[G->t_src].name);
+        return NF_EBOUNDS;
+      }
+      int64_t o = G->off.k, st = G->off.c[in];
+      for (int d = 0; d < in; d++) o += G->off.c[d] * ix[d];
+      if (lo > 0) memset(dst, 0, sizeof(float) * (size_t)lo);
+      const float *p = src + o + lo * st;
+      if (st == 1) {
+        memcpy(dst + lo, p, sizeof(float) * (size_t)(hi - lo));
+      } else {
+        for (int64_t i = lo; i < hi; i++, p += st) dst[i] = *p;
+      }
+      if (hi < E) memset(dst + hi, 0, sizeof(float) * (size_t)(E - hi));
+    } else {
+      memset(dst, 0, sizeof(float) * (size_t)E);
+    }
+    for (int d = in - 1; d >= 0; d--) {
+      if (++ix[d] < G->ext[d]) break;
+      ix[d] = 0;
+    }
+  }
+  return NF_OK;
+}
+
 static int stage_init(stage *S, const nf_graph *sub, const uint32_t *stmts, uint32_t n,
                       const uint8_t *is_out) {
   if (n == 0) return NF_OK;
@@ -499,6 +700,7 @@ static int alloc_locals(nf_gemm_sub *s) {
   if (s->pro.present)
     for (uint32_t k = 0; k < s->pro.sg.n_out; k++) need[s->pro.sg.out[k]] = 1;
   need[s->t_c] = 1;
+  if (s->ng.present) need[s->ng.t_dst] = 1;
   int64_t total = 0;
   for (uint32_t t = 0; t < sub->n_tensors; t++) {
     if (!need[t] || sub->tensors[t].kind != NF_T_LOCAL) continue;
@@ -532,8 +734,8 @@ static void describe(nf_gemm_sub *s) {
            ne == 1 ? "" : "s");
   if (s->n_gather) {
     size_t len = strlen(s->desc);
-    snprintf(s->desc + len, sizeof s->desc - len, ", gather %d stmt%s", s->n_gather,
-             s->n_gather == 1 ? "" : "s");
+    snprintf(s->desc + len, sizeof s->desc - len, ", gather %d stmt%s%s", s->n_gather,
+             s->n_gather == 1 ? "" : "s", s->ng.present ? " (native)" : "");
   }
 }
 
@@ -589,8 +791,11 @@ int nf_gemm_prepare(const nf_graph *sub, nf_gemm_sub **out, nf_buf *err) {
   for (uint32_t i = 0; i < n; i++) order[i] = i;
   /* the prologue returns what the anchor, the epilogue or the caller reads */
   for (uint32_t k = 0; k < sub->n_outputs; k++) is_out[sub->outputs[k]] = 1;
-  for (uint32_t i = a; i < n && rc == NF_OK; i++) rc = nf_stmt_reads(sub, i, is_out);
-  if (rc == NF_OK) rc = stage_init(&s->pro, sub, order, a, is_out);
+  /* the gather (statement a - 1) natively where its form allows */
+  uint32_t n_pro = a;
+  if (s->n_gather && ng_init(sub, a - 1, &s->ng)) n_pro = a - 1;
+  for (uint32_t i = n_pro; i < n && rc == NF_OK; i++) rc = nf_stmt_reads(sub, i, is_out);
+  if (rc == NF_OK) rc = stage_init(&s->pro, sub, order, n_pro, is_out);
   if (rc == NF_OK) {
     memset(is_out, 0, sub->n_tensors);
     for (uint32_t k = 0; k < sub->n_outputs; k++) is_out[sub->outputs[k]] = 1;
@@ -670,6 +875,7 @@ int nf_gemm_run(nf_gemm_sub *s, void *const *buffers, nf_buf *err) {
     s->ptr[sub->outputs[k]] = buffers[sub->n_inputs + k];
   int rc;
   if (s->pro.present && (rc = stage_run(s, &s->pro, "prologue", err)) != NF_OK) return rc;
+  if (s->ng.present && (rc = ng_run(s, err)) != NF_OK) return rc;
   gemm_exec(s);
   if (s->epi.present && (rc = stage_run(s, &s->epi, "epilogue", err)) != NF_OK) return rc;
   return NF_OK;
