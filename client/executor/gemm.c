@@ -363,14 +363,16 @@ static const nf_expr *remap(nf_ir_ctx *ctx, const nf_expr *e, const uint32_t *ma
  *     Acol(v..) = g ? A(f(..)) : 0.0     (statement a: the gather)
  *     O(o..) +=! Acol(v..) * B(..)       (statement a + 1: the anchor)
  *
- * v.. are the variables A and g read: the reduction variables first, in
- * the order of their strides in B (so that they fuse into one block, the
- * GEMM's K, where B allows), then the output variables in O's order (the
- * rows; the innermost, usually a long spatial one, keeps the gather
- * vectorised).  1 and *out when rewritten, 0 when the anchor does not have
+ * v.. are the variables A and g read: the reduction variables in the
+ * order of their strides in B (so that they fuse into one block, the
+ * GEMM's K, where B allows) and the output variables in O's order (the
+ * rows), the reductions first or (outs_first) last.  nf_gemm_prepare
+ * tries both and keeps the one whose innermost variable is longer, for
+ * the gather's rows (a forward convolution's output width, a weight
+ * gradient's reduction over the width).  1 and *out when rewritten, 0 when the anchor does not have
  * that form (or Acol would exceed GATHER_MAX_BYTES or NF_MAX_RANK
  * dimensions), NF_ENOMEM. */
-static int gather_rewrite(const nf_graph *sub, uint32_t a, nf_graph **out) {
+static int gather_rewrite(const nf_graph *sub, uint32_t a, int outs_first, nf_graph **out) {
   *out = NULL;
   const nf_stmt *st = &sub->stmts[a];
   const nf_tensor *tt = &sub->tensors[st->out];
@@ -409,6 +411,11 @@ static int gather_rewrite(const nf_graph *sub, uint32_t a, nf_graph **out) {
    * the output variables */
   uint32_t order[NF_MAX_VARS], n = 0;
   uint8_t placed[NF_MAX_VARS] = {0};
+  for (uint32_t v = n_vars; v < NF_MAX_VARS; v++)
+    if (vs.has[v]) return 0;
+  if (outs_first)
+    for (uint32_t v = 0; v < rank; v++)
+      if (vs.has[v]) order[n++] = v;
   for (uint32_t d = 0; d < B->n_args; d++) {
     const nf_expr *ix = B->args[d];
     if (ix->op != NF_OP_VAR) continue;
@@ -423,10 +430,9 @@ static int gather_rewrite(const nf_graph *sub, uint32_t a, nf_graph **out) {
       placed[v] = 1;
       order[n++] = v;
     }
-  for (uint32_t v = n_vars; v < NF_MAX_VARS; v++)
-    if (vs.has[v]) return 0;
-  for (uint32_t v = 0; v < rank; v++)
-    if (vs.has[v]) order[n++] = v;
+  if (!outs_first)
+    for (uint32_t v = 0; v < rank; v++)
+      if (vs.has[v]) order[n++] = v;
   if (n == 0 || n > NF_MAX_RANK) return 0;
   int64_t shape[NF_MAX_RANK], bytes = (int64_t)sizeof(float);
   uint32_t map[NF_MAX_VARS] = {0};
@@ -762,11 +768,30 @@ int nf_gemm_prepare(const nf_graph *sub, nf_gemm_sub **out, nf_buf *err) {
   }
   s->sub = sub;
   if (!match_anchor(sub, (uint32_t)anchor, s)) {
-    /* a convolution: gather the shifted operand, then the plain product */
+    /* a convolution: gather the shifted operand, then the plain product;
+     * of the two layouts of the gathered operand, the one with the longer
+     * innermost rows */
     nf_graph *g = NULL;
-    rc = gather_rewrite(sub, (uint32_t)anchor, &g);
+    int64_t best_row = -1;
+    for (int of = 0; of < 2; of++) {
+      nf_graph *c = NULL;
+      int r = gather_rewrite(sub, (uint32_t)anchor, of, &c);
+      if (r == NF_ENOMEM) {
+        rc = r;
+        break;
+      }
+      memset(s, 0, sizeof *s);
+      if (r != 1 || !match_anchor(c, (uint32_t)anchor + 1, s)) continue;
+      const nf_tensor *col = &c->tensors[c->stmts[anchor].out];
+      int64_t row = col->shape[col->rank - 1];
+      if (row > best_row) {
+        best_row = row;
+        g = c;
+      }
+      rc = 1;
+    }
     memset(s, 0, sizeof *s);
-    if (rc == 1 && match_anchor(g, (uint32_t)anchor + 1, s)) {
+    if (g && match_anchor(g, (uint32_t)anchor + 1, s)) {
       s->sub = sub = g;
       s->n_gather = 1;
       anchor++;
