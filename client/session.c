@@ -284,6 +284,77 @@ static const char *optim_def(nf_optim_kind k) {
 
 /* Builds the step program for forward graph F whose params are named in
  * s->params (already filled, offsets assigned here). */
+/* Cuts the subgraphs that run their product through OpenBLAS at tier 0
+ * and have statements around it (an interpreted prologue or epilogue)
+ * into up to three: the statements before the anchor, the anchor alone,
+ * the statements after it.  The anchor then runs through OpenBLAS (or the
+ * daemon's kernel, whichever the race finds faster) and the elementwise
+ * pieces get compiled kernels of their own instead of the interpreter;
+ * the price is a round trip through memory of the product. */
+static int split_blas(const nf_graph *T, nf_partition *p) {
+  uint8_t *is_out = malloc(T->n_tensors + 1), *rd = malloc(T->n_tensors + 1);
+  int rc = is_out && rd ? NF_OK : NF_ENOMEM;
+  for (uint32_t i = 0; rc == NF_OK && i < p->n; i++) {
+    nf_subgraph *sg = &p->sub[i];
+    if (sg->anchor < 0) continue;
+    nf_gemm_sub *gs = NULL;
+    nf_buf e = NF_BUF_INIT;
+    rc = nf_gemm_prepare(sg->g, &gs, &e);
+    nf_buf_free(&e);
+    if (rc == NF_ENOMEM) break;
+    rc = NF_OK;
+    if (!gs) continue;
+    int np, ne;
+    nf_gemm_stages(gs, &np, &ne);
+    nf_gemm_free(gs);
+    if (np == 0 && ne == 0) continue;
+    uint32_t ap = 0;
+    while (ap < sg->n_stmts && sg->stmts[ap] != (uint32_t)sg->anchor) ap++;
+    if (ap == sg->n_stmts) continue;
+    uint32_t lo[3] = {0, ap, ap + 1}, hi[3] = {ap, ap + 1, sg->n_stmts};
+    nf_subgraph piece[3];
+    int n_piece = 0;
+    memset(piece, 0, sizeof piece);
+    for (int q = 0; q < 3 && rc == NF_OK; q++) {
+      if (lo[q] == hi[q]) continue;
+      /* its outputs: what the subgraph returned, or the other pieces read */
+      memset(rd, 0, T->n_tensors);
+      for (uint32_t j = 0; j < sg->n_stmts && rc == NF_OK; j++)
+        if (j < lo[q] || j >= hi[q]) rc = nf_stmt_reads(T, sg->stmts[j], rd);
+      memset(is_out, 0, T->n_tensors);
+      for (uint32_t j = lo[q]; j < hi[q]; j++) {
+        uint32_t t = T->stmts[sg->stmts[j]].out;
+        is_out[t] = rd[t];
+      }
+      for (uint32_t k = 0; k < sg->n_out; k++) is_out[sg->out[k]] = 1;
+      if (rc == NF_OK) rc = nf_graph_extract(T, sg->stmts + lo[q], hi[q] - lo[q], is_out, &piece[n_piece]);
+      if (rc == NF_OK) piece[n_piece++].anchor = q == 1 ? sg->anchor : -1;
+    }
+    if (rc != NF_OK) {
+      for (int q = 0; q < n_piece; q++) nf_subgraph_clear(&piece[q]);
+      break;
+    }
+    nf_subgraph *ns = realloc(p->sub, sizeof *ns * (p->n + (uint32_t)n_piece - 1));
+    if (!ns) {
+      for (int q = 0; q < n_piece; q++) nf_subgraph_clear(&piece[q]);
+      rc = NF_ENOMEM;
+      break;
+    }
+    p->sub = ns;
+    nf_subgraph_clear(&p->sub[i]);
+    memmove(&p->sub[i + (uint32_t)n_piece], &p->sub[i + 1], sizeof *ns * (p->n - i - 1));
+    memcpy(&p->sub[i], piece, sizeof *ns * (size_t)n_piece);
+    p->n += (uint32_t)n_piece - 1;
+    i += (uint32_t)n_piece - 1;
+  }
+  /* the statements' groups, renumbered */
+  for (uint32_t i = 0; rc == NF_OK && p->group_of && i < p->n; i++)
+    for (uint32_t j = 0; j < p->sub[i].n_stmts; j++) p->group_of[p->sub[i].stmts[j]] = i;
+  free(is_out);
+  free(rd);
+  return rc;
+}
+
 static int build(nf_session *s, const nf_graph *F, int n_gin, const char *const *gin,
                  int n_extra, const char *const *extra, nf_buf *err) {
   int rc;
@@ -411,6 +482,7 @@ static int build(nf_session *s, const nf_graph *F, int n_gin, const char *const 
 
   /* partition */
   if ((rc = nf_partition_graph(T, &s->part_step, err))) return rc;
+  if ((rc = split_blas(T, s->part_step)) != NF_OK) return rc;
   if ((rc = nf_partition_graph(U, &s->part_upd, err))) return rc;
   if (s->part_upd->n != 1) {
     nf_buf_printf(err, "internal error: the optimizer's update is %u subgraphs, not one",

@@ -915,6 +915,11 @@ void nf_gemm_free(nf_gemm_sub *s) {
   free(s);
 }
 
+void nf_gemm_stages(const nf_gemm_sub *s, int *n_pro, int *n_epi) {
+  *n_pro = s->pro.present ? (int)s->pro.sg.n_stmts : 0;
+  *n_epi = s->epi.present ? (int)s->epi.sg.n_stmts : 0;
+}
+
 const char *nf_gemm_describe(const nf_gemm_sub *s) {
   return s->desc;
 }

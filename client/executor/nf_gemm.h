@@ -74,6 +74,9 @@ void nf_gemm_free(nf_gemm_sub *s);
  * gathered (that statement is counted in the prologue).  Owned by s,
  * valid while it lives. */
 const char *nf_gemm_describe(const nf_gemm_sub *s);
+/* The statements s runs through the interpreter around the product: its
+ * prologue (a gather run natively not counted) and its epilogue. */
+void nf_gemm_stages(const nf_gemm_sub *s, int *n_pro, int *n_epi);
 
 /* The number of threads OpenBLAS may use (openblas_set_num_threads; n < 1
  * means 1).  Process-wide: call once from the session's set-up. */
