@@ -1,0 +1,225 @@
+#!/usr/bin/python3
+"""torch_workloads.py - PyTorch's side of the peer benchmark (bench/run,
+bench/README.md): the six workloads of WORKLOADS.md in PyTorch eager mode,
+with exactly the semantics of examples/workloads.nf (the functions are
+tests/torch_check.py's t_*_loss, checked there against NeoFlow's
+gradients, written the way an eager user would: one GEMM for all of
+milstm's Wx, chunked gates).
+
+Usage: torch_workloads.py WORKLOAD --dir D --threads T [--steps-min 20]
+           [--seconds-min 2] [--warmup 5] [--dump DIR] [--ref64 DIR]
+
+D holds meta.json (written by bench/run: the def's inputs in order, their
+shapes, which are parameters, the learning rate) and NAME.f32 for every
+input (raw little-endian f32).  Like bench/nf_bench: the warm-up steps,
+then the parameters back to their initial values and one step whose loss
+and parameter gradients go to DIR/loss.f32 and DIR/grad_NAME.f32, then
+the parameters back again and the timed steps (forward, loss, backward,
+SGD update with torch.optim.SGD, loss.item()); prints one JSON line with
+the median ms per step.  --ref64 DIR writes the loss and gradients of the
+same step computed in float64 from the same float32 values (a reference
+for both sides) and exits.
+
+OMP_NUM_THREADS, OPENBLAS_NUM_THREADS (= T) and OMP_WAIT_POLICY=PASSIVE
+must be in the environment before torch loads: bench/run sets them; this
+script sets them too when missing, before importing torch.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("workload")
+    ap.add_argument("--dir", required=True)
+    ap.add_argument("--threads", type=int, required=True)
+    ap.add_argument("--steps-min", type=int, default=20)
+    ap.add_argument("--seconds-min", type=float, default=2.0)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--dump")
+    ap.add_argument("--ref64")
+    return ap.parse_args(argv)
+
+
+ARGS = parse_args(sys.argv[1:])
+for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(var, str(ARGS.threads))
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as TF  # noqa: E402
+
+
+def c32(x):
+    """A float constant as the f32 value an f32 def computes with."""
+    return float(np.float32(x))
+
+
+def t_squash(S):
+    # squash(s) = (|s|^2 / (1 + |s|^2)) s / sqrt(|s|^2 + 1e-8), last axis
+    n2 = (S * S).sum(dim=-1, keepdim=True)
+    return n2 / (1.0 + n2) * S / torch.sqrt(n2 + c32(1e-8))
+
+
+def t_margin_loss(lengths, targets):
+    pos = torch.clamp(c32(0.9) - lengths, min=0.0) ** 2
+    neg = torch.clamp(lengths - c32(0.1), min=0.0) ** 2
+    return (targets * pos + 0.5 * (1.0 - targets) * neg).sum(dim=1).mean()
+
+
+def matmul_loss(A, B, G):
+    return ((A @ B) * G).sum()
+
+
+def conv2d_relu_loss(I, Wt):
+    y = torch.relu(TF.conv2d(I, Wt, padding=1))
+    return (y * y).mean()
+
+
+def lltm_loss(X, H, C, W, b):
+    for t in range(X.shape[0]):
+        gates = TF.linear(torch.cat([X[t], H], dim=1), W, b)
+        ig, og, cand = gates.chunk(3, dim=1)
+        C = C + TF.elu(cand) * torch.sigmoid(ig)
+        H = torch.tanh(C) * torch.sigmoid(og)
+    return H.sum() + C.sum()
+
+
+def milstm_loss(X, H, C, W, U, alpha, beta1, beta2, b):
+    Wx = TF.linear(X, W)  # all steps in one GEMM
+    total, n = 0.0, 0
+    for t in range(X.shape[0]):
+        Uh = TF.linear(H, U)
+        pre = alpha * Wx[t] * Uh + beta1 * Wx[t] + beta2 * Uh + b
+        i, f, o, g = pre.chunk(4, dim=1)
+        C = torch.sigmoid(f) * C + torch.sigmoid(i) * torch.tanh(g)
+        H = torch.sigmoid(o) * torch.tanh(C)
+        total = total + (H * H).sum()
+        n += H.numel()
+    return total / n
+
+
+def capsnet_loss(u, W, targets):
+    us = t_squash(u)
+    uhat = torch.einsum("ijde,bie->bjid", W, us)
+    blog = torch.zeros(u.shape[0], u.shape[1], W.shape[1], dtype=u.dtype)
+    for it in range(3):
+        c = torch.softmax(blog, dim=-1)
+        s = torch.einsum("bij,bjid->bjd", c, uhat)
+        v = t_squash(s)
+        if it < 2:
+            blog = blog + torch.einsum("bjid,bjd->bij", uhat, v)
+    return t_margin_loss(torch.sqrt((v * v).sum(dim=-1)), targets)
+
+
+def mobilenet_dws_loss(X, Wdw, Wpw):
+    y = TF.relu6(TF.conv2d(X, Wdw, padding=1, groups=X.shape[1]))
+    y = TF.relu6(TF.conv2d(y, Wpw))
+    return (y * y).mean()
+
+
+FUNCTIONS = {
+    "matmul": matmul_loss, "conv2d": conv2d_relu_loss, "lltm": lltm_loss,
+    "milstm": milstm_loss, "capsnet": capsnet_loss, "mobilenet_dws": mobilenet_dws_loss,
+}
+
+
+def load(meta, d, dtype):
+    """The def's inputs in order as tensors; parameters require grad."""
+    tensors, params = [], []
+    for inp in meta["inputs"]:
+        path = os.path.join(d, inp["name"] + ".f32")
+        arr = np.fromfile(path, dtype="<f4")
+        want = int(np.prod(inp["shape"])) if inp["shape"] else 1
+        if arr.size != want:
+            raise SystemExit("torch_workloads: %s holds %d floats, want %d" % (path, arr.size, want))
+        t = torch.from_numpy(arr.reshape(inp["shape"]).astype(dtype))
+        if inp["param"]:
+            t.requires_grad_(True)
+            params.append((inp["name"], t))
+        tensors.append(t)
+    return tensors, params
+
+
+def write(d, name, t):
+    t.detach().numpy().astype("<f4").tofile(os.path.join(d, name + ".f32"))
+
+
+def main():
+    a = ARGS
+    with open(os.path.join(a.dir, "meta.json")) as f:
+        meta = json.load(f)
+    fn = FUNCTIONS.get(a.workload)
+    if fn is None:
+        raise SystemExit("torch_workloads: unknown workload %r (known: %s)"
+                         % (a.workload, ", ".join(FUNCTIONS)))
+    torch.set_num_threads(a.threads)
+
+    if a.ref64:
+        tensors, params = load(meta, a.dir, np.float64)
+        loss = fn(*tensors)
+        loss.backward()
+        write(a.ref64, "loss", loss)
+        for name, p in params:
+            write(a.ref64, "grad_" + name, p.grad)
+        print(json.dumps({"loss": float(loss)}))
+        return 0
+
+    tensors, params = load(meta, a.dir, np.float32)
+    init = [p.detach().clone() for _, p in params]
+    ps = [p for _, p in params]
+    opt = torch.optim.SGD(ps, lr=meta["lr"], momentum=0)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = fn(*tensors)
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    def reset():
+        with torch.no_grad():
+            for p, v in zip(ps, init):
+                p.copy_(v)
+
+    t0 = time.perf_counter()
+    for _ in range(a.warmup):
+        step()
+    warm_ms = (time.perf_counter() - t0) * 1e3
+
+    loss0 = float("nan")
+    if a.dump:
+        reset()
+        opt.zero_grad(set_to_none=True)
+        loss = fn(*tensors)
+        loss.backward()
+        loss0 = loss.item()
+        write(a.dump, "loss", loss)
+        for name, p in params:
+            write(a.dump, "grad_" + name, p.grad)
+        opt.step()
+
+    reset()
+    times = []
+    t_run = time.perf_counter()
+    while len(times) < a.steps_min or time.perf_counter() - t_run < a.seconds_min:
+        t = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - t) * 1e3)
+    total_ms = (time.perf_counter() - t_run) * 1e3
+    print(json.dumps({
+        "median_ms": float(np.median(times)), "mean_ms": float(np.mean(times)),
+        "min_ms": float(np.min(times)), "steps": len(times), "total_ms": total_ms,
+        "loss0": loss0, "warmup_ms": warm_ms, "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+    }))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
