@@ -58,6 +58,8 @@ struct nfd_job {
   int64_t exit_status;
   int term_signal;
   int got_final;     /* a final kernel came for this phase */
+  nfd_kernel *best_k; /* the best kernel seen (a reference), final if tuning
+                         overruns its budget */
   int got_error;
   int killed_why;    /* 0, or a Neoflow__ErrorCode for a kill by us */
   int orphaned;      /* subscribers gone: destroy when the process is gone */
@@ -168,14 +170,59 @@ static void add_record(nfd_job *j, const Neoflow__Record *r) {
 
 /* ---- events from the job process ---- */
 
+static void deliver(nfd_job *j, nfd_kernel *k, int final);
+
 static void on_kernel(nfd_job *j, const Neoflow__JobKernel *jk) {
-  nfd_server *S = j->S;
   int tier = jk->tier == NEOFLOW__TIER__TIER_TUNED ? 2 : 1;
   nfd_kernel *k = nfd_kernel_new(j->key, tier, jk->schedule, clamp_pos(jk->time_ms),
                                  clamp_pos(jk->default_ms), (int)jk->trials, jk->binary.data,
                                  jk->binary.len);
   if (!k) return;
-  if (jk->final) {
+  if (jk->final && j->phase == PH_TUNING) {
+    if (j->best_k) nfd_kernel_unref(j->best_k);
+    j->best_k = NULL;
+  } else if (!j->best_k || (k->time_ms > 0 && (j->best_k->time_ms <= 0 ||
+                                               k->time_ms < j->best_k->time_ms))) {
+    if (j->best_k) nfd_kernel_unref(j->best_k);
+    nfd_kernel_ref(k);
+    j->best_k = k;
+  }
+  deliver(j, k, jk->final != 0);
+  nfd_kernel_unref(k);
+}
+
+/* Tuning overran its budget (killed): the best kernel seen, or the
+ * cached default, becomes the final answer, stored as tuned so that the
+ * key is not tuned again (a key is tuned once).  0 when there is none. */
+static int finish_with_best(nfd_job *j) {
+  nfd_server *S = j->S;
+  nfd_kernel *k = j->best_k;
+  j->best_k = NULL;
+  if (!k) {
+    nf_cache_entry e;
+    memset(&e, 0, sizeof e);
+    nf_buf err = NF_BUF_INIT;
+    int hit = S->cache ? nf_cache_get(S->cache, j->key, &e, &err) : NF_ENOENT;
+    if (hit != NF_OK) hit = nfd_writer_lookup(S, j->key, &e);
+    nf_buf_free(&err);
+    if (hit != NF_OK) return 0;
+    k = nfd_kernel_new(j->key, e.tier, e.schedule, e.time_ms, e.default_ms, e.trials, e.binary,
+                       e.binary_len);
+    nf_cache_entry_free(&e);
+    if (!k) return 0;
+  }
+  if (k->trials < 1) k->trials = j->trial > 0 ? (int)j->trial : 1;
+  deliver(j, k, 1);
+  nfd_kernel_unref(k);
+  return 1;
+}
+
+/* Sends k to the subscribers (final: stores it and ends the requests
+ * that it answers). */
+static void deliver(nfd_job *j, nfd_kernel *k, int final) {
+  nfd_server *S = j->S;
+  int tier = k->tier;
+  if (final) {
     j->got_final = 1;
     S->jobs_done++;
     flush_records(j);
@@ -203,8 +250,8 @@ static void on_kernel(nfd_job *j, const Neoflow__JobKernel *jk) {
   nfd_req *next;
   for (nfd_req *r = j->subs; r; r = next) {
     next = r->next_in_job;
-    int last = jk->final && (j->phase == PH_TUNING || r->mode == NEOFLOW__MODE__MODE_COMPILE);
-    if (!jk->final && r->got_tier == 2 && r->got_ms > 0 && r->got_ms <= k->time_ms) continue;
+    int last = final && (j->phase == PH_TUNING || r->mode == NEOFLOW__MODE__MODE_COMPILE);
+    if (!final && r->got_tier == 2 && r->got_ms > 0 && r->got_ms <= k->time_ms) continue;
     r->got_tier = tier;
     r->got_ms = k->time_ms;
     nfd_conn *c = r->conn;
@@ -216,7 +263,6 @@ static void on_kernel(nfd_job *j, const Neoflow__JobKernel *jk) {
       nfd_conn_send_kernel(c, r->id, k, 0);
     }
   }
-  nfd_kernel_unref(k);
 }
 
 static void on_event(nfd_job *j, const Neoflow__JobEvent *ev) {
@@ -262,6 +308,10 @@ static void phase_over(nfd_job *j) {
   flush_records(j);
   if (j->phase == PH_COMPILING) S->n_running_compile--;
   else S->n_running_tune--;
+  if (!j->got_final && !j->got_error && j->phase == PH_TUNING &&
+      j->killed_why == NEOFLOW__ERROR_CODE__ERR_TIMEOUT && finish_with_best(j))
+    NFD_WARN("job %s: tuning overran its time budget: the best kernel so far is final",
+             j->name[0] ? j->name : "(unnamed)");
   int ok = j->got_final;
   if (!ok && !j->got_error && j->subs) {
     char msg[256];
@@ -496,6 +546,7 @@ static nfd_job *find_job(nfd_server *S, const uint8_t key[32]) {
 
 static void job_destroy(nfd_job *j) {
   nfd_server *S = j->S;
+  if (j->best_k) nfd_kernel_unref(j->best_k);
   for (nfd_req *r = j->subs; r; r = r->next_in_job) r->job = NULL;
   if (j->prev) j->prev->next = j->next;
   else S->jobs = j->next;
