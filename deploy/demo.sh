@@ -28,7 +28,7 @@ $NF check examples/fashion_cnn.nf
 echo
 echo "== its training step: the loss, its gradient (derived from the expressions) and"
 echo "   the Adam update, cut into the subgraphs that are compiled as kernels"
-$NF partition examples/fashion_cnn.nf cnn | tail -n 3
+$NF partition examples/fashion_cnn.nf cnn | head -n 1
 echo
 echo "== training on Fashion-MNIST ($EPOCHS epochs of 60000 images, test split 10000)"
 echo "   neoflow train examples/fashion_cnn.nf cnn --data fashion-mnist --epochs $EPOCHS"
