@@ -474,6 +474,20 @@ START_TEST(gemm_conv) {
       ck_assert_int_eq(count_substr(&r, "(native)"), count_substr(&r, "gather 1 stmt"));
       nf_ir_ctx_free(ctx);
     }
+  /* a gather large enough to be split over threads (3: uneven shares) */
+  {
+    nf_gemm_set_threads(3);
+    nf_ir_ctx *ctx = nf_ir_ctx_new();
+    nf_arg_shape big[2] = {SH(4, 8, 35, 33), SH(8, 8, 3, 3)};
+    result r;
+    check_graph(conv(1, 1, 1, big, ctx), &r);
+    ck_assert_msg(r.n_gemm == 1 && strstr(r.desc[0], "(native)"), "%s", r.desc[0]);
+    const char *w[2] = {"W", "I"};
+    check_graph(grad(conv(2, 1, 1, big, ctx), 2, w, ctx), &r);
+    ck_assert_int_ge(count_substr(&r, "(native)"), 1);
+    nf_ir_ctx_free(ctx);
+    nf_gemm_set_threads(1);
+  }
   /* a depthwise convolution: a batch of matrix-vector products */
   nf_ir_ctx *ctx = nf_ir_ctx_new();
   nf_arg_shape dw[2] = {SH(2, 3, 9, 7), SH(3, 1, 3, 3)};

@@ -34,6 +34,7 @@
  * stays the prologue's last statement. */
 #include <cblas.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -618,16 +619,17 @@ static void narrow(int64_t base, int64_t a, int64_t *lo, int64_t *hi) {
   }
 }
 
-static int ng_run(const nf_gemm_sub *s, nf_buf *err) {
-  const ngather *G = &s->ng;
-  const float *src = s->ptr[G->t_src];
-  float *dst = s->ptr[G->t_dst];
+/* Rows r0..r1 of the gather; 0, or 1 when a read would leave A. */
+static int ng_rows(const ngather *G, const float *src, float *dst0, int64_t r0, int64_t r1) {
   int n = G->n, in = n - 1;
-  int64_t E = G->ext[in], rows = 1;
-  for (int d = 0; d < in; d++) rows *= G->ext[d];
-  if (E == 0 || rows == 0) return NF_OK;
+  int64_t E = G->ext[in];
   int64_t ix[NF_MAX_RANK] = {0};
-  for (int64_t r = 0; r < rows; r++, dst += E) {
+  for (int64_t q = r0, d = in - 1; d >= 0; d--) { /* r0's indices */
+    ix[d] = q % G->ext[d];
+    q /= G->ext[d];
+  }
+  float *dst = dst0 + r0 * E;
+  for (int64_t r = r0; r < r1; r++, dst += E) {
     int64_t lo = 0, hi = E;
     for (int c = 0; c < G->n_con && lo < hi; c++) {
       int64_t b = G->con[c].k;
@@ -643,11 +645,7 @@ static int ng_run(const nf_gemm_sub *s, nf_buf *err) {
         narrow(b, G->idx[d].c[in], &blo, &bhi);
         narrow(G->shape[d] - 1 - b, -G->idx[d].c[in], &blo, &bhi);
       }
-      if (blo != lo || bhi != hi) {
-        nf_buf_printf(err, "gemm: the gather of %s reads outside %s",
-                      s->sub->tensors[G->t_dst].name, s->sub->tensors[G->t_src].name);
-        return NF_EBOUNDS;
-      }
+      if (blo != lo || bhi != hi) return 1;
       int64_t o = G->off.k, st = G->off.c[in];
       for (int d = 0; d < in; d++) o += G->off.c[d] * ix[d];
       if (lo > 0) memset(dst, 0, sizeof(float) * (size_t)lo);
@@ -665,6 +663,56 @@ static int ng_run(const nf_gemm_sub *s, nf_buf *err) {
       if (++ix[d] < G->ext[d]) break;
       ix[d] = 0;
     }
+  }
+  return 0;
+}
+
+/* The threads the gather uses (nf_gemm_set_threads). */
+static int g_threads = 1;
+
+typedef struct ng_part {
+  const ngather *G;
+  const float *src;
+  float *dst;
+  int64_t r0, r1;
+  int bad;
+} ng_part;
+
+static void *ng_thread(void *arg) {
+  ng_part *p = arg;
+  p->bad = ng_rows(p->G, p->src, p->dst, p->r0, p->r1);
+  return NULL;
+}
+
+/* The gather, its rows split over up to g_threads threads when it is
+ * large (a memory-bound copy: a second core adds bandwidth). */
+static int ng_run(const nf_gemm_sub *s, nf_buf *err) {
+  const ngather *G = &s->ng;
+  int64_t E = G->ext[G->n - 1], rows = 1;
+  for (int d = 0; d < G->n - 1; d++) rows *= G->ext[d];
+  if (E == 0 || rows == 0) return NF_OK;
+  enum { MAX_T = 16 };
+  int T = g_threads < MAX_T ? g_threads : MAX_T;
+  if (rows * E < ((int64_t)1 << 18) || rows < T) T = 1;
+  ng_part part[MAX_T];
+  pthread_t th[MAX_T];
+  int started[MAX_T] = {0};
+  for (int t = 0; t < T; t++) {
+    part[t] = (ng_part){G, s->ptr[G->t_src], s->ptr[G->t_dst], rows * t / T, rows * (t + 1) / T, 0};
+    if (t > 0) started[t] = pthread_create(&th[t], NULL, ng_thread, &part[t]) == 0;
+  }
+  for (int t = 1; t < T; t++) /* threads that could not start: here */
+    if (!started[t]) ng_thread(&part[t]);
+  ng_thread(&part[0]);
+  int bad = part[0].bad;
+  for (int t = 1; t < T; t++) {
+    if (started[t]) pthread_join(th[t], NULL);
+    bad |= part[t].bad;
+  }
+  if (bad) {
+    nf_buf_printf(err, "gemm: the gather of %s reads outside %s", s->sub->tensors[G->t_dst].name,
+                  s->sub->tensors[G->t_src].name);
+    return NF_EBOUNDS;
   }
   return NF_OK;
 }
@@ -926,4 +974,5 @@ const char *nf_gemm_describe(const nf_gemm_sub *s) {
 
 void nf_gemm_set_threads(int n) {
   openblas_set_num_threads(n < 1 ? 1 : n);
+  g_threads = n < 1 ? 1 : n;
 }
