@@ -367,10 +367,13 @@ static const nf_expr *remap(nf_ir_ctx *ctx, const nf_expr *e, const uint32_t *ma
  * v.. are the variables A and g read: the reduction variables in the
  * order of their strides in B (so that they fuse into one block, the
  * GEMM's K, where B allows) and the output variables in O's order (the
- * rows), the reductions first or (outs_first) last.  nf_gemm_prepare
- * tries both and keeps the one whose innermost variable is longer, for
- * the gather's rows (a forward convolution's output width, a weight
- * gradient's reduction over the width).  1 and *out when rewritten, 0 when the anchor does not have
+ * rows), the reductions first (outs_first 0), last (1), or after the
+ * outermost output variable alone (2: an image's columns contiguous, the
+ * batch outermost, so that each per-image product reads one block).
+ * nf_gemm_prepare tries all three and keeps the one whose innermost
+ * variable is longest, for the gather's rows (a forward convolution's
+ * output width, a weight gradient's reduction over the width), 2 on a
+ * tie.  1 and *out when rewritten, 0 when the anchor does not have
  * that form (or Acol would exceed GATHER_MAX_BYTES or NF_MAX_RANK
  * dimensions), NF_ENOMEM. */
 static int gather_rewrite(const nf_graph *sub, uint32_t a, int outs_first, nf_graph **out) {
@@ -414,9 +417,15 @@ static int gather_rewrite(const nf_graph *sub, uint32_t a, int outs_first, nf_gr
   uint8_t placed[NF_MAX_VARS] = {0};
   for (uint32_t v = n_vars; v < NF_MAX_VARS; v++)
     if (vs.has[v]) return 0;
-  if (outs_first)
+  uint32_t v0 = rank; /* outs_first 2: the outermost output variable */
+  if (outs_first == 1)
     for (uint32_t v = 0; v < rank; v++)
       if (vs.has[v]) order[n++] = v;
+  if (outs_first == 2) {
+    for (v0 = 0; v0 < rank && !vs.has[v0]; v0++) {
+    }
+    if (v0 < rank) order[n++] = v0;
+  }
   for (uint32_t d = 0; d < B->n_args; d++) {
     const nf_expr *ix = B->args[d];
     if (ix->op != NF_OP_VAR) continue;
@@ -431,9 +440,9 @@ static int gather_rewrite(const nf_graph *sub, uint32_t a, int outs_first, nf_gr
       placed[v] = 1;
       order[n++] = v;
     }
-  if (!outs_first)
+  if (outs_first != 1)
     for (uint32_t v = 0; v < rank; v++)
-      if (vs.has[v]) order[n++] = v;
+      if (vs.has[v] && v != v0) order[n++] = v;
   if (n == 0 || n > NF_MAX_RANK) return 0;
   int64_t shape[NF_MAX_RANK], bytes = (int64_t)sizeof(float);
   uint32_t map[NF_MAX_VARS] = {0};
@@ -821,7 +830,7 @@ int nf_gemm_prepare(const nf_graph *sub, nf_gemm_sub **out, nf_buf *err) {
      * innermost rows */
     nf_graph *g = NULL;
     int64_t best_row = -1;
-    for (int of = 0; of < 2; of++) {
+    for (int of = 0; of < 3; of++) {
       nf_graph *c = NULL;
       int r = gather_rewrite(sub, (uint32_t)anchor, of, &c);
       if (r == NF_ENOMEM) {
@@ -832,7 +841,7 @@ int nf_gemm_prepare(const nf_graph *sub, nf_gemm_sub **out, nf_buf *err) {
       if (r != 1 || !match_anchor(c, (uint32_t)anchor + 1, s)) continue;
       const nf_tensor *col = &c->tensors[c->stmts[anchor].out];
       int64_t row = col->shape[col->rank - 1];
-      if (row > best_row) {
+      if (row > best_row || (row == best_row && of == 2)) {
         best_row = row;
         g = c;
       }
