@@ -9,7 +9,7 @@
 # second session to show that a model tuned once starts fast from the
 # daemon's cache.
 #
-#   EPOCHS        training epochs (default 3)
+#   EPOCHS        training epochs (default 4)
 #   TUNE_TRIALS   the daemon's tuning budget per subgraph (default 8 trials,
 #   TUNE_SECONDS  10 s), small so that the demo stays short on 2 cores
 set -euo pipefail
@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 ninja -C build >/dev/null
 NF=build/client/neoflow
 export NEOFLOW_LIB="$PWD/lib"
-EPOCHS=${EPOCHS:-3}
+EPOCHS=${EPOCHS:-4}
 TUNE_TRIALS=${TUNE_TRIALS:-8}
 TUNE_SECONDS=${TUNE_SECONDS:-10}
 t0=$(date +%s)
