@@ -640,10 +640,17 @@ train:
       }
       double ev_ms = nf__now_ms() - t0;
       double tr_acc = seen ? (double)correct / (double)seen : NAN;
-      if (json)
+      if (json && ds.logits)
         printf("{\"epoch\":%.4g,\"step\":%ld,\"train_accuracy\":%.6f,\"test_accuracy\":%.6f,"
                "\"test_loss\":%.6g,\"eval_ms\":%.1f}\n",
                (double)(st + 1) / (double)spe, st + 1, tr_acc, acc, tl, ev_ms);
+      else if (json)
+        printf("{\"epoch\":%.4g,\"step\":%ld,\"test_loss\":%.6g,\"eval_ms\":%.1f}\n",
+               (double)(st + 1) / (double)spe, st + 1, tl, ev_ms);
+      else if (!ds.logits)
+        printf("epoch %.4g (step %ld): test loss %.4f (%lld images, %.1f s; no logits output: "
+               "no accuracy)\n", (double)(st + 1) / (double)spe, st + 1, tl,
+               (long long)ds.test.n, ev_ms / 1000);
       else
         printf("epoch %.4g (step %ld): train accuracy %.2f%% (running), test accuracy %.2f%% "
                "(loss %.4f, %lld images, %.1f s)\n",
