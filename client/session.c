@@ -293,21 +293,31 @@ static const char *optim_def(nf_optim_kind k) {
  * the price is a round trip through memory of the product. */
 static int split_blas(const nf_graph *T, nf_partition *p) {
   uint8_t *is_out = malloc(T->n_tensors + 1), *rd = malloc(T->n_tensors + 1);
-  int rc = is_out && rd ? NF_OK : NF_ENOMEM;
+  /* the decision per key (repeated blocks share one): 1 cut, 0 not */
+  uint32_t n_seen = 0;
+  struct seen { uint8_t key[32]; int cut; } *seen = malloc(sizeof *seen * (p->n + 1));
+  int rc = is_out && rd && seen ? NF_OK : NF_ENOMEM;
   for (uint32_t i = 0; rc == NF_OK && i < p->n; i++) {
     nf_subgraph *sg = &p->sub[i];
     if (sg->anchor < 0) continue;
-    nf_gemm_sub *gs = NULL;
-    nf_buf e = NF_BUF_INIT;
-    rc = nf_gemm_prepare(sg->g, &gs, &e);
-    nf_buf_free(&e);
-    if (rc == NF_ENOMEM) break;
-    rc = NF_OK;
-    if (!gs) continue;
-    int np, ne;
-    nf_gemm_stages(gs, &np, &ne);
-    nf_gemm_free(gs);
-    if (np == 0 && ne == 0) continue;
+    int cut = -1;
+    for (uint32_t q = 0; q < n_seen && cut < 0; q++)
+      if (!memcmp(seen[q].key, sg->key, 32)) cut = seen[q].cut;
+    if (cut < 0) {
+      nf_gemm_sub *gs = NULL;
+      nf_buf e = NF_BUF_INIT;
+      rc = nf_gemm_prepare(sg->g, &gs, &e);
+      nf_buf_free(&e);
+      if (rc == NF_ENOMEM) break;
+      rc = NF_OK;
+      int np = 0, ne = 0;
+      if (gs) nf_gemm_stages(gs, &np, &ne);
+      nf_gemm_free(gs);
+      cut = np > 0 || ne > 0;
+      memcpy(seen[n_seen].key, sg->key, 32);
+      seen[n_seen++].cut = cut;
+    }
+    if (!cut) continue;
     uint32_t ap = 0;
     while (ap < sg->n_stmts && sg->stmts[ap] != (uint32_t)sg->anchor) ap++;
     if (ap == sg->n_stmts) continue;
@@ -352,6 +362,7 @@ static int split_blas(const nf_graph *T, nf_partition *p) {
     for (uint32_t j = 0; j < p->sub[i].n_stmts; j++) p->group_of[p->sub[i].stmts[j]] = i;
   free(is_out);
   free(rd);
+  free(seen);
   return rc;
 }
 
