@@ -709,7 +709,8 @@ static int finish(nf_session *s, const nf_graph *F, int n_gin, const char *const
     rc = NF_ENOMEM;
     goto fail;
   }
-  nf_gemm_set_threads(th);
+  /* OpenBLAS at one thread: nf_gemm_run splits the work over the pool */
+  nf_gemm_set_threads(1);
   nf__verified_load(s);
   if (!(s->daemon_addr && !strcmp(s->daemon_addr, "none")) && (rc = nf__dlink_start(s))) goto fail;
   return NF_OK;
@@ -1011,8 +1012,7 @@ static int run_interp(const nf__op *op, void *const *bufs, nf_buf *err) {
 /* Tier 0: OpenBLAS or the interpreter. */
 static int run_tier0(nf_session *s, const nf__kent *k, const nf__op *op, void *const *bufs,
                      nf_buf *err) {
-  (void)s;
-  if (k->gemm && !op->alias) return nf_gemm_run(k->gemm, bufs, err);
+  if (k->gemm && !op->alias) return nf_gemm_run(k->gemm, bufs, s->pool, err);
   return run_interp(op, bufs, err);
 }
 

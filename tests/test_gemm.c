@@ -57,6 +57,14 @@ static const char *const kSrc =
     "  C(b, i, j) +=! A(i, k) * B(k, j)\n}\n"
     "def matvec(A: f32[M, K], x: f32[K]) -> (y: f32[M]) {\n"
     "  y(i) +=! A(i, k) * x(k)\n}\n"
+    "def matvec_t(A: f32[K, M], x: f32[K]) -> (y: f32[M]) {\n"
+    "  y(i) +=! A(k, i) * x(k)\n}\n"
+    "def vecmat(x: f32[K], A: f32[K, N]) -> (y: f32[1, N]) {\n"
+    "  y(o, j) +=! x(k) * A(k, j)\n}\n"
+    "def vecmat_t(x: f32[K], A: f32[N, K]) -> (y: f32[1, N]) {\n"
+    "  y(o, j) +=! x(k) * A(j, k)\n}\n"
+    "def dot_strided(x: f32[K, 3], z: f32[2, K]) -> (s: f32[]) {\n"
+    "  s() +=! x(k, 1) * z(1, k)\n}\n"
     "def dot(x: f32[K], z: f32[K]) -> (s: f32[]) {\n"
     "  s() +=! x(k) * z(k)\n}\n"
     "def xtx(A: f32[K, M]) -> (C: f32[M, M]) {\n"
@@ -123,6 +131,16 @@ static nf_graph *inst(const char *rel, const char *def, int n, const nf_arg_shap
 
 /* ---- running a subgraph both ways ---- */
 
+/* The pool nf_gemm_run splits large products and gathers over, made in
+ * the process that runs the test (a forked test has no parent's threads). */
+static nf_pool *g_pool;
+
+static nf_pool *test_pool(void) {
+  if (!g_pool) g_pool = nf_pool_new(2);
+  ck_assert_ptr_nonnull(g_pool);
+  return g_pool;
+}
+
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
 static double unit(void) {
@@ -174,7 +192,8 @@ static int compare(const nf_graph *sub, nf_gemm_sub *s, int64_t int_fill) {
       const nf_tensor *t = &sub->tensors[sub->outputs[k]];
       memset(bufs[ni + k], 0xff, (size_t)nf_tensor_numel(t) * nf_dtype_size((nf_dtype)t->dtype));
     }
-    int rc = nf_gemm_run(s, bufs, &err);
+    /* the calling thread alone, then split over the test's pool */
+    int rc = nf_gemm_run(s, bufs, rep ? test_pool() : NULL, &err);
     if (int_fill) {
       ck_assert_int_ne(rc, NF_OK);
       ck_assert_msg(strstr(nf_buf_str(&err), "epilogue") != NULL, "%s", nf_buf_str(&err));
@@ -277,6 +296,48 @@ START_TEST(gemm_transposes) {
   /* a reduction range that starts at 2, and an empty one (C = 0) */
   one("mm_lo", 2, mk, "sgemm NN 13x9x5 batch 1");
   one("mm_k0", 2, mk, "sgemm NN 13x9x0 batch 1");
+}
+END_TEST
+
+/* Vector results: sdot and sgemv, each orientation and stride. */
+START_TEST(gemm_vectors) {
+  nf_arg_shape mv[2] = {SH(7, 13), SH(7)};
+  one("matvec_t", 2, mv, "sgemm TN 13x1x7 batch 1");
+  nf_arg_shape vm[2] = {SH(7), SH(7, 13)};
+  one("vecmat", 2, vm, "sgemm NN 1x13x7 batch 1");
+  nf_arg_shape vt[2] = {SH(7), SH(13, 7)};
+  one("vecmat_t", 2, vt, "sgemm NT 1x13x7 batch 1");
+  nf_arg_shape ds[2] = {SH(7, 3), SH(2, 7)};
+  one("dot_strided", 2, ds, "sgemm TN 1x1x7 batch 1");
+}
+END_TEST
+
+/* Products large enough to be split over the pool: by calls, by rows, by
+ * columns (with a reduction loop accumulating), at 2 and 3 threads. */
+START_TEST(gemm_parallel) {
+  for (int th = 2; th <= 3; th++) {
+    nf_pool *keep = test_pool();
+    g_pool = th == 2 ? keep : nf_pool_new(th);
+    ck_assert_ptr_nonnull(g_pool);
+    nf_arg_shape nn[2] = {SH(96, 40), SH(40, 200)};
+    one("mm_nn", 2, nn, "sgemm NN 96x200x40 batch 1");
+    nf_arg_shape tn[2] = {SH(40, 200), SH(40, 40)};
+    one("mm_tn", 2, tn, "sgemm TN 200x40x40 batch 1");
+    nf_arg_shape b4[2] = {SH(4, 33, 29), SH(4, 29, 47)};
+    one("bmm", 2, b4, "sgemm NN 33x47x29 batch 4");
+    nf_arg_shape b3[2] = {SH(3, 40, 30), SH(3, 30, 70)};
+    one("bmm", 2, b3, "sgemm NN 40x70x30 batch 3");
+    nf_arg_shape rl[2] = {SH(9, 40, 30), SH(9, 30, 50)};
+    one("red_loop", 2, rl, "sgemm NN 40x50x30 batch 9");
+    nf_arg_shape mv[2] = {SH(600, 300), SH(300)};
+    one("matvec", 2, mv, "sgemm NN 600x1x300 batch 1");
+    nf_arg_shape vm[2] = {SH(300), SH(300, 600)};
+    one("vecmat", 2, vm, "sgemm NN 1x600x300 batch 1");
+    nf_arg_shape dt[2] = {SH(200000), SH(200000)};
+    one("dot", 2, dt, "sgemm NN 1x1x200000 batch 1");
+    if (th != 2) nf_pool_free(g_pool);
+    g_pool = keep;
+  }
 }
 END_TEST
 
@@ -476,7 +537,9 @@ START_TEST(gemm_conv) {
     }
   /* a gather large enough to be split over threads (3: uneven shares) */
   {
-    nf_gemm_set_threads(3);
+    nf_pool *two = g_pool;
+    g_pool = nf_pool_new(3);
+    ck_assert_ptr_nonnull(g_pool);
     nf_ir_ctx *ctx = nf_ir_ctx_new();
     nf_arg_shape big[2] = {SH(4, 8, 35, 33), SH(8, 8, 3, 3)};
     result r;
@@ -486,7 +549,8 @@ START_TEST(gemm_conv) {
     check_graph(grad(conv(2, 1, 1, big, ctx), 2, w, ctx), &r);
     ck_assert_int_ge(count_substr(&r, "(native)"), 1);
     nf_ir_ctx_free(ctx);
-    nf_gemm_set_threads(1);
+    nf_pool_free(g_pool);
+    g_pool = two;
   }
   /* a depthwise convolution: a batch of matrix-vector products */
   nf_ir_ctx *ctx = nf_ir_ctx_new();
@@ -567,6 +631,8 @@ static Suite *suite(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, gemm_transposes);
   tcase_add_test(tc, gemm_batched);
+  tcase_add_test(tc, gemm_vectors);
+  tcase_add_test(tc, gemm_parallel);
   tcase_add_test(tc, gemm_prologue_epilogue);
   tcase_add_test(tc, gemm_gradients);
   tcase_add_test(tc, gemm_not_matmul_shaped);
@@ -579,10 +645,11 @@ static Suite *suite(void) {
 }
 
 int main(void) {
-  nf_gemm_set_threads(2);
+  nf_gemm_set_threads(1);
   SRunner *r = srunner_create(suite());
   srunner_run_all(r, CK_NORMAL);
   int failed = srunner_ntests_failed(r);
   srunner_free(r);
+  nf_pool_free(g_pool);
   return failed ? 1 : 0;
 }

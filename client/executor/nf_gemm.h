@@ -44,6 +44,7 @@
 #define NF_GEMM_H
 
 #include "nf_buf.h"
+#include "nf_exec.h"
 #include "nf_ir.h"
 
 typedef struct nf_gemm_sub nf_gemm_sub;
@@ -62,8 +63,12 @@ int nf_gemm_prepare(const nf_graph *sub, nf_gemm_sub **out, nf_buf *err);
  * every output is written.  Allocates nothing itself (the interpreter
  * allocates while running the prologue and epilogue).  NF_OK, or the
  * interpreter's error for the prologue or epilogue with its message in
- * err.  Not thread-safe on one s (its intermediates are shared). */
-int nf_gemm_run(nf_gemm_sub *s, void *const *buffers, nf_buf *err);
+ * err.  Not thread-safe on one s (its intermediates are shared).  A large
+ * product or gather is split over pool's threads (NULL: the calling
+ * thread only), each share a single-threaded BLAS call: OpenBLAS must
+ * then run at one thread (nf_gemm_set_threads(1)), or its own spinning
+ * workers take the cores the pool needs. */
+int nf_gemm_run(nf_gemm_sub *s, void *const *buffers, nf_pool *pool, nf_buf *err);
 
 /* Frees s (not the graphs in sub->ctx).  NULL is a no-op. */
 void nf_gemm_free(nf_gemm_sub *s);
@@ -78,8 +83,9 @@ const char *nf_gemm_describe(const nf_gemm_sub *s);
  * prologue (a gather run natively not counted) and its epilogue. */
 void nf_gemm_stages(const nf_gemm_sub *s, int *n_pro, int *n_epi);
 
-/* The number of threads OpenBLAS may use (openblas_set_num_threads; n < 1
- * means 1).  Process-wide: call once from the session's set-up. */
+/* The number of threads OpenBLAS may use inside one call
+ * (openblas_set_num_threads; n < 1 means 1).  Process-wide.  Sessions set
+ * 1 and split the work over their pool (nf_gemm_run). */
 void nf_gemm_set_threads(int n);
 
 #endif
