@@ -184,6 +184,27 @@ static int grow_lives(int **first, int **last, int n) {
   return nf && nl ? NF_OK : NF_ENOMEM;
 }
 
+/* 1 when subgraph sg only copies its one input to its one output
+ * (out(v..) = in(v..), same dtype and shape): a gradient handed on as it
+ * is, a local returned. */
+static int plain_copy(const nf_subgraph *sg) {
+  const nf_graph *g = sg->g;
+  if (sg->n_in != 1 || sg->n_out != 1 || g->n_stmts != 1 || g->n_inputs != 1 ||
+      g->n_outputs != 1)
+    return 0;
+  const nf_stmt *st = &g->stmts[0];
+  const nf_expr *e = st->rhs;
+  const nf_tensor *to = &g->tensors[st->out], *ti = &g->tensors[g->inputs[0]];
+  if (st->red != NF_RED_NONE || st->out != g->outputs[0] || e->op != NF_OP_ACCESS ||
+      e->u.tensor != g->inputs[0] || to->dtype != ti->dtype || to->rank != ti->rank ||
+      e->n_args != to->rank)
+    return 0;
+  for (uint32_t d = 0; d < to->rank; d++)
+    if (to->shape[d] != ti->shape[d] || e->args[d]->op != NF_OP_VAR || e->args[d]->u.var != d)
+      return 0;
+  return 1;
+}
+
 /* Adds the ops of one partitioned graph.  tslot maps the parent's tensor
  * ids to slots (-1: a temporary, created here); first/last record the
  * temporaries' lifetimes in op positions. */
@@ -191,6 +212,17 @@ static int add_ops(nf_session *s, const nf_graph *parent, const nf_partition *p,
                    int alias, int **first, int **last) {
   for (uint32_t i = 0; i < p->n; i++) {
     const nf_subgraph *sg = &p->sub[i];
+    if (!alias && plain_copy(sg)) {
+      /* a temporary copied into a bound buffer (a parameter's gradient in
+       * G, an output): its producer writes the buffer itself, which
+       * nothing else writes, and the copy is not run */
+      int a = tslot[sg->in[0]], b = tslot[sg->out[0]];
+      if (a >= 0 && b >= 0 && !s->slots[a].ptr && s->slots[b].ptr &&
+          s->slots[a].bytes == s->slots[b].bytes) {
+        s->slots[a].ptr = s->slots[b].ptr;
+        continue;
+      }
+    }
     nf__op *no = realloc(s->ops, (size_t)(s->n_ops + 1) * sizeof *no);
     if (!no) return NF_ENOMEM;
     s->ops = no;
@@ -278,8 +310,9 @@ static int is_f_input(const nf_graph *F, const char *name) {
   return 0;
 }
 
-static const char *optim_def(nf_optim_kind k) {
-  return k == NF_OPTIM_ADAM ? "adam" : k == NF_OPTIM_ADAMW ? "adamw" : "sgd";
+static const char *optim_def(const nf_optimizer *o) {
+  if (o->kind == NF_OPTIM_SGD && o->momentum == 0 && o->weight_decay == 0) return "sgd_plain";
+  return o->kind == NF_OPTIM_ADAM ? "adam" : o->kind == NF_OPTIM_ADAMW ? "adamw" : "sgd";
 }
 
 /* Builds the step program for forward graph F whose params are named in
@@ -478,11 +511,14 @@ static int build(nf_session *s, const nf_graph *F, int n_gin, const char *const 
       sh[i].dims[0] = s->n_flat;
     }
     nf_inst_opts io = {.n_shapes = s->opts.optim.kind == NF_OPTIM_SGD ? 0 : 4, .shapes = sh};
-    if (s->opts.optim.kind == NF_OPTIM_SGD) {
+    const char *def = optim_def(&s->opts.optim);
+    if (!strcmp(def, "sgd")) {
       sh[2].name = "V";
       io.n_shapes = 3;
+    } else if (!strcmp(def, "sgd_plain")) {
+      io.n_shapes = 2;
     }
-    rc = nf_module_instantiate(om, optim_def(s->opts.optim.kind), &io, s->ctx, &U, d);
+    rc = nf_module_instantiate(om, def, &io, s->ctx, &U, d);
   }
   if (rc != NF_OK)
     nf_buf_printf(err, "the optimizer (lib/optim.nf): %s",
