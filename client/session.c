@@ -171,6 +171,14 @@ static int kent_for(nf_session *s, const nf_subgraph *sg, int alias) {
   int rc = alias ? NF_OK : nf_gemm_prepare(sg->g, &k->gemm, &e);
   nf_buf_free(&e);
   if (rc != NF_OK) return rc;
+  k->gather_in = k->gemm ? nf_gemm_gather_input(k->gemm) : -1;
+  k->gather_peer = -1;
+  for (int i = 0; k->gather_in >= 0 && i < s->n_kents; i++) {
+    nf__kent *o = &s->kents[i];
+    if (o->gather_in < 0 || !nf_gemm_gather_same(o->gemm, k->gemm)) continue;
+    if (k->gather_peer < 0) k->gather_peer = i;
+    if (o->gather_peer < 0) o->gather_peer = s->n_kents;
+  }
   return s->n_kents++;
 }
 
@@ -1046,10 +1054,20 @@ static int run_interp(const nf__op *op, void *const *bufs, nf_buf *err) {
 }
 
 /* Tier 0: OpenBLAS or the interpreter. */
-static int run_tier0(nf_session *s, const nf__kent *k, const nf__op *op, void *const *bufs,
+static int run_tier0(nf_session *s, nf__kent *k, const nf__op *op, void *const *bufs,
                      nf_buf *err) {
-  if (k->gemm && !op->alias) return nf_gemm_run(k->gemm, bufs, s->pool, err);
-  return run_interp(op, bufs, err);
+  if (!k->gemm || op->alias) return run_interp(op, bufs, err);
+  if (k->gather_in < 0) return nf_gemm_run(k->gemm, bufs, s->pool, err);
+  /* the peer gathered the same cells from this very buffer in this step
+   * or evaluation: within one, a buffer is written once, before its
+   * first reader, and stays live (so unchanged) until its last */
+  const void *src = bufs[k->gather_in];
+  const nf__kent *p = k->gather_peer >= 0 ? &s->kents[k->gather_peer] : NULL;
+  int share = p && p->gather_seq == s->run_seq && p->gather_src == src;
+  int rc = nf_gemm_run_shared(k->gemm, bufs, s->pool, share ? p->gemm : NULL, err);
+  k->gather_seq = rc == NF_OK ? s->run_seq : 0;
+  k->gather_src = src;
+  return rc;
 }
 
 static int max_rel_ok(const nf_graph *g, uint32_t out, const void *a, const void *ref,
@@ -1288,6 +1306,7 @@ int nf_session_step(nf_session *s, double *loss) {
   update_hp(s);
   for (int i = 0; i < s->n_kents; i++) s->kents[i].run_ms = 0;
   int rc = NF_OK;
+  s->run_seq++;
   for (int i = 0; i < s->n_ops && rc == NF_OK; i++) rc = run_op(s, &s->ops[i]);
   if (rc != NF_OK) {
     if (!s->err.len) nf_buf_printf(&s->err, "step %lld failed: %s", (long long)s->step + 1,
@@ -1344,6 +1363,7 @@ int nf_session_eval(nf_session *s, double *loss) {
     if (rc != NF_OK) return rc;
   }
   int rc = NF_OK;
+  s->run_seq++;
   for (int i = 0; i < s->n_ops && rc == NF_OK; i++)
     if (s->eval_op[i]) rc = run_op(s, &s->ops[i]);
   if (rc != NF_OK) {

@@ -59,6 +59,13 @@ typedef struct nf__kent {
   int race_left;
   double race_ms[2][NF_RACE_RUNS / 2];
   int prefer_blas;
+  /* a convolution's gathered operand shared with another entry's (the
+   * forward's and the weight gradient's im2col): the input it gathers
+   * (-1: none), the entry gathering the same cells (-1: none), and the
+   * run (run_seq) and source buffer of this entry's last gather */
+  int gather_in, gather_peer;
+  uint64_t gather_seq;
+  const void *gather_src;
   /* under mu */
   nf_kernel *in_k;      /* handed over by the link thread */
   int in_tier;
@@ -140,6 +147,7 @@ struct nf_session {
   int threads;
   /* steps */
   int64_t step;
+  uint64_t run_seq;     /* steps and evaluations started (gather sharing) */
   int64_t prof_steps;    /* steps summed in kents[].prof_ms */
   double last_loss, last_ms, ms_hist[10];
   double t_start, first_step_ms;

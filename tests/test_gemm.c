@@ -507,6 +507,101 @@ static nf_graph *conv(int stride, int pad, int groups, const nf_arg_shape *sh, n
   return g;
 }
 
+/* The forward convolution and its weight gradient gather the same cells
+ * of I: the gradient can take the forward's gathered operand
+ * (nf_gemm_run_shared); with a different buffer passed as I, its result
+ * is still the one of the forward's I, bit for bit. */
+START_TEST(gemm_gather_shared) {
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  nf_arg_shape cv[2] = {SH(2, 3, 9, 7), SH(4, 3, 3, 3)};
+  nf_graph *g = inst("../examples/workloads.nf", "conv2d_relu_loss", 2, cv, ctx);
+  const char *wt[1] = {"Wt"};
+  nf_graph *gg = grad(g, 1, wt, ctx);
+  nf_partition *p = NULL;
+  nf_buf err = NF_BUF_INIT;
+  ck_assert_msg(nf_partition_graph(gg, &p, &err) == NF_OK, "%s", nf_buf_str(&err));
+  nf_gemm_sub *gs[2] = {NULL, NULL};
+  uint32_t which[2] = {0, 0};
+  int n = 0;
+  for (uint32_t i = 0; i < p->n; i++) {
+    nf_gemm_sub *s = NULL;
+    ck_assert(nf_gemm_prepare(p->sub[i].g, &s, &err) == NF_OK);
+    if (s && nf_gemm_gather_input(s) >= 0 && n < 2) {
+      gs[n] = s;
+      which[n++] = i;
+    } else {
+      nf_gemm_free(s);
+    }
+  }
+  ck_assert_int_eq(n, 2);
+  ck_assert(nf_gemm_gather_same(gs[0], gs[1]) && nf_gemm_gather_same(gs[1], gs[0]));
+  /* one buffer per tensor of the gradient graph, random; I2 another I */
+  void **buf = calloc(gg->n_tensors, sizeof *buf);
+  ck_assert_ptr_nonnull(buf);
+  for (uint32_t t = 0; t < gg->n_tensors; t++) {
+    int64_t ne = nf_tensor_numel(&gg->tensors[t]);
+    ck_assert_int_eq(gg->tensors[t].dtype, NF_F32);
+    float *f = malloc(sizeof(float) * (size_t)(ne ? ne : 1));
+    for (int64_t i = 0; i < ne; i++) f[i] = (float)(unit() - 0.5);
+    buf[t] = f;
+  }
+  const nf_subgraph *sa = &p->sub[which[0]], *sb = &p->sub[which[1]];
+  uint32_t t_i = sb->in[nf_gemm_gather_input(gs[1])];
+  ck_assert_str_eq(gg->tensors[t_i].name, "I");
+  ck_assert_uint_eq(sa->in[nf_gemm_gather_input(gs[0])], t_i);
+  int64_t ni = nf_tensor_numel(&gg->tensors[t_i]);
+  float *i2 = malloc(sizeof(float) * (size_t)ni);
+  for (int64_t i = 0; i < ni; i++) i2[i] = (float)(unit() + 0.5);
+  void *ba[16], *bb[16];
+  ck_assert(sa->n_in + sa->n_out <= 16 && sb->n_in + sb->n_out <= 16);
+  for (uint32_t k = 0; k < sa->n_in + sa->n_out; k++)
+    ba[k] = buf[k < sa->n_in ? sa->in[k] : sa->out[k - sa->n_in]];
+  uint32_t t_out = sb->out[0];
+  int64_t no = nf_tensor_numel(&gg->tensors[t_out]);
+  float *want = malloc(sizeof(float) * (size_t)no), *other = malloc(sizeof(float) * (size_t)no);
+  for (int rep = 0; rep < 3; rep++) {
+    for (uint32_t k = 0; k < sb->n_in + sb->n_out; k++)
+      bb[k] = buf[k < sb->n_in ? sb->in[k] : sb->out[k - sb->n_in]];
+    ck_assert(nf_gemm_run(gs[0], ba, test_pool(), &err) == NF_OK);
+    if (rep == 0) { /* the weight gradient from I itself */
+      ck_assert(nf_gemm_run(gs[1], bb, test_pool(), &err) == NF_OK);
+      memcpy(want, buf[t_out], sizeof(float) * (size_t)no);
+      continue;
+    }
+    bb[nf_gemm_gather_input(gs[1])] = i2;
+    if (rep == 1) { /* from I2: another result */
+      ck_assert(nf_gemm_run(gs[1], bb, test_pool(), &err) == NF_OK);
+      memcpy(other, buf[t_out], sizeof(float) * (size_t)no);
+      ck_assert(memcmp(want, other, sizeof(float) * (size_t)no) != 0);
+    } else { /* shared: the forward's gather of I, whatever is passed */
+      ck_assert(nf_gemm_run_shared(gs[1], bb, test_pool(), gs[0], &err) == NF_OK);
+      ck_assert(memcmp(want, buf[t_out], sizeof(float) * (size_t)no) == 0);
+    }
+  }
+  /* a convolution of another stride gathers other cells */
+  nf_arg_shape big[2] = {SH(2, 3, 9, 7), SH(4, 3, 3, 3)};
+  nf_partition *p2 = NULL;
+  ck_assert(nf_partition_graph(conv(2, 1, 1, big, ctx), &p2, &err) == NF_OK);
+  for (uint32_t i = 0; i < p2->n; i++) {
+    nf_gemm_sub *s = NULL;
+    ck_assert(nf_gemm_prepare(p2->sub[i].g, &s, &err) == NF_OK);
+    if (s) ck_assert(!nf_gemm_gather_same(s, gs[0]));
+    nf_gemm_free(s);
+  }
+  nf_partition_free(p2);
+  for (uint32_t t = 0; t < gg->n_tensors; t++) free(buf[t]);
+  free(buf);
+  free(i2);
+  free(want);
+  free(other);
+  nf_gemm_free(gs[0]);
+  nf_gemm_free(gs[1]);
+  nf_partition_free(p);
+  nf_buf_free(&err);
+  nf_ir_ctx_free(ctx);
+}
+END_TEST
+
 /* Convolutions: the shifted, zero-padded input gathered (im2col), then
  * sgemm; the weight gradient likewise, and the data gradient. */
 START_TEST(gemm_conv) {
@@ -639,6 +734,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, gemm_reductions);
   tcase_add_test(tc, gemm_conv);
   tcase_add_test(tc, gemm_conv_training);
+  tcase_add_test(tc, gemm_gather_shared);
   tcase_add_test(tc, gemm_epilogue_error);
   suite_add_tcase(s, tc);
   return s;

@@ -369,11 +369,14 @@ static const nf_expr *remap(nf_ir_ctx *ctx, const nf_expr *e, const uint32_t *ma
  * GEMM's K, where B allows) and the output variables in O's order (the
  * rows), the reductions first (outs_first 0), last (1), or after the
  * outermost output variable alone (2: an image's columns contiguous, the
- * batch outermost, so that each per-image product reads one block).
- * nf_gemm_prepare tries all three and keeps the one whose innermost
- * variable is longest, for the gather's rows (a forward convolution's
- * output width, a weight gradient's reduction over the width), 2 on a
- * tie.  1 and *out when rewritten, 0 when the anchor does not have
+ * batch outermost, so that each per-image product reads one block), or
+ * as 1 after B's outermost variable where A reads it (3: a weight
+ * gradient's batch outermost, which is also the layout 2 gives the
+ * forward convolution: the two products can share one gather,
+ * nf_gemm_run_shared).  nf_gemm_prepare tries all four and keeps the one
+ * whose innermost variable is longest, for the gather's rows (a forward
+ * convolution's output width, a weight gradient's reduction over the
+ * width), the later of 2 and 3 on a tie.  1 and *out when rewritten, 0 when the anchor does not have
  * that form (or Acol would exceed GATHER_MAX_BYTES or NF_MAX_RANK
  * dimensions), NF_ENOMEM. */
 static int gather_rewrite(const nf_graph *sub, uint32_t a, int outs_first, nf_graph **out) {
@@ -418,9 +421,16 @@ static int gather_rewrite(const nf_graph *sub, uint32_t a, int outs_first, nf_gr
   for (uint32_t v = n_vars; v < NF_MAX_VARS; v++)
     if (vs.has[v]) return 0;
   uint32_t v0 = rank; /* outs_first 2: the outermost output variable */
-  if (outs_first == 1)
+  if (outs_first == 3) { /* B's outermost variable, then as outs_first 1 */
+    const nf_expr *ix = B->n_args ? B->args[0] : NULL;
+    if (!ix || ix->op != NF_OP_VAR || ix->u.var >= n_vars || !vs.has[ix->u.var])
+      return 0; /* the layout of 1 */
+    order[n++] = ix->u.var;
+    placed[ix->u.var] = 1;
+  }
+  if (outs_first == 1 || outs_first == 3)
     for (uint32_t v = 0; v < rank; v++)
-      if (vs.has[v]) order[n++] = v;
+      if (vs.has[v] && !placed[v]) order[n++] = v;
   if (outs_first == 2) {
     for (v0 = 0; v0 < rank && !vs.has[v0]; v0++) {
     }
@@ -440,7 +450,7 @@ static int gather_rewrite(const nf_graph *sub, uint32_t a, int outs_first, nf_gr
       placed[v] = 1;
       order[n++] = v;
     }
-  if (outs_first != 1)
+  if (outs_first == 0 || outs_first == 2)
     for (uint32_t v = 0; v < rank; v++)
       if (vs.has[v] && v != v0) order[n++] = v;
   if (n == 0 || n > NF_MAX_RANK) return 0;
@@ -832,11 +842,11 @@ int nf_gemm_prepare(const nf_graph *sub, nf_gemm_sub **out, nf_buf *err) {
   s->sub = sub;
   if (!match_anchor(sub, (uint32_t)anchor, s)) {
     /* a convolution: gather the shifted operand, then the plain product;
-     * of the two layouts of the gathered operand, the one with the longer
+     * of the layouts of the gathered operand, the one with the longest
      * innermost rows */
     nf_graph *g = NULL;
     int64_t best_row = -1;
-    for (int of = 0; of < 3; of++) {
+    for (int of = 0; of < 4; of++) {
       nf_graph *c = NULL;
       int r = gather_rewrite(sub, (uint32_t)anchor, of, &c);
       if (r == NF_ENOMEM) {
@@ -847,7 +857,7 @@ int nf_gemm_prepare(const nf_graph *sub, nf_gemm_sub **out, nf_buf *err) {
       if (r != 1 || !match_anchor(c, (uint32_t)anchor + 1, s)) continue;
       const nf_tensor *col = &c->tensors[c->stmts[anchor].out];
       int64_t row = col->shape[col->rank - 1];
-      if (row > best_row || (row == best_row && of == 2)) {
+      if (row > best_row || (row == best_row && of >= 2)) {
         best_row = row;
         g = c;
       }
@@ -1071,17 +1081,43 @@ static void gemm_exec(const nf_gemm_sub *s, nf_pool *pool) {
   nf_pool_parallel_for(pool, p.parts, share_body, &p);
 }
 
-int nf_gemm_run(nf_gemm_sub *s, void *const *buffers, nf_pool *pool, nf_buf *err) {
+int nf_gemm_run_shared(nf_gemm_sub *s, void *const *buffers, nf_pool *pool,
+                       const nf_gemm_sub *from, nf_buf *err) {
   const nf_graph *sub = s->sub;
   for (uint32_t k = 0; k < sub->n_inputs; k++) s->ptr[sub->inputs[k]] = buffers[k];
   for (uint32_t k = 0; k < sub->n_outputs; k++)
     s->ptr[sub->outputs[k]] = buffers[sub->n_inputs + k];
-  int rc;
+  int rc = NF_OK;
   if (s->pro.present && (rc = stage_run(s, &s->pro, "prologue", err)) != NF_OK) return rc;
-  if (s->ng.present && (rc = ng_run(s, pool, err)) != NF_OK) return rc;
-  gemm_exec(s, pool);
-  if (s->epi.present && (rc = stage_run(s, &s->epi, "epilogue", err)) != NF_OK) return rc;
-  return NF_OK;
+  void *own = s->ng.present ? s->ptr[s->ng.t_dst] : NULL;
+  if (from && nf_gemm_gather_same(s, from))
+    s->ptr[s->ng.t_dst] = from->ptr[from->ng.t_dst];
+  else if (s->ng.present)
+    rc = ng_run(s, pool, err);
+  if (rc == NF_OK) gemm_exec(s, pool);
+  if (own) s->ptr[s->ng.t_dst] = own;
+  if (rc == NF_OK && s->epi.present) rc = stage_run(s, &s->epi, "epilogue", err);
+  return rc;
+}
+
+int nf_gemm_run(nf_gemm_sub *s, void *const *buffers, nf_pool *pool, nf_buf *err) {
+  return nf_gemm_run_shared(s, buffers, pool, NULL, err);
+}
+
+int nf_gemm_gather_input(const nf_gemm_sub *s) {
+  if (!s->ng.present) return -1;
+  for (uint32_t k = 0; k < s->sub->n_inputs; k++)
+    if (s->sub->inputs[k] == s->ng.t_src) return (int)k;
+  return -1;
+}
+
+int nf_gemm_gather_same(const nf_gemm_sub *a, const nf_gemm_sub *b) {
+  const ngather *x = &a->ng, *y = &b->ng;
+  if (!x->present || !y->present || x->n != y->n || x->rank != y->rank || x->n_con != y->n_con)
+    return 0;
+  return !memcmp(x->ext, y->ext, sizeof x->ext) && !memcmp(x->shape, y->shape, sizeof x->shape) &&
+         !memcmp(x->idx, y->idx, sizeof x->idx) && !memcmp(&x->off, &y->off, sizeof x->off) &&
+         !memcmp(x->con, y->con, sizeof x->con);
 }
 
 void nf_gemm_free(nf_gemm_sub *s) {

@@ -70,6 +70,20 @@ int nf_gemm_prepare(const nf_graph *sub, nf_gemm_sub **out, nf_buf *err);
  * workers take the cores the pool needs. */
 int nf_gemm_run(nf_gemm_sub *s, void *const *buffers, nf_pool *pool, nf_buf *err);
 
+/* Sharing a convolution's gathered operand (im2col) between products
+ * that read it, like a convolution and its weight gradient: the input
+ * (index among sub's inputs) s's native gather reads, or -1 (no native
+ * gather, or it reads a prologue's result); 1 when a and b gather the
+ * same cells in the same layout from inputs of the same shape.
+ * nf_gemm_run_shared is nf_gemm_run taking the gathered operand from
+ * from's last run instead of gathering it (when nf_gemm_gather_same(s,
+ * from); else it gathers): the caller guarantees that run gathered from
+ * the same buffer, unchanged since, and that from is not running. */
+int nf_gemm_gather_input(const nf_gemm_sub *s);
+int nf_gemm_gather_same(const nf_gemm_sub *a, const nf_gemm_sub *b);
+int nf_gemm_run_shared(nf_gemm_sub *s, void *const *buffers, nf_pool *pool,
+                       const nf_gemm_sub *from, nf_buf *err);
+
 /* Frees s (not the graphs in sub->ctx).  NULL is a no-op. */
 void nf_gemm_free(nf_gemm_sub *s);
 
