@@ -37,6 +37,7 @@
 #endif
 #include "daemon_cmd.h"
 #include "nf_partition.h"
+#include "nf_stack.h"
 
 #define MAX_ARGS 64
 
@@ -1170,6 +1171,14 @@ static int cmd_partition(opts *o) {
       goto done;
     }
     g = gg;
+    /* as sessions do: per-step products summed, one product (nf_stack.h) */
+    nf_graph *st = NULL;
+    int n_st = 0;
+    if (nf_stack_sums(g, &st, &n_st) != NF_OK) {
+      fprintf(stderr, "%s: error: out of memory\n", o->file);
+      goto done;
+    }
+    if (st) g = st;
   }
   if (nf_partition_graph(g, &p, &err) != NF_OK) {
     fprintf(stderr, "%s: error: cannot partition %s: %s\n", o->file, o->def, nf_buf_str(&err));
@@ -1229,6 +1238,13 @@ static int cmd_tune(opts *o) {
     }
     nf_buf_free(&err);
     g = gg;
+    nf_graph *st = NULL;
+    int n_st = 0;
+    if (nf_stack_sums(g, &st, &n_st) != NF_OK) {
+      fprintf(stderr, "%s: error: out of memory\n", o->file);
+      goto done;
+    }
+    if (st) g = st;
   }
   if (o->daemon) {
     nf_tune_daemon_cli d = {.def = o->def,

@@ -29,6 +29,7 @@
 #include "nf_interp.h"
 #include "nf_npy.h"
 #include "nf_plan.h"
+#include "nf_stack.h"
 #include "session_int.h"
 
 #define ALIGN_ELEMS 16 /* each parameter starts on a 64-byte boundary */
@@ -502,6 +503,12 @@ static int build(nf_session *s, const nf_graph *F, int n_gin, const char *const 
   free(wrt);
   nf_subgraph_clear(&lo);
   if (rc) return rc;
+  /* per-step products summed (an unrolled recurrence's weight gradients):
+   * one product over the steps */
+  nf_graph *T2 = NULL;
+  int n_stacked = 0;
+  if ((rc = nf_stack_sums(T, &T2, &n_stacked))) return rc;
+  if (T2) T = T2;
 
   /* the optimizer's update */
   nf_module *om = nf_module_new();
@@ -1532,6 +1539,7 @@ void nf__session_profile(nf_session *s, FILE *f, int reset) {
       fprintf(f, "  %-16s %-24.24s %4d %-9s %10.3f %5.1f%% %9.1f %9.2f\n", hex, first, k->n_ops,
               on, ms, total > 0 ? 100 * k->prof_ms / total : 0.0, fl / 1e6,
               ms > 0 ? fl / ms / 1e6 : 0.0);
+      if (k->gemm && !strcmp(on, "OpenBLAS")) fprintf(f, "  %16s %s\n", "", nf_gemm_describe(k->gemm));
     }
     free(ord);
   }
