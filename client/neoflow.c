@@ -37,6 +37,7 @@
 #endif
 #include "daemon_cmd.h"
 #include "nf_partition.h"
+#include "nf_narrow.h"
 #include "nf_stack.h"
 
 #define MAX_ARGS 64
@@ -1179,6 +1180,11 @@ static int cmd_partition(opts *o) {
       goto done;
     }
     if (st) g = st;
+    if (nf_narrow_reads(g, &st, &n_st) != NF_OK) {
+      fprintf(stderr, "%s: error: out of memory\n", o->file);
+      goto done;
+    }
+    if (st) g = st;
   }
   if (nf_partition_graph(g, &p, &err) != NF_OK) {
     fprintf(stderr, "%s: error: cannot partition %s: %s\n", o->file, o->def, nf_buf_str(&err));
@@ -1241,6 +1247,11 @@ static int cmd_tune(opts *o) {
     nf_graph *st = NULL;
     int n_st = 0;
     if (nf_stack_sums(g, &st, &n_st) != NF_OK) {
+      fprintf(stderr, "%s: error: out of memory\n", o->file);
+      goto done;
+    }
+    if (st) g = st;
+    if (nf_narrow_reads(g, &st, &n_st) != NF_OK) {
       fprintf(stderr, "%s: error: out of memory\n", o->file);
       goto done;
     }

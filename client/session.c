@@ -29,6 +29,7 @@
 #include "nf_interp.h"
 #include "nf_npy.h"
 #include "nf_plan.h"
+#include "nf_narrow.h"
 #include "nf_stack.h"
 #include "session_int.h"
 
@@ -508,6 +509,10 @@ static int build(nf_session *s, const nf_graph *F, int n_gin, const char *const 
   nf_graph *T2 = NULL;
   int n_stacked = 0;
   if ((rc = nf_stack_sums(T, &T2, &n_stacked))) return rc;
+  if (T2) T = T2;
+  /* gradients of the whole of a concatenation read in part: computed
+   * only where read */
+  if ((rc = nf_narrow_reads(T, &T2, &n_stacked))) return rc;
   if (T2) T = T2;
 
   /* the optimizer's update */

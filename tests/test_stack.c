@@ -1,8 +1,10 @@
-/* test_stack.c - nf_stack_sums: per-step products summed become one
- * product over the steps (nf_stack.h).  Each rewritten graph is run by
- * the interpreter against the original on random inputs; the forms the
- * pass must leave alone are left alone; the LLTM workload's weight
- * gradient is rewritten and its gradients are unchanged. */
+/* test_stack.c - the client's graph rewrites before partitioning:
+ * nf_stack_sums (per-step products summed become one product over the
+ * steps, nf_stack.h) and nf_narrow_reads (intermediates computed only
+ * where read, nf_narrow.h).  Each rewritten graph is run by the
+ * interpreter against the original on random inputs; the forms a pass
+ * must leave alone are left alone; the LLTM workload's gradient graph is
+ * rewritten by both and its gradients are unchanged. */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -14,6 +16,7 @@
 #include "nf_interp.h"
 #include "nf_ir.h"
 #include "nf_lang.h"
+#include "nf_narrow.h"
 #include "nf_npy.h"
 #include "nf_stack.h"
 
@@ -43,6 +46,17 @@ static const char *const kSrc =
     "  D0(i, j) +=! A0(n, i) * B0(n, j)\n"
     "  D1(i, j) +=! A1(n, i) * B1(n, j) * 3.0\n"
     "  G(i, j) = D0(i, j) + D1(i, j)\n}\n"
+    /* nf_narrow_reads: columns 2.. of P read, rows 1..2 of Q */
+    "def sliced(A: f32[4, 6], B: f32[6, 8]) -> (S: f32[4, 6], R: f32[2, 8]) {\n"
+    "  P(i, j) +=! A(i, k) * B(k, j)\n"
+    "  S(i, j) = P(i, j + 2) * 2.0\n"
+    "  Q(i, j) = exp(B(i, j))\n"
+    "  R(i, j) = Q(i + 1, j) + Q(i + 2, j)\n}\n"
+    /* read whole (by two readers together), or outside its bounds */
+    "def whole(A: f32[4, 6], B: f32[6, 8]) -> (S: f32[4, 4], T: f32[4, 4]) {\n"
+    "  P(i, j) +=! A(i, k) * B(k, j)\n"
+    "  S(i, j) = P(i, j)\n"
+    "  T(i, j) = P(i, j + 4)\n}\n"
     "def small(A0: f32[64, 2], A1: f32[64, 2], B0: f32[64, 2], B1: f32[64, 2]) -> (G: f32[2]) {\n"
     "  D0(i) +=! A0(n, i) * B0(n, i)\n"
     "  D1(i) +=! A1(n, i) * B1(n, i)\n"
@@ -157,6 +171,28 @@ START_TEST(stack_left_alone) {
 }
 END_TEST
 
+START_TEST(narrow_rewritten) {
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  nf_graph *g = inst(NULL, "sliced", ctx, 0, NULL), *out = NULL;
+  int n = 0;
+  ck_assert(nf_narrow_reads(g, &out, &n) == NF_OK);
+  ck_assert_int_eq(n, 2);
+  ck_assert_ptr_nonnull(out);
+  ck_assert(nf_graph_validate(out, NULL) == NF_OK);
+  for (uint32_t t = 0; t < out->n_tensors; t++) {
+    const nf_tensor *x = &out->tensors[t];
+    if (!strcmp(x->name, "P")) ck_assert(x->shape[0] == 4 && x->shape[1] == 6);
+    if (!strcmp(x->name, "Q")) ck_assert(x->shape[0] == 3 && x->shape[1] == 8);
+  }
+  same_results(g, out);
+  g = inst(NULL, "whole", ctx, 0, NULL);
+  ck_assert(nf_narrow_reads(g, &out, &n) == NF_OK);
+  ck_assert_int_eq(n, 0);
+  ck_assert_ptr_null(out);
+  nf_ir_ctx_free(ctx);
+}
+END_TEST
+
 #define SH(nm, ...) {nm, sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t), {__VA_ARGS__}}
 
 /* The LLTM workload's gradient: grad_W, the sum over the 8 steps, becomes
@@ -187,6 +223,19 @@ START_TEST(stack_lltm) {
   }
   ck_assert(found);
   same_results(gg, out);
+  /* X has no gradient: of dXH = d[x, h], only the h columns are read */
+  nf_graph *nw = NULL;
+  ck_assert(nf_narrow_reads(out, &nw, &n) == NF_OK);
+  ck_assert_int_eq(n, 7); /* steps 8..2: h_0 is data */
+  ck_assert_ptr_nonnull(nw);
+  found = 0;
+  for (uint32_t t = 0; t < nw->n_tensors; t++)
+    if (!strcmp(nw->tensors[t].name, "dH[8].XH_0")) {
+      found = 1;
+      ck_assert_int_eq(nw->tensors[t].shape[1], 5);
+    }
+  ck_assert(found);
+  same_results(gg, nw);
   nf_buf_free(&err);
   nf_ir_ctx_free(ctx);
 }
@@ -198,6 +247,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, stack_rewritten);
   tcase_add_test(tc, stack_left_alone);
   tcase_add_test(tc, stack_lltm);
+  tcase_add_test(tc, narrow_rewritten);
   suite_add_tcase(s, tc);
   return s;
 }

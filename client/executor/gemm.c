@@ -105,9 +105,10 @@ struct nf_gemm_sub {
 };
 
 /* Strides of one factor: 1 when acc is an f32 access of a subgraph
- * tensor whose indices are distinct bare variables < n_vars, each within
- * the tensor's extent along its dimension over the variable's range, or
- * constants within the extent (added to *off, in elements). */
+ * tensor whose indices are distinct variables < n_vars, bare or plus a
+ * constant (a slice: the constant times the stride added to *off), each
+ * within the tensor's extent along its dimension over the variable's
+ * range, or constants within the extent (added to *off, in elements). */
 static int factor_strides(const nf_graph *g, const nf_expr *acc, uint32_t n_vars,
                           const int64_t *ext, const int64_t *lo, int64_t *str, uint8_t *used,
                           int64_t *off) {
@@ -124,10 +125,25 @@ static int factor_strides(const nf_graph *g, const nf_expr *acc, uint32_t n_vars
       stride *= t->shape[d];
       continue;
     }
+    int64_t c = 0; /* v + c: a window at a constant offset (a slice) */
+    if ((ix->op == NF_OP_ADD || ix->op == NF_OP_SUB) && ix->n_args == 2) {
+      const nf_expr *x = ix->args[0], *y = ix->args[1];
+      if (ix->op == NF_OP_ADD && x->op == NF_OP_CONST) {
+        x = ix->args[1];
+        y = ix->args[0];
+      }
+      if (x->op != NF_OP_VAR || y->op != NF_OP_CONST || !nf_dtype_is_int((nf_dtype)y->dtype) ||
+          y->u.i < -((int64_t)1 << 40) || y->u.i > ((int64_t)1 << 40))
+        return 0;
+      c = ix->op == NF_OP_ADD ? y->u.i : -y->u.i;
+      ix = x;
+    }
     if (ix->op != NF_OP_VAR || ix->u.var >= n_vars || used[ix->u.var]) return 0;
     uint32_t v = ix->u.var;
-    if (ext[v] > 0 && (lo[v] < 0 || ext[v] > t->shape[d] || lo[v] > t->shape[d] - ext[v]))
+    if (ext[v] > 0 &&
+        (lo[v] + c < 0 || ext[v] > t->shape[d] || lo[v] + c > t->shape[d] - ext[v]))
       return 0; /* out of bounds: the interpreter reports it */
+    *off += c * stride;
     used[v] = 1;
     str[v] = stride;
     stride *= t->shape[d];

@@ -1,0 +1,156 @@
+/* narrow.c - intermediates computed only where they are read
+ * (nf_narrow.h). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "nf_narrow.h"
+
+/* Marks in box (2 per dim: lo, hi) the cells of tensor t that e reads, as
+ * interval bounds over the statement's variable ranges; 0 when a bound is
+ * unknown. */
+static int read_box(const nf_expr *e, uint32_t t, const nf_range *rg, int n_vars, int64_t *box,
+                    int *seen) {
+  if (e->op == NF_OP_ACCESS && e->u.tensor == t) {
+    for (uint16_t d = 0; d < e->n_args; d++) {
+      nf_range r;
+      if (!nf_expr_bounds(e->args[d], rg, n_vars, &r)) return 0;
+      if (!*seen || r.lo < box[2 * d]) box[2 * d] = r.lo;
+      if (!*seen || r.hi > box[2 * d + 1]) box[2 * d + 1] = r.hi;
+    }
+    *seen = 1;
+  }
+  for (uint16_t i = 0; i < e->n_args; i++)
+    if (!read_box(e->args[i], t, rg, n_vars, box, seen)) return 0;
+  return 1;
+}
+
+/* e with the output variables v < n_out shifted (v -> v + vshift[v]) and
+ * every access of a narrowed tensor t shifted back (index d minus
+ * lo[t][d]). */
+static const nf_expr *rebuild(nf_ir_ctx *ctx, const nf_expr *e, const int64_t *vshift,
+                              uint32_t n_out, int64_t (*lo)[NF_MAX_RANK], const uint8_t *narrowed) {
+  if (e->op == NF_OP_VAR) {
+    if (!vshift || e->u.var >= n_out || vshift[e->u.var] == 0) return e;
+    return nf_e_binary(ctx, NF_OP_ADD, e, nf_e_const_i(ctx, NF_I64, vshift[e->u.var]));
+  }
+  if (e->n_args == 0) return e;
+  const nf_expr *a[16];
+  if (e->n_args > 16) return NULL;
+  for (uint16_t i = 0; i < e->n_args; i++) {
+    a[i] = rebuild(ctx, e->args[i], vshift, n_out, lo, narrowed);
+    if (!a[i]) return NULL;
+  }
+  if (e->op == NF_OP_ACCESS && narrowed[e->u.tensor]) {
+    for (uint16_t d = 0; d < e->n_args; d++)
+      if (lo[e->u.tensor][d]) {
+        a[d] = nf_e_binary(ctx, NF_OP_SUB, a[d], nf_e_const_i(ctx, NF_I64, lo[e->u.tensor][d]));
+        a[d] = a[d] ? nf_simplify(ctx, a[d], NULL, 0) : NULL;
+        if (!a[d]) return NULL;
+      }
+    return nf_e_access(ctx, e->u.tensor, (nf_dtype)e->dtype, e->n_args, a);
+  }
+  return nf_e_rebuild(ctx, e, a);
+}
+
+/* The variable ranges of statement s (inclusive), n_vars entries. */
+static int stmt_ranges(const nf_graph *g, uint32_t s, nf_range *rg) {
+  const nf_stmt *st = &g->stmts[s];
+  const nf_tensor *o = &g->tensors[st->out];
+  int n = 0;
+  for (uint32_t d = 0; d < o->rank; d++, n++) {
+    rg[n].lo = 0;
+    rg[n].hi = o->shape[d] - 1;
+  }
+  for (uint32_t r = 0; r < st->n_red; r++, n++) {
+    rg[n].lo = st->red_lo[r];
+    rg[n].hi = st->red_lo[r] + st->red_ext[r] - 1;
+  }
+  return n;
+}
+
+int nf_narrow_reads(const nf_graph *g, nf_graph **out, int *n_done) {
+  *out = NULL;
+  *n_done = 0;
+  uint32_t nt = g->n_tensors, ns = g->n_stmts;
+  int64_t (*lo)[NF_MAX_RANK] = calloc(nt + 1, sizeof *lo);
+  int64_t (*shape)[NF_MAX_RANK] = calloc(nt + 1, sizeof *shape);
+  uint8_t *narrowed = calloc(nt + 1, 1);
+  int32_t *producer = malloc(sizeof(int32_t) * (nt + 1));
+  int rc = NF_OK, n = 0;
+  if (!lo || !shape || !narrowed || !producer) {
+    rc = NF_ENOMEM;
+    goto done;
+  }
+  for (uint32_t t = 0; t < nt; t++) producer[t] = -1;
+  for (uint32_t i = 0; i < ns; i++) producer[g->stmts[i].out] = (int32_t)i;
+  for (uint32_t t = 0; t < nt; t++) {
+    const nf_tensor *x = &g->tensors[t];
+    if (x->kind != NF_T_LOCAL || x->rank == 0 || producer[t] < 0 ||
+        g->stmts[producer[t]].flags)
+      continue;
+    int64_t box[2 * NF_MAX_RANK];
+    int seen = 0, ok = 1;
+    for (uint32_t i = (uint32_t)producer[t] + 1; i < ns && ok; i++) {
+      nf_range rg[NF_MAX_VARS];
+      int nv = stmt_ranges(g, i, rg);
+      ok = read_box(g->stmts[i].rhs, t, rg, nv, box, &seen);
+    }
+    if (!ok || !seen) continue;
+    int64_t before = nf_tensor_numel(x), after = 1;
+    for (uint32_t d = 0; d < x->rank; d++) {
+      if (box[2 * d] < 0 || box[2 * d + 1] > x->shape[d] - 1 || box[2 * d] > box[2 * d + 1]) {
+        ok = 0; /* reads outside the tensor: left for the interpreter to report */
+        break;
+      }
+      lo[t][d] = box[2 * d];
+      shape[t][d] = box[2 * d + 1] - box[2 * d] + 1;
+      after *= shape[t][d];
+    }
+    /* worth it: at least a tenth of the tensor is never read */
+    if (!ok || after * 10 > before * 9) {
+      memset(lo[t], 0, sizeof lo[t]);
+      continue;
+    }
+    narrowed[t] = 1;
+    n++;
+  }
+  if (n == 0) goto done;
+
+  nf_graph *ng = nf_graph_new(g->ctx, g->name);
+  if (!ng) {
+    rc = NF_ENOMEM;
+    goto done;
+  }
+  for (uint32_t t = 0; t < nt && rc >= 0; t++) {
+    const nf_tensor *x = &g->tensors[t];
+    rc = nf_graph_add_tensor(ng, x->name, (nf_dtype)x->dtype, (nf_tkind)x->kind, x->rank,
+                             narrowed[t] ? shape[t] : x->shape);
+  }
+  if (rc < 0) goto done;
+  rc = NF_OK;
+  memcpy(ng->inputs, g->inputs, sizeof(uint32_t) * g->n_inputs);
+  memcpy(ng->outputs, g->outputs, sizeof(uint32_t) * g->n_outputs);
+  for (uint32_t i = 0; i < ns && rc == NF_OK; i++) {
+    nf_stmt st = g->stmts[i];
+    const nf_tensor *o = &g->tensors[st.out];
+    st.rhs = rebuild(g->ctx, st.rhs, narrowed[st.out] ? lo[st.out] : NULL, o->rank, lo, narrowed);
+    if (st.rhs && st.rhs != g->stmts[i].rhs) { /* changed: normal form again */
+      nf_range rg[NF_MAX_VARS];
+      int nv = stmt_ranges(g, i, rg);
+      for (uint32_t d = 0; narrowed[st.out] && d < o->rank; d++) rg[d].hi = shape[st.out][d] - 1;
+      st.rhs = nf_simplify(g->ctx, st.rhs, rg, nv);
+    }
+    rc = st.rhs ? nf_graph_add_stmt(ng, &st) : NF_ENOMEM;
+  }
+  if (rc == NF_OK && nf_ir_ctx_oom(g->ctx)) rc = NF_ENOMEM;
+  if (rc == NF_OK && nf_graph_validate(ng, NULL) == NF_OK) {
+    *out = ng;
+    *n_done = n;
+  }
+done:
+  free(lo);
+  free(shape);
+  free(narrowed);
+  free(producer);
+  return rc == NF_ENOMEM ? NF_ENOMEM : NF_OK;
+}
