@@ -37,7 +37,6 @@
 #endif
 #include "daemon_cmd.h"
 #include "nf_partition.h"
-#include "nf_narrow.h"
 #include "nf_stack.h"
 
 #define MAX_ARGS 64
@@ -1173,18 +1172,10 @@ static int cmd_partition(opts *o) {
     }
     g = gg;
     /* as sessions do: per-step products summed, one product (nf_stack.h) */
-    nf_graph *st = NULL;
-    int n_st = 0;
-    if (nf_stack_sums(g, &st, &n_st) != NF_OK) {
+    if (nf_rewrite_grad(g, &g) != NF_OK) {
       fprintf(stderr, "%s: error: out of memory\n", o->file);
       goto done;
     }
-    if (st) g = st;
-    if (nf_narrow_reads(g, &st, &n_st) != NF_OK) {
-      fprintf(stderr, "%s: error: out of memory\n", o->file);
-      goto done;
-    }
-    if (st) g = st;
   }
   if (nf_partition_graph(g, &p, &err) != NF_OK) {
     fprintf(stderr, "%s: error: cannot partition %s: %s\n", o->file, o->def, nf_buf_str(&err));
@@ -1244,18 +1235,10 @@ static int cmd_tune(opts *o) {
     }
     nf_buf_free(&err);
     g = gg;
-    nf_graph *st = NULL;
-    int n_st = 0;
-    if (nf_stack_sums(g, &st, &n_st) != NF_OK) {
+    if (nf_rewrite_grad(g, &g) != NF_OK) {
       fprintf(stderr, "%s: error: out of memory\n", o->file);
       goto done;
     }
-    if (st) g = st;
-    if (nf_narrow_reads(g, &st, &n_st) != NF_OK) {
-      fprintf(stderr, "%s: error: out of memory\n", o->file);
-      goto done;
-    }
-    if (st) g = st;
   }
   if (o->daemon) {
     nf_tune_daemon_cli d = {.def = o->def,

@@ -35,4 +35,10 @@
  * number of sums rewritten, or *out NULL when there is none; NF_ENOMEM. */
 int nf_stack_sums(const nf_graph *g, nf_graph **out, int *n_done);
 
+/* The rewrites a session applies to its gradient graph before
+ * partitioning, in order: nf_stack_sums, then nf_narrow_reads
+ * (nf_narrow.h).  *out is the result, g itself when neither applies;
+ * NF_OK or NF_ENOMEM. */
+int nf_rewrite_grad(nf_graph *g, nf_graph **out);
+
 #endif

@@ -29,7 +29,6 @@
 #include "nf_interp.h"
 #include "nf_npy.h"
 #include "nf_plan.h"
-#include "nf_narrow.h"
 #include "nf_stack.h"
 #include "session_int.h"
 
@@ -505,15 +504,9 @@ static int build(nf_session *s, const nf_graph *F, int n_gin, const char *const 
   nf_subgraph_clear(&lo);
   if (rc) return rc;
   /* per-step products summed (an unrolled recurrence's weight gradients):
-   * one product over the steps */
-  nf_graph *T2 = NULL;
-  int n_stacked = 0;
-  if ((rc = nf_stack_sums(T, &T2, &n_stacked))) return rc;
-  if (T2) T = T2;
-  /* gradients of the whole of a concatenation read in part: computed
-   * only where read */
-  if ((rc = nf_narrow_reads(T, &T2, &n_stacked))) return rc;
-  if (T2) T = T2;
+   * one product over the steps; locals read in part (the gradient of a
+   * concatenation with data): computed only where read */
+  if ((rc = nf_rewrite_grad(T, &T))) return rc;
 
   /* the optimizer's update */
   nf_module *om = nf_module_new();

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "nf_narrow.h"
 #include "nf_stack.h"
 
 #define MAX_TERMS 64 /* terms of one sum */
@@ -324,4 +325,16 @@ done:
   free(drop);
   free(ms);
   return rc == NF_ENOMEM ? NF_ENOMEM : NF_OK;
+}
+
+int nf_rewrite_grad(nf_graph *g, nf_graph **out) {
+  *out = g;
+  nf_graph *r = NULL;
+  int n = 0, rc = nf_stack_sums(g, &r, &n);
+  if (rc != NF_OK) return rc;
+  if (r) *out = r;
+  rc = nf_narrow_reads(*out, &r, &n);
+  if (rc != NF_OK) return rc;
+  if (r) *out = r;
+  return NF_OK;
 }
