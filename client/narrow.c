@@ -5,23 +5,30 @@
 
 #include "nf_narrow.h"
 
-/* Marks in box (2 per dim: lo, hi) the cells of tensor t that e reads, as
- * interval bounds over the statement's variable ranges; 0 when a bound is
- * unknown. */
-static int read_box(const nf_expr *e, uint32_t t, const nf_range *rg, int n_vars, int64_t *box,
-                    int *seen) {
-  if (e->op == NF_OP_ACCESS && e->u.tensor == t) {
+/* The boxes every tensor is read in (box[t]: lo, hi per dimension, over
+ * the interval bounds of the index expressions across the reading
+ * statement's variable ranges), for the accesses in e; bad[t] when a
+ * bound of some access of t is unknown. */
+typedef struct reads {
+  int64_t (*box)[2 * NF_MAX_RANK];
+  uint8_t *seen, *bad;
+} reads;
+
+static void read_boxes(const nf_expr *e, const nf_range *rg, int n_vars, reads *r) {
+  if (e->op == NF_OP_ACCESS && !r->bad[e->u.tensor]) {
+    uint32_t t = e->u.tensor;
     for (uint16_t d = 0; d < e->n_args; d++) {
-      nf_range r;
-      if (!nf_expr_bounds(e->args[d], rg, n_vars, &r)) return 0;
-      if (!*seen || r.lo < box[2 * d]) box[2 * d] = r.lo;
-      if (!*seen || r.hi > box[2 * d + 1]) box[2 * d + 1] = r.hi;
+      nf_range b;
+      if (!nf_expr_bounds(e->args[d], rg, n_vars, &b)) {
+        r->bad[t] = 1;
+        break;
+      }
+      if (!r->seen[t] || b.lo < r->box[t][2 * d]) r->box[t][2 * d] = b.lo;
+      if (!r->seen[t] || b.hi > r->box[t][2 * d + 1]) r->box[t][2 * d + 1] = b.hi;
     }
-    *seen = 1;
+    r->seen[t] = 1;
   }
-  for (uint16_t i = 0; i < e->n_args; i++)
-    if (!read_box(e->args[i], t, rg, n_vars, box, seen)) return 0;
-  return 1;
+  for (uint16_t i = 0; i < e->n_args; i++) read_boxes(e->args[i], rg, n_vars, r);
 }
 
 /* e with the output variables v < n_out shifted (v -> v + vshift[v]) and
@@ -34,8 +41,8 @@ static const nf_expr *rebuild(nf_ir_ctx *ctx, const nf_expr *e, const int64_t *v
     return nf_e_binary(ctx, NF_OP_ADD, e, nf_e_const_i(ctx, NF_I64, vshift[e->u.var]));
   }
   if (e->n_args == 0) return e;
-  const nf_expr *a[16];
-  if (e->n_args > 16) return NULL;
+  const nf_expr *a[NF_MAX_RANK];
+  if (e->n_args > NF_MAX_RANK) return NULL; /* accesses <= rank, others <= 3 */
   for (uint16_t i = 0; i < e->n_args; i++) {
     a[i] = rebuild(ctx, e->args[i], vshift, n_out, lo, narrowed);
     if (!a[i]) return NULL;
@@ -76,26 +83,26 @@ int nf_narrow_reads(const nf_graph *g, nf_graph **out, int *n_done) {
   int64_t (*shape)[NF_MAX_RANK] = calloc(nt + 1, sizeof *shape);
   uint8_t *narrowed = calloc(nt + 1, 1);
   int32_t *producer = malloc(sizeof(int32_t) * (nt + 1));
+  reads rd = {calloc(nt + 1, sizeof *rd.box), calloc(nt + 1, 1), calloc(nt + 1, 1)};
   int rc = NF_OK, n = 0;
-  if (!lo || !shape || !narrowed || !producer) {
+  if (!lo || !shape || !narrowed || !producer || !rd.box || !rd.seen || !rd.bad) {
     rc = NF_ENOMEM;
     goto done;
   }
   for (uint32_t t = 0; t < nt; t++) producer[t] = -1;
-  for (uint32_t i = 0; i < ns; i++) producer[g->stmts[i].out] = (int32_t)i;
+  for (uint32_t i = 0; i < ns; i++) {
+    producer[g->stmts[i].out] = (int32_t)i;
+    nf_range rg[NF_MAX_VARS];
+    int nv = stmt_ranges(g, i, rg);
+    read_boxes(g->stmts[i].rhs, rg, nv, &rd);
+  }
   for (uint32_t t = 0; t < nt; t++) {
     const nf_tensor *x = &g->tensors[t];
     if (x->kind != NF_T_LOCAL || x->rank == 0 || producer[t] < 0 ||
-        g->stmts[producer[t]].flags)
+        g->stmts[producer[t]].flags || !rd.seen[t] || rd.bad[t])
       continue;
-    int64_t box[2 * NF_MAX_RANK];
-    int seen = 0, ok = 1;
-    for (uint32_t i = (uint32_t)producer[t] + 1; i < ns && ok; i++) {
-      nf_range rg[NF_MAX_VARS];
-      int nv = stmt_ranges(g, i, rg);
-      ok = read_box(g->stmts[i].rhs, t, rg, nv, box, &seen);
-    }
-    if (!ok || !seen) continue;
+    const int64_t *box = rd.box[t];
+    int ok = 1;
     int64_t before = nf_tensor_numel(x), after = 1;
     for (uint32_t d = 0; d < x->rank; d++) {
       if (box[2 * d] < 0 || box[2 * d + 1] > x->shape[d] - 1 || box[2 * d] > box[2 * d + 1]) {
@@ -152,5 +159,8 @@ done:
   free(shape);
   free(narrowed);
   free(producer);
+  free(rd.box);
+  free(rd.seen);
+  free(rd.bad);
   return rc == NF_ENOMEM ? NF_ENOMEM : NF_OK;
 }

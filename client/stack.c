@@ -76,10 +76,14 @@ static int64_t bytes_of(const nf_tensor *t) {
   return nf_tensor_numel(t) * (int64_t)nf_dtype_size((nf_dtype)t->dtype);
 }
 
-/* Marks the tensors e reads in row. */
-static void reads(const nf_expr *e, uint8_t *row) {
-  if (e->op == NF_OP_ACCESS) row[e->u.tensor] = 1;
-  for (uint16_t i = 0; i < e->n_args; i++) reads(e->args[i], row);
+/* Counts statement `stmt` once among the readers of each tensor e reads
+ * (last[t]: the last statement counted for t, plus one). */
+static void count_reads(const nf_expr *e, uint32_t stmt, uint32_t *last, uint32_t *n_readers) {
+  if (e->op == NF_OP_ACCESS && last[e->u.tensor] != stmt + 1) {
+    last[e->u.tensor] = stmt + 1;
+    n_readers[e->u.tensor]++;
+  }
+  for (uint16_t i = 0; i < e->n_args; i++) count_reads(e->args[i], stmt, last, n_readers);
 }
 
 /* Statement s of g, checked as a sum to rewrite; 1 and m filled. */
@@ -143,10 +147,8 @@ static const nf_expr *rebuild(nf_ir_ctx *ctx, const nf_expr *e, const uint32_t *
                               const match *m, uint32_t rank) {
   if (e->op == NF_OP_VAR) return m && e->u.var >= rank ? nf_e_var(ctx, e->u.var + 1) : e;
   if (e->n_args == 0 && e->op != NF_OP_ACCESS) return e;
-  const nf_expr *args[NF_MAX_RANK + 1];
-  const nf_expr *big[64];
-  const nf_expr **a = e->n_args < 64 ? big : NULL;
-  if (!a) return NULL;
+  const nf_expr *args[NF_MAX_RANK + 1], *a[NF_MAX_RANK + 1];
+  if (e->n_args > NF_MAX_RANK + 1) return NULL; /* accesses <= rank, others <= 3 */
   int off = 0;
   uint32_t tensor = e->op == NF_OP_ACCESS ? map[e->u.tensor] : 0;
   if (e->op == NF_OP_ACCESS && m) {
@@ -223,23 +225,21 @@ int nf_stack_sums(const nf_graph *g, nf_graph **out, int *n_done) {
   uint32_t nt = g->n_tensors, ns = g->n_stmts;
   int32_t *producer = malloc(sizeof(int32_t) * (nt + 1));
   uint32_t *n_readers = calloc(nt + 1, sizeof(uint32_t));
-  uint8_t *row = malloc(nt + 1);
+  uint32_t *last = calloc(nt + 1, sizeof(uint32_t));
   int32_t *role_of = malloc(sizeof(int32_t) * (ns + 1)); /* stmt -> match (sum), -2 dropped */
   uint32_t *map = malloc(sizeof(uint32_t) * (nt + 1));
   uint8_t *drop = calloc(nt + 1, 1);
   match *ms = NULL;
   int n_m = 0, rc = NF_OK;
   nf_graph *ng = NULL;
-  if (!producer || !n_readers || !row || !role_of || !map || !drop) {
+  if (!producer || !n_readers || !last || !role_of || !map || !drop) {
     rc = NF_ENOMEM;
     goto done;
   }
   for (uint32_t t = 0; t < nt; t++) producer[t] = -1;
   for (uint32_t i = 0; i < ns; i++) {
     producer[g->stmts[i].out] = (int32_t)i;
-    memset(row, 0, nt);
-    reads(g->stmts[i].rhs, row);
-    for (uint32_t t = 0; t < nt; t++) n_readers[t] += row[t];
+    count_reads(g->stmts[i].rhs, i, last, n_readers);
     role_of[i] = -1;
   }
   for (uint32_t k = 0; k < g->n_outputs; k++) n_readers[g->outputs[k]]++;
@@ -319,7 +319,7 @@ int nf_stack_sums(const nf_graph *g, nf_graph **out, int *n_done) {
 done:
   free(producer);
   free(n_readers);
-  free(row);
+  free(last);
   free(role_of);
   free(map);
   free(drop);
