@@ -36,6 +36,8 @@ static const tcase big_cases[] = {
      {NZ(1, 4, 1, 3, 13, 11), NZ(1, 4, 9, 3, 3, 3)}, NULL, 0, 0},
     {"relu 3x37", "relu", P0, 1, {NZ(1, 2, 3, 37)}, NULL, 0, 0},
     {"softmax 5x19", "softmax", P0, 1, {NZ(3, 2, 5, 19)}, NULL, 0, 0},
+    /* row max and sum in vector lanes (rfactor) by default, no guard */
+    {"softmax 3x32", "softmax", P0, 1, {NZ(3, 2, 3, 32)}, NULL, 0, 0},
 };
 
 static nf_module *load(const char *rel) {

@@ -206,6 +206,14 @@ static const bad_sched bad_matmul[] = {
     {"stmt 0 fuse i j\nstmt 0 split i.j.fused 5\nstmt 0 cache_read A i.j.fused.o",
      "mixes loops inside and outside", NF_EINVAL},
     {"stmt C split i 4\nstmt C split i 4", "unknown loop 'i'", NF_EINVAL},
+    {"stmt 0 vectorize k", "rfactor it first", NF_EINVAL},
+    {"stmt 0 cache_write i\nstmt 0 rfactor j", "not a reduction loop", NF_EINVAL},
+    {"stmt 0 rfactor k", "needs a cache_write", NF_EINVAL},
+    {"stmt 0 reorder i k j\nstmt 0 cache_write k\nstmt 0 rfactor k", "not inside",
+     NF_EINVAL},
+    {"stmt 0 cache_write i\nstmt 0 rfactor k\nstmt 0 split k 4", "no longer exists",
+     NF_EINVAL},
+    {"stmt 0 cache_write i\nstmt 0 rfactor k\nstmt 0 rfactor k", "given twice", NF_EINVAL},
 };
 
 START_TEST(lower_illegal) {
@@ -298,6 +306,12 @@ START_TEST(lower_explicit) {
       "stmt C vectorize j.i\nstmt C parallel i.o\n",
       "neoflow-schedule 1\nstmt 0 fuse i j\nstmt 0 split i.j.fused 16\n"
       "stmt 0 parallel i.j.fused.o\nstmt 0 split k 5\nstmt 0 reorder k.i k.o\n",
+      /* partial sums in vector lanes (k = 19: a guarded last vector) */
+      "neoflow-schedule 1\nstmt 0 split k 4\nstmt 0 reorder i k.o j k.i\n"
+      "stmt 0 cache_write i\nstmt 0 rfactor k.i\nstmt 0 vectorize k.i\nstmt 0 parallel i\n",
+      /* the tile continues the output's partial sums (i, k.o outside it) */
+      "neoflow-schedule 1\nstmt 0 split k 8\nstmt 0 reorder k.o i j k.i\n"
+      "stmt 0 cache_write i\nstmt 0 rfactor k.i\nstmt 0 vectorize k.i\n",
   };
   for (size_t k = 0; k < sizeof texts / sizeof texts[0]; k++) {
     nf_buf err = NF_BUF_INIT;
@@ -319,6 +333,16 @@ START_TEST(lower_explicit) {
                     strstr(nf_buf_str(&out), "vector for (j.i") &&
                     strstr(nf_buf_str(&out), "unroll for (i.i") &&
                     strstr(nf_buf_str(&out), "alloc f32 C_tile[4][8]"),
+                "%s", nf_buf_str(&out));
+  nf_schedule_free(s);
+  /* rfactor: a slot per lane in the tile, folded in order at the end */
+  nf_buf_reset(&out);
+  ck_assert_int_eq(nf_schedule_parse(texts[3], "x", &s, &err), NF_OK);
+  ck_assert_int_eq(nf_lower(I.g, s, pctx, &p, &err), NF_OK);
+  nf__loop_print(p, &out);
+  ck_assert_msg(strstr(nf_buf_str(&out), "alloc f32 C_tile[1][21][4]") &&
+                    strstr(nf_buf_str(&out), "vector for (k.i") &&
+                    strstr(nf_buf_str(&out), "+= C_tile[0][j][rf + 1]"),
                 "%s", nf_buf_str(&out));
   nf_schedule_free(s);
   nf_buf_free(&err);

@@ -67,6 +67,9 @@ typedef struct nest {
   int has_cw;
   uint32_t cw_var;
   char cw_name[NF_SCHED_NAME];
+  int has_rf; /* rfactor: the tile gets a slot per iteration of rf_var */
+  uint32_t rf_var;
+  char rf_name[NF_SCHED_NAME];
   int reassoc;
   int in_region; /* computed at a consumer's loop (compute_at) */
 } nest;
@@ -384,6 +387,21 @@ static int apply_item(lw *L, int si, nest *n, const nf_sched_item *it) {
     n->cw_var = n->l[p].var;
     memcpy(n->cw_name, n->l[p].name, NF_SCHED_NAME);
     return NF_OK;
+  case NF_SCH_RFACTOR:
+    if (L->g->stmts[si].red == NF_RED_NONE)
+      return lerr(L, NF_EINVAL, si, "rfactor applies to reductions only");
+    if (n->has_rf) return lerr(L, NF_EINVAL, si, "rfactor given twice");
+    if ((p = find_loop(n, it->names[0])) < 0)
+      return unknown_loop(L, si, n, "rfactor", it->names[0]);
+    if (!n->l[p].red)
+      return lerr(L, NF_EINVAL, si, "rfactor: loop '%s' is not a reduction loop", it->names[0]);
+    n->has_rf = 1;
+    n->rf_var = n->l[p].var;
+    memcpy(n->rf_name, n->l[p].name, NF_SCHED_NAME);
+    /* each slot folds a subsequence of the terms; the slots are folded
+     * in order at the end: a different order of summation */
+    n->reassoc = 1;
+    return NF_OK;
   case NF_SCH_COMPUTE_AT:
   case NF_SCH_CACHE_READ:
     return NF_OK; /* placed when the consumer's nest is built (lower_stmt) */
@@ -399,6 +417,14 @@ static int cw_pos(const nest *n) {
   if (!n->has_cw) return -1;
   for (int i = 0; i < n->n; i++)
     if (n->l[i].var == n->cw_var) return i;
+  return -2;
+}
+
+/* The position of the rfactor loop, -1 without one, -2 when it is gone. */
+static int rf_pos(const nest *n) {
+  if (!n->has_rf) return -1;
+  for (int i = 0; i < n->n; i++)
+    if (n->l[i].var == n->rf_var) return i;
   return -2;
 }
 
@@ -460,10 +486,10 @@ static int nest_finish(lw *L, int si, nest *n) {
     case NF_LOOP_VECTOR:
       if (i != n->n - 1)
         return lerr(L, NF_EINVAL, si, "vectorize: loop '%s' is not the innermost loop", lp->name);
-      if (lp->red)
+      if (lp->red && !(n->has_rf && lp->var == n->rf_var))
         return lerr(L, NF_EINVAL, si,
                     "vectorize: loop '%s' is a reduction loop (would break the reduction's "
-                    "dependence)", lp->name);
+                    "dependence; rfactor it first)", lp->name);
       if (lp->ext < 2 || lp->ext > 64)
         return lerr(L, NF_EINVAL, si, "vectorize: extent %lld of loop '%s' is not in 2..64",
                     (long long)lp->ext, lp->name);
@@ -480,13 +506,27 @@ static int nest_finish(lw *L, int si, nest *n) {
   if (c == -2)
     return lerr(L, NF_EINVAL, si, "cache_write: loop '%s' no longer exists (split or fused later)",
                 n->cw_name);
+  int rf = rf_pos(n);
+  if (rf == -2)
+    return lerr(L, NF_EINVAL, si, "rfactor: loop '%s' no longer exists (split or fused later)",
+                n->rf_name);
+  if (rf >= 0 && c < 0)
+    return lerr(L, NF_EINVAL, si,
+                "rfactor: loop '%s' needs a cache_write tile to hold its partial results",
+                n->rf_name);
+  if (rf >= 0 && rf <= c)
+    return lerr(L, NF_EINVAL, si, "rfactor: loop '%s' is not inside the cache_write loop '%s'",
+                n->rf_name, n->cw_name);
+  if (rf >= 0 && L->g->tensors[L->g->stmts[si].out].rank >= NF_MAX_RANK)
+    return lerr(L, NF_ELIMIT, si, "rfactor: the output has the largest rank (%d) already",
+                NF_MAX_RANK);
   if (c >= 0) {
     if (c == n->n - 1)
       return lerr(L, NF_EINVAL, si, "cache_write: no loops inside '%s'", n->cw_name);
     if (n->l[n->n - 1].kind == NF_LOOP_VECTOR && c == n->n - 2)
       return lerr(L, NF_EINVAL, si, "cache_write: tile inside the vector loop");
     const nf_tensor *t = &L->g->tensors[L->g->stmts[si].out];
-    int64_t elems = 1;
+    int64_t elems = rf >= 0 ? n->l[rf].ext : 1;
     for (int d = 0; d < t->rank; d++) {
       const nf_expr *in, *out_part;
       nf_range r;
@@ -1047,18 +1087,62 @@ typedef struct wb_ctx {
   const nest *n;
   int c;
   const nf_expr *idv; /* identity */
+  int64_t rf_ext;     /* rfactor: the tile's extra last dimension, else 0 */
+  int red;            /* the reduction operator (folding rfactor slots) */
+  int red_out;        /* reduction loops outside the tile */
 } wb_ctx;
+
+/* The tile's index: tidx[0..rank), then (rfactor) slot. */
+static void tile_index(const wb_ctx *w, const nf_expr *const *tidx, const nf_expr *slot,
+                       const nf_expr **out) {
+  for (int d = 0; d < w->rank; d++) out[d] = tidx[d];
+  if (w->rf_ext) out[w->rank] = slot;
+}
+
+/* A loop over a new variable of extent ext around body(var). */
+static nf_lstmt *slot_loop(lw *L, int64_t ext, uint32_t v, nf_lstmt *body) {
+  nf_lstmt *lp = wrap1(L, NF_LS_LOOP, body);
+  if (!lp) return NULL;
+  lp->var = v;
+  lp->extent = ext;
+  lp->loop_kind = NF_LOOP_SERIAL;
+  lp->var_name = dup_name(L, "rf");
+  return lp;
+}
 
 static nf_lstmt *init_payload(lw *L, void *ud, const nf_expr *const *tidx) {
   wb_ctx *w = ud;
-  return store(L, w->tile, w->rank, tidx, w->idv, NF_RED_NONE);
+  if (!w->rf_ext) return store(L, w->tile, w->rank, tidx, w->idv, NF_RED_NONE);
+  /* every slot of the element starts at the identity */
+  const nf_expr *ix[NF_MAX_RANK];
+  uint32_t v = new_var(L, w->rf_ext);
+  tile_index(w, tidx, var(L, v), ix);
+  return slot_loop(L, w->rf_ext, v, store(L, w->tile, w->rank + 1, ix, w->idv, NF_RED_NONE));
+}
+
+/* rfactor: tile[tidx][0] op= tile[tidx][1 + r] for r in 0:E-1 (the slots
+ * folded in order into slot 0). */
+static nf_lstmt *fold_slots(lw *L, const wb_ctx *w, const nf_expr *const *tidx) {
+  const nf_lbuf *tb = &L->bufs[w->tile];
+  const nf_expr *ix[NF_MAX_RANK], *i0[NF_MAX_RANK];
+  uint32_t v = new_var(L, w->rf_ext - 1);
+  tile_index(w, tidx, simp(L, bin(L, NF_OP_ADD, var(L, v), ci(L, 1))), ix);
+  tile_index(w, tidx, ci(L, 0), i0);
+  const nf_expr *x = nf_e_access(L->ctx, w->tile, (nf_dtype)tb->dtype, w->rank + 1, ix);
+  return slot_loop(L, w->rf_ext - 1, v, store(L, w->tile, w->rank + 1, i0, x, w->red));
 }
 
 static nf_lstmt *wb_payload(lw *L, void *ud, const nf_expr *const *both) {
   wb_ctx *w = ud;
   const nf_lbuf *tb = &L->bufs[w->tile];
-  const nf_expr *v = nf_e_access(L->ctx, w->tile, (nf_dtype)tb->dtype, w->rank, both);
-  return store(L, w->out, w->rank, both + w->rank, v, NF_RED_NONE);
+  const nf_expr *ix[NF_MAX_RANK];
+  tile_index(w, both, ci(L, 0), ix);
+  const nf_expr *v = nf_e_access(L->ctx, w->tile, (nf_dtype)tb->dtype,
+                                 w->rank + (w->rf_ext ? 1 : 0), ix);
+  nf_lstmt *st = store(L, w->out, w->rank, both + w->rank, v, w->red_out ? w->red : NF_RED_NONE);
+  if (!w->rf_ext || w->rf_ext == 1) return st;
+  nf_lstmt *items[2] = {fold_slots(L, w, both), st};
+  return seq(L, items, 2);
 }
 
 /* e with every access index that uses one of vars[0..n) clamped into
@@ -1085,11 +1169,15 @@ static const nf_expr *clamp_reads(lw *L, const nf_expr *e, const uint32_t *vars,
   return changed ? nf_e_rebuild(L->ctx, e, args) : e;
 }
 
-/* tile[tidx] = out[oidx] (a tile that continues a partial reduction) */
+/* tile[tidx] = out[oidx] (a tile that continues a partial reduction;
+ * rfactor: the slots start at the identity, and the write-back combines
+ * their fold with the output's partial result: each block of terms is
+ * summed on its own, which keeps a long sum's rounding error small) */
 static nf_lstmt *load_payload(lw *L, void *ud, const nf_expr *const *both) {
   wb_ctx *w = ud;
   const nf_lbuf *ob = &L->bufs[w->out];
   const nf_expr *v = nf_e_access(L->ctx, w->out, (nf_dtype)ob->dtype, w->rank, both + w->rank);
+  if (w->rf_ext) return init_payload(L, ud, both); /* wb_payload adds the output */
   return store(L, w->tile, w->rank, both, v, NF_RED_NONE);
 }
 
@@ -1198,16 +1286,22 @@ static int lower_stmt(lw *L, const nf_schedule *s, int si, const region *R, nf_l
     tidx[d] = simp(L, bin(L, NF_OP_SUB, tin[d], ci(L, r.lo)));
     if (!tidx[d]) return NF_ENOMEM;
   }
+  /* rfactor: one more dimension, a slot per iteration of the rfactor
+   * loop (checked by nest_finish: inside c, rank < NF_MAX_RANK) */
+  int rf = rf_pos(&n);
+  int64_t rf_ext = rf >= 0 ? n.l[rf].ext : 0;
+  if (rf >= 0) tshape[rank] = rf_ext;
   char tname[NF_SCHED_NAME + 16];
   snprintf(tname, sizeof tname, "%s_tile", t->name ? t->name : "t");
-  int tb = add_buf(L, tname, t->dtype, NF_BUF_TEMP, rank, tshape, -1);
+  int tb = add_buf(L, tname, t->dtype, NF_BUF_TEMP, rank + (rf >= 0), tshape, -1);
   if (tb < 0) return NF_ENOMEM;
   wb_ctx w = {.tile = (uint32_t)tb, .out = ob, .rank = rank, .orig = oidx, .n = &n, .c = c,
-              .idv = idv};
+              .idv = idv, .rf_ext = rf_ext, .red = st->red};
   /* init: the identity, or (reduction loops outside the tile: the tile
    * continues the output's partial sums) the output's current values */
   int red_out = 0;
   for (int i = 0; i <= c; i++) red_out |= n.l[i].red;
+  w.red_out = red_out && rf >= 0;
   const nf_expr *both[2 * NF_MAX_RANK];
   for (int d = 0; d < rank; d++) {
     both[d] = tidx[d];
@@ -1260,8 +1354,10 @@ static int lower_stmt(lw *L, const nf_schedule *s, int si, const region *R, nf_l
   nig = nkeep;
   const nf_expr *arhs = ndrop ? clamp_reads(L, rhs, dropv, ndrop) : rhs;
   if (!arhs) return NF_ENOMEM;
+  const nf_expr *aidx[NF_MAX_RANK];
+  tile_index(&w, tidx, rf >= 0 ? var(L, n.l[rf].var) : NULL, aidx);
   nf_lstmt *acc = build_at(L, &n.l[c + 1], n.n - c - 1, ig, nig, at, nat,
-                           store(L, (uint32_t)tb, rank, tidx, arhs, st->red));
+                           store(L, (uint32_t)tb, rank + (rf >= 0), aidx, arhs, st->red));
   /* write back: out[oidx] = tile[tidx] over the same replica loops; oidx
    * is rewritten like tidx, so both go through one replica */
   nf_lstmt *wb = replica(L, &n, c, wb_payload, &w, both, 2 * rank);
@@ -1623,6 +1719,39 @@ int nf_schedule_random(const nf_graph *g, uint64_t seed, nf_schedule **out) {
       break;
     }
     s->n_items--;
+  }
+  /* rfactor (from a stream of its own: the primitives above do not
+   * change with it): a reduction loop inside a statement's cache_write
+   * keeps partial results per iteration, vectorized when innermost and
+   * short enough, each kept only if the whole program still lowers */
+  uint64_t rr = seed ^ 0x2fac7025eedull;
+  for (uint32_t i = 0; rc == NF_OK && i < g->n_stmts; i++) {
+    nest n;
+    if (L.inlined[i] || g->stmts[i].red == NF_RED_NONE || rnd(&rr) % 3 != 0) continue;
+    if (!try_nest(&L, s, (int)i, &n)) continue;
+    int c = cw_pos(&n), cand[MAX_LOOPS], nc = 0;
+    for (int q = c + 1; c >= 0 && q < n.n; q++)
+      if (n.l[q].red) cand[nc++] = q;
+    if (nc == 0) continue;
+    int q = cand[rnd(&rr) % (uint64_t)nc];
+    nf_sched_item it;
+    memset(&it, 0, sizeof it);
+    it.stmt = (int32_t)i;
+    it.kind = NF_SCH_RFACTOR;
+    it.n_names = 1;
+    memcpy(it.names[0], n.l[q].name, NF_SCHED_NAME);
+    int added = 1;
+    if ((rc = nf_schedule_add(s, &it)) < 0) break;
+    if (q == n.n - 1 && n.l[q].ext >= 2 && n.l[q].ext <= 64 && rnd(&rr) % 2) {
+      it.kind = NF_SCH_VECTORIZE;
+      if ((rc = nf_schedule_add(s, &it)) < 0) break;
+      added = 2;
+    }
+    nf_lprog *p;
+    nf_buf_reset(&err);
+    int lr = nf_lower(g, s, ctx, &p, &err);
+    if (lr == NF_ENOMEM) rc = NF_ENOMEM;
+    if (lr != NF_OK) s->n_items -= added;
   }
   /* compute_at and cache_read at random loops, each kept only if the whole
    * program still lowers */

@@ -45,6 +45,7 @@ typedef enum nf_sched_kind {
   NF_SCH_COMPUTE_AT,   /* consumer stmt2, loop names[0] (of stmt2's nest) */
   NF_SCH_CACHE_WRITE,  /* loop names[0] */
   NF_SCH_CACHE_READ,   /* input names[1], loop names[0] */
+  NF_SCH_RFACTOR,      /* reduction loop names[0] (with cache_write) */
   NF_SCH_N_KINDS
 } nf_sched_kind;
 

@@ -16,6 +16,10 @@
  *  - a reduction read once by an elementwise statement (linear's XW + b,
  *    conv + bias) may be computed at that consumer's S0 or S1 tile (a
  *    fused epilogue), its own nest then tiling the region;
+ *  - a reduction may keep partial results in vector lanes (rfactor): one
+ *    reduction variable split by 4, 8 or 16, its inner part innermost and
+ *    vectorized, the tile holding a slot per lane (a depthwise
+ *    convolution's weight gradient: few outputs, long sums);
  *  - every tensor a tiled statement reads may be packed (cache_read) at
  *    the end of S0, R0 or S1;
  *  - any statement may keep the default schedule's primitives instead
@@ -56,6 +60,10 @@ typedef struct nf_sk_gene {
   uint8_t vec;      /* vectorize the innermost loop (when its extent fits) */
   uint8_t at_level; /* NF_SK_AT: the consumer's last S0 (0) or S1 (1) loop */
   uint8_t pack[NF_SK_MAX_READS]; /* 0 none, 1 end of S0, 2 R0, 3 S1 */
+  uint8_t rf;       /* reductions: 0, or 1 + v: reduction variable v split
+                       by f[rank + v][1] lanes, the inner part innermost,
+                       rfactored and vectorized (partial results in the
+                       tile, one slot per lane) */
   int64_t f[NF_MAX_VARS][2];     /* spatial: {S1, S2} factors; reduction:
                                     {R1, unused} */
 } nf_sk_gene;

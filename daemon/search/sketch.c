@@ -223,7 +223,7 @@ static void sample_red(const sk_stmt *k, uint64_t *r, nf_sk_gene *ge, int v) {
  * first). */
 static void fit_tile(const sk_stmt *k, nf_sk_gene *ge) {
   for (;;) {
-    int64_t prod = 1;
+    int64_t prod = ge->rf ? ge->f[k->rank + ge->rf - 1][1] : 1;
     int big = -1;
     for (int v = 0; v < k->rank; v++) {
       prod *= ge->f[v][1] > 0 ? ge->f[v][1] : 1;
@@ -231,7 +231,34 @@ static void fit_tile(const sk_stmt *k, nf_sk_gene *ge) {
     }
     if (prod <= MAX_TILE) return;
     if (big < 0) big = k->rank - 1;
+    if (big < 0 || ge->f[big][1] <= 1) return; /* the lanes alone */
     ge->f[big][1] = ge->f[big][1] / 2 > 0 ? ge->f[big][1] / 2 : 1;
+  }
+}
+
+/* rfactor: a reduction variable of at least 8 iterations and its lane
+ * count, or none; the register tile shrunk to fit the lanes. */
+static void sample_rf(const sk_stmt *k, uint64_t *r, nf_sk_gene *ge) {
+  static const int64_t lanes[] = {4, 8, 16};
+  int cand[NF_MAX_VARS], nc = 0;
+  ge->rf = 0;
+  for (int v = 0; v < k->n_red; v++)
+    if (k->ext[k->rank + v] >= 8) cand[nc++] = v;
+  if (nc == 0 || k->rank >= NF_MAX_RANK) return;
+  int v = cand[nf_sk_rand(r) % (uint64_t)nc];
+  int64_t w = pick(r, lanes, k->ext[k->rank + v] >= 16 ? 3 : 2);
+  ge->rf = (uint8_t)(1 + v);
+  ge->f[k->rank + v][1] = w;
+  /* tile x lanes within MAX_TILE */
+  for (int guard = 0; guard < 64; guard++) {
+    int64_t prod = w;
+    int big = -1;
+    for (int q = 0; q < k->rank; q++) {
+      prod *= ge->f[q][1] > 0 ? ge->f[q][1] : 1;
+      if (ge->f[q][1] > 1 && (big < 0 || ge->f[q][1] > ge->f[big][1])) big = q;
+    }
+    if (prod <= MAX_TILE || big < 0) return;
+    ge->f[big][1] /= 2;
   }
 }
 
@@ -252,6 +279,7 @@ static void sample_gene(const nf_sk_space *sp, uint32_t i, uint64_t *r, nf_sk_ge
   }
   fit_tile(k, ge);
   for (int v = 0; v < k->n_red; v++) sample_red(k, r, ge, v);
+  if (k->n_red && nf_sk_rand(r) % 3 == 0) sample_rf(k, r, ge);
   ge->n_par = (uint8_t)(nf_sk_rand(r) % 8 == 0 ? 0 : 1 + nf_sk_rand(r) % 3);
   ge->vec = nf_sk_rand(r) % 10 != 0;
   for (int q = 0; q < k->n_reads; q++)
@@ -303,7 +331,12 @@ void nf_sk_mutate(const nf_sk_space *sp, uint64_t *rng, const nf_sk_point *src,
       else sample_s1(k, rng, ge, v);
       break;
     case 5:
-      if (k->n_red) ge->tmpl ^= 1;
+      if (k->n_red && nf_sk_rand(rng) % 2)
+        ge->tmpl ^= 1;
+      else if (k->n_red && ge->rf)
+        ge->rf = 0;
+      else if (k->n_red)
+        sample_rf(k, rng, ge);
       break;
     case 6:
       ge->n_par = (uint8_t)(nf_sk_rand(rng) % 4);
@@ -352,7 +385,8 @@ typedef struct nest_plan {
     char name[NF_SCHED_NAME];
     int64_t f;
   } split[2 * NF_MAX_VARS];
-  loopref order[3 * NF_MAX_VARS];
+  loopref lanes; /* rfactor: the lane loop, innermost ("" none) */
+  loopref order[3 * NF_MAX_VARS + 1];
   int n_order;
   char fused[NF_SCHED_NAME]; /* the parallel loop ("" none) */
   int n_fused;               /* leading loops fused into it */
@@ -403,6 +437,17 @@ static void plan_nest(const sk_stmt *k, const nf_sk_gene *ge, const int64_t *ext
   for (int v = 0; v < k->n_red; v++) {
     const char *nm = k->nm[k->rank + v];
     int64_t e = ext[k->rank + v], f = ge->f[k->rank + v][0];
+    char rest[NF_SCHED_NAME];
+    if (ge->rf == v + 1) {
+      /* the lanes: nm.i innermost (after S2); nm.o takes nm's place */
+      int64_t w = ge->f[k->rank + v][1] > 1 ? ge->f[k->rank + v][1] : 8;
+      add_split(pl, nm, w);
+      set_ref(&pl->lanes, nm, ".i", w, 0);
+      nf__sched_cat(rest, nm, ".o");
+      nm = rest;
+      e = (e + w - 1) / w;
+      if (f > e) f = e;
+    }
     if (ge->tmpl == 0 || f >= e) {
       set_ref(&pl->r[ge->tmpl == 0 ? 0 : 1][v], nm, "", e, 0);
     } else if (f > 1) {
@@ -425,6 +470,7 @@ static void plan_nest(const sk_stmt *k, const nf_sk_gene *ge, const int64_t *ext
       if (l->name[0]) pl->order[pl->n_order++] = *l;
     }
   }
+  if (pl->lanes.name[0]) pl->order[pl->n_order++] = pl->lanes;
 }
 
 /* The last present loop of spatial level lv (or R0 when red), or NULL. */
@@ -580,7 +626,10 @@ static int emit_stmt(const nf_sk_space *sp, const nf_sk_point *p, uint32_t i, nf
                   sp->g->tensors[k->read_t[q]].name, 0);
   }
   if (pl.n_fused && rc == NF_OK) rc = add_item(s, NF_SCH_PARALLEL, st, 0, pl.fused, NULL, 0);
-  if (ge->vec && pl.n_order > pl.n_fused && rc == NF_OK) {
+  if (pl.lanes.name[0] && rc == NF_OK) {
+    rc = add_item(s, NF_SCH_RFACTOR, st, 0, pl.lanes.name, NULL, 0);
+    if (rc == NF_OK && ge->vec) rc = add_item(s, NF_SCH_VECTORIZE, st, 0, pl.lanes.name, NULL, 0);
+  } else if (ge->vec && pl.n_order > pl.n_fused && rc == NF_OK) {
     const loopref *last = &pl.order[pl.n_order - 1];
     /* powers of two only: a <56 x float> or <24 x float> vector
      * legalises into slow code */
