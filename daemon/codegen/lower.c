@@ -1089,7 +1089,8 @@ typedef struct wb_ctx {
   const nf_expr *idv; /* identity */
   int64_t rf_ext;     /* rfactor: the tile's extra last dimension, else 0 */
   int red;            /* the reduction operator (folding rfactor slots) */
-  int red_out;        /* reduction loops outside the tile */
+  int red_out;        /* rfactor with reduction loops outside the tile: the
+                         write-back combines the slots' fold with the output */
 } wb_ctx;
 
 /* The tile's index: tidx[0..rank), then (rfactor) slot. */
@@ -1175,9 +1176,9 @@ static const nf_expr *clamp_reads(lw *L, const nf_expr *e, const uint32_t *vars,
  * summed on its own, which keeps a long sum's rounding error small) */
 static nf_lstmt *load_payload(lw *L, void *ud, const nf_expr *const *both) {
   wb_ctx *w = ud;
+  if (w->rf_ext) return init_payload(L, ud, both); /* wb_payload adds the output */
   const nf_lbuf *ob = &L->bufs[w->out];
   const nf_expr *v = nf_e_access(L->ctx, w->out, (nf_dtype)ob->dtype, w->rank, both + w->rank);
-  if (w->rf_ext) return init_payload(L, ud, both); /* wb_payload adds the output */
   return store(L, w->tile, w->rank, both, v, NF_RED_NONE);
 }
 
