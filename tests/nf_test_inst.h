@@ -38,6 +38,12 @@ static const tcase big_cases[] = {
     {"softmax 5x19", "softmax", P0, 1, {NZ(3, 2, 5, 19)}, NULL, 0, 0},
     /* row max and sum in vector lanes (rfactor) by default, no guard */
     {"softmax 3x32", "softmax", P0, 1, {NZ(3, 2, 3, 32)}, NULL, 0, 0},
+    /* stencil tiles by default (4 output channels x rows x a row): the
+     * padded image copied zero-padded (cache_read), read unguarded */
+    {"conv2d pad 1 8ch 6x12", "conv2d", P1("pad", 1), 2,
+     {NZ(1, 4, 2, 3, 6, 12), NZ(1, 4, 8, 3, 3, 3)}, NULL, 0, 0},
+    {"conv2d stride 2 pad 2 dil 2 8ch", "conv2d", P3("stride", 2, "pad", 2, "dilation", 2), 2,
+     {NZ(1, 4, 1, 2, 9, 17), NZ(1, 4, 8, 2, 3, 3)}, NULL, 0, 0},
 };
 
 static nf_module *load(const char *rel) {

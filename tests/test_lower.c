@@ -447,6 +447,43 @@ START_TEST(lower_default_matmul) {
 }
 END_TEST
 
+/* A padded convolution's default: the stencil tile, and the image read
+ * from a zero-padded copy without its guard. */
+START_TEST(lower_default_stencil) {
+  if (!g_nn) g_nn = load("nn.nf");
+  int c = 0;
+  while (strcmp(big_cases[c].label, "conv2d pad 1 8ch 6x12") != 0) c++;
+  inst I;
+  inst_make(&I, g_nn, &big_cases[c], 5);
+  nf_schedule *s = NULL;
+  nf_buf out = NF_BUF_INIT, err = NF_BUF_INIT;
+  ck_assert_int_eq(nf_schedule_default(I.g, &s), NF_OK);
+  nf_schedule_print(s, &out);
+  ck_assert_str_eq(nf_buf_str(&out),
+                   "neoflow-schedule 1\nstmts 1\nstmt 0 split k 4\nstmt 0 split h 2\n"
+                   "stmt 0 split w 12\nstmt 0 reorder n h.o k.o w.o c r s k.i h.i w.i\n"
+                   "stmt 0 fuse n h.o\nstmt 0 cache_write w.o\n"
+                   "stmt 0 cache_read I n.h.o.fused\nstmt 0 parallel n.h.o.fused\n"
+                   "stmt 0 vectorize w.i\n");
+  nf_ir_ctx *pctx = nf_ir_ctx_new();
+  nf_lprog *p = NULL;
+  ck_assert_int_eq(nf_lower(I.g, s, pctx, &p, &err), NF_OK);
+  nf_buf_reset(&out);
+  nf__loop_print(p, &out);
+  const char *l = nf_buf_str(&out);
+  ck_assert_msg(strstr(l, "alloc f32 I_rd[1][3][4][14]") && strstr(l, ": 0;") &&
+                    strstr(l, "+= I_rd[0][c][r + h.i][s + w.i] * W[k.o * 4 + k.i][c][r][s];"),
+                "%s", l);
+  char msg[3000] = "";
+  ck_assert_msg(!run_one(&I, s, msg, sizeof msg), "%s", msg);
+  nf_schedule_free(s);
+  nf_buf_free(&out);
+  nf_buf_free(&err);
+  nf_ir_ctx_free(pctx);
+  inst_free(&I);
+}
+END_TEST
+
 static void free_modules(void) {
   nf_module_free(g_nn);
   nf_module_free(g_wl);
@@ -460,6 +497,7 @@ int main(void) {
   tcase_add_test(tc, lower_parse_errors);
   tcase_add_test(tc, lower_round_trip);
   tcase_add_test(tc, lower_default_matmul);
+  tcase_add_test(tc, lower_default_stencil);
   tcase_add_test(tc, lower_illegal);
   tcase_add_test(tc, lower_explicit);
   tcase_add_loop_test(tc, lower_big, 0, N_BIG);

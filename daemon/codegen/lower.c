@@ -100,6 +100,13 @@ typedef struct region {
   const nf_expr *start[NF_MAX_RANK];
   int64_t ext[NF_MAX_RANK];
   uint32_t buf;
+  /* how start was found (infer_region): start = outer[d] + lo[d], outer
+   * the part of the first read's index over loops at or outside loop px
+   * of nest n; rebase subtracts part by part */
+  const struct nest *n;
+  int px;
+  const nf_expr *outer[NF_MAX_RANK];
+  int64_t lo[NF_MAX_RANK];
 } region;
 
 /* A prologue placed at the start of loop `var`'s body, with the local
@@ -442,24 +449,26 @@ static uint64_t loop_mask(const nest *n, const nf_expr *e) {
 static int split_at(lw *L, const nest *n, int px, const nf_expr *e, const nf_expr **outer,
                     const nf_expr **inner) {
   const nf_expr *stack[64];
-  int sp = 0;
+  int sign[64], sp = 0;
   uint64_t in_m = px + 1 >= 64 ? 0 : ~((1ull << (px + 1)) - 1);
   *inner = ci(L, 0);
   *outer = ci(L, 0);
-  stack[sp++] = e;
+  stack[sp] = e;
+  sign[sp++] = 1;
   while (sp > 0) {
     const nf_expr *x = stack[--sp];
-    if (x->op == NF_OP_ADD && sp < 62) {
-      stack[sp++] = x->args[0];
-      stack[sp++] = x->args[1];
+    int sg = sign[sp];
+    if ((x->op == NF_OP_ADD || x->op == NF_OP_SUB) && sp < 62) {
+      stack[sp] = x->args[0];
+      sign[sp++] = sg;
+      stack[sp] = x->args[1];
+      sign[sp++] = x->op == NF_OP_SUB ? -sg : sg;
       continue;
     }
     uint64_t m = loop_mask(n, x);
     if ((m & in_m) && (m & ~in_m)) return 0;
-    if ((m & in_m) || x->op == NF_OP_CONST)
-      *inner = bin(L, NF_OP_ADD, *inner, x);
-    else
-      *outer = bin(L, NF_OP_ADD, *outer, x);
+    const nf_expr **side = (m & in_m) || x->op == NF_OP_CONST ? inner : outer;
+    *side = bin(L, sg > 0 ? NF_OP_ADD : NF_OP_SUB, *side, x);
   }
   *inner = simp(L, *inner);
   *outer = simp(L, *outer);
@@ -857,6 +866,8 @@ static int infer_region(lw *L, int si, const nest *n, int px, const char *what,
   const nf_expr *outer0[NF_MAX_RANK];
   int64_t lo[NF_MAX_RANK], hi[NF_MAX_RANK], elems = 1;
   R->rank = rank;
+  R->n = n;
+  R->px = px;
   for (int k = 0; k < na; k++)
     for (int d = 0; d < rank; d++) {
       const nf_expr *ix = a[k]->args[d], *o, *in;
@@ -893,6 +904,8 @@ static int infer_region(lw *L, int si, const nest *n, int px, const char *what,
                   L->bufs[a[0]->u.tensor].name, n->l[px].name, REGION_MAX_ELEMS);
     R->start[d] = simp(L, bin(L, NF_OP_ADD, outer0[d], ci(L, lo[d])));
     if (!R->start[d]) return NF_ENOMEM;
+    R->outer[d] = outer0[d];
+    R->lo[d] = lo[d];
   }
   return NF_OK;
 }
@@ -911,8 +924,22 @@ static const nf_expr *rebase(lw *L, const nf_expr *e, uint32_t from, const regio
     changed |= args[i] != e->args[i];
   }
   if (e->op == NF_OP_ACCESS && e->u.tensor == from) {
-    for (int d = 0; d < e->n_args; d++)
+    for (int d = 0; d < e->n_args; d++) {
+      /* (o - outer) + (in - lo): the parts over outer loops cancel to a
+       * constant even where the simplifier would not cancel them in
+       * index - start (a fused loop's `f % 28 * 2` terms) */
+      const nf_expr *o, *in;
+      if (R->n && split_at(L, R->n, R->px, args[d], &o, &in)) {
+        const nf_expr *dc = simp(L, bin(L, NF_OP_SUB, o, R->outer[d]));
+        if (!dc) return NULL;
+        if (dc->op == NF_OP_CONST) {
+          args[d] = simp(L, bin(L, NF_OP_ADD, in, ci(L, dc->u.i - R->lo[d])));
+          if (!args[d]) return NULL;
+          continue;
+        }
+      }
       if (!(args[d] = simp(L, bin(L, NF_OP_SUB, args[d], R->start[d])))) return NULL;
+    }
     r = nf_e_access(L->ctx, R->buf, (nf_dtype)e->dtype, e->n_args, args);
   } else {
     r = changed ? nf_e_rebuild(L->ctx, e, args) : e;
@@ -924,9 +951,65 @@ static const nf_expr *rebase(lw *L, const nf_expr *e, uint32_t from, const regio
 static int lower_stmt(lw *L, const nf_schedule *s, int si, const region *R, nf_lstmt **out,
                       int *reassoc);
 
+/* Whether comparison or conjunction c holds wherever access a of buffer
+ * b is inside b: each conjunct compares one of a's indices (plus a
+ * constant) with a constant that its bounds already satisfy, as a padded
+ * convolution's guard `h + r - 1 >= 0 && h + r - 1 < H ...` does. */
+static int implied_by_bounds(lw *L, const nf_expr *c, const nf_expr *a, const nf_lbuf *b) {
+  if (c->op == NF_OP_CONST) return c->u.i != 0;
+  if (c->op == NF_OP_AND)
+    return implied_by_bounds(L, c->args[0], a, b) && implied_by_bounds(L, c->args[1], a, b);
+  nf_op op = (nf_op)c->op;
+  if (op != NF_OP_LT && op != NF_OP_LE && op != NF_OP_GT && op != NF_OP_GE) return 0;
+  const nf_expr *lhs = c->args[0], *k = c->args[1];
+  if (lhs->op == NF_OP_CONST) { /* k OP x: x (flipped OP) k */
+    lhs = c->args[1];
+    k = c->args[0];
+    op = op == NF_OP_LT ? NF_OP_GT : op == NF_OP_LE ? NF_OP_GE : op == NF_OP_GT ? NF_OP_LT
+                                                                               : NF_OP_LE;
+  }
+  if (k->op != NF_OP_CONST || !nf_dtype_is_int((nf_dtype)k->dtype)) return 0;
+  for (int d = 0; d < a->n_args; d++) {
+    const nf_expr *diff = simp(L, bin(L, NF_OP_SUB, lhs, a->args[d]));
+    if (!diff || diff->op != NF_OP_CONST || !nf_dtype_is_int((nf_dtype)diff->dtype)) continue;
+    /* lhs = index + diff: the test is index OP m */
+    int64_t m = k->u.i - diff->u.i, D = b->shape[d];
+    if ((op == NF_OP_GE && m <= 0) || (op == NF_OP_GT && m < 0) ||
+        (op == NF_OP_LT && m >= D) || (op == NF_OP_LE && m >= D - 1))
+      return 1;
+  }
+  return 0;
+}
+
+/* e with every `c ? a : 0` whose a is an access of buffer b and whose c
+ * only tests that a is inside b replaced by a (cache_read's zero-padded
+ * copy holds 0 wherever a is outside b); *n counts them. */
+static const nf_expr *drop_pad_guards(lw *L, const nf_expr *e, uint32_t b, tmap *memo, int *n) {
+  const nf_expr *r = tmap_get(memo, e);
+  if (r) return r;
+  if (e->n_args == 0) return e;
+  if (e->op == NF_OP_SELECT && e->args[1]->op == NF_OP_ACCESS && e->args[1]->u.tensor == b &&
+      e->args[2]->op == NF_OP_CONST && nf_dtype_is_float((nf_dtype)e->args[2]->dtype) &&
+      e->args[2]->u.f == 0.0 && implied_by_bounds(L, e->args[0], e->args[1], &L->bufs[b])) {
+    (*n)++;
+    r = e->args[1];
+  } else {
+    const nf_expr *args[NF_MAX_RANK > 3 ? NF_MAX_RANK : 3];
+    int changed = 0;
+    for (int i = 0; i < e->n_args; i++) {
+      if (!(args[i] = drop_pad_guards(L, e->args[i], b, memo, n))) return NULL;
+      changed |= args[i] != e->args[i];
+    }
+    r = changed ? nf_e_rebuild(L->ctx, e, args) : e;
+  }
+  if (r && tmap_put(memo, e, r) < 0) return NULL;
+  return r;
+}
+
 /* The copy nest of cache_read: local[v] = src[start + v] over the region,
- * guarded to the source's bounds. */
-static nf_lstmt *copy_nest(lw *L, uint32_t src, const region *R) {
+ * guarded to the source's bounds; with zero_fill the cells outside the
+ * source are set to 0 instead of skipped. */
+static nf_lstmt *copy_nest(lw *L, uint32_t src, const region *R, int zero_fill) {
   const nf_lbuf *sb = &L->bufs[src];
   lloop loops[NF_MAX_RANK];
   const nf_expr *guards[2 * NF_MAX_RANK], *sidx[NF_MAX_RANK], *lidx[NF_MAX_RANK];
@@ -947,6 +1030,17 @@ static nf_lstmt *copy_nest(lw *L, uint32_t src, const region *R) {
     }
   }
   const nf_expr *v = nf_e_access(L->ctx, src, (nf_dtype)sb->dtype, R->rank, sidx);
+  if (zero_fill && ng > 0) {
+    const nf_expr *inb = guards[0];
+    for (int j = 1; j < ng; j++) inb = bin(L, NF_OP_AND, inb, guards[j]);
+    v = inb && v ? nf_e_select(L->ctx, inb, v, nf_e_const_f(L->ctx, (nf_dtype)sb->dtype, 0.0))
+                 : NULL;
+    if (!v) {
+      L->oom = 1;
+      return NULL;
+    }
+    ng = 0;
+  }
   return build(L, loops, R->rank, guards, ng, store(L, R->buf, R->rank, lidx, v, NF_RED_NONE));
 }
 
@@ -990,6 +1084,27 @@ static int attach_item(lw *L, const nf_schedule *s, int si, const nest *n, int k
     return lerr(L, NF_EINVAL, si, "%s: the statement does not read '%s'", what,
                 L->bufs[b].name);
   }
+  /* a padded read `c ? T[i] : 0` of the copied tensor reads the copy
+   * unguarded: the copy is zero-padded (the reads that keep their guard
+   * never look at the cells outside T, whatever they hold) */
+  int n_pad = 0;
+  if (!is_at) {
+    tmap pm = {0};
+    const nf_expr *np = drop_pad_guards(L, *rhs, b, &pm, &n_pad);
+    tmap_free(&pm);
+    if (!np) {
+      free(al.a);
+      return NF_ENOMEM;
+    }
+    if (n_pad > 0) {
+      *rhs = np;
+      al.n = 0;
+      if (nf_expr_visit(*rhs, acc_fn, &al) < 0 || al.oom) {
+        free(al.a);
+        return NF_ENOMEM;
+      }
+    }
+  }
   region R;
   memset(&R, 0, sizeof R);
   rc = infer_region(L, si, n, px, what, al.a, al.n, L->bufs[b].rank, &R);
@@ -1008,7 +1123,7 @@ static int attach_item(lw *L, const nf_schedule *s, int si, const nest *n, int k
   at->buf = R.buf;
   if (is_at) {
     if ((rc = lower_stmt(L, s, p, &R, &at->pro, reassoc)) < 0) return rc;
-  } else if (!(at->pro = copy_nest(L, b, &R))) {
+  } else if (!(at->pro = copy_nest(L, b, &R, n_pad > 0))) {
     return NF_ENOMEM;
   }
   return NF_OK;

@@ -441,6 +441,26 @@ static void dim_fn(const nf_expr *e, void *user) {
     if (uses_v(e->args[d], u->v)) u->dim = d;
 }
 
+/* The reduction variables of st (numbered from 0) but skip, in the
+ * order of the outermost dimension each indexes (ties: IR order): ord[],
+ * their count or NF_ENOMEM. */
+static int red_order(const nf_stmt *st, int rank, int skip, int *ord) {
+  int key[NF_MAX_VARS], no = 0;
+  for (int q = 0; q < st->n_red; q++) {
+    dim_use u = {.v = (uint32_t)(rank + q), .dim = NF_MAX_RANK};
+    if (nf_expr_visit(st->rhs, dim_fn, &u) < 0) return NF_ENOMEM;
+    key[q] = u.dim;
+    if (q == skip) continue;
+    int at = no++;
+    while (at > 0 && key[ord[at - 1]] > key[q]) {
+      ord[at] = ord[at - 1];
+      at--;
+    }
+    ord[at] = q;
+  }
+  return no;
+}
+
 /* The rfactor schedule of statement si over reduction variable rank + k:
  *   outer... red... r.o tile... r.i
  * r split by the vector width (8 where it divides, else 4 where that
@@ -480,19 +500,8 @@ static int rf_nest(nf_schedule *s, const nf_graph *g, int st_i, int k,
   /* the other reduction loops in the order of the dimensions they
    * index (an image's batch before its rows): the data is walked in
    * memory order */
-  int key[NF_MAX_VARS], ord[NF_MAX_VARS], no = 0;
-  for (int q = 0; q < st->n_red; q++) {
-    dim_use u = {.v = (uint32_t)(rank + q), .dim = NF_MAX_RANK};
-    if (nf_expr_visit(st->rhs, dim_fn, &u) < 0) return NF_ENOMEM;
-    key[q] = u.dim;
-    if (q == k) continue;
-    int at = no++;
-    while (at > 0 && key[ord[at - 1]] > key[q]) {
-      ord[at] = ord[at - 1];
-      at--;
-    }
-    ord[at] = q;
-  }
+  int ord[NF_MAX_VARS], no = red_order(st, rank, k, ord);
+  if (no < 0) return no;
   for (int q = 0; q < no; q++) nf__sched_cat(it.names[it.n_names++], nm[rank + ord[q]], "");
   if (blocks) nf__sched_cat(it.names[it.n_names++], roo, "");
   nf__sched_cat(it.names[it.n_names++], ro, "");
@@ -577,7 +586,157 @@ static int tile_nest(nf_schedule *s, int st_i, char nm[][NF_SCHED_NAME], int ran
   return rc;
 }
 
+/* A convolution-shaped register-tiled reduction: out(..., kv, ..., i, j)
+ * += [c ?] A(...) * B(...) : 0, where A (the image) reads along j and
+ * some reduction variable (a stencil, w + s) and does not use the output
+ * variable kv (an output channel), which B (the weights) uses, and B does
+ * not use i or j.  Fills the stencil tile's choice: kv, the image's
+ * access and whether its read is guarded (padding). */
+typedef struct stencil {
+  int kv;
+  const nf_expr *img;
+  int guarded;
+} stencil;
+
+static int uses_red(const nf_expr *e, int rank, int n_red) {
+  for (int k = 0; k < n_red; k++)
+    if (uses_v(e, (uint32_t)(rank + k))) return 1;
+  return 0;
+}
+
+static int stencil_of(const nf_graph *g, uint32_t si, stencil *sc) {
+  const nf_stmt *st = &g->stmts[si];
+  const nf_tensor *t = &g->tensors[st->out];
+  int rank = t->rank;
+  if (st->red != NF_RED_SUM || !tiled_by_default(g, si) || rank < 3) return 0;
+  const nf_expr *e = st->rhs;
+  sc->guarded = 0;
+  if (e->op == NF_OP_SELECT && e->args[2]->op == NF_OP_CONST &&
+      nf_dtype_is_float((nf_dtype)e->args[2]->dtype) && e->args[2]->u.f == 0.0) {
+    sc->guarded = 1;
+    e = e->args[1];
+  }
+  if (e->op != NF_OP_MUL) return 0;
+  for (int side = 0; side < 2; side++) {
+    const nf_expr *a = e->args[side], *b = e->args[1 - side];
+    if (a->op != NF_OP_ACCESS || b->op != NF_OP_ACCESS || a->n_args == 0) continue;
+    const nf_expr *last = a->args[a->n_args - 1];
+    if (!uses_v(last, (uint32_t)(rank - 1)) || !uses_red(last, rank, st->n_red)) continue;
+    if (uses_v(b, (uint32_t)(rank - 1)) || uses_v(b, (uint32_t)(rank - 2))) continue;
+    for (int kv = 0; kv < rank - 2; kv++)
+      if (t->shape[kv] % 4 == 0 && !uses_v(a, (uint32_t)kv) && uses_v(b, (uint32_t)kv)) {
+        sc->kv = kv;
+        sc->img = a;
+        return g->tensors[a->u.tensor].name != NULL;
+      }
+  }
+  return 0;
+}
+
+/* The stencil tile of statement si (on this Zen 4 machine a 3x3
+ * convolution 8x64x56x56 -> 64 channels at one thread: 22.9 ms against
+ * 35.5 through im2col and OpenBLAS and 120 with the plain 8 x 8 tile):
+ *   outer... i.o kv.o j.o red... kv.i i.i j.i
+ * kv.i 4 (output channels: one broadcast weight each), i.i 2 rows, j.i
+ * 8 lanes (the whole row where it is short and 8 does not divide it),
+ * the tile accumulated in registers (cache_write j.o), the reduction
+ * loops in the order of the dimensions they index; a guarded image
+ * read (padding) is copied zero-padded at i.o (cache_read: the rows
+ * that tile reads, every channel), so that the loads need no mask; the
+ * first outer loop is fused with i.o when it has under 16 iterations,
+ * and is parallel. */
+static int stencil_nest(nf_schedule *s, const nf_graph *g, int st_i, const stencil *sc,
+                        char nm[][NF_SCHED_NAME]) {
+  const nf_stmt *st = &g->stmts[st_i];
+  const nf_tensor *t = &g->tensors[st->out];
+  int rank = t->rank, rc;
+  int64_t ei = t->shape[rank - 2], ej = t->shape[rank - 1];
+  int64_t ti = ei % 2 == 0 ? 2 : 1;
+  int64_t tj = ej % 8 == 0 ? 8 : (ej % 4 == 0 && ej <= 32) ? ej : 8;
+  const char *kv = nm[sc->kv], *i = nm[rank - 2], *j = nm[rank - 1];
+  char io[NF_SCHED_NAME], jo[NF_SCHED_NAME], par[NF_SCHED_NAME], tmp[NF_SCHED_NAME];
+  nf__sched_cat(io, i, ".o");
+  nf__sched_cat(jo, j, ".o");
+  if ((rc = add1(s, st_i, NF_SCH_SPLIT, kv, 4)) < 0) return rc;
+  if ((rc = add1(s, st_i, NF_SCH_SPLIT, i, ti)) < 0) return rc;
+  if ((rc = add1(s, st_i, NF_SCH_SPLIT, j, tj)) < 0) return rc;
+  nf_sched_item it;
+  memset(&it, 0, sizeof it);
+  it.kind = NF_SCH_REORDER;
+  it.stmt = st_i;
+  int n_outer = 0;
+  for (int v = 0; v < rank - 2; v++)
+    if (v != sc->kv) {
+      nf__sched_cat(it.names[it.n_names++], nm[v], "");
+      n_outer++;
+    }
+  nf__sched_cat(it.names[it.n_names++], io, "");
+  nf__sched_cat(it.names[it.n_names++], kv, ".o");
+  nf__sched_cat(it.names[it.n_names++], jo, "");
+  /* reduction loops in the order of the dimensions they index (c r s:
+   * one channel plane at a time; r s c took twice as long) */
+  int ord[NF_MAX_VARS], no = red_order(st, rank, -1, ord);
+  if (no < 0) return no;
+  for (int q = 0; q < no; q++) nf__sched_cat(it.names[it.n_names++], nm[rank + ord[q]], "");
+  nf__sched_cat(it.names[it.n_names++], kv, ".i");
+  nf__sched_cat(it.names[it.n_names++], i, ".i");
+  nf__sched_cat(it.names[it.n_names++], j, ".i");
+  if ((rc = nf_schedule_add(s, &it)) < 0) return rc;
+  nf__sched_cat(par, n_outer > 0 ? it.names[0] : io, "");
+  if (n_outer == 1 && t->shape[sc->kv == 0 ? 1 : 0] < 16) {
+    memset(&it, 0, sizeof it);
+    it.kind = NF_SCH_FUSE;
+    it.stmt = st_i;
+    it.n_names = 2;
+    nf__sched_cat(it.names[0], par, "");
+    nf__sched_cat(it.names[1], io, "");
+    if ((rc = nf_schedule_add(s, &it)) < 0) return rc;
+    nf__sched_cat(tmp, par, ".");
+    nf__sched_cat(tmp, tmp, io);
+    nf__sched_cat(par, tmp, ".fused");
+    nf__sched_cat(io, par, "");
+  }
+  if ((rc = add1(s, st_i, NF_SCH_CACHE_WRITE, jo, 0)) < 0) return rc;
+  if (sc->guarded) {
+    memset(&it, 0, sizeof it);
+    it.kind = NF_SCH_CACHE_READ;
+    it.stmt = st_i;
+    it.n_names = 2;
+    nf__sched_cat(it.names[0], io, "");
+    nf__sched_cat(it.names[1], g->tensors[sc->img->u.tensor].name, "");
+    if ((rc = nf_schedule_add(s, &it)) < 0) return rc;
+  }
+  if ((rc = add1(s, st_i, NF_SCH_PARALLEL, par, 0)) < 0) return rc;
+  nf__sched_cat(tmp, j, ".i");
+  return add1(s, st_i, NF_SCH_VECTORIZE, tmp, 0);
+}
+
+static int schedule_default(const nf_graph *g, int use_stencil, int *n_stencil,
+                            nf_schedule **out);
+
+/* The default schedule; where a stencil tile was chosen the whole
+ * program is lowered once, and the plain register tiles are taken
+ * instead if that fails (a shape the stencil's pattern test let
+ * through but the cache_read region cannot hold). */
 int nf_schedule_default(const nf_graph *g, nf_schedule **out) {
+  int n_stencil = 0;
+  int rc = schedule_default(g, 1, &n_stencil, out);
+  if (rc < 0 || n_stencil == 0) return rc;
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  nf_buf err = NF_BUF_INIT;
+  nf_lprog *p = NULL;
+  int lr = ctx ? nf_lower(g, *out, ctx, &p, &err) : NF_ENOMEM;
+  nf_buf_free(&err);
+  nf_ir_ctx_free(ctx);
+  if (lr == NF_OK) return NF_OK;
+  nf_schedule_free(*out);
+  *out = NULL;
+  if (lr == NF_ENOMEM) return lr;
+  return schedule_default(g, 0, &n_stencil, out);
+}
+
+static int schedule_default(const nf_graph *g, int use_stencil, int *n_stencil,
+                            nf_schedule **out) {
   nf_schedule *s = nf_schedule_new();
   int rc = NF_OK;
   *out = NULL;
@@ -637,6 +796,12 @@ int nf_schedule_default(const nf_graph *g, nf_schedule **out) {
       int64_t ti, tj;
       reg_tile(ei, ej, &ti, &tj);
       rc = tile_nest(s, st_i, nm, rank, NULL, 0, ti, tj);
+      continue;
+    }
+    stencil sc;
+    if (use_stencil && stencil_of(g, si, &sc)) {
+      rc = stencil_nest(s, g, st_i, &sc, nm);
+      (*n_stencil)++;
       continue;
     }
     if (tiled_by_default(g, si)) {
