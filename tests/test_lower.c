@@ -484,6 +484,49 @@ START_TEST(lower_default_stencil) {
 }
 END_TEST
 
+/* Index-set splitting: a sum of one select per chunk of a gate vector
+ * (an LSTM's gate gradient) is lowered as one loop per chunk with no
+ * select left; `t == 0 ? .. : 0` peels one iteration. */
+START_TEST(lower_index_sets) {
+  static const char *src =
+      "def chunks(P: f32[B, G], dC: f32[B, D]) -> (dP: f32[B, G], E: f32[20, B]) require G == 4 * D {\n"
+      "  a(y0, y1) = y1 - 2 * D >= 0 && y1 - 2 * D <= D - 1 ? dC(y0, y1 - 2 * D) * sigmoid(P(y0, y1)) : 0.0"
+      " where y0 in 0:B, y1 in 0:G\n"
+      "  b(y0, y1) = y1 < D ? tanh(P(y0, y1 + D)) * dC(y0, y1) : 0.0 where y0 in 0:B, y1 in 0:G\n"
+      "  dP(i0, i1) = a(i0, i1) + b(i0, i1) + (i1 >= 3 * D ? P(i0, i1) : 1.0)\n"
+      "  E(t, n) = t == 0 ? dC(n, 0) : 0.0\n"
+      "}\n";
+  nf_module *m = nf_module_new();
+  nf_diag *d = nf_diag_new();
+  ck_assert_msg(nf_module_load_source(m, "chunks.nf", src, d) == NF_OK, "%s", nf_diag_text(d));
+  nf_diag_free(d);
+  static const tcase c = {"chunks", "chunks", P0, 2,
+                          {NZ(1, 2, 16, 32), NZ(1, 2, 16, 8)}, NULL, 0, 0};
+  inst I;
+  inst_make(&I, m, &c, 9);
+  nf_ir_ctx *pctx = nf_ir_ctx_new();
+  nf_buf err = NF_BUF_INIT, out = NF_BUF_INIT;
+  nf_lprog *p = NULL;
+  ck_assert_int_eq(nf_lower(I.g, NULL, pctx, &p, &err), NF_OK);
+  nf__loop_print(p, &out);
+  const char *l = nf_buf_str(&out);
+  /* dP: a piece per chunk of 8 (one vector each), no select; E: t = 0
+   * alone */
+  int pieces = 0;
+  for (const char *q = l; (q = strstr(q, "for (i1.o = 0; < 1)")); q++) pieces++;
+  ck_assert_msg(pieces == 4 && !strchr(l, '?') && strstr(l, "parallel for (t = 0; < 1)") &&
+                    strstr(l, "parallel for (t = 0; < 19)"),
+                "%s", l);
+  char msg[3000] = "";
+  ck_assert_msg(!run_one(&I, NULL, msg, sizeof msg), "%s", msg);
+  nf_buf_free(&out);
+  nf_buf_free(&err);
+  nf_ir_ctx_free(pctx);
+  inst_free(&I);
+  nf_module_free(m);
+}
+END_TEST
+
 static void free_modules(void) {
   nf_module_free(g_nn);
   nf_module_free(g_wl);
@@ -498,6 +541,7 @@ int main(void) {
   tcase_add_test(tc, lower_round_trip);
   tcase_add_test(tc, lower_default_matmul);
   tcase_add_test(tc, lower_default_stencil);
+  tcase_add_test(tc, lower_index_sets);
   tcase_add_test(tc, lower_illegal);
   tcase_add_test(tc, lower_explicit);
   tcase_add_loop_test(tc, lower_big, 0, N_BIG);

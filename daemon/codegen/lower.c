@@ -33,7 +33,11 @@
  * recursive lower_stmt over the region, guarded to the tensor's bounds)
  * or a copy nest fills it first, and the consumer's accesses are rebased
  * onto it.  A producer computed at a loop has no whole buffer: any other
- * reader makes the schedule illegal. */
+ * reader makes the schedule illegal.  A cache_read copy is zero-padded
+ * when that lets padded reads `c ? T[i] : 0` drop their guard.
+ *
+ * Each lowered statement then has its loops cut where the selects in
+ * their bodies switch at a constant iteration (split_index_sets). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1610,6 +1614,192 @@ static int lw_init(lw *L, const nf_graph *g, const nf_schedule *s, nf_ir_ctx *ct
   return NF_OK;
 }
 
+/* ---- index-set splitting ----
+ *
+ * A loop whose body selects by comparisons that, over the loop's range,
+ * switch from always false to always true at a constant iteration (a
+ * gradient that sums one select per chunk of a gate vector: `g - 1024 >=
+ * 0 ? .. : 0`, or `t == 0 ? .. : 0`) is cut there into consecutive loops,
+ * each over its part of the range, whose bodies are simplified with the
+ * narrower range: the comparisons become constants and the selects'
+ * untaken arms vanish (dpre of MI-LSTM evaluated all four chunks' sigmoid
+ * and tanh per element).  Only loops whose body holds no ALLOC (a tile)
+ * are cut, at most PART_MAX pieces; vector and unrolled loops are not. */
+#define PART_MAX 8
+
+typedef struct cuts {
+  lw *L;
+  uint32_t x;
+  int64_t ext;
+  int n, full;
+  int64_t at[PART_MAX];
+} cuts;
+
+static void add_cut(cuts *c, int64_t b) {
+  if (b <= 0 || b >= c->ext) return;
+  for (int i = 0; i < c->n; i++)
+    if (c->at[i] == b) return;
+  if (c->n == PART_MAX - 1) {
+    c->full = 1;
+    return;
+  }
+  c->at[c->n++] = b;
+}
+
+/* ceil(a / b) for b > 0 */
+static int64_t ceil_div(int64_t a, int64_t b) { return a >= 0 ? (a + b - 1) / b : -((-a) / b); }
+
+static void cut_fn(const nf_expr *e, void *user) {
+  cuts *c = user;
+  lw *L = c->L;
+  nf_op op = (nf_op)e->op;
+  if (op < NF_OP_LT || op > NF_OP_NE || e->n_args != 2 ||
+      !nf_dtype_is_int((nf_dtype)e->args[0]->dtype) || !uses_var(e, c->x))
+    return;
+  /* e is g OP 0 with g = alpha x + beta, beta free of x */
+  const nf_expr *gx = simp(L, bin(L, NF_OP_SUB, e->args[0], e->args[1]));
+  const nf_expr *g1 = gx ? simp(L, subst(L, gx, c->x, bin(L, NF_OP_ADD, var(L, c->x), ci(L, 1))))
+                         : NULL;
+  const nf_expr *al = g1 ? simp(L, bin(L, NF_OP_SUB, g1, gx)) : NULL;
+  const nf_expr *beta = gx ? simp(L, subst(L, gx, c->x, ci(L, 0))) : NULL;
+  nf_range r;
+  if (!al || !beta || al->op != NF_OP_CONST || al->u.i == 0 || uses_var(beta, c->x) ||
+      !nf_expr_bounds(beta, L->vr, (int)L->nv, &r))
+    return;
+  int64_t a = al->u.i, lo = r.lo, hi = r.hi;
+  if (lo < -(INT64_C(1) << 40) || hi > (INT64_C(1) << 40) || a < -(INT64_C(1) << 20) ||
+      a > (INT64_C(1) << 20))
+    return;
+  if (op == NF_OP_EQ || op == NF_OP_NE) { /* true at one x at most */
+    if (lo != hi || (-lo) % a != 0) return;
+    add_cut(c, -lo / a);
+    add_cut(c, -lo / a + 1);
+    return;
+  }
+  if (a < 0) { /* g OP 0  <=>  -g OP' 0 */
+    int64_t t = lo;
+    a = -a;
+    lo = -hi;
+    hi = -t;
+    op = op == NF_OP_LT ? NF_OP_GT : op == NF_OP_LE ? NF_OP_GE : op == NF_OP_GT ? NF_OP_LT
+                                                                              : NF_OP_LE;
+  }
+  if (op == NF_OP_GT || op == NF_OP_LE) { /* g > 0  <=>  g - 1 >= 0 */
+    lo -= 1;
+    hi -= 1;
+  }
+  /* a x + beta >= 0 is false for every beta below F and true for every
+   * beta from T on; one cut where they meet */
+  int64_t F = ceil_div(-hi, a), T = ceil_div(-lo, a);
+  if (F == T) add_cut(c, T);
+}
+
+static int collect_cuts(const nf_lstmt *s, cuts *c) {
+  if (s->kind == NF_LS_ALLOC) return 0;
+  if (s->kind == NF_LS_STORE && nf_expr_visit(s->value, cut_fn, c) < 0) c->L->oom = 1;
+  for (int i = 0; i < s->n_body; i++)
+    if (!collect_cuts(s->body[i], c)) return 0;
+  return 1;
+}
+
+typedef struct vmap {
+  int n;
+  uint32_t from[MAX_LOOPS + 1];
+  const nf_expr *to[MAX_LOOPS + 1];
+} vmap;
+
+static const nf_expr *map_expr(lw *L, const nf_expr *e, const vmap *m) {
+  for (int i = 0; i < m->n && e; i++) e = subst(L, e, m->from[i], m->to[i]);
+  return simp(L, e);
+}
+
+/* A copy of s with m's variables substituted, each loop over a fresh
+ * variable, expressions simplified. */
+static nf_lstmt *copy_mapped(lw *L, const nf_lstmt *s, vmap *m) {
+  nf_lstmt *c = mk(L, s->kind, s->n_body);
+  if (!c) return NULL;
+  int pushed = 0;
+  switch (s->kind) {
+  case NF_LS_LOOP:
+    if (m->n == MAX_LOOPS + 1) {
+      L->oom = 1;
+      return NULL;
+    }
+    c->var = new_var(L, s->extent);
+    c->extent = s->extent;
+    c->loop_kind = s->loop_kind;
+    c->var_name = s->var_name;
+    m->from[m->n] = s->var;
+    m->to[m->n++] = var(L, c->var);
+    pushed = 1;
+    break;
+  case NF_LS_STORE:
+    c->buf = s->buf;
+    c->n_idx = s->n_idx;
+    c->op = s->op;
+    for (int d = 0; d < s->n_idx; d++)
+      if (!(c->idx[d] = map_expr(L, s->idx[d], m))) return NULL;
+    if (!(c->value = map_expr(L, s->value, m))) return NULL;
+    break;
+  case NF_LS_IF:
+    if (!(c->cond = map_expr(L, s->cond, m))) return NULL;
+    break;
+  case NF_LS_ALLOC:
+    c->buf = s->buf;
+    break;
+  default:
+    break;
+  }
+  for (int i = 0; i < s->n_body; i++)
+    if (!(c->body[i] = copy_mapped(L, s->body[i], m))) return NULL;
+  if (pushed) m->n--;
+  return c;
+}
+
+/* s with its loops cut where their bodies' selects switch (above);
+ * NULL when out of memory. */
+static nf_lstmt *split_index_sets(lw *L, nf_lstmt *s) {
+  if (s->kind == NF_LS_LOOP &&
+      (s->loop_kind == NF_LOOP_SERIAL || s->loop_kind == NF_LOOP_PARALLEL) && s->extent > 1) {
+    cuts c = {.L = L, .x = s->var, .ext = s->extent};
+    int ok = 1;
+    for (int i = 0; i < s->n_body && ok; i++) ok = collect_cuts(s->body[i], &c);
+    if (L->oom) return NULL;
+    if (ok && c.n > 0 && !c.full) {
+      for (int i = 1; i < c.n; i++) /* sort the cuts */
+        for (int j = i; j > 0 && c.at[j - 1] > c.at[j]; j--) {
+          int64_t t = c.at[j];
+          c.at[j] = c.at[j - 1];
+          c.at[j - 1] = t;
+        }
+      nf_lstmt *pieces[PART_MAX];
+      for (int p = 0; p <= c.n; p++) {
+        int64_t a = p == 0 ? 0 : c.at[p - 1], b = p == c.n ? s->extent : c.at[p];
+        nf_lstmt *lp = mk(L, NF_LS_LOOP, s->n_body);
+        if (!lp) return NULL;
+        lp->var = new_var(L, b - a);
+        lp->extent = b - a;
+        lp->loop_kind = s->loop_kind;
+        lp->var_name = s->var_name;
+        vmap m = {.n = 1};
+        m.from[0] = s->var;
+        m.to[0] = bin(L, NF_OP_ADD, var(L, lp->var), ci(L, a));
+        for (int i = 0; i < s->n_body; i++)
+          if (!m.to[0] || !(lp->body[i] = copy_mapped(L, s->body[i], &m))) return NULL;
+        pieces[p] = lp;
+      }
+      for (int p = 0; p <= c.n; p++)
+        for (int i = 0; i < pieces[p]->n_body; i++)
+          if (!(pieces[p]->body[i] = split_index_sets(L, pieces[p]->body[i]))) return NULL;
+      return seq(L, pieces, c.n + 1);
+    }
+  }
+  if (s->kind == NF_LS_LOOP && s->loop_kind == NF_LOOP_VECTOR) return s;
+  for (int i = 0; i < s->n_body; i++)
+    if (!(s->body[i] = split_index_sets(L, s->body[i]))) return NULL;
+  return s;
+}
+
 int nf_lower_ex(const nf_graph *g, const nf_schedule *s, nf_ir_ctx *ctx, nf_lprog **out,
                 nf_lower_info *info, nf_buf *err) {
   lw L;
@@ -1632,6 +1822,7 @@ int nf_lower_ex(const nf_graph *g, const nf_schedule *s, nf_ir_ctx *ctx, nf_lpro
   for (uint32_t i = 0; rc == NF_OK && i < g->n_stmts; i++) {
     if (L.inlined[i] || L.at_of[i] >= 0) continue;
     rc = lower_stmt(&L, s, (int)i, NULL, &items[n_items], &reassoc);
+    if (rc == NF_OK && !(items[n_items] = split_index_sets(&L, items[n_items]))) rc = NF_ENOMEM;
     if (rc == NF_OK) n_items++;
   }
   /* a statement computed at a consumer's loop must have no other reader */
