@@ -527,6 +527,42 @@ START_TEST(lower_index_sets) {
 }
 END_TEST
 
+/* A padded convolution's weight gradient: the weight-gradient tile by
+ * default (4 x 2 outputs, lanes over w, blocks of rows, the image's rows
+ * copied zero-padded), agreeing with the interpreter. */
+START_TEST(lower_default_wgrad) {
+  static const char *src =
+      "def cdw(I: f32[N, C, H, Wd], dO: f32[N, K, H, Wd]) -> (dW: f32[K, C, 3, 3]) {\n"
+      "  dW(k, c, r, s) +=! (h + r - 1 >= 0 && h + r - 1 < H && w + s - 1 >= 0 && w + s - 1 < Wd) ?\n"
+      "    dO(n, k, h, w) * I(n, c, h + r - 1, w + s - 1) : 0.0\n"
+      "}\n";
+  nf_module *m = nf_module_new();
+  nf_diag *d = nf_diag_new();
+  ck_assert_msg(nf_module_load_source(m, "cdw.nf", src, d) == NF_OK, "%s", nf_diag_text(d));
+  nf_diag_free(d);
+  static const tcase c = {"cdw", "cdw", P0, 2, {NZ(1, 4, 2, 6, 20, 16), NZ(1, 4, 2, 8, 20, 16)},
+                          NULL, 0, 0};
+  inst I;
+  inst_make(&I, m, &c, 13);
+  nf_schedule *s = NULL;
+  nf_buf out = NF_BUF_INIT;
+  ck_assert_int_eq(nf_schedule_default(I.g, &s), NF_OK);
+  nf_schedule_print(s, &out);
+  ck_assert_str_eq(nf_buf_str(&out),
+                   "neoflow-schedule 1\nstmts 1\nstmt 0 split k 4\nstmt 0 split c 2\n"
+                   "stmt 0 split h 10\nstmt 0 split w 8\n"
+                   "stmt 0 reorder c.o n h.o k.o r s h.i w.o k.i c.i w.i\n"
+                   "stmt 0 cache_write s\nstmt 0 cache_read I h.o\nstmt 0 rfactor w.i\n"
+                   "stmt 0 parallel c.o\nstmt 0 vectorize w.i\n");
+  char msg[3000] = "";
+  ck_assert_msg(!run_one(&I, s, msg, sizeof msg), "%s", msg);
+  nf_schedule_free(s);
+  nf_buf_free(&out);
+  inst_free(&I);
+  nf_module_free(m);
+}
+END_TEST
+
 static void free_modules(void) {
   nf_module_free(g_nn);
   nf_module_free(g_wl);
@@ -542,6 +578,7 @@ int main(void) {
   tcase_add_test(tc, lower_default_matmul);
   tcase_add_test(tc, lower_default_stencil);
   tcase_add_test(tc, lower_index_sets);
+  tcase_add_test(tc, lower_default_wgrad);
   tcase_add_test(tc, lower_illegal);
   tcase_add_test(tc, lower_explicit);
   tcase_add_loop_test(tc, lower_big, 0, N_BIG);
