@@ -638,7 +638,8 @@ static int stencil_of(const nf_graph *g, uint32_t si, stencil *sc) {
  * 35.5 through im2col and OpenBLAS and 120 with the plain 8 x 8 tile):
  *   outer... i.o kv.o j.o red... kv.i i.i j.i
  * kv.i 4 (output channels: one broadcast weight each), i.i 2 rows, j.i
- * 8 lanes (the whole row where it is short and 8 does not divide it),
+ * 8 lanes (the whole row where it is short and 8 does not divide it:
+ * then 1 row, and 2 channels when the row is over 2 vectors),
  * the tile accumulated in registers (cache_write j.o), the reduction
  * loops in the order of the dimensions they index; a guarded image
  * read (padding) is copied zero-padded at i.o (cache_read: the rows
@@ -651,13 +652,17 @@ static int stencil_nest(nf_schedule *s, const nf_graph *g, int st_i, const stenc
   const nf_tensor *t = &g->tensors[st->out];
   int rank = t->rank, rc;
   int64_t ei = t->shape[rank - 2], ej = t->shape[rank - 1];
-  int64_t ti = ei % 2 == 0 ? 2 : 1;
+  /* at most 8 of the 16 vector registers hold the tile: k.i x i.i x
+   * vectors per row (a 28-wide row is 4 vectors: 2 x 1 x 28; 4 x 2 x 28
+   * spilled, 16x32x28x28 to 64 channels 106 ms against 10.9) */
   int64_t tj = ej % 8 == 0 ? 8 : (ej % 4 == 0 && ej <= 32) ? ej : 8;
+  int64_t nvec = (tj + 7) / 8, tk = nvec <= 2 ? 4 : 2;
+  int64_t ti = nvec == 1 && ei % 2 == 0 ? 2 : 1;
   const char *kv = nm[sc->kv], *i = nm[rank - 2], *j = nm[rank - 1];
   char io[NF_SCHED_NAME], jo[NF_SCHED_NAME], par[NF_SCHED_NAME], tmp[NF_SCHED_NAME];
   nf__sched_cat(io, i, ".o");
   nf__sched_cat(jo, j, ".o");
-  if ((rc = add1(s, st_i, NF_SCH_SPLIT, kv, 4)) < 0) return rc;
+  if ((rc = add1(s, st_i, NF_SCH_SPLIT, kv, tk)) < 0) return rc;
   if ((rc = add1(s, st_i, NF_SCH_SPLIT, i, ti)) < 0) return rc;
   if ((rc = add1(s, st_i, NF_SCH_SPLIT, j, tj)) < 0) return rc;
   nf_sched_item it;
