@@ -30,4 +30,20 @@
  * NULL when none is; NF_ENOMEM. */
 int nf_narrow_reads(const nf_graph *g, nf_graph **out, int *n_done);
 
+/* Tensors stored only where they can be nonzero.  The gradient of a read
+ * at a constant index (an RNN step reading its slice t of a product
+ * computed for all steps at once, Wx(t, n, g)) is a whole tensor that is
+ * zero but for that slice,
+ *
+ *     dWx_7(t, n, g) = t == 0 ? dpre_0(n, g) * .. : 0.0
+ *
+ * nf_narrow_zeros stores each local elementwise tensor whose statement is
+ * `c ? v : 0` with c a conjunction of bounds on its own output variables
+ * only over that box (v with the variables shifted), and its readers read
+ * `inside ? T(i - lo) : 0`; the lowering then cuts their loops where those
+ * selects switch (docs/schedules.md, index-set splitting).  A tensor is
+ * narrowed when at least a tenth of it is always zero.  Values are
+ * unchanged.  Same contract as nf_narrow_reads. */
+int nf_narrow_zeros(const nf_graph *g, nf_graph **out, int *n_done);
+
 #endif

@@ -336,5 +336,8 @@ int nf_rewrite_grad(nf_graph *g, nf_graph **out) {
   rc = nf_narrow_reads(*out, &r, &n);
   if (rc != NF_OK) return rc;
   if (r) *out = r;
+  rc = nf_narrow_zeros(*out, &r, &n);
+  if (rc != NF_OK) return rc;
+  if (r) *out = r;
   return NF_OK;
 }

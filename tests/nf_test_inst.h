@@ -44,6 +44,9 @@ static const tcase big_cases[] = {
      {NZ(1, 4, 2, 3, 6, 12), NZ(1, 4, 8, 3, 3, 3)}, NULL, 0, 0},
     {"conv2d stride 2 pad 2 dil 2 8ch", "conv2d", P3("stride", 2, "pad", 2, "dilation", 2), 2,
      {NZ(1, 4, 1, 2, 9, 17), NZ(1, 4, 8, 2, 3, 3)}, NULL, 0, 0},
+    /* depthwise: the plain tile, each channel's plane copied zero-padded */
+    {"conv2d depthwise pad 1 8ch 6x12", "conv2d", P2("pad", 1, "groups", 8), 2,
+     {NZ(1, 4, 2, 8, 6, 12), NZ(1, 4, 8, 1, 3, 3)}, NULL, 0, 0},
 };
 
 static nf_module *load(const char *rel) {

@@ -477,6 +477,25 @@ START_TEST(lower_default_stencil) {
   char msg[3000] = "";
   ck_assert_msg(!run_one(&I, s, msg, sizeof msg), "%s", msg);
   nf_schedule_free(s);
+  inst_free(&I);
+  /* depthwise: no output channel for the stencil; the plain tile, and
+   * each plane copied zero-padded at the channel loop */
+  c = 0;
+  while (strcmp(big_cases[c].label, "conv2d depthwise pad 1 8ch 6x12") != 0) c++;
+  inst_make(&I, g_nn, &big_cases[c], 5);
+  ck_assert_int_eq(nf_schedule_default(I.g, &s), NF_OK);
+  nf_buf_reset(&out);
+  nf_schedule_print(s, &out);
+  ck_assert_msg(strstr(nf_buf_str(&out), "stmt 0 cache_write w.o\nstmt 0 cache_read I k\n"), "%s",
+                nf_buf_str(&out));
+  ck_assert_int_eq(nf_lower(I.g, s, pctx, &p, &err), NF_OK);
+  nf_buf_reset(&out);
+  nf__loop_print(p, &out);
+  ck_assert_msg(strstr(nf_buf_str(&out), "alloc f32 I_rd[1][1][8][14]") &&
+                    strstr(nf_buf_str(&out), "+= I_rd[0][0]["),
+                "%s", nf_buf_str(&out));
+  ck_assert_msg(!run_one(&I, s, msg, sizeof msg), "%s", msg);
+  nf_schedule_free(s);
   nf_buf_free(&out);
   nf_buf_free(&err);
   nf_ir_ctx_free(pctx);

@@ -195,6 +195,42 @@ END_TEST
 
 #define SH(nm, ...) {nm, sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t), {__VA_ARGS__}}
 
+/* The MI-LSTM workload's gradient: the gradient of each step's read of
+ * Wx(t, n, g) is zero but for slice t; nf_narrow_zeros stores that slice
+ * only, and the gradients are unchanged. */
+START_TEST(narrow_zeros_milstm) {
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  nf_arg_shape sh[9] = {SH("X", 8, 3, 4),  SH("H0", 3, 5),    SH("C0", 3, 5),
+                        SH("W", 20, 4),    SH("U", 20, 5),    SH("alpha", 20),
+                        SH("beta1", 20),   SH("beta2", 20),   SH("b", 20)};
+  nf_graph *g = inst("../examples/workloads.nf", "milstm_loss", ctx, 9, sh);
+  const char *wrt[6] = {"W", "U", "alpha", "beta1", "beta2", "b"};
+  nf_grad_opts go = {.n_wrt = 6, .wrt = wrt, .keep_outputs = 1};
+  nf_graph *gg = NULL, *out = NULL;
+  nf_buf err = NF_BUF_INIT;
+  ck_assert_msg(nf_grad_graph(g, &go, ctx, &gg, NULL, &err) == NF_OK, "%s", nf_buf_str(&err));
+  int n = 0;
+  ck_assert(nf_narrow_zeros(gg, &out, &n) == NF_OK);
+  ck_assert_ptr_nonnull(out);
+  ck_assert_int_ge(n, 7);
+  int found = 0;
+  for (uint32_t t = 0; t < out->n_tensors; t++)
+    if (!strcmp(out->tensors[t].name, "dWx_7")) {
+      found = 1;
+      ck_assert_int_eq(out->tensors[t].shape[0], 1);
+      ck_assert_int_eq(out->tensors[t].shape[2], 20);
+    }
+  ck_assert(found);
+  same_results(gg, out);
+  /* nothing left to narrow */
+  nf_graph *again = NULL;
+  ck_assert(nf_narrow_zeros(out, &again, &n) == NF_OK);
+  ck_assert_ptr_null(again);
+  nf_buf_free(&err);
+  nf_ir_ctx_free(ctx);
+}
+END_TEST
+
 /* The LLTM workload's gradient: grad_W, the sum over the 8 steps, becomes
  * one product; the gradients are those of the graph before. */
 START_TEST(stack_lltm) {
@@ -248,6 +284,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, stack_left_alone);
   tcase_add_test(tc, stack_lltm);
   tcase_add_test(tc, narrow_rewritten);
+  tcase_add_test(tc, narrow_zeros_milstm);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -839,6 +839,35 @@ static int wgrad_nest(nf_schedule *s, const nf_graph *g, int st_i, const wgrad *
   return add1(s, st_i, NF_SCH_VECTORIZE, rwi, 0);
 }
 
+/* For a register-tiled sum of rank >= 3 whose term is a padded product
+ * `c ? A(..) * B(..) : 0` where the image A reads along the last output
+ * variable and a reduction variable (w + s) and no reduction variable
+ * indexes A before its last two dimensions (one plane of A per iteration
+ * of the loop outside the tile's rows: a depthwise convolution), A's
+ * access: the default copies that plane zero-padded at that loop
+ * (cache_read), so that the tile's loads need no mask (the depthwise
+ * forward 16x128x28x28 at one thread: 5.3 -> 2.9 ms).  Else NULL. */
+static const nf_expr *padded_plane(const nf_graph *g, uint32_t si) {
+  const nf_stmt *st = &g->stmts[si];
+  int rank = g->tensors[st->out].rank;
+  const nf_expr *e = st->rhs;
+  if (st->red != NF_RED_SUM || rank < 3 || e->op != NF_OP_SELECT ||
+      e->args[2]->op != NF_OP_CONST || !nf_dtype_is_float((nf_dtype)e->args[2]->dtype) ||
+      e->args[2]->u.f != 0.0 || e->args[1]->op != NF_OP_MUL)
+    return NULL;
+  e = e->args[1];
+  for (int side = 0; side < 2; side++) {
+    const nf_expr *a = e->args[side];
+    if (a->op != NF_OP_ACCESS || a->n_args < 2 || !g->tensors[a->u.tensor].name) continue;
+    const nf_expr *last = a->args[a->n_args - 1];
+    if (!uses_v(last, (uint32_t)(rank - 1)) || !uses_red(last, rank, st->n_red)) continue;
+    int ok = 1;
+    for (int d = 0; d + 2 < a->n_args && ok; d++) ok = !uses_red(a->args[d], rank, st->n_red);
+    if (ok) return a;
+  }
+  return NULL;
+}
+
 static int schedule_default(const nf_graph *g, int use_stencil, int *n_stencil,
                             nf_schedule **out);
 
@@ -939,6 +968,18 @@ static int schedule_default(const nf_graph *g, int use_stencil, int *n_stencil,
       rc = tile_nest(s, st_i, nm, rank, &nm[rank], st->n_red, ti, tj);
       nf__sched_cat(a, nm[rank - 1], ".o");
       if (rc == NF_OK) rc = add1(s, st_i, NF_SCH_CACHE_WRITE, a, 0);
+      const nf_expr *pl;
+      if (rc == NF_OK && use_stencil && (pl = padded_plane(g, si)) != NULL) {
+        nf_sched_item it;
+        memset(&it, 0, sizeof it);
+        it.kind = NF_SCH_CACHE_READ;
+        it.stmt = st_i;
+        it.n_names = 2;
+        nf__sched_cat(it.names[0], nm[rank - 3], "");
+        nf__sched_cat(it.names[1], g->tensors[pl->u.tensor].name, "");
+        rc = nf_schedule_add(s, &it);
+        (*n_stencil)++;
+      }
       continue;
     }
     wgrad wg;
