@@ -33,9 +33,12 @@ static void read_boxes(const nf_expr *e, const nf_range *rg, int n_vars, reads *
 
 /* e with the output variables v < n_out shifted (v -> v + vshift[v]) and
  * every access of a narrowed tensor t shifted back (index d minus
- * lo[t][d]). */
+ * lo[t][d]); with zero, that access is also wrapped in `inside ? .. : 0`
+ * (inside: the index within t's box). */
 static const nf_expr *rebuild(nf_ir_ctx *ctx, const nf_expr *e, const int64_t *vshift,
-                              uint32_t n_out, int64_t (*lo)[NF_MAX_RANK], const uint8_t *narrowed) {
+                              uint32_t n_out, int64_t (*lo)[NF_MAX_RANK],
+                              int64_t (*shape)[NF_MAX_RANK], const nf_graph *g,
+                              const uint8_t *narrowed, int zero) {
   if (e->op == NF_OP_VAR) {
     if (!vshift || e->u.var >= n_out || vshift[e->u.var] == 0) return e;
     return nf_e_binary(ctx, NF_OP_ADD, e, nf_e_const_i(ctx, NF_I64, vshift[e->u.var]));
@@ -44,19 +47,32 @@ static const nf_expr *rebuild(nf_ir_ctx *ctx, const nf_expr *e, const int64_t *v
   const nf_expr *a[NF_MAX_RANK];
   if (e->n_args > NF_MAX_RANK) return NULL; /* accesses <= rank, others <= 3 */
   for (uint16_t i = 0; i < e->n_args; i++) {
-    a[i] = rebuild(ctx, e->args[i], vshift, n_out, lo, narrowed);
+    a[i] = rebuild(ctx, e->args[i], vshift, n_out, lo, shape, g, narrowed, zero);
     if (!a[i]) return NULL;
   }
-  if (e->op == NF_OP_ACCESS && narrowed[e->u.tensor]) {
-    for (uint16_t d = 0; d < e->n_args; d++)
-      if (lo[e->u.tensor][d]) {
-        a[d] = nf_e_binary(ctx, NF_OP_SUB, a[d], nf_e_const_i(ctx, NF_I64, lo[e->u.tensor][d]));
-        a[d] = a[d] ? nf_simplify(ctx, a[d], NULL, 0) : NULL;
-        if (!a[d]) return NULL;
-      }
-    return nf_e_access(ctx, e->u.tensor, (nf_dtype)e->dtype, e->n_args, a);
+  if (e->op != NF_OP_ACCESS || !narrowed[e->u.tensor]) return nf_e_rebuild(ctx, e, a);
+  uint32_t t = e->u.tensor;
+  const nf_expr *in = NULL;
+  for (uint16_t d = 0; d < e->n_args; d++) {
+    int64_t l = lo[t][d], h = l + shape[t][d] - 1;
+    if (zero) {
+      const nf_expr *c[2] = {
+          l > 0 ? nf_e_binary(ctx, NF_OP_GE, a[d], nf_e_const_i(ctx, NF_I64, l)) : NULL,
+          h < g->tensors[t].shape[d] - 1
+              ? nf_e_binary(ctx, NF_OP_LE, a[d], nf_e_const_i(ctx, NF_I64, h))
+              : NULL};
+      for (int j = 0; j < 2; j++)
+        if (c[j]) in = in ? nf_e_binary(ctx, NF_OP_AND, in, c[j]) : c[j];
+    }
+    if (l) {
+      a[d] = nf_e_binary(ctx, NF_OP_SUB, a[d], nf_e_const_i(ctx, NF_I64, l));
+      a[d] = a[d] ? nf_simplify(ctx, a[d], NULL, 0) : NULL;
+      if (!a[d]) return NULL;
+    }
   }
-  return nf_e_rebuild(ctx, e, a);
+  const nf_expr *x = nf_e_access(ctx, t, (nf_dtype)e->dtype, e->n_args, a);
+  if (!in || !x) return x;
+  return nf_e_select(ctx, in, x, nf_e_const_f(ctx, (nf_dtype)e->dtype, 0.0));
 }
 
 /* The variable ranges of statement s (inclusive), n_vars entries. */
@@ -73,6 +89,45 @@ static int stmt_ranges(const nf_graph *g, uint32_t s, nf_range *rg) {
     rg[n].hi = st->red_lo[r] + st->red_ext[r] - 1;
   }
   return n;
+}
+
+/* g with the narrowed tensors of shape[t] (from lo[t]) and every
+ * statement rebuilt (above; with zero, a narrowed producer keeps its
+ * select's value, whose condition holds inside its box), in normal form
+ * again: *out, or NULL when it does not validate.  NF_OK or NF_ENOMEM. */
+static int narrowed_graph(const nf_graph *g, const uint8_t *narrowed,
+                          int64_t (*lo)[NF_MAX_RANK], int64_t (*shape)[NF_MAX_RANK], int zero,
+                          nf_graph **out) {
+  *out = NULL;
+  nf_graph *ng = nf_graph_new(g->ctx, g->name);
+  if (!ng) return NF_ENOMEM;
+  int rc = NF_OK;
+  for (uint32_t t = 0; t < g->n_tensors && rc >= 0; t++) {
+    const nf_tensor *x = &g->tensors[t];
+    rc = nf_graph_add_tensor(ng, x->name, (nf_dtype)x->dtype, (nf_tkind)x->kind, x->rank,
+                             narrowed[t] ? shape[t] : x->shape);
+  }
+  if (rc < 0) return rc;
+  rc = NF_OK;
+  memcpy(ng->inputs, g->inputs, sizeof(uint32_t) * g->n_inputs);
+  memcpy(ng->outputs, g->outputs, sizeof(uint32_t) * g->n_outputs);
+  for (uint32_t i = 0; i < g->n_stmts && rc == NF_OK; i++) {
+    nf_stmt st = g->stmts[i];
+    const nf_tensor *o = &g->tensors[st.out];
+    const nf_expr *rhs = zero && narrowed[st.out] ? st.rhs->args[1] : st.rhs;
+    st.rhs = rebuild(g->ctx, rhs, narrowed[st.out] ? lo[st.out] : NULL, o->rank, lo, shape, g,
+                     narrowed, zero);
+    if (st.rhs && st.rhs != g->stmts[i].rhs) { /* changed: normal form again */
+      nf_range rg[NF_MAX_VARS];
+      int nv = stmt_ranges(g, i, rg);
+      for (uint32_t d = 0; narrowed[st.out] && d < o->rank; d++) rg[d].hi = shape[st.out][d] - 1;
+      st.rhs = nf_simplify(g->ctx, st.rhs, rg, nv);
+    }
+    rc = st.rhs ? nf_graph_add_stmt(ng, &st) : NF_ENOMEM;
+  }
+  if (rc == NF_OK && nf_ir_ctx_oom(g->ctx)) rc = NF_ENOMEM;
+  if (rc == NF_OK && nf_graph_validate(ng, NULL) == NF_OK) *out = ng;
+  return rc;
 }
 
 int nf_narrow_reads(const nf_graph *g, nf_graph **out, int *n_done) {
@@ -122,38 +177,8 @@ int nf_narrow_reads(const nf_graph *g, nf_graph **out, int *n_done) {
     n++;
   }
   if (n == 0) goto done;
-
-  nf_graph *ng = nf_graph_new(g->ctx, g->name);
-  if (!ng) {
-    rc = NF_ENOMEM;
-    goto done;
-  }
-  for (uint32_t t = 0; t < nt && rc >= 0; t++) {
-    const nf_tensor *x = &g->tensors[t];
-    rc = nf_graph_add_tensor(ng, x->name, (nf_dtype)x->dtype, (nf_tkind)x->kind, x->rank,
-                             narrowed[t] ? shape[t] : x->shape);
-  }
-  if (rc < 0) goto done;
-  rc = NF_OK;
-  memcpy(ng->inputs, g->inputs, sizeof(uint32_t) * g->n_inputs);
-  memcpy(ng->outputs, g->outputs, sizeof(uint32_t) * g->n_outputs);
-  for (uint32_t i = 0; i < ns && rc == NF_OK; i++) {
-    nf_stmt st = g->stmts[i];
-    const nf_tensor *o = &g->tensors[st.out];
-    st.rhs = rebuild(g->ctx, st.rhs, narrowed[st.out] ? lo[st.out] : NULL, o->rank, lo, narrowed);
-    if (st.rhs && st.rhs != g->stmts[i].rhs) { /* changed: normal form again */
-      nf_range rg[NF_MAX_VARS];
-      int nv = stmt_ranges(g, i, rg);
-      for (uint32_t d = 0; narrowed[st.out] && d < o->rank; d++) rg[d].hi = shape[st.out][d] - 1;
-      st.rhs = nf_simplify(g->ctx, st.rhs, rg, nv);
-    }
-    rc = st.rhs ? nf_graph_add_stmt(ng, &st) : NF_ENOMEM;
-  }
-  if (rc == NF_OK && nf_ir_ctx_oom(g->ctx)) rc = NF_ENOMEM;
-  if (rc == NF_OK && nf_graph_validate(ng, NULL) == NF_OK) {
-    *out = ng;
-    *n_done = n;
-  }
+  rc = narrowed_graph(g, narrowed, lo, shape, 0, out);
+  if (*out) *n_done = n;
 done:
   free(lo);
   free(shape);
@@ -203,44 +228,6 @@ static int zero_box_conj(nf_ir_ctx *ctx, const nf_expr *c, uint32_t rank, int64_
   return 0;
 }
 
-/* e with output variables shifted (v -> v + vshift[v], v < n_out) and
- * every access of a narrowed tensor t replaced by `inside ? t(i - lo) :
- * 0` (inside: i within the box). */
-static const nf_expr *rebuild_zero(nf_ir_ctx *ctx, const nf_expr *e, const int64_t *vshift,
-                                   uint32_t n_out, int64_t (*lo)[NF_MAX_RANK],
-                                   int64_t (*shape)[NF_MAX_RANK], const nf_graph *g,
-                                   const uint8_t *narrowed) {
-  if (e->op == NF_OP_VAR) {
-    if (!vshift || e->u.var >= n_out || vshift[e->u.var] == 0) return e;
-    return nf_e_binary(ctx, NF_OP_ADD, e, nf_e_const_i(ctx, NF_I64, vshift[e->u.var]));
-  }
-  if (e->n_args == 0) return e;
-  const nf_expr *a[NF_MAX_RANK];
-  if (e->n_args > NF_MAX_RANK) return NULL;
-  for (uint16_t i = 0; i < e->n_args; i++) {
-    a[i] = rebuild_zero(ctx, e->args[i], vshift, n_out, lo, shape, g, narrowed);
-    if (!a[i]) return NULL;
-  }
-  if (e->op != NF_OP_ACCESS || !narrowed[e->u.tensor]) return nf_e_rebuild(ctx, e, a);
-  uint32_t t = e->u.tensor;
-  const nf_expr *in = NULL;
-  for (uint16_t d = 0; d < e->n_args; d++) {
-    int64_t l = lo[t][d], h = l + shape[t][d] - 1;
-    const nf_expr *c[2] = {l > 0 ? nf_e_binary(ctx, NF_OP_GE, a[d], nf_e_const_i(ctx, NF_I64, l))
-                                 : NULL,
-                           h < g->tensors[t].shape[d] - 1
-                               ? nf_e_binary(ctx, NF_OP_LE, a[d], nf_e_const_i(ctx, NF_I64, h))
-                               : NULL};
-    for (int j = 0; j < 2; j++)
-      if (c[j]) in = in ? nf_e_binary(ctx, NF_OP_AND, in, c[j]) : c[j];
-    if (l) a[d] = nf_e_binary(ctx, NF_OP_SUB, a[d], nf_e_const_i(ctx, NF_I64, l));
-    if (!a[d]) return NULL;
-  }
-  const nf_expr *x = nf_e_access(ctx, t, (nf_dtype)e->dtype, e->n_args, a);
-  if (!in || !x) return x;
-  return nf_e_select(ctx, in, x, nf_e_const_f(ctx, (nf_dtype)e->dtype, 0.0));
-}
-
 int nf_narrow_zeros(const nf_graph *g, nf_graph **out, int *n_done) {
   *out = NULL;
   *n_done = 0;
@@ -282,41 +269,8 @@ int nf_narrow_zeros(const nf_graph *g, nf_graph **out, int *n_done) {
     n++;
   }
   if (n == 0) goto done;
-  nf_graph *ng = nf_graph_new(g->ctx, g->name);
-  if (!ng) {
-    rc = NF_ENOMEM;
-    goto done;
-  }
-  for (uint32_t t = 0; t < nt && rc >= 0; t++) {
-    const nf_tensor *x = &g->tensors[t];
-    rc = nf_graph_add_tensor(ng, x->name, (nf_dtype)x->dtype, (nf_tkind)x->kind, x->rank,
-                             narrowed[t] ? shape[t] : x->shape);
-  }
-  if (rc < 0) goto done;
-  rc = NF_OK;
-  memcpy(ng->inputs, g->inputs, sizeof(uint32_t) * g->n_inputs);
-  memcpy(ng->outputs, g->outputs, sizeof(uint32_t) * g->n_outputs);
-  for (uint32_t i = 0; i < ns && rc == NF_OK; i++) {
-    nf_stmt st = g->stmts[i];
-    const nf_tensor *o = &g->tensors[st.out];
-    /* a narrowed producer keeps its select's value: inside its box the
-     * condition holds */
-    const nf_expr *rhs = narrowed[st.out] ? st.rhs->args[1] : st.rhs;
-    st.rhs = rebuild_zero(g->ctx, rhs, narrowed[st.out] ? lo[st.out] : NULL, o->rank, lo, shape,
-                          g, narrowed);
-    if (st.rhs && st.rhs != g->stmts[i].rhs) {
-      nf_range rg[NF_MAX_VARS];
-      int nv = stmt_ranges(g, i, rg);
-      for (uint32_t d = 0; narrowed[st.out] && d < o->rank; d++) rg[d].hi = shape[st.out][d] - 1;
-      st.rhs = nf_simplify(g->ctx, st.rhs, rg, nv);
-    }
-    rc = st.rhs ? nf_graph_add_stmt(ng, &st) : NF_ENOMEM;
-  }
-  if (rc == NF_OK && nf_ir_ctx_oom(g->ctx)) rc = NF_ENOMEM;
-  if (rc == NF_OK && nf_graph_validate(ng, NULL) == NF_OK) {
-    *out = ng;
-    *n_done = n;
-  }
+  rc = narrowed_graph(g, narrowed, lo, shape, 1, out);
+  if (*out) *n_done = n;
 done:
   free(lo);
   free(shape);

@@ -316,6 +316,18 @@ static int add1(nf_schedule *s, int st, int kind, const char *a, int64_t f) {
   return nf_schedule_add(s, &it);
 }
 
+/* An item of two names: fuse a b; cache_read (stored: loop a, tensor b). */
+static int add2(nf_schedule *s, int st, int kind, const char *a, const char *b) {
+  nf_sched_item it;
+  memset(&it, 0, sizeof it);
+  it.kind = (uint8_t)kind;
+  it.stmt = st;
+  it.n_names = 2;
+  nf__sched_cat(it.names[0], a, "");
+  nf__sched_cat(it.names[1], b, "");
+  return nf_schedule_add(s, &it);
+}
+
 /* dst = a suffix, truncated to a name (names from nf__sched_var_name are
  * short enough that nothing is cut in practice). */
 void nf__sched_cat(char *dst, const char *a, const char *suffix) {
@@ -586,6 +598,18 @@ static int tile_nest(nf_schedule *s, int st_i, char nm[][NF_SCHED_NAME], int ran
   return rc;
 }
 
+/* The product of a term `[c ?] x * y [: 0.0]` (a padded convolution's,
+ * *guarded set when the select is there), or NULL. */
+static const nf_expr *padded_product(const nf_expr *e, int *guarded) {
+  *guarded = 0;
+  if (e->op == NF_OP_SELECT && e->args[2]->op == NF_OP_CONST &&
+      nf_dtype_is_float((nf_dtype)e->args[2]->dtype) && e->args[2]->u.f == 0.0) {
+    *guarded = 1;
+    e = e->args[1];
+  }
+  return e->op == NF_OP_MUL ? e : NULL;
+}
+
 /* A convolution-shaped register-tiled reduction: out(..., kv, ..., i, j)
  * += [c ?] A(...) * B(...) : 0, where A (the image) reads along j and
  * some reduction variable (a stencil, w + s) and does not use the output
@@ -609,14 +633,8 @@ static int stencil_of(const nf_graph *g, uint32_t si, stencil *sc) {
   const nf_tensor *t = &g->tensors[st->out];
   int rank = t->rank;
   if (st->red != NF_RED_SUM || !tiled_by_default(g, si) || rank < 3) return 0;
-  const nf_expr *e = st->rhs;
-  sc->guarded = 0;
-  if (e->op == NF_OP_SELECT && e->args[2]->op == NF_OP_CONST &&
-      nf_dtype_is_float((nf_dtype)e->args[2]->dtype) && e->args[2]->u.f == 0.0) {
-    sc->guarded = 1;
-    e = e->args[1];
-  }
-  if (e->op != NF_OP_MUL) return 0;
+  const nf_expr *e = padded_product(st->rhs, &sc->guarded);
+  if (!e) return 0;
   for (int side = 0; side < 2; side++) {
     const nf_expr *a = e->args[side], *b = e->args[1 - side];
     if (a->op != NF_OP_ACCESS || b->op != NF_OP_ACCESS || a->n_args == 0) continue;
@@ -689,28 +707,15 @@ static int stencil_nest(nf_schedule *s, const nf_graph *g, int st_i, const stenc
   if ((rc = nf_schedule_add(s, &it)) < 0) return rc;
   nf__sched_cat(par, n_outer > 0 ? it.names[0] : io, "");
   if (n_outer == 1 && t->shape[sc->kv == 0 ? 1 : 0] < 16) {
-    memset(&it, 0, sizeof it);
-    it.kind = NF_SCH_FUSE;
-    it.stmt = st_i;
-    it.n_names = 2;
-    nf__sched_cat(it.names[0], par, "");
-    nf__sched_cat(it.names[1], io, "");
-    if ((rc = nf_schedule_add(s, &it)) < 0) return rc;
+    if ((rc = add2(s, st_i, NF_SCH_FUSE, par, io)) < 0) return rc;
     nf__sched_cat(tmp, par, ".");
     nf__sched_cat(tmp, tmp, io);
     nf__sched_cat(par, tmp, ".fused");
     nf__sched_cat(io, par, "");
   }
   if ((rc = add1(s, st_i, NF_SCH_CACHE_WRITE, jo, 0)) < 0) return rc;
-  if (sc->guarded) {
-    memset(&it, 0, sizeof it);
-    it.kind = NF_SCH_CACHE_READ;
-    it.stmt = st_i;
-    it.n_names = 2;
-    nf__sched_cat(it.names[0], io, "");
-    nf__sched_cat(it.names[1], g->tensors[sc->img->u.tensor].name, "");
-    if ((rc = nf_schedule_add(s, &it)) < 0) return rc;
-  }
+  if (sc->guarded && (rc = add2(s, st_i, NF_SCH_CACHE_READ, io, g->tensors[sc->img->u.tensor].name)) < 0)
+    return rc;
   if ((rc = add1(s, st_i, NF_SCH_PARALLEL, par, 0)) < 0) return rc;
   nf__sched_cat(tmp, j, ".i");
   return add1(s, st_i, NF_SCH_VECTORIZE, tmp, 0);
@@ -737,14 +742,8 @@ static int wgrad_of(const nf_graph *g, uint32_t si, wgrad *wg) {
   if (st->red != NF_RED_SUM || st->n_red < 2 || rank < 3 || tiled_by_default(g, si)) return 0;
   int rw = rf_var_default(g, si);
   if (rw < 0) return 0;
-  const nf_expr *e = st->rhs;
-  wg->guarded = 0;
-  if (e->op == NF_OP_SELECT && e->args[2]->op == NF_OP_CONST &&
-      nf_dtype_is_float((nf_dtype)e->args[2]->dtype) && e->args[2]->u.f == 0.0) {
-    wg->guarded = 1;
-    e = e->args[1];
-  }
-  if (e->op != NF_OP_MUL) return 0;
+  const nf_expr *e = padded_product(st->rhs, &wg->guarded);
+  if (!e) return 0;
   uint32_t w = (uint32_t)(rank + rw);
   for (int side = 0; side < 2; side++) {
     const nf_expr *a = e->args[side], *d = e->args[1 - side];
@@ -825,15 +824,9 @@ static int wgrad_nest(nf_schedule *s, const nf_graph *g, int st_i, const wgrad *
   nf__sched_cat(it.names[it.n_names++], rwi, "");
   if ((rc = nf_schedule_add(s, &it)) < 0) return rc;
   if ((rc = add1(s, st_i, NF_SCH_CACHE_WRITE, cw, 0)) < 0) return rc;
-  if (wg->guarded) {
-    memset(&it, 0, sizeof it);
-    it.kind = NF_SCH_CACHE_READ;
-    it.stmt = st_i;
-    it.n_names = 2;
-    nf__sched_cat(it.names[0], rho, "");
-    nf__sched_cat(it.names[1], g->tensors[wg->img->u.tensor].name, "");
-    if ((rc = nf_schedule_add(s, &it)) < 0) return rc;
-  }
+  if (wg->guarded &&
+      (rc = add2(s, st_i, NF_SCH_CACHE_READ, rho, g->tensors[wg->img->u.tensor].name)) < 0)
+    return rc;
   if ((rc = add1(s, st_i, NF_SCH_RFACTOR, rwi, 0)) < 0) return rc;
   if ((rc = add1(s, st_i, NF_SCH_PARALLEL, cvo, 0)) < 0) return rc;
   return add1(s, st_i, NF_SCH_VECTORIZE, rwi, 0);
@@ -850,12 +843,9 @@ static int wgrad_nest(nf_schedule *s, const nf_graph *g, int st_i, const wgrad *
 static const nf_expr *padded_plane(const nf_graph *g, uint32_t si) {
   const nf_stmt *st = &g->stmts[si];
   int rank = g->tensors[st->out].rank;
-  const nf_expr *e = st->rhs;
-  if (st->red != NF_RED_SUM || rank < 3 || e->op != NF_OP_SELECT ||
-      e->args[2]->op != NF_OP_CONST || !nf_dtype_is_float((nf_dtype)e->args[2]->dtype) ||
-      e->args[2]->u.f != 0.0 || e->args[1]->op != NF_OP_MUL)
-    return NULL;
-  e = e->args[1];
+  int guarded;
+  const nf_expr *e = padded_product(st->rhs, &guarded);
+  if (st->red != NF_RED_SUM || rank < 3 || !e || !guarded) return NULL;
   for (int side = 0; side < 2; side++) {
     const nf_expr *a = e->args[side];
     if (a->op != NF_OP_ACCESS || a->n_args < 2 || !g->tensors[a->u.tensor].name) continue;
@@ -970,14 +960,7 @@ static int schedule_default(const nf_graph *g, int use_stencil, int *n_stencil,
       if (rc == NF_OK) rc = add1(s, st_i, NF_SCH_CACHE_WRITE, a, 0);
       const nf_expr *pl;
       if (rc == NF_OK && use_stencil && (pl = padded_plane(g, si)) != NULL) {
-        nf_sched_item it;
-        memset(&it, 0, sizeof it);
-        it.kind = NF_SCH_CACHE_READ;
-        it.stmt = st_i;
-        it.n_names = 2;
-        nf__sched_cat(it.names[0], nm[rank - 3], "");
-        nf__sched_cat(it.names[1], g->tensors[pl->u.tensor].name, "");
-        rc = nf_schedule_add(s, &it);
+        rc = add2(s, st_i, NF_SCH_CACHE_READ, nm[rank - 3], g->tensors[pl->u.tensor].name);
         (*n_stencil)++;
       }
       continue;
@@ -1008,14 +991,7 @@ static int schedule_default(const nf_graph *g, int use_stencil, int *n_stencil,
     if (rank >= 2 && t->shape[0] < 16) {
       char second[NF_SCHED_NAME];
       nf__sched_cat(second, nm[1], rank == 2 && vec ? ".o" : "");
-      nf_sched_item it;
-      memset(&it, 0, sizeof it);
-      it.kind = NF_SCH_FUSE;
-      it.stmt = st_i;
-      it.n_names = 2;
-      nf__sched_cat(it.names[0], outer, "");
-      nf__sched_cat(it.names[1], second, "");
-      if (rc == NF_OK) rc = nf_schedule_add(s, &it);
+      if (rc == NF_OK) rc = add2(s, st_i, NF_SCH_FUSE, outer, second);
       nf__sched_cat(a, outer, ".");
       nf__sched_cat(b, a, second);
       nf__sched_cat(outer, b, ".fused");
