@@ -447,6 +447,15 @@ START_TEST(lower_default_matmul) {
 }
 END_TEST
 
+/* A module from .nf text (the tests' own defs). */
+static nf_module *load_src(const char *name, const char *src) {
+  nf_module *m = nf_module_new();
+  nf_diag *d = nf_diag_new();
+  ck_assert_msg(nf_module_load_source(m, name, src, d) == NF_OK, "%s", nf_diag_text(d));
+  nf_diag_free(d);
+  return m;
+}
+
 /* A padded convolution's default: the stencil tile, and the image read
  * from a zero-padded copy without its guard. */
 START_TEST(lower_default_stencil) {
@@ -515,10 +524,7 @@ START_TEST(lower_index_sets) {
       "  dP(i0, i1) = a(i0, i1) + b(i0, i1) + (i1 >= 3 * D ? P(i0, i1) : 1.0)\n"
       "  E(t, n) = t == 0 ? dC(n, 0) : 0.0\n"
       "}\n";
-  nf_module *m = nf_module_new();
-  nf_diag *d = nf_diag_new();
-  ck_assert_msg(nf_module_load_source(m, "chunks.nf", src, d) == NF_OK, "%s", nf_diag_text(d));
-  nf_diag_free(d);
+  nf_module *m = load_src("chunks.nf", src);
   static const tcase c = {"chunks", "chunks", P0, 2,
                           {NZ(1, 2, 16, 32), NZ(1, 2, 16, 8)}, NULL, 0, 0};
   inst I;
@@ -555,10 +561,7 @@ START_TEST(lower_default_wgrad) {
       "  dW(k, c, r, s) +=! (h + r - 1 >= 0 && h + r - 1 < H && w + s - 1 >= 0 && w + s - 1 < Wd) ?\n"
       "    dO(n, k, h, w) * I(n, c, h + r - 1, w + s - 1) : 0.0\n"
       "}\n";
-  nf_module *m = nf_module_new();
-  nf_diag *d = nf_diag_new();
-  ck_assert_msg(nf_module_load_source(m, "cdw.nf", src, d) == NF_OK, "%s", nf_diag_text(d));
-  nf_diag_free(d);
+  nf_module *m = load_src("cdw.nf", src);
   static const tcase c = {"cdw", "cdw", P0, 2, {NZ(1, 4, 2, 6, 20, 16), NZ(1, 4, 2, 8, 20, 16)},
                           NULL, 0, 0};
   inst I;
@@ -573,12 +576,60 @@ START_TEST(lower_default_wgrad) {
                    "stmt 0 reorder c.o n h.o k.o r s h.i w.o k.i c.i w.i\n"
                    "stmt 0 cache_write s\nstmt 0 cache_read I h.o\nstmt 0 rfactor w.i\n"
                    "stmt 0 parallel c.o\nstmt 0 vectorize w.i\n");
+  /* the accumulation reads the zero-padded copy without a guard */
+  nf_ir_ctx *pctx = nf_ir_ctx_new();
+  nf_buf err = NF_BUF_INIT;
+  nf_lprog *p = NULL;
+  ck_assert_int_eq(nf_lower(I.g, s, pctx, &p, &err), NF_OK);
+  nf_buf_reset(&out);
+  nf__loop_print(p, &out);
+  const char *acc = strstr(nf_buf_str(&out), "dW_tile[k.i][c.i][0][0][w.i] += ");
+  ck_assert_msg(acc && strstr(acc, "I_rd[0][c.i][") && strchr(acc, ';') < strchr(acc, '\n') &&
+                    !memchr(acc, '?', (size_t)(strchr(acc, '\n') - acc)),
+                "%s", nf_buf_str(&out));
   char msg[3000] = "";
   ck_assert_msg(!run_one(&I, s, msg, sizeof msg), "%s", msg);
   nf_schedule_free(s);
   nf_buf_free(&out);
+  nf_buf_free(&err);
+  nf_ir_ctx_free(pctx);
   inst_free(&I);
   nf_module_free(m);
+}
+END_TEST
+
+/* Where the stencil tile's copy would exceed the region limit (1024
+ * channels of 4 rows of 1034), the default falls back to the plain
+ * register tile, and lowers. */
+START_TEST(lower_default_stencil_fallback) {
+  if (!g_nn) g_nn = load("nn.nf");
+  static const tcase c = {"conv2d wide", "conv2d", P1("pad", 1), 2,
+                          {NZ(1, 4, 1, 1024, 4, 1032), NZ(1, 4, 4, 1024, 3, 3)}, NULL, 0, 0};
+  nf_ir_ctx *ctx = nf_ir_ctx_new(), *pctx = nf_ir_ctx_new();
+  nf_graph *g = inst_graph(g_nn, &c, ctx);
+  nf_schedule *s = NULL;
+  nf_buf out = NF_BUF_INIT, err = NF_BUF_INIT;
+  ck_assert_int_eq(nf_schedule_default(g, &s), NF_OK);
+  nf_schedule_print(s, &out);
+  ck_assert_msg(!strstr(nf_buf_str(&out), "cache_read") && strstr(nf_buf_str(&out), "split w 16"),
+                "%s", nf_buf_str(&out));
+  nf_lprog *p = NULL;
+  ck_assert_msg(nf_lower(g, s, pctx, &p, &err) == NF_OK, "%s", nf_buf_str(&err));
+  /* the stencil schedule itself is what failed */
+  nf_schedule *st = NULL;
+  ck_assert_int_eq(nf_schedule_parse("neoflow-schedule 1\nstmt 0 split k 4\nstmt 0 split h 2\n"
+                                     "stmt 0 split w 8\nstmt 0 reorder n h.o k.o w.o c r s k.i "
+                                     "h.i w.i\nstmt 0 cache_write w.o\nstmt 0 cache_read I h.o\n",
+                                     "x", &st, &err),
+                   NF_OK);
+  nf_buf_reset(&err);
+  ck_assert_int_eq(nf_lower(g, st, pctx, &p, &err), NF_ELIMIT);
+  nf_schedule_free(st);
+  nf_schedule_free(s);
+  nf_buf_free(&out);
+  nf_buf_free(&err);
+  nf_ir_ctx_free(pctx);
+  nf_ir_ctx_free(ctx);
 }
 END_TEST
 
@@ -598,6 +649,7 @@ int main(void) {
   tcase_add_test(tc, lower_default_stencil);
   tcase_add_test(tc, lower_index_sets);
   tcase_add_test(tc, lower_default_wgrad);
+  tcase_add_test(tc, lower_default_stencil_fallback);
   tcase_add_test(tc, lower_illegal);
   tcase_add_test(tc, lower_explicit);
   tcase_add_loop_test(tc, lower_big, 0, N_BIG);

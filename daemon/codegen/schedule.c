@@ -687,11 +687,11 @@ static int stencil_nest(nf_schedule *s, const nf_graph *g, int st_i, const stenc
   memset(&it, 0, sizeof it);
   it.kind = NF_SCH_REORDER;
   it.stmt = st_i;
-  int n_outer = 0;
+  int n_outer = 0, first_outer = -1;
   for (int v = 0; v < rank - 2; v++)
     if (v != sc->kv) {
       nf__sched_cat(it.names[it.n_names++], nm[v], "");
-      n_outer++;
+      if (n_outer++ == 0) first_outer = v;
     }
   nf__sched_cat(it.names[it.n_names++], io, "");
   nf__sched_cat(it.names[it.n_names++], kv, ".o");
@@ -706,7 +706,7 @@ static int stencil_nest(nf_schedule *s, const nf_graph *g, int st_i, const stenc
   nf__sched_cat(it.names[it.n_names++], j, ".i");
   if ((rc = nf_schedule_add(s, &it)) < 0) return rc;
   nf__sched_cat(par, n_outer > 0 ? it.names[0] : io, "");
-  if (n_outer == 1 && t->shape[sc->kv == 0 ? 1 : 0] < 16) {
+  if (n_outer == 1 && t->shape[first_outer] < 16) {
     if ((rc = add2(s, st_i, NF_SCH_FUSE, par, io)) < 0) return rc;
     nf__sched_cat(tmp, par, ".");
     nf__sched_cat(tmp, tmp, io);
@@ -861,10 +861,11 @@ static const nf_expr *padded_plane(const nf_graph *g, uint32_t si) {
 static int schedule_default(const nf_graph *g, int use_stencil, int *n_stencil,
                             nf_schedule **out);
 
-/* The default schedule; where a stencil or weight-gradient tile was
- * chosen the whole program is lowered once, and the plain schedules are
- * taken instead if that fails (a shape the pattern tests let through but
- * the cache_read region cannot hold). */
+/* The default schedule; where a stencil, weight-gradient or padded-plane
+ * schedule was chosen the whole program is lowered once (a lowering more
+ * per default of such a graph), and the plain schedules are taken
+ * instead if that fails (a shape the pattern tests let through but the
+ * cache_read region cannot hold). */
 int nf_schedule_default(const nf_graph *g, nf_schedule **out) {
   int n_stencil = 0;
   int rc = schedule_default(g, 1, &n_stencil, out);
