@@ -38,6 +38,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "nf_gemm.h"
 #include "nf_interp.h"
@@ -1156,4 +1157,14 @@ const char *nf_gemm_describe(const nf_gemm_sub *s) {
 
 void nf_gemm_set_threads(int n) {
   openblas_set_num_threads(n < 1 ? 1 : n);
+}
+
+const char *nf_gemm_blas_misfit(const char **suggest) {
+  const char *core = openblas_get_corename();
+  *suggest = NULL;
+  if (!core || strcasecmp(core, "prescott") != 0) return NULL;
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return NULL;
+  *suggest = __builtin_cpu_supports("avx512f") ? "SkylakeX" : "Haswell";
+  return core;
 }

@@ -102,4 +102,12 @@ void nf_gemm_stages(const nf_gemm_sub *s, int *n_pro, int *n_epi);
  * 1 and split the work over their pool (nf_gemm_run). */
 void nf_gemm_set_threads(int n);
 
+/* OpenBLAS's kernel family (openblas_get_corename) when it is the generic
+ * one ("Prescott", what OpenBLAS 0.3.21 falls back to on CPUs it does not
+ * know, e.g. Sapphire Rapids under some hypervisors) on a CPU with AVX2 and
+ * FMA; NULL otherwise.  *suggest is then the OPENBLAS_CORETYPE that fits
+ * the CPU ("SkylakeX" with AVX-512F, else "Haswell").  The choice is made
+ * when OpenBLAS is loaded, so it can only be reported, not changed. */
+const char *nf_gemm_blas_misfit(const char **suggest);
+
 #endif
