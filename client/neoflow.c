@@ -23,6 +23,7 @@
 #include "nf_autodiff.h"
 #include "nf_config.h"
 #include "nf_exec.h"
+#include "nf_cuda.h"
 #include "nf_lower.h"
 #if NF_HAVE_LLVM
 #include "nf_codegen.h"
@@ -53,7 +54,9 @@ static const char usage_text[] =
     "  eval FILE.nf DEF      evaluate DEF with the reference interpreter\n"
     "  lower FILE.nf DEF     print DEF's loop program (default schedule or --schedule)\n"
     "  compile FILE.nf DEF -o KERNEL.so\n"
-    "                        compile DEF to a shared object (kernel ABI: nf_kernel.h)\n"
+    "                        compile DEF to a shared object (kernel ABI: nf_kernel.h);\n"
+    "                        with --target cuda:sm_XX, to a cubin (-o K.cubin) or to\n"
+    "                        CUDA C (-o K.cu)\n"
     "  grad FILE.nf DEF --wrt X[,Y...]\n"
     "                        print the gradient graph as .nf with a FLOP table;\n"
     "                        with --out DIR, evaluate it and write DIR/grad_<X>.npy\n"
@@ -81,7 +84,9 @@ static const char usage_text[] =
     "  --wrt X[,Y...]          inputs to differentiate with respect to (grad)\n"
     "  --dout [OUT=]FILE.npy   the adjoint of an output (grad; ones when absent)\n"
     "  --schedule FILE         a schedule (docs/schedules.md) instead of the default\n"
-    "  --target cpu[:CPU[:FEATURES]]  code generation target (host by default)\n"
+    "  --target cpu[:CPU[:FEATURES]] | cuda:sm_XX\n"
+    "                          code generation target (host CPU by default); lower:\n"
+    "                          cuda prints the GPU default schedule's loop program\n"
     "  --engine interp|compiled  evaluate with the interpreter (default) or a kernel\n"
     "  --threads N             threads of the compiled engine (default 1)\n"
     "  -o FILE                 output of compile; tune: the best schedule\n"
@@ -247,8 +252,9 @@ static int parse_args(int argc, char **argv, opts *o) {
       } else if (strcmp(flag, "--schedule") == 0) {
         o->schedule = val;
       } else if (strcmp(flag, "--target") == 0) {
-        if (strncmp(val, "cpu", 3) != 0 || (val[3] != 0 && val[3] != ':'))
-          return usage_error("--target is cpu[:CPU[:FEATURES]], got '%s'", val);
+        if ((strncmp(val, "cpu", 3) != 0 || (val[3] != 0 && val[3] != ':')) &&
+            strncmp(val, "cuda", 4) != 0)
+          return usage_error("--target is cpu[:CPU[:FEATURES]] or cuda:sm_XX, got '%s'", val);
         o->target = val;
       } else if (strcmp(flag, "--engine") == 0) {
         if (strcmp(val, "interp") != 0 && strcmp(val, "compiled") != 0)
@@ -682,11 +688,31 @@ static int read_schedule(const opts *o, nf_schedule **out) {
   return rc ? 1 : 0;
 }
 
+/* --target cuda[:sm_XX]: 1 and the architecture in *sm (0 when not
+ * given); 0 for a CPU target; -1 (said) when malformed. */
+static int cuda_target(const opts *o, int *sm) {
+  *sm = 0;
+  if (!o->target || strncmp(o->target, "cuda", 4) != 0) return 0;
+  const char *t = o->target + 4;
+  if (!*t) return 1;
+  char *end;
+  long v = strncmp(t, ":sm_", 4) == 0 ? strtol(t + 4, &end, 10) : -1;
+  if (v < 10 || v > 1000 || *end) {
+    usage_error("--target is cuda:sm_XX (e.g. cuda:sm_90), got '%s'", o->target);
+    return -1;
+  }
+  *sm = (int)v;
+  return 1;
+}
+
 static int lower_graph(const opts *o, const nf_graph *g, nf_ir_ctx *ctx, nf_lprog **p) {
   nf_schedule *sch = NULL;
+  int sm;
   if (read_schedule(o, &sch)) return 1;
   nf_buf err = NF_BUF_INIT;
-  int rc = nf_lower(g, sch, ctx, p, &err);
+  int rc = NF_OK;
+  if (!sch && cuda_target(o, &sm) == 1) rc = nf_schedule_default_gpu(g, 256, &sch);
+  if (rc == NF_OK) rc = nf_lower(g, sch, ctx, p, &err);
   if (rc) fprintf(stderr, "%s: error: cannot lower %s: %s\n", o->schedule ? o->schedule : o->file,
                   o->def, nf_buf_str(&err));
   nf_buf_free(&err);
@@ -709,6 +735,70 @@ static int cmd_lower(opts *o) {
     nf_buf_free(&b);
     rc = 0;
   }
+  nf_ir_ctx_free(ctx);
+  nf_module_free(m);
+  return rc;
+}
+
+/* compile --target cuda:sm_XX: a cubin (PTX where this NVRTC does not
+ * know sm_XX), or with -o FILE.cu the CUDA C alone (no NVRTC needed). */
+static int cmd_compile_cuda(opts *o, int sm) {
+  size_t ol = strlen(o->output);
+  int want_src = ol > 3 && strcmp(o->output + ol - 3, ".cu") == 0;
+  if (!want_src && sm == 0)
+    return usage_error("compile for CUDA needs an architecture: --target %s:sm_XX", "cuda");
+  nf_buf why = NF_BUF_INIT;
+  if (!want_src && !nf_cuda_available(&why)) {
+    fprintf(stderr, "neoflow: error: %s\n", nf_buf_str(&why));
+    nf_buf_free(&why);
+    return 1;
+  }
+  nf_module *m = load(o->file);
+  if (!m) return 1;
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  nf_graph *g = NULL;
+  nf_lprog *p = NULL;
+  nf_blob img = {NULL, 0};
+  nf_cuda_plan plan;
+  nf_cuda_stats st;
+  nf_buf src = NF_BUF_INIT, err = NF_BUF_INIT;
+  memset(&plan, 0, sizeof plan);
+  memset(&st, 0, sizeof st);
+  int rc = 1;
+  if (ctx && !instantiate(m, o, ctx, &g) && !lower_graph(o, g, ctx, &p)) {
+    int cr = want_src ? nf_cuda_emit(p, &src, &plan, &err)
+                      : nf_cuda_compile(p, sm, &img, &plan, NULL, &st, &err);
+    const void *bytes = want_src ? (const void *)src.data : img.data;
+    size_t len = want_src ? src.len : img.len;
+    FILE *f = NULL;
+    if (cr) {
+      fprintf(stderr, "%s: error: cannot compile %s for CUDA: %s\n", o->file, o->def,
+              nf_buf_str(&err));
+    } else if (!(f = fopen(o->output, "wb")) || fwrite(bytes, 1, len, f) != len ||
+               fclose(f) != 0) {
+      fprintf(stderr, "neoflow: error: cannot write '%s': %s\n", o->output, strerror(errno));
+    } else {
+      if (want_src)
+        printf("%s: %zu bytes of CUDA C, %d launch%s\n", o->output, len, plan.n_launches,
+               plan.n_launches == 1 ? "" : "es");
+      else
+        printf("%s: %zu bytes of %s for %s_%d; %d launch%s; CUDA C %zu bytes in %.1f ms, "
+               "NVRTC %.1f ms\n", o->output, len, st.ptx ? "PTX" : "cubin",
+               st.ptx ? "compute" : "sm", sm, plan.n_launches, plan.n_launches == 1 ? "" : "es",
+               st.source_bytes, st.emit_ms, st.nvrtc_ms);
+      for (int i = 0; i < plan.n_launches; i++)
+        printf("  %s<<<%u, %u>>> shared %u bytes\n", plan.launches[i].name,
+               plan.launches[i].grid, plan.launches[i].block, plan.launches[i].shared_bytes);
+      if (plan.scratch_bytes)
+        printf("  scratch %llu bytes\n", (unsigned long long)plan.scratch_bytes);
+      rc = 0;
+    }
+  }
+  free(img.data);
+  nf_cuda_plan_free(&plan);
+  nf_buf_free(&src);
+  nf_buf_free(&err);
+  nf_buf_free(&why);
   nf_ir_ctx_free(ctx);
   nf_module_free(m);
   return rc;
@@ -1302,6 +1392,13 @@ int main(int argc, char **argv) {
 #endif
   }
   if (strcmp(o.cmd, "compile") == 0) {
+    int sm, ct = cuda_target(&o, &sm);
+    if (ct < 0) return 2;
+    if (ct) {
+      if (!o.def) return usage_error("%s needs a DEF", "compile");
+      if (!o.output) return usage_error("%s needs -o FILE.cubin or FILE.cu", "compile");
+      return cmd_compile_cuda(&o, sm);
+    }
 #if NF_HAVE_LLVM
     return cmd_compile(&o);
 #else

@@ -178,49 +178,6 @@ START_TEST(compiled_big) {
 }
 END_TEST
 
-/* The training step's gradient graph of workload case c (every float
- * input, forward outputs kept) as an instance: the forward inputs of the
- * case, random seeds for the output adjoints, the interpreter's f64
- * outputs. */
-static void grad_inst(inst *I, nf_module *m, const libcase *c, uint64_t seed) {
-  inst F;
-  inst_make(&F, m, c, seed);
-  memset(I, 0, sizeof *I);
-  I->ctx = nf_ir_ctx_new();
-  nf_buf err = NF_BUF_INIT;
-  nf_grad_opts o = {.n_wrt = 0, .wrt = NULL, .keep_outputs = 1};
-  const char *wrt[MAX_IN];
-  for (uint32_t k = 0; k < F.g->n_inputs; k++) {
-    const nf_tensor *t = &F.g->tensors[F.g->inputs[k]];
-    if (nf_dtype_is_float((nf_dtype)t->dtype)) wrt[o.n_wrt++] = t->name;
-  }
-  o.wrt = wrt;
-  int rc = nf_grad_graph(F.g, &o, I->ctx, &I->g, NULL, &err);
-  ck_assert_msg(rc == NF_OK, "%s: grad: %s", c->label, nf_buf_str(&err));
-  I->n_in = (int)I->g->n_inputs;
-  I->n_out = (int)I->g->n_outputs;
-  ck_assert_int_le(I->n_in, MAX_IN);
-  ck_assert_int_le(I->n_out, MAX_OUT);
-  rng r = {seed ^ 0xd5eedull};
-  for (int k = 0; k < I->n_in; k++) {
-    const nf_tensor *t = &I->g->tensors[I->g->inputs[k]];
-    if (k < F.n_in) { /* the forward inputs, copied */
-      ck_assert_int_eq(nf_array_alloc(&I->in[k], F.in[k].dtype, t->rank, t->shape), NF_OK);
-      memcpy(I->in[k].data, F.in[k].data,
-             (size_t)F.in[k].numel * nf_dtype_size((nf_dtype)F.in[k].dtype));
-      continue;
-    }
-    ispec sp = NZ(1, 0, 0);
-    sp.rank = t->rank;
-    for (int d = 0; d < t->rank; d++) sp.dims[d] = t->shape[d];
-    I->in[k] = make_input(&r, &sp);
-  }
-  rc = nf_interp_run(I->g, I->in, NF_INTERP_F64, I->want, &err);
-  ck_assert_msg(rc == NF_OK, "%s: interp of the gradient: %s", c->label, nf_buf_str(&err));
-  nf_buf_free(&err);
-  inst_free(&F);
-}
-
 START_TEST(compiled_workload_grads) {
   g_wl = load("../examples/workloads.nf");
   const libcase *c = &workload_cases[_i];

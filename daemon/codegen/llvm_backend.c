@@ -1657,6 +1657,18 @@ static void collect_ranges(const nf_lstmt *s, nf_range *range, uint32_t n_vars) 
   for (int i = 0; i < s->n_body; i++) collect_ranges(s->body[i], range, n_vars);
 }
 
+/* A loop bound to GPU blocks or threads, or NULL. */
+static const nf_lstmt *gpu_loop(const nf_lstmt *s) {
+  if (!s) return NULL;
+  if (s->kind == NF_LS_LOOP && (s->loop_kind == NF_LOOP_BLOCK || s->loop_kind == NF_LOOP_THREAD))
+    return s;
+  for (int i = 0; i < s->n_body; i++) {
+    const nf_lstmt *b = gpu_loop(s->body[i]);
+    if (b) return b;
+  }
+  return NULL;
+}
+
 static int check_prog(cg *g) {
   const nf_lprog *p = g->p;
   if (!p || !p->root || !p->bufs) {
@@ -1684,6 +1696,11 @@ static int check_prog(cg *g) {
     }
   }
   if (n_args != p->n_args) fail(g, NF_EINVAL, "%s", "n_args differs from the argument buffers");
+  const nf_lstmt *gl = g->rc ? NULL : gpu_loop(p->root);
+  if (gl)
+    fail(g, NF_EUNSUPPORTED,
+         "loop '%s' is bound to GPU blocks or threads: a GPU program, not for the CPU backend",
+         gl->var_name ? gl->var_name : "?");
   return g->rc;
 }
 

@@ -508,6 +508,14 @@ static int check_stmt(vstate *v, const nf_lstmt *s) {
         return NF_EINVAL;
       }
       break;
+    case NF_LOOP_BLOCK:
+    case NF_LOOP_THREAD:
+      if (v->in_parallel) {
+        nf_buf_printf(v->err, "GPU-bound loop %s inside a parallel loop",
+                      s->var_name ? s->var_name : "?");
+        return NF_EINVAL;
+      }
+      break;
     default:
       nf_buf_printf(v->err, "loop %u: bad kind %d", s->var, s->loop_kind);
       return NF_EINVAL;
@@ -781,12 +789,13 @@ static void indent(nf_buf *o, int d) {
 }
 
 static void print_stmt(pstate *ps, const nf_lstmt *s, int d) {
-  static const char *kinds[] = {"for", "parallel for", "vector for", "unroll for"};
+  static const char *kinds[] = {"for",        "parallel for", "vector for",
+                                "unroll for", "block for",    "thread for"};
   nf_buf *o = ps->out;
   switch (s->kind) {
   case NF_LS_LOOP:
     indent(o, d);
-    nf_buf_printf(o, "%s (", s->loop_kind <= NF_LOOP_UNROLL ? kinds[s->loop_kind] : "?for");
+    nf_buf_printf(o, "%s (", s->loop_kind <= NF_LOOP_THREAD ? kinds[s->loop_kind] : "?for");
     print_var(ps, s->var);
     nf_buf_printf(o, " = 0; < %lld) {\n", (long long)s->extent);
     for (int i = 0; i < s->n_body; i++) print_stmt(ps, s->body[i], d + 1);

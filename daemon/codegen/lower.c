@@ -388,6 +388,16 @@ static int apply_item(lw *L, int si, nest *n, const nf_sched_item *it) {
     n->l[p].kind = kinds[w];
     return NF_OK;
   }
+  case NF_SCH_BIND_BLOCK:
+  case NF_SCH_BIND_THREAD: {
+    const char *bn = it->kind == NF_SCH_BIND_BLOCK ? "bind_block" : "bind_thread";
+    uint8_t k = it->kind == NF_SCH_BIND_BLOCK ? NF_LOOP_BLOCK : NF_LOOP_THREAD;
+    if ((p = find_loop(n, it->names[0])) < 0) return unknown_loop(L, si, n, bn, it->names[0]);
+    if (n->l[p].kind != NF_LOOP_SERIAL && n->l[p].kind != k)
+      return lerr(L, NF_EINVAL, si, "%s: loop '%s' is already annotated", bn, it->names[0]);
+    n->l[p].kind = k;
+    return NF_OK;
+  }
   case NF_SCH_CACHE_WRITE:
     if (L->g->stmts[si].red == NF_RED_NONE)
       return lerr(L, NF_EINVAL, si, "cache_write applies to reductions only");
@@ -496,6 +506,25 @@ static int nest_finish(lw *L, int si, nest *n) {
                     "parallel: loop '%s' is a reduction loop (would break the reduction's "
                     "dependence)", lp->name);
       break;
+    case NF_LOOP_BLOCK:
+    case NF_LOOP_THREAD: {
+      const char *bn = lp->kind == NF_LOOP_BLOCK ? "bind_block" : "bind_thread";
+      if (n->in_region)
+        return lerr(L, NF_EINVAL, si,
+                    "%s: loop '%s' belongs to a statement computed at another statement's "
+                    "loop (only the outermost nest is bound to the GPU)", bn, lp->name);
+      if (lp->red)
+        return lerr(L, NF_EINVAL, si,
+                    "%s: loop '%s' is a reduction loop (its iterations would race on the "
+                    "output)", bn, lp->name);
+      for (int j = 0; j < i; j++)
+        if (n->l[j].kind != NF_LOOP_BLOCK && (lp->kind == NF_LOOP_BLOCK ||
+                                              n->l[j].kind != NF_LOOP_THREAD))
+          return lerr(L, NF_EINVAL, si,
+                      "%s: loop '%s' is inside loop '%s', which is not bound (block loops "
+                      "come first, then thread loops)", bn, lp->name, n->l[j].name);
+      break;
+    }
     case NF_LOOP_VECTOR:
       if (i != n->n - 1)
         return lerr(L, NF_EINVAL, si, "vectorize: loop '%s' is not the innermost loop", lp->name);

@@ -9,7 +9,12 @@
  *          VECTOR (the body is evaluated on `extent` lanes at once as
  *          explicit vectors; extent is the vector width, 2..64; only
  *          innermost loops whose body holds no other loop), UNROLL (fully
- *          unrolled; extent <= 64).
+ *          unrolled; extent <= 64), BLOCK and THREAD (GPU programs only:
+ *          the loop's iterations are CUDA blocks or threads of one
+ *          launch; the BLOCK loops of a nest are its outermost loops, its
+ *          THREAD loops follow them directly; neither is nested in a
+ *          PARALLEL loop; the CPU backend rejects both, the interpreter
+ *          nf__loop_eval runs them in order).
  *  - STORE buffer[idx...] op= value, where op is NF_RED_NONE (plain
  *          store) or a reduction operator applied to the current content
  *          (load, combine, store).  Index and value are expressions.
@@ -41,7 +46,9 @@ typedef enum nf_loop_kind {
   NF_LOOP_SERIAL = 0,
   NF_LOOP_PARALLEL,
   NF_LOOP_VECTOR,
-  NF_LOOP_UNROLL
+  NF_LOOP_UNROLL,
+  NF_LOOP_BLOCK,
+  NF_LOOP_THREAD
 } nf_loop_kind;
 
 typedef enum nf_lstmt_kind {

@@ -46,6 +46,8 @@ typedef enum nf_sched_kind {
   NF_SCH_CACHE_WRITE,  /* loop names[0] */
   NF_SCH_CACHE_READ,   /* input names[1], loop names[0] */
   NF_SCH_RFACTOR,      /* reduction loop names[0] (with cache_write) */
+  NF_SCH_BIND_BLOCK,   /* names[0]: iterations are GPU blocks */
+  NF_SCH_BIND_THREAD,  /* names[0]: iterations are GPU threads of a block */
   NF_SCH_N_KINDS
 } nf_sched_kind;
 
@@ -88,6 +90,10 @@ void nf_schedule_free(nf_schedule *s);
  * elementwise epilogue into that tile (compute_at), parallel outer loop,
  * vectorized inner loop (docs/schedules.md). */
 int nf_schedule_default(const nf_graph *g, nf_schedule **out);
+/* The tier-1 GPU schedule of g (bind_block / bind_thread; one thread per
+ * output element, blocks of `block` threads, 256 when out of 32..1024):
+ * docs/schedules.md.  For the CUDA backend (nf_cuda.h). */
+int nf_schedule_default_gpu(const nf_graph *g, int block, nf_schedule **out);
 /* A random legal schedule of g from seed (for tests and search): every
  * primitive is kept only if lowering accepts it. */
 int nf_schedule_random(const nf_graph *g, uint64_t seed, nf_schedule **out);

@@ -17,7 +17,8 @@
 
 static const char *const kind_names[NF_SCH_N_KINDS] = {
     "split", "reorder", "fuse", "parallel", "vectorize", "unroll",
-    "compute_inline", "compute_at", "cache_write", "cache_read", "rfactor"};
+    "compute_inline", "compute_at", "cache_write", "cache_read", "rfactor", "bind_block",
+    "bind_thread"};
 
 nf_schedule *nf_schedule_new(void) {
   nf_schedule *s = calloc(1, sizeof *s);
@@ -1000,6 +1001,90 @@ static int schedule_default(const nf_graph *g, int use_stencil, int *n_stencil,
     if (rc == NF_OK) rc = add1(s, st_i, NF_SCH_PARALLEL, outer, 0);
   }
   free(epi_prod);
+  if (rc < 0) {
+    nf_schedule_free(s);
+    return rc;
+  }
+  *out = s;
+  return NF_OK;
+}
+
+/* ---- the GPU default ---- */
+
+/* One thread per output element: a statement's output loops are fused
+ * (as far as the fused name fits), split by the block size, the outer
+ * part bound to blocks and the inner to threads; its reduction loops run
+ * in order inside the thread (the summation order of the interpreter),
+ * accumulating in a register (cache_write at the thread loop).
+ * Elementwise producers read once are inlined as on CPUs.  A statement
+ * with a scalar output runs on one thread (the executor's tier 0 has no
+ * cross-thread reduction yet).  This is the tier-1 GPU kernel: simple,
+ * coalesced along the innermost output dimension, and correct for every
+ * graph lowering accepts; the search's GPU sketches go further. */
+/* a * b for extents, saturating at 2^62 */
+static int64_t sat_mul(int64_t a, int64_t b) {
+  int64_t r;
+  return __builtin_mul_overflow(a, b, &r) || r > (INT64_C(1) << 62) ? INT64_C(1) << 62 : r;
+}
+
+int nf_schedule_default_gpu(const nf_graph *g, int block, nf_schedule **out) {
+  nf_schedule *s = nf_schedule_new();
+  int rc = NF_OK;
+  *out = NULL;
+  if (!s) return NF_ENOMEM;
+  if (block < 32 || block > 1024) block = 256;
+  s->n_stmts = g->n_stmts;
+  for (uint32_t si = 0; si < g->n_stmts && rc >= 0; si++) {
+    const nf_stmt *st = &g->stmts[si];
+    const nf_tensor *t = &g->tensors[st->out];
+    int rank = t->rank, st_i = (int)si;
+    if (nf__sched_inlined_by_default(g, si)) {
+      rc = add1(s, st_i, NF_SCH_INLINE, NULL, 0);
+      continue;
+    }
+    if (rank == 0) continue;
+    char cur[NF_SCHED_NAME], nm[NF_SCHED_NAME], tmp[NF_SCHED_NAME];
+    int64_t all = 1;
+    for (int k = 0; k < rank; k++) all = sat_mul(all, t->shape[k]);
+    if (all <= 0) continue;
+    /* blocks of tb threads that divide the outputs exactly (no guard),
+     * the largest such size up to `block`, at least 32 */
+    int64_t tb = all <= block ? all : 0;
+    for (int64_t c = block; !tb && c >= 32; c--)
+      if (all % c == 0) tb = c;
+    int fuse_to = tb ? rank : rank - 1; /* without: the last loop split alone */
+    nf__sched_var_name(st, 0, cur);
+    int fused = 1;
+    for (int k = 1; k < fuse_to && rc >= 0; k++) {
+      nf__sched_var_name(st, k, nm);
+      char fn[3 * NF_SCHED_NAME];
+      snprintf(fn, sizeof fn, "%s.%s.fused", cur, nm);
+      if (strlen(fn) >= NF_SCHED_NAME) break; /* the rest stay serial in the thread */
+      rc = add2(s, st_i, NF_SCH_FUSE, cur, nm);
+      memcpy(cur, fn, strlen(fn) + 1);
+      fused = k + 1;
+    }
+    if (rc < 0) break;
+    if (!tb && fused == rank - 1 && rank > 1) {
+      /* the outer loops' iterations are blocks; the last loop is split
+       * into blocks of threads with one guard on it */
+      if ((rc = add1(s, st_i, NF_SCH_BIND_BLOCK, cur, 0)) < 0) break;
+      nf__sched_var_name(st, rank - 1, cur);
+      tb = t->shape[rank - 1] < block ? t->shape[rank - 1] : block;
+    } else {
+      int64_t ext = 1;
+      for (int k = 0; k < fused; k++) ext = sat_mul(ext, t->shape[k]);
+      if (!tb || ext % tb != 0) tb = ext < block ? ext : block; /* one guard */
+    }
+    if ((rc = add1(s, st_i, NF_SCH_SPLIT, cur, tb)) < 0) break;
+    nf__sched_cat(tmp, cur, ".o");
+    if ((rc = add1(s, st_i, NF_SCH_BIND_BLOCK, tmp, 0)) < 0) break;
+    nf__sched_cat(tmp, cur, ".i");
+    if ((rc = add1(s, st_i, NF_SCH_BIND_THREAD, tmp, 0)) < 0) break;
+    /* a reduction accumulates in a register of its thread and stores once
+     * (no separate pass that fills the output with the identity) */
+    if (rc >= 0 && st->red != NF_RED_NONE) rc = add1(s, st_i, NF_SCH_CACHE_WRITE, tmp, 0);
+  }
   if (rc < 0) {
     nf_schedule_free(s);
     return rc;

@@ -1,0 +1,751 @@
+/* cuda_backend.c - loop IR -> CUDA C (nf_cuda.h has the mapping).
+ *
+ * Expressions are printed once per node and scope: every operator node
+ * becomes a `const` temporary the first time it is needed in a scope
+ * and is reused after that (the IR is a DAG; printing it as a tree could
+ * grow exponentially).  A select opens a scope per branch, so nothing of
+ * an untaken branch is ever evaluated (a guarded load stays guarded). */
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nf_cuda.h"
+
+enum { CTX_GRID1 = 0, CTX_BLOCK0, CTX_THREAD }; /* who runs serial code */
+
+typedef struct memo {
+  const nf_expr *e;
+  int tmp;
+} memo;
+
+typedef struct live {
+  uint32_t buf;
+  uint64_t off;
+} live;
+
+typedef struct cu {
+  const nf_lprog *p;
+  nf_buf *o; /* the current kernel's body */
+  nf_buf *err;
+  nf_cuda_plan *plan;
+  int rc, ind, ntmp, ctx;
+  memo *m;
+  int n_m, cap_m;
+  live *top; /* scratch temporaries of the enclosing top-level ALLOCs */
+  int n_top, cap_top;
+  uint32_t block;    /* threads of the current kernel */
+  uint64_t shared;   /* its static shared bytes */
+  uint64_t local;    /* its local array bytes (per thread) */
+} cu;
+
+static void fail(cu *c, int rc, const char *fmt, ...) {
+  if (c->rc) return;
+  c->rc = rc;
+  va_list ap;
+  va_start(ap, fmt);
+  char line[512];
+  vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  nf_buf_puts(c->err, line);
+}
+
+static void line(cu *c, const char *fmt, ...) {
+  for (int i = 0; i < c->ind; i++) nf_buf_puts(c->o, "  ");
+  va_list ap;
+  va_start(ap, fmt);
+  char buf[2048];
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  nf_buf_puts(c->o, buf);
+  nf_buf_putc(c->o, '\n');
+}
+
+/* The C type of a value, and of a buffer element. */
+static const char *vtype(int dt) {
+  switch (dt) {
+  case NF_BOOL: return "bool";
+  case NF_I32: return "int";
+  case NF_I64: return "long long";
+  case NF_F32: return "float";
+  case NF_F64: return "double";
+  default: return NULL;
+  }
+}
+
+static const char *stype(int dt) { return dt == NF_BOOL ? "unsigned char" : vtype(dt); }
+
+/* ---- expressions ---- */
+
+static void const_text(const nf_expr *e, char *out, size_t n) {
+  switch (e->dtype) {
+  case NF_BOOL: snprintf(out, n, "%s", e->u.i ? "true" : "false"); break;
+  case NF_I32:
+    if (e->u.i == INT32_MIN)
+      snprintf(out, n, "(-2147483647 - 1)");
+    else
+      snprintf(out, n, "%" PRId64, e->u.i);
+    break;
+  case NF_I64:
+    if (e->u.i == INT64_MIN)
+      snprintf(out, n, "(-9223372036854775807LL - 1)");
+    else
+      snprintf(out, n, "%" PRId64 "LL", e->u.i);
+    break;
+  case NF_F32: {
+    float f = (float)e->u.f;
+    if (isfinite(f)) {
+      snprintf(out, n, "%.9ef", (double)f);
+    } else {
+      uint32_t bits;
+      memcpy(&bits, &f, sizeof bits);
+      if (isnan(f)) bits = 0x7fc00000u;
+      snprintf(out, n, "__int_as_float(0x%08" PRIx32 ")", bits);
+    }
+    break;
+  }
+  default: { /* f64 */
+    double f = e->u.f;
+    if (isfinite(f)) {
+      snprintf(out, n, "%.17e", f);
+    } else {
+      uint64_t bits;
+      memcpy(&bits, &f, sizeof bits);
+      if (isnan(f)) bits = 0x7ff8000000000000ull;
+      snprintf(out, n, "__longlong_as_double(0x%016" PRIx64 "LL)", bits);
+    }
+    break;
+  }
+  }
+}
+
+static int memo_find(cu *c, const nf_expr *e) {
+  for (int i = c->n_m - 1; i >= 0; i--)
+    if (c->m[i].e == e) return c->m[i].tmp;
+  return -1;
+}
+
+static void memo_add(cu *c, const nf_expr *e, int tmp) {
+  if (c->n_m == c->cap_m) {
+    int cap = c->cap_m ? 2 * c->cap_m : 256;
+    memo *m = realloc(c->m, (size_t)cap * sizeof *m);
+    if (!m) {
+      fail(c, NF_ENOMEM, "out of memory");
+      return;
+    }
+    c->m = m;
+    c->cap_m = cap;
+  }
+  c->m[c->n_m].e = e;
+  c->m[c->n_m++].tmp = tmp;
+}
+
+static void val(cu *c, const nf_expr *e, char *out, size_t n);
+
+/* The row-major offset of an access or store into buffer b. */
+static void offset(cu *c, uint32_t b, int n_idx, const nf_expr *const *idx, char *out, size_t n) {
+  const nf_lbuf *lb = &c->p->bufs[b];
+  if (n_idx != lb->rank) {
+    fail(c, NF_EINVAL, "buffer '%s': %d indices for rank %d", lb->name ? lb->name : "?", n_idx,
+         lb->rank);
+    snprintf(out, n, "0");
+    return;
+  }
+  if (n_idx == 0) {
+    snprintf(out, n, "0");
+    return;
+  }
+  char acc[96], a[96];
+  val(c, idx[0], acc, sizeof acc);
+  for (int d = 1; d < n_idx && !c->rc; d++) {
+    val(c, idx[d], a, sizeof a);
+    int k = c->ntmp++;
+    line(c, "const long long e%d = %s * %" PRId64 "LL + %s;", k, acc, lb->shape[d], a);
+    snprintf(acc, sizeof acc, "e%d", k);
+  }
+  snprintf(out, n, "%s", acc);
+}
+
+static const char *fsuffix(int dt) { return dt == NF_F32 ? "f" : ""; }
+
+static void val(cu *c, const nf_expr *e, char *out, size_t n) {
+  if (c->rc) {
+    snprintf(out, n, "0");
+    return;
+  }
+  if (e->op == NF_OP_CONST) {
+    const_text(e, out, n);
+    return;
+  }
+  if (e->op == NF_OP_VAR) {
+    snprintf(out, n, "v%u", e->u.var);
+    return;
+  }
+  int k = memo_find(c, e);
+  if (k >= 0) {
+    snprintf(out, n, "e%d", k);
+    return;
+  }
+  const char *ty = vtype(e->dtype);
+  if (!ty) {
+    fail(c, NF_EUNSUPPORTED, "dtype %s is not supported by the CUDA backend yet",
+         nf_dtype_name((nf_dtype)e->dtype));
+    snprintf(out, n, "0");
+    return;
+  }
+  char a[96], b[96], x[1024];
+  int isf = nf_dtype_is_float((nf_dtype)e->dtype);
+  const char *fs = fsuffix(e->dtype);
+  if (e->op == NF_OP_SELECT) {
+    val(c, e->args[0], a, sizeof a);
+    k = c->ntmp++;
+    line(c, "%s e%d;", ty, k);
+    for (int br = 1; br <= 2; br++) {
+      line(c, br == 1 ? "if (%s) {" : "} else {", a);
+      c->ind++;
+      int mark = c->n_m;
+      val(c, e->args[br], b, sizeof b);
+      line(c, "e%d = %s;", k, b);
+      c->n_m = mark; /* the branch's temporaries go out of scope */
+      c->ind--;
+    }
+    line(c, "}");
+    memo_add(c, e, k);
+    snprintf(out, n, "e%d", k);
+    return;
+  }
+  if (e->op == NF_OP_ACCESS) {
+    uint32_t t = e->u.tensor;
+    if (t >= c->p->n_bufs) {
+      fail(c, NF_EINVAL, "access to buffer %u of %u", t, c->p->n_bufs);
+      snprintf(out, n, "0");
+      return;
+    }
+    offset(c, t, e->n_args, e->args, a, sizeof a);
+    k = c->ntmp++;
+    if (c->p->bufs[t].dtype == NF_BOOL)
+      line(c, "const bool e%d = b%u[%s] != 0;", k, t, a);
+    else
+      line(c, "const %s e%d = b%u[%s];", ty, k, t, a);
+    memo_add(c, e, k);
+    snprintf(out, n, "e%d", k);
+    return;
+  }
+  int ar = nf_op_arity((nf_op)e->op);
+  if (ar >= 1) val(c, e->args[0], a, sizeof a);
+  if (ar >= 2) val(c, e->args[1], b, sizeof b);
+  int adt = ar >= 1 ? e->args[0]->dtype : e->dtype;
+  int aflt = nf_dtype_is_float((nf_dtype)adt);
+  /* wrapping integer arithmetic in the value's width */
+  const char *ut = e->dtype == NF_I32 ? "unsigned" : "unsigned long long";
+  switch (e->op) {
+  case NF_OP_NEG:
+    if (isf) snprintf(x, sizeof x, "-%s", a);
+    else snprintf(x, sizeof x, "(%s)(0u - (%s)%s)", ty, ut, a);
+    break;
+  case NF_OP_NOT: snprintf(x, sizeof x, "!%s", a); break;
+  case NF_OP_EXP: snprintf(x, sizeof x, "exp%s(%s)", fs, a); break;
+  case NF_OP_LOG: snprintf(x, sizeof x, "log%s(%s)", fs, a); break;
+  case NF_OP_SQRT: snprintf(x, sizeof x, "sqrt%s(%s)", fs, a); break;
+  case NF_OP_RSQRT:
+    snprintf(x, sizeof x, "%s / sqrt%s(%s)", isf && e->dtype == NF_F32 ? "1.0f" : "1.0", fs, a);
+    break;
+  case NF_OP_TANH: snprintf(x, sizeof x, "tanh%s(%s)", fs, a); break;
+  case NF_OP_SIGMOID: snprintf(x, sizeof x, "nf_sigmoid%s(%s)", fs, a); break;
+  case NF_OP_ERF: snprintf(x, sizeof x, "erf%s(%s)", fs, a); break;
+  case NF_OP_ABS:
+    if (isf) snprintf(x, sizeof x, "fabs%s(%s)", fs, a);
+    else snprintf(x, sizeof x, "(%s < 0 ? (%s)(0u - (%s)%s) : %s)", a, ty, ut, a, a);
+    break;
+  case NF_OP_FLOOR:
+    if (isf) snprintf(x, sizeof x, "floor%s(%s)", fs, a);
+    else snprintf(x, sizeof x, "%s", a);
+    break;
+  case NF_OP_CEIL:
+    if (isf) snprintf(x, sizeof x, "ceil%s(%s)", fs, a);
+    else snprintf(x, sizeof x, "%s", a);
+    break;
+  case NF_OP_STOPGRAD: snprintf(x, sizeof x, "%s", a); break;
+  case NF_OP_CAST:
+    if (e->dtype == NF_BOOL) snprintf(x, sizeof x, "(%s != 0)", a);
+    else if (e->dtype == NF_I32 && !aflt) snprintf(x, sizeof x, "(int)(unsigned)(%s)", a);
+    else snprintf(x, sizeof x, "(%s)(%s)", ty, a);
+    break;
+  case NF_OP_ADD:
+  case NF_OP_SUB:
+  case NF_OP_MUL: {
+    const char *o = e->op == NF_OP_ADD ? "+" : e->op == NF_OP_SUB ? "-" : "*";
+    if (isf) snprintf(x, sizeof x, "%s %s %s", a, o, b);
+    else snprintf(x, sizeof x, "(%s)((%s)%s %s (%s)%s)", ty, ut, a, o, ut, b);
+    break;
+  }
+  case NF_OP_DIV: snprintf(x, sizeof x, "%s / %s", a, b); break;
+  case NF_OP_FLOORDIV:
+    if (isf) snprintf(x, sizeof x, "floor%s(%s / %s)", fs, a, b);
+    else snprintf(x, sizeof x, "(%s)nf_floordiv(%s, %s)", ty, a, b);
+    break;
+  case NF_OP_MOD:
+    if (isf) snprintf(x, sizeof x, "%s - %s * floor%s(%s / %s)", a, b, fs, a, b);
+    else snprintf(x, sizeof x, "(%s)nf_mod(%s, %s)", ty, a, b);
+    break;
+  case NF_OP_POW: snprintf(x, sizeof x, "pow%s(%s, %s)", fs, a, b); break;
+  case NF_OP_MIN:
+    if (isf) snprintf(x, sizeof x, "(%s < %s || %s != %s) ? %s : %s", a, b, a, a, a, b);
+    else snprintf(x, sizeof x, "%s < %s ? %s : %s", a, b, a, b);
+    break;
+  case NF_OP_MAX:
+    if (isf) snprintf(x, sizeof x, "(%s > %s || %s != %s) ? %s : %s", a, b, a, a, a, b);
+    else snprintf(x, sizeof x, "%s > %s ? %s : %s", a, b, a, b);
+    break;
+  case NF_OP_LT: snprintf(x, sizeof x, "%s < %s", a, b); break;
+  case NF_OP_LE: snprintf(x, sizeof x, "%s <= %s", a, b); break;
+  case NF_OP_GT: snprintf(x, sizeof x, "%s > %s", a, b); break;
+  case NF_OP_GE: snprintf(x, sizeof x, "%s >= %s", a, b); break;
+  case NF_OP_EQ: snprintf(x, sizeof x, "%s == %s", a, b); break;
+  case NF_OP_NE: snprintf(x, sizeof x, "%s != %s", a, b); break;
+  case NF_OP_AND: snprintf(x, sizeof x, "%s && %s", a, b); break;
+  case NF_OP_OR: snprintf(x, sizeof x, "%s || %s", a, b); break;
+  default:
+    fail(c, NF_EINVAL, "operator %d is not an expression operator", e->op);
+    snprintf(out, n, "0");
+    return;
+  }
+  k = c->ntmp++;
+  line(c, "const %s e%d = %s;", ty, k, x);
+  memo_add(c, e, k);
+  snprintf(out, n, "e%d", k);
+}
+
+/* ---- statements ---- */
+
+static int64_t numel(const nf_lbuf *b) {
+  int64_t n = 1;
+  for (int d = 0; d < b->rank; d++) n *= b->shape[d];
+  return n;
+}
+
+static uint64_t align256(uint64_t x) { return (x + 255) & ~(uint64_t)255; }
+
+static void serial(cu *c, const nf_lstmt *s);
+
+static void alloc_decl(cu *c, const nf_lstmt *s) {
+  if (s->buf >= c->p->n_bufs) {
+    fail(c, NF_EINVAL, "ALLOC of buffer %u of %u", s->buf, c->p->n_bufs);
+    return;
+  }
+  const nf_lbuf *lb = &c->p->bufs[s->buf];
+  const char *ty = stype(lb->dtype);
+  if (!ty) {
+    fail(c, NF_EUNSUPPORTED, "buffer '%s': dtype %s is not supported by the CUDA backend yet",
+         lb->name ? lb->name : "?", nf_dtype_name((nf_dtype)lb->dtype));
+    return;
+  }
+  int64_t ne = numel(lb);
+  uint64_t bytes = (uint64_t)(ne > 0 ? ne : 1) * nf_dtype_size((nf_dtype)lb->dtype);
+  switch (c->ctx) {
+  case CTX_GRID1: { /* the only thread of the launch: global scratch */
+    uint64_t off = align256(c->plan->scratch_bytes);
+    c->plan->scratch_bytes = off + bytes;
+    line(c, "%s *b%u = (%s *)(scratch + %" PRIu64 "ull); /* %s */", ty, s->buf, ty, off,
+         lb->name ? lb->name : "temp");
+    break;
+  }
+  case CTX_BLOCK0:
+    c->shared += align256(bytes);
+    if (c->shared > NF_CUDA_MAX_SHARED)
+      fail(c, NF_ELIMIT, "buffer '%s': a block's shared memory would exceed %d bytes",
+           lb->name ? lb->name : "?", NF_CUDA_MAX_SHARED);
+    line(c, "__shared__ %s b%u[%" PRId64 "]; /* %s */", ty, s->buf, ne > 0 ? ne : 1,
+         lb->name ? lb->name : "temp");
+    break;
+  default:
+    c->local += bytes;
+    if (c->local > NF_CUDA_MAX_LOCAL)
+      fail(c, NF_ELIMIT, "buffer '%s': a thread's local arrays would exceed %d bytes",
+           lb->name ? lb->name : "?", NF_CUDA_MAX_LOCAL);
+    line(c, "%s b%u[%" PRId64 "]; /* %s */", ty, s->buf, ne > 0 ? ne : 1,
+         lb->name ? lb->name : "temp");
+    break;
+  }
+}
+
+static void store(cu *c, const nf_lstmt *s) {
+  if (s->buf >= c->p->n_bufs) {
+    fail(c, NF_EINVAL, "store to buffer %u of %u", s->buf, c->p->n_bufs);
+    return;
+  }
+  const nf_lbuf *lb = &c->p->bufs[s->buf];
+  int mark = c->n_m;
+  line(c, "{");
+  c->ind++;
+  char o[96], v[96];
+  offset(c, s->buf, s->n_idx, s->idx, o, sizeof o);
+  val(c, s->value, v, sizeof v);
+  int dt = lb->dtype, isf = nf_dtype_is_float((nf_dtype)dt);
+  const char *ty = vtype(dt), *ut = dt == NF_I32 ? "unsigned" : "unsigned long long";
+  if (!ty) {
+    fail(c, NF_EUNSUPPORTED, "buffer '%s': dtype %s is not supported by the CUDA backend yet",
+         lb->name ? lb->name : "?", nf_dtype_name((nf_dtype)dt));
+  } else if (dt == NF_BOOL) {
+    /* bool reductions: sum/max as or, prod/min as and (values are 0/1) */
+    if (s->op == NF_RED_SUM || s->op == NF_RED_MAX)
+      line(c, "b%u[%s] = (unsigned char)(b%u[%s] != 0 || %s);", s->buf, o, s->buf, o, v);
+    else if (s->op == NF_RED_PROD || s->op == NF_RED_MIN)
+      line(c, "b%u[%s] = (unsigned char)(b%u[%s] != 0 && %s);", s->buf, o, s->buf, o, v);
+    else
+      line(c, "b%u[%s] = (unsigned char)%s;", s->buf, o, v);
+  } else {
+    switch (s->op) {
+    case NF_RED_SUM:
+    case NF_RED_PROD: {
+      const char *op = s->op == NF_RED_SUM ? "+" : "*";
+      if (isf)
+        line(c, "b%u[%s] = b%u[%s] %s %s;", s->buf, o, s->buf, o, op, v);
+      else
+        line(c, "b%u[%s] = (%s)((%s)b%u[%s] %s (%s)%s);", s->buf, o, ty, ut, s->buf, o, op, ut,
+             v);
+      break;
+    }
+    case NF_RED_MAX:
+    case NF_RED_MIN: {
+      const char *cmp = s->op == NF_RED_MAX ? ">" : "<";
+      line(c, "const %s o_ = b%u[%s];", ty, s->buf, o);
+      if (isf)
+        line(c, "b%u[%s] = (o_ %s %s || o_ != o_) ? o_ : %s;", s->buf, o, cmp, v, v);
+      else
+        line(c, "b%u[%s] = o_ %s %s ? o_ : %s;", s->buf, o, cmp, v, v);
+      break;
+    }
+    default: line(c, "b%u[%s] = %s;", s->buf, o, v); break;
+    }
+  }
+  c->ind--;
+  line(c, "}");
+  c->n_m = mark;
+}
+
+static void serial(cu *c, const nf_lstmt *s) {
+  if (c->rc) return;
+  if (!s) {
+    fail(c, NF_EINVAL, "NULL statement");
+    return;
+  }
+  switch (s->kind) {
+  case NF_LS_LOOP: {
+    if (s->extent <= 0) return;
+    if (s->loop_kind == NF_LOOP_UNROLL || s->loop_kind == NF_LOOP_VECTOR) line(c, "#pragma unroll");
+    line(c, "for (long long v%u = 0; v%u < %" PRId64 "LL; v%u++) { /* %s */", s->var, s->var,
+         s->extent, s->var, s->var_name ? s->var_name : "");
+    c->ind++;
+    int mark = c->n_m;
+    for (int i = 0; i < s->n_body; i++) serial(c, s->body[i]);
+    c->n_m = mark;
+    c->ind--;
+    line(c, "}");
+    break;
+  }
+  case NF_LS_STORE: store(c, s); break;
+  case NF_LS_IF: {
+    int mark = c->n_m;
+    line(c, "{");
+    c->ind++;
+    char a[96];
+    val(c, s->cond, a, sizeof a);
+    line(c, "if (%s) {", a);
+    c->ind++;
+    for (int i = 0; i < s->n_body; i++) serial(c, s->body[i]);
+    c->ind--;
+    line(c, "}");
+    c->ind--;
+    line(c, "}");
+    c->n_m = mark;
+    break;
+  }
+  case NF_LS_SEQ:
+    for (int i = 0; i < s->n_body; i++) serial(c, s->body[i]);
+    break;
+  case NF_LS_ALLOC: {
+    line(c, "{");
+    c->ind++;
+    alloc_decl(c, s);
+    for (int i = 0; i < s->n_body; i++) serial(c, s->body[i]);
+    c->ind--;
+    line(c, "}");
+    break;
+  }
+  default: fail(c, NF_EINVAL, "statement kind %d", s->kind); break;
+  }
+}
+
+/* ---- kernels ---- */
+
+static int is_bound(const nf_lstmt *s, int kind) {
+  return s && s->kind == NF_LS_LOOP && s->loop_kind == kind;
+}
+
+/* Collects the chain of directly nested loops of one kind from s; returns
+ * its length, the product of extents in *count (saturating at 2^62) and
+ * the innermost loop in *in. */
+static int chain(const nf_lstmt *s, int kind, const nf_lstmt **loops, int cap, int64_t *count,
+                 const nf_lstmt **in) {
+  int n = 0;
+  *count = 1;
+  *in = NULL;
+  while (is_bound(s, kind) && n < cap) {
+    loops[n++] = s;
+    *count = *count > (INT64_C(1) << 62) / (s->extent > 0 ? s->extent : 1) ? INT64_C(1) << 62
+                                                                           : *count * s->extent;
+    *in = s;
+    s = s->n_body == 1 ? s->body[0] : NULL;
+  }
+  return n;
+}
+
+/* Declares the loop variables of a chain from a flat index. */
+static void unflatten(cu *c, const nf_lstmt *const *loops, int n, const char *flat) {
+  if (n == 1) {
+    line(c, "const long long v%u = %s; /* %s */", loops[0]->var, flat,
+         loops[0]->var_name ? loops[0]->var_name : "");
+    return;
+  }
+  line(c, "long long r_ = %s;", flat);
+  for (int i = n - 1; i >= 0; i--) {
+    line(c, "const long long v%u = r_ %% %" PRId64 "LL; /* %s */", loops[i]->var, loops[i]->extent,
+         loops[i]->var_name ? loops[i]->var_name : "");
+    if (i > 0) line(c, "r_ /= %" PRId64 "LL;", loops[i]->extent);
+  }
+}
+
+static void block_list(cu *c, nf_lstmt *const *list, int n, int *first);
+
+static void block_stmt(cu *c, const nf_lstmt *s, int *first) {
+  if (c->rc) return;
+  if (s->kind == NF_LS_SEQ) {
+    block_list(c, s->body, s->n_body, first);
+    return;
+  }
+  if (s->kind != NF_LS_ALLOC) {
+    if (!*first) line(c, "__syncthreads();");
+    *first = 0;
+  }
+  if (is_bound(s, NF_LOOP_THREAD)) {
+    const nf_lstmt *loops[NF_MAX_VARS], *in;
+    int64_t cnt;
+    int n = chain(s, NF_LOOP_THREAD, loops, NF_MAX_VARS, &cnt, &in);
+    if (cnt == 0) return;
+    if (cnt > NF_CUDA_MAX_THREADS) {
+      fail(c, NF_ELIMIT, "loop '%s': %" PRId64 " threads in a block (at most %d)",
+           s->var_name ? s->var_name : "?", cnt, NF_CUDA_MAX_THREADS);
+      return;
+    }
+    if ((uint32_t)cnt > c->block) c->block = (uint32_t)cnt;
+    line(c, "if (threadIdx.x < %" PRId64 "u) {", cnt);
+    c->ind++;
+    int mark = c->n_m, ctx = c->ctx;
+    unflatten(c, loops, n, "(long long)threadIdx.x");
+    c->ctx = CTX_THREAD;
+    for (int i = 0; i < in->n_body; i++) serial(c, in->body[i]);
+    c->ctx = ctx;
+    c->n_m = mark;
+    c->ind--;
+    line(c, "}");
+  } else if (s->kind == NF_LS_ALLOC) {
+    int ctx = c->ctx;
+    c->ctx = CTX_BLOCK0; /* shared by the block's threads */
+    alloc_decl(c, s);
+    c->ctx = ctx;
+    block_list(c, s->body, s->n_body, first);
+  } else {
+    line(c, "if (threadIdx.x == 0) {");
+    c->ind++;
+    int mark = c->n_m, ctx = c->ctx;
+    c->ctx = CTX_BLOCK0;
+    serial(c, s);
+    c->ctx = ctx;
+    c->n_m = mark;
+    c->ind--;
+    line(c, "}");
+  }
+}
+
+static void block_list(cu *c, nf_lstmt *const *list, int n, int *first) {
+  for (int i = 0; i < n && !c->rc; i++) block_stmt(c, list[i], first);
+}
+
+/* One launch for top-level statement s. */
+static void kernel(cu *c, const nf_lstmt *s, nf_buf *src) {
+  nf_buf body = NF_BUF_INIT;
+  nf_buf *saved = c->o;
+  c->o = &body;
+  c->ind = 1;
+  c->n_m = 0;
+  c->block = 1;
+  c->shared = 0;
+  c->local = 0;
+  int64_t grid = 1;
+  if (is_bound(s, NF_LOOP_BLOCK) || is_bound(s, NF_LOOP_THREAD)) {
+    const nf_lstmt *loops[NF_MAX_VARS], *in = NULL;
+    int n = chain(s, NF_LOOP_BLOCK, loops, NF_MAX_VARS, &grid, &in);
+    if (grid == 0) goto done; /* no iterations: no launch */
+    if (grid > INT32_MAX) {
+      fail(c, NF_ELIMIT, "loop '%s': %" PRId64 " blocks (at most 2^31 - 1)",
+           s->var_name ? s->var_name : "?", grid);
+      goto done;
+    }
+    c->ctx = CTX_BLOCK0;
+    int first = 1;
+    if (n) {
+      unflatten(c, loops, n, "(long long)blockIdx.x");
+      block_list(c, in->body, in->n_body, &first);
+    } else {
+      block_stmt(c, s, &first);
+    }
+  } else {
+    c->ctx = CTX_GRID1;
+    serial(c, s);
+  }
+  if (!c->rc) {
+    nf_cuda_plan *pl = c->plan;
+    nf_cuda_launch *L = realloc(pl->launches, (size_t)(pl->n_launches + 1) * sizeof *L);
+    if (!L) {
+      fail(c, NF_ENOMEM, "out of memory");
+      goto done;
+    }
+    pl->launches = L;
+    nf_cuda_launch *l = &L[pl->n_launches];
+    memset(l, 0, sizeof *l);
+    snprintf(l->name, sizeof l->name, "nf_k%d", pl->n_launches);
+    l->grid = (uint32_t)grid;
+    l->block = c->block;
+    l->shared_bytes = (uint32_t)c->shared;
+    pl->n_launches++;
+    nf_buf_printf(src, "extern \"C\" __global__ void __launch_bounds__(%u) %s(", l->block, l->name);
+    for (uint32_t a = 0; a < c->p->n_args; a++) nf_buf_printf(src, "void *a%u, ", a);
+    nf_buf_puts(src, "unsigned char *scratch) {\n");
+    for (uint32_t b = 0; b < c->p->n_bufs; b++) {
+      const nf_lbuf *lb = &c->p->bufs[b];
+      if (lb->kind == NF_BUF_TEMP) continue;
+      nf_buf_printf(src, "  %s%s *b%u = (%s%s *)a%d; /* %s */\n",
+                    lb->kind == NF_BUF_INPUT ? "const " : "", stype(lb->dtype), b,
+                    lb->kind == NF_BUF_INPUT ? "const " : "", stype(lb->dtype), lb->arg,
+                    lb->name ? lb->name : "");
+    }
+    for (int t = 0; t < c->n_top; t++) {
+      const nf_lbuf *lb = &c->p->bufs[c->top[t].buf];
+      nf_buf_printf(src, "  %s *b%u = (%s *)(scratch + %" PRIu64 "ull); /* %s */\n",
+                    stype(lb->dtype), c->top[t].buf, stype(lb->dtype), c->top[t].off,
+                    lb->name ? lb->name : "temp");
+    }
+    nf_buf_printf(src, "  (void)scratch;\n%s}\n\n", nf_buf_str(&body));
+  }
+done:
+  nf_buf_free(&body);
+  c->o = saved;
+}
+
+static void top(cu *c, const nf_lstmt *s, nf_buf *src) {
+  if (c->rc) return;
+  if (!s) {
+    fail(c, NF_EINVAL, "NULL statement");
+    return;
+  }
+  if (s->kind == NF_LS_SEQ) {
+    for (int i = 0; i < s->n_body; i++) top(c, s->body[i], src);
+  } else if (s->kind == NF_LS_ALLOC) {
+    if (s->buf >= c->p->n_bufs) {
+      fail(c, NF_EINVAL, "ALLOC of buffer %u of %u", s->buf, c->p->n_bufs);
+      return;
+    }
+    const nf_lbuf *lb = &c->p->bufs[s->buf];
+    if (!stype(lb->dtype)) {
+      fail(c, NF_EUNSUPPORTED, "buffer '%s': dtype %s is not supported by the CUDA backend yet",
+           lb->name ? lb->name : "?", nf_dtype_name((nf_dtype)lb->dtype));
+      return;
+    }
+    if (c->n_top == c->cap_top) {
+      int cap = c->cap_top ? 2 * c->cap_top : 16;
+      live *t = realloc(c->top, (size_t)cap * sizeof *t);
+      if (!t) {
+        fail(c, NF_ENOMEM, "out of memory");
+        return;
+      }
+      c->top = t;
+      c->cap_top = cap;
+    }
+    int64_t ne = numel(lb);
+    uint64_t off = align256(c->plan->scratch_bytes);
+    c->plan->scratch_bytes = off + (uint64_t)(ne > 0 ? ne : 1) * nf_dtype_size((nf_dtype)lb->dtype);
+    c->top[c->n_top].buf = s->buf;
+    c->top[c->n_top++].off = off;
+    for (int i = 0; i < s->n_body; i++) top(c, s->body[i], src);
+    c->n_top--;
+  } else {
+    kernel(c, s, src);
+  }
+}
+
+static const char prelude[] =
+    "/* generated by neoflow (daemon/codegen/cuda_backend.c) */\n"
+    "static __device__ __forceinline__ long long nf_floordiv(long long a, long long b) {\n"
+    "  long long q = a / b;\n"
+    "  if (a % b != 0 && ((a < 0) != (b < 0))) q--;\n"
+    "  return q;\n"
+    "}\n"
+    "static __device__ __forceinline__ long long nf_mod(long long a, long long b) {\n"
+    "  long long m = a % b;\n"
+    "  if (m != 0 && ((m < 0) != (b < 0))) m += b;\n"
+    "  return m;\n"
+    "}\n"
+    "static __device__ __forceinline__ float nf_sigmoidf(float x) {\n"
+    "  if (x >= 0) return 1.0f / (1.0f + expf(-x));\n"
+    "  const float e = expf(x);\n"
+    "  return e / (1.0f + e);\n"
+    "}\n"
+    "static __device__ __forceinline__ double nf_sigmoid(double x) {\n"
+    "  if (x >= 0) return 1.0 / (1.0 + exp(-x));\n"
+    "  const double e = exp(x);\n"
+    "  return e / (1.0 + e);\n"
+    "}\n\n";
+
+void nf_cuda_plan_free(nf_cuda_plan *plan) {
+  if (!plan) return;
+  free(plan->launches);
+  memset(plan, 0, sizeof *plan);
+}
+
+int nf_cuda_emit(const nf_lprog *p, nf_buf *src, nf_cuda_plan *plan, nf_buf *err) {
+  nf_cuda_plan_free(plan);
+  if (!p || !p->root || (!p->bufs && p->n_bufs)) {
+    nf_buf_puts(err, "empty program");
+    return NF_EINVAL;
+  }
+  int rc = nf__loop_validate(p, err);
+  if (rc) return rc;
+  for (uint32_t b = 0; b < p->n_bufs; b++)
+    if (!stype(p->bufs[b].dtype)) {
+      nf_buf_printf(err, "buffer '%s': dtype %s is not supported by the CUDA backend yet",
+                    p->bufs[b].name ? p->bufs[b].name : "?",
+                    nf_dtype_name((nf_dtype)p->bufs[b].dtype));
+      return NF_EUNSUPPORTED;
+    }
+  cu c;
+  memset(&c, 0, sizeof c);
+  c.p = p;
+  c.err = err;
+  c.plan = plan;
+  plan->n_args = p->n_args;
+  nf_buf out = NF_BUF_INIT;
+  nf_buf_puts(&out, prelude);
+  top(&c, p->root, &out);
+  free(c.m);
+  free(c.top);
+  if (c.rc) {
+    nf_buf_free(&out);
+    nf_cuda_plan_free(plan);
+    return c.rc;
+  }
+  nf_buf_add(src, out.data, out.len);
+  nf_buf_free(&out);
+  return NF_OK;
+}

@@ -1,0 +1,92 @@
+/* nf_cuda.h - the GPU code generator: loop IR (nf_loop.h) -> CUDA C ->
+ * NVRTC -> cubin (or PTX) for one `sm_XX`, with the launch plan the GPU
+ * executor needs to run it.
+ *
+ * A GPU program is lowered with a schedule that binds loops to blocks and
+ * threads (bind_block, bind_thread; nf_schedule_default_gpu gives one).
+ * The backend turns every top-level statement of the program into one
+ * `__global__` function, launched in program order on one stream:
+ *  - a nest whose outermost loops are BLOCK loops is a launch of one block
+ *    per iteration of those loops (flattened into blockIdx.x); inside a
+ *    block, each nest of THREAD loops runs on threadIdx.x (flattened,
+ *    guarded by its own extent), every other statement runs on thread 0
+ *    alone, and consecutive statements of a block are separated by
+ *    __syncthreads();
+ *  - any other top-level statement is a launch of one block of one thread
+ *    (correct, slow: what an unscheduled program gets);
+ *  - BLOCK or THREAD loops anywhere else run as ordinary serial loops.
+ * Temporaries: an ALLOC at the top level lives in the global scratch
+ * buffer (one allocation, plan.scratch_bytes, 256-byte aligned slices);
+ * one inside a block but outside its thread nests is `__shared__`
+ * (48 KiB per block at most); one inside a thread's code is a local
+ * array.  Select stays lazy (an untaken branch is never evaluated) and
+ * integer arithmetic wraps as in the interpreter.  f16/bf16 buffers are
+ * not supported yet (NF_EUNSUPPORTED).
+ *
+ * Every kernel takes the same parameters: the program's argument buffers
+ * in argument order (as `T *`), then `unsigned char *scratch` (NULL when
+ * plan.scratch_bytes is 0).
+ *
+ * Thread safety: every function may be called from several threads at
+ * once (NVRTC programs are per call). */
+#ifndef NF_CUDA_H
+#define NF_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nf_buf.h"
+#include "nf_codegen.h"
+#include "nf_loop.h"
+
+#define NF_CUDA_MAX_THREADS 1024     /* threads of one block */
+#define NF_CUDA_MAX_SHARED (48 << 10) /* static shared memory of one block */
+#define NF_CUDA_MAX_LOCAL (16 << 10)  /* a thread's local arrays */
+
+typedef struct nf_cuda_launch {
+  char name[24];         /* "nf_k<i>" (extern "C") */
+  uint32_t grid;         /* blocks (x) */
+  uint32_t block;        /* threads per block (x) */
+  uint32_t shared_bytes; /* static shared memory */
+} nf_cuda_launch;
+
+typedef struct nf_cuda_plan {
+  int n_launches;
+  nf_cuda_launch *launches; /* malloc'd; in order */
+  uint64_t scratch_bytes;   /* global temporaries */
+  uint32_t n_args;          /* buffer parameters before `scratch` */
+} nf_cuda_plan;
+
+void nf_cuda_plan_free(nf_cuda_plan *plan);
+
+/* Prints p as CUDA C into src (appended) and fills *plan (freed first).
+ * NF_OK, NF_EINVAL (malformed program), NF_EUNSUPPORTED (f16/bf16), or
+ * NF_ELIMIT (a block over NF_CUDA_MAX_THREADS threads, shared or local
+ * memory over its limit, a grid over 2^31 - 1 blocks); message in err. */
+int nf_cuda_emit(const nf_lprog *p, nf_buf *src, nf_cuda_plan *plan, nf_buf *err);
+
+/* Whether this build has the CUDA target (NVRTC found at build time);
+ * when not, why (appended to why, may be NULL). */
+int nf_cuda_available(nf_buf *why);
+
+/* "neoflow-cuda r<revision> nvrtc-<major>.<minor>" (or "nvrtc-none"). */
+void nf_cuda_codegen_version(char *out, size_t n);
+
+typedef struct nf_cuda_stats {
+  double emit_ms, nvrtc_ms;
+  size_t source_bytes, image_bytes;
+  int ptx; /* the image is PTX (sm newer than this NVRTC knows), not cubin */
+} nf_cuda_stats;
+
+/* Emits p and compiles it with NVRTC for sm (e.g. 80, 90): a cubin for
+ * that architecture, or, when this NVRTC does not know sm, PTX for the
+ * newest compute architecture it knows (the driver compiles PTX for newer
+ * devices).  *image gets the bytes (freed first), *plan the launches;
+ * source (may be NULL) gets the CUDA C.  NF_OK; NF_EUNSUPPORTED without
+ * NVRTC or for an sm older than the oldest NVRTC supports; NF_EINTERNAL
+ * with NVRTC's log in err when it rejects the source (a backend bug);
+ * what nf_cuda_emit returns otherwise. */
+int nf_cuda_compile(const nf_lprog *p, int sm, nf_blob *image, nf_cuda_plan *plan,
+                    nf_buf *source, nf_cuda_stats *stats, nf_buf *err);
+
+#endif

@@ -1,0 +1,528 @@
+/* test_cuda.c - the CUDA backend without a GPU, in two parts (argv[1]):
+ *
+ *  emu    Every library op (lib/nn.nf), the larger cases, the workloads
+ *         and their training-step gradients: the GPU default schedule
+ *         lowers (bind_block / bind_thread), the loop program evaluates to
+ *         the interpreter's results, and its CUDA C, compiled for the host
+ *         with c++ against tests/cuda_emu.h (threads as coroutines, real
+ *         barriers), computes them in f32 (relative L2 error under 1e-5,
+ *         integers exact).  Exit 77 (skipped) without a host C++ compiler.
+ *  nvrtc  The same programs through NVRTC to cubin for sm_80 and sm_90;
+ *         PTX for an architecture newer than NVRTC knows; clear errors for
+ *         one it does not support.  Exit 77 without NVRTC in this build.
+ *
+ * Plus checks of the binding rules and of the emitted structure (both
+ * parts). */
+#include <check.h>
+#include <dlfcn.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "nf_cuda.h"
+#include "nf_lower.h"
+#include "nf_test_inst.h"
+
+#define N_LIB ((int)(sizeof lib_cases / sizeof lib_cases[0]))
+#define N_WL ((int)(sizeof workload_cases / sizeof workload_cases[0]))
+#define N_BIG ((int)(sizeof big_cases / sizeof big_cases[0]))
+#define N_ALL (N_LIB + N_BIG + 2 * N_WL)
+
+/* Case k of all: its label and instance (inputs, interpreter outputs). */
+static const char *case_make(int k, inst *I) {
+  static nf_module *nn, *wl;
+  if (!nn) nn = load("nn.nf");
+  if (!wl) wl = load("../examples/workloads.nf");
+  if (k < N_LIB) {
+    inst_make(I, nn, &lib_cases[k], 0x1234 + (uint64_t)k);
+    return lib_cases[k].label;
+  }
+  k -= N_LIB;
+  if (k < N_BIG) {
+    inst_make(I, nn, &big_cases[k], 0x4321 + (uint64_t)k);
+    return big_cases[k].label;
+  }
+  k -= N_BIG;
+  if (k < N_WL) {
+    inst_make(I, wl, &workload_cases[k], 0x99 + (uint64_t)k);
+    return workload_cases[k].label;
+  }
+  k -= N_WL;
+  grad_inst(I, wl, &workload_cases[k], 0x77 + (uint64_t)k);
+  return "workload gradient";
+}
+
+/* The GPU default schedule's program of I's graph, built in I's context. */
+static nf_lprog *gpu_lower(inst *I, const char *label) {
+  nf_schedule *s = NULL;
+  nf_lprog *p = NULL;
+  nf_buf err = NF_BUF_INIT;
+  ck_assert_int_eq(nf_schedule_default_gpu(I->g, 256, &s), NF_OK);
+  int rc = nf_lower(I->g, s, I->ctx, &p, &err);
+  ck_assert_msg(rc == NF_OK, "%s: lowering the GPU default: %s", label, nf_buf_str(&err));
+  rc = nf__loop_validate(p, &err);
+  ck_assert_msg(rc == NF_OK, "%s: %s", label, nf_buf_str(&err));
+  nf_schedule_free(s);
+  nf_buf_free(&err);
+  return p;
+}
+
+/* ---- structure and rules (no compiler needed) ---- */
+
+static const char *mm_src =
+    "def mm(A: f32[M, K], B: f32[K, N]) -> (C: f32[M, N]) {\n"
+    "  C(i, j) +=! A(i, k) * B(k, j)\n"
+    "}\n";
+
+static nf_graph *mm_graph(nf_ir_ctx *ctx, int m, int k, int n) {
+  nf_module *mod = nf_module_new();
+  nf_diag *d = nf_diag_new();
+  ck_assert_msg(nf_module_load_source(mod, "mm.nf", mm_src, d) == NF_OK, "%s", nf_diag_text(d));
+  nf_arg_shape sh[2] = {{.rank = 2, .dims = {m, k}}, {.rank = 2, .dims = {k, n}}};
+  nf_inst_opts o = {.n_shapes = 2, .shapes = sh};
+  nf_graph *g = NULL;
+  ck_assert_int_eq(nf_module_instantiate(mod, "mm", &o, ctx, &g, d), NF_OK);
+  nf_diag_free(d);
+  nf_module_free(mod);
+  return g;
+}
+
+static int lower_text(nf_graph *g, nf_ir_ctx *ctx, const char *text, nf_lprog **p, nf_buf *err) {
+  nf_schedule *s = NULL;
+  int rc = nf_schedule_parse(text, "test", &s, err);
+  ck_assert_msg(rc == NF_OK, "%s", nf_buf_str(err));
+  rc = nf_lower(g, s, ctx, p, err);
+  nf_schedule_free(s);
+  return rc;
+}
+
+START_TEST(cuda_emit_matmul) {
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  nf_graph *g = mm_graph(ctx, 100, 64, 70);
+  nf_schedule *s = NULL;
+  ck_assert_int_eq(nf_schedule_default_gpu(g, 256, &s), NF_OK);
+  nf_buf t = NF_BUF_INIT, err = NF_BUF_INIT, src = NF_BUF_INIT;
+  nf_schedule_print(s, &t);
+  ck_assert_str_eq(nf_buf_str(&t), "neoflow-schedule 1\n"
+                                   "stmts 1\n"
+                                   "stmt 0 fuse i j\n"
+                                   "stmt 0 split i.j.fused 250\n"
+                                   "stmt 0 bind_block i.j.fused.o\n"
+                                   "stmt 0 bind_thread i.j.fused.i\n"
+                                   "stmt 0 cache_write i.j.fused.i\n");
+  nf_lprog *p = NULL;
+  ck_assert_int_eq(nf_lower(g, s, ctx, &p, &err), NF_OK);
+  nf_cuda_plan plan;
+  memset(&plan, 0, sizeof plan);
+  ck_assert_int_eq(nf_cuda_emit(p, &src, &plan, &err), NF_OK);
+  /* one launch: 7000 outputs in 28 blocks of 250 (a divisor: no guard),
+   * accumulated in a register */
+  ck_assert_int_eq(plan.n_launches, 1);
+  ck_assert_uint_eq(plan.launches[0].grid, 28);
+  ck_assert_uint_eq(plan.launches[0].block, 250);
+  ck_assert_uint_eq(plan.launches[0].shared_bytes, 0);
+  ck_assert_uint_eq(plan.scratch_bytes, 0);
+  ck_assert_uint_eq(plan.n_args, 3);
+  const char *c = nf_buf_str(&src);
+  ck_assert_ptr_nonnull(strstr(c, "extern \"C\" __global__ void __launch_bounds__(250) nf_k0("
+                                  "void *a0, void *a1, void *a2, unsigned char *scratch)"));
+  ck_assert_ptr_nonnull(strstr(c, "(long long)blockIdx.x"));
+  ck_assert_ptr_nonnull(strstr(c, "if (threadIdx.x < 250u)"));
+  ck_assert_ptr_null(strstr(c, "7000LL")); /* no guard */
+  ck_assert_ptr_nonnull(strstr(c, "float b3[1]; /* C_tile */"));
+  ck_assert_ptr_null(strstr(c, "__syncthreads"));
+  nf_cuda_plan_free(&plan);
+  nf_schedule_free(s);
+  nf_buf_free(&t);
+  nf_buf_free(&err);
+  nf_buf_free(&src);
+  nf_ir_ctx_free(ctx);
+}
+END_TEST
+
+START_TEST(cuda_bind_rules) {
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  nf_graph *g = mm_graph(ctx, 8, 4, 8);
+  nf_lprog *p = NULL;
+  nf_buf err = NF_BUF_INIT;
+  /* a reduction loop bound to threads would race on the output */
+  ck_assert_int_eq(lower_text(g, ctx, "neoflow-schedule 1\nstmt 0 reorder i k j\n"
+                                      "stmt 0 bind_thread k\n", &p, &err), NF_EINVAL);
+  ck_assert_ptr_nonnull(strstr(nf_buf_str(&err), "bind_thread: loop 'k' is a reduction loop"));
+  nf_buf_reset(&err);
+  /* thread loops follow block loops directly */
+  ck_assert_int_eq(lower_text(g, ctx, "neoflow-schedule 1\nstmt 0 bind_block j\n", &p, &err),
+                   NF_EINVAL);
+  ck_assert_ptr_nonnull(strstr(nf_buf_str(&err), "bind_block: loop 'j' is inside loop 'i'"));
+  nf_buf_reset(&err);
+  ck_assert_int_eq(lower_text(g, ctx, "neoflow-schedule 1\nstmt 0 bind_thread i\n"
+                                      "stmt 0 bind_block j\n", &p, &err), NF_EINVAL);
+  nf_buf_reset(&err);
+  ck_assert_int_eq(lower_text(g, ctx, "neoflow-schedule 1\nstmt 0 parallel i\n"
+                                      "stmt 0 bind_block i\n", &p, &err), NF_EINVAL);
+  ck_assert_ptr_nonnull(strstr(nf_buf_str(&err), "already annotated"));
+  nf_buf_reset(&err);
+  /* blocks and threads without a tile: the init pass runs on one thread;
+   * a 64-thread block runs the 2 x 32 products */
+  ck_assert_int_eq(lower_text(g, ctx, "neoflow-schedule 1\nstmt 0 bind_block i\n"
+                                      "stmt 0 bind_thread j\n", &p, &err), NF_OK);
+  nf_buf src = NF_BUF_INIT;
+  nf_cuda_plan plan;
+  memset(&plan, 0, sizeof plan);
+  ck_assert_int_eq(nf_cuda_emit(p, &src, &plan, &err), NF_OK);
+  ck_assert_int_eq(plan.n_launches, 2);
+  ck_assert_uint_eq(plan.launches[0].grid, 1);
+  ck_assert_uint_eq(plan.launches[0].block, 1);
+  ck_assert_uint_eq(plan.launches[1].grid, 8);
+  ck_assert_uint_eq(plan.launches[1].block, 8);
+  /* a block of more than 1024 threads is refused, with the loop named */
+  nf_ir_ctx *c2 = nf_ir_ctx_new();
+  nf_graph *g2 = mm_graph(c2, 4, 4, 2048);
+  ck_assert_int_eq(lower_text(g2, c2, "neoflow-schedule 1\nstmt 0 bind_block i\n"
+                                      "stmt 0 bind_thread j\n", &p, &err), NF_OK);
+  nf_buf_reset(&err);
+  ck_assert_int_eq(nf_cuda_emit(p, &src, &plan, &err), NF_ELIMIT);
+  ck_assert_ptr_nonnull(strstr(nf_buf_str(&err), "loop 'j': 2048 threads in a block"));
+  ck_assert_int_eq(plan.n_launches, 0);
+#if NF_HAVE_LLVM
+  /* the CPU backend refuses a GPU program */
+  nf_blob obj = NF_BLOB_INIT;
+  nf_buf_reset(&err);
+  ck_assert_int_eq(nf_cpu_compile_object(p, NULL, &obj, NULL, &err), NF_EUNSUPPORTED);
+  ck_assert_ptr_nonnull(strstr(nf_buf_str(&err), "bound to GPU blocks or threads"));
+#endif
+  nf_cuda_plan_free(&plan);
+  nf_buf_free(&src);
+  nf_buf_free(&err);
+  nf_ir_ctx_free(c2);
+  nf_ir_ctx_free(ctx);
+}
+END_TEST
+
+/* A block whose statements share memory: the init on thread 0 into a
+ * __shared__ copy, barriers between the block's statements. */
+START_TEST(cuda_shared_and_barriers) {
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  nf_graph *g = mm_graph(ctx, 8, 16, 32);
+  nf_lprog *p = NULL;
+  nf_buf err = NF_BUF_INIT, src = NF_BUF_INIT;
+  ck_assert_int_eq(lower_text(g, ctx, "neoflow-schedule 1\nstmt 0 bind_block i\n"
+                                      "stmt 0 cache_read A i\n"
+                                      "stmt 0 bind_thread j\n", &p, &err), NF_OK);
+  nf_cuda_plan plan;
+  memset(&plan, 0, sizeof plan);
+  ck_assert_msg(nf_cuda_emit(p, &src, &plan, &err) == NF_OK, "%s", nf_buf_str(&err));
+  const char *c = nf_buf_str(&src);
+  ck_assert_ptr_nonnull(strstr(c, "__shared__ float"));
+  ck_assert_ptr_nonnull(strstr(c, "__syncthreads();"));
+  ck_assert_ptr_nonnull(strstr(c, "if (threadIdx.x == 0) {"));
+  ck_assert_uint_gt(plan.launches[plan.n_launches - 1].shared_bytes, 0);
+  nf_cuda_plan_free(&plan);
+  nf_buf_free(&src);
+  nf_buf_free(&err);
+  nf_ir_ctx_free(ctx);
+}
+END_TEST
+
+/* ---- emulated execution ---- */
+
+static const char *cxx(void) {
+  const char *c = getenv("CXX");
+  return c && *c ? c : "c++";
+}
+
+static int run_cmd(char *const argv[]) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    execvp(argv[0], argv);
+    _exit(127);
+  }
+  int st = 0;
+  if (pid < 0 || waitpid(pid, &st, 0) < 0) return -1;
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static int have_cxx(void) {
+  char *argv[] = {(char *)cxx(), (char *)"--version", NULL};
+  pid_t pid = fork();
+  if (pid == 0) {
+    freopen("/dev/null", "w", stdout);
+    execvp(argv[0], argv);
+    _exit(127);
+  }
+  int st = 0;
+  if (pid < 0 || waitpid(pid, &st, 0) < 0) return 0;
+  return WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
+/* Appends the generated source with its kernels in namespace c<k> (C++
+ * linkage: every case has an nf_k0) and a runner nf_run_<k>. */
+static void add_case_source(nf_buf *tu, int k, const char *src, const nf_cuda_plan *plan) {
+  nf_buf_printf(tu, "namespace c%d {\n", k);
+  const char *q = src, *hit;
+  const char *ext = "extern \"C\" ";
+  while ((hit = strstr(q, ext)) != NULL) {
+    nf_buf_add(tu, q, (size_t)(hit - q));
+    q = hit + strlen(ext);
+  }
+  nf_buf_puts(tu, q);
+  for (int l = 0; l < plan->n_launches; l++) {
+    nf_buf_printf(tu, "static void body%d(void *v) {\n  void **a = (void **)v;\n  %s(", l,
+                  plan->launches[l].name);
+    for (uint32_t i = 0; i < plan->n_args; i++) nf_buf_printf(tu, "a[%u], ", i);
+    nf_buf_printf(tu, "(unsigned char *)a[%u]);\n}\n", plan->n_args);
+  }
+  nf_buf_printf(tu, "}\nextern \"C\" int nf_run_%d(void **a) {\n", k);
+  for (int l = 0; l < plan->n_launches; l++)
+    nf_buf_printf(tu, "  if (nf_emu::launch(%u, %u, c%d::body%d, a)) return -1;\n",
+                  plan->launches[l].grid, plan->launches[l].block, k, l);
+  nf_buf_puts(tu, "  return 0;\n}\n\n");
+}
+
+static double rel_l2(const nf_array *got, const nf_array *want, int *exact_bad, char *msg,
+                     size_t n) {
+  double num = 0, den = 0;
+  int fl = nf_dtype_is_float((nf_dtype)got->dtype);
+  *exact_bad = 0;
+  for (int64_t i = 0; i < want->numel; i++) {
+    double w = aget(want, i), h = aget(got, i);
+    if (!fl && h != w && !*exact_bad) {
+      snprintf(msg, n, "element %lld: got %.17g, want %.17g", (long long)i, h, w);
+      *exact_bad = 1;
+    }
+    if (isnan(h) && !isnan(w) && !*exact_bad) {
+      snprintf(msg, n, "element %lld: NaN (unwritten?), want %.9g", (long long)i, w);
+      *exact_bad = 1;
+    }
+    if (fl && !isnan(w) && isfinite(w)) {
+      num += (h - w) * (h - w);
+      den += w * w;
+    }
+  }
+  return sqrt(num) / (sqrt(den) > 0 ? sqrt(den) : 1);
+}
+
+START_TEST(cuda_emulated) {
+  nf_buf tu = NF_BUF_INIT, err = NF_BUF_INIT;
+  const char *inc = getenv("NF_TEST_CUDA_EMU");
+  ck_assert_msg(inc != NULL, "NF_TEST_CUDA_EMU (tests/cuda_emu.h) is not set");
+  nf_buf_printf(&tu, "#include \"%s\"\n", inc);
+  static inst I[N_ALL];
+  static const char *label[N_ALL];
+  static nf_cuda_plan plan[N_ALL];
+  int n_launch = 0;
+  for (int k = 0; k < N_ALL; k++) {
+    label[k] = case_make(k, &I[k]);
+    nf_lprog *p = gpu_lower(&I[k], label[k]);
+    /* the loop program itself (f64) against the interpreter, on buffers of
+     * doubles (floats) and int64 (integers) */
+    void *ev[MAX_IN + MAX_OUT];
+    for (int j = 0; j < I[k].n_in + I[k].n_out; j++) {
+      const nf_tensor *t = &I[k].g->tensors[j < I[k].n_in ? I[k].g->inputs[j]
+                                                          : I[k].g->outputs[j - I[k].n_in]];
+      int64_t n = nf_tensor_numel(t);
+      ev[j] = calloc((size_t)(n ? n : 1), 8);
+      ck_assert_ptr_nonnull(ev[j]);
+      for (int64_t i = 0; j < I[k].n_in && i < n; i++) {
+        if (nf_dtype_is_float((nf_dtype)t->dtype))
+          ((double *)ev[j])[i] = aget(&I[k].in[j], i);
+        else
+          ((int64_t *)ev[j])[i] = (int64_t)aget(&I[k].in[j], i);
+      }
+    }
+    int rc = nf__loop_eval(p, ev, &err);
+    ck_assert_msg(rc == NF_OK, "%s: loop eval: %s", label[k], nf_buf_str(&err));
+    for (int j = 0; j < I[k].n_out; j++) {
+      const nf_tensor *t = &I[k].g->tensors[I[k].g->outputs[j]];
+      int fl = nf_dtype_is_float((nf_dtype)t->dtype);
+      for (int64_t i = 0; i < I[k].want[j].numel; i++) {
+        double w = aget(&I[k].want[j], i);
+        double h = fl ? ((double *)ev[I[k].n_in + j])[i]
+                      : (double)((int64_t *)ev[I[k].n_in + j])[i];
+        ck_assert_msg(h == w || (isnan(h) && isnan(w)) || fabs(h - w) <= 1e-9 * (fabs(w) + 1),
+                      "%s: loop eval output %d element %lld: %.17g, want %.17g", label[k], j,
+                      (long long)i, h, w);
+      }
+    }
+    for (int j = 0; j < I[k].n_in + I[k].n_out; j++) free(ev[j]);
+    nf_buf src = NF_BUF_INIT;
+    memset(&plan[k], 0, sizeof plan[k]);
+    rc = nf_cuda_emit(p, &src, &plan[k], &err);
+    ck_assert_msg(rc == NF_OK, "%s: emit: %s", label[k], nf_buf_str(&err));
+    n_launch += plan[k].n_launches;
+    add_case_source(&tu, k, nf_buf_str(&src), &plan[k]);
+    nf_buf_free(&src);
+  }
+  /* one translation unit for all cases: one compiler run */
+  char dir[] = "/tmp/nf-cuda-emu-XXXXXX";
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  char cpp[256], so[256];
+  snprintf(cpp, sizeof cpp, "%s/all.cpp", dir);
+  snprintf(so, sizeof so, "%s/all.so", dir);
+  FILE *f = fopen(cpp, "wb");
+  ck_assert_ptr_nonnull(f);
+  ck_assert_uint_eq(fwrite(tu.data, 1, tu.len, f), tu.len);
+  ck_assert_int_eq(fclose(f), 0);
+  char *argv[] = {(char *)cxx(), (char *)"-std=c++17", (char *)"-O1", (char *)"-w",
+                  (char *)"-shared", (char *)"-fPIC", (char *)"-o", so, cpp, NULL};
+  int rc = run_cmd(argv);
+  ck_assert_msg(rc == 0, "%s failed (%d) on the generated CUDA C: %s", cxx(), rc, cpp);
+  void *h = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+  ck_assert_msg(h != NULL, "dlopen: %s", dlerror());
+  for (int k = 0; k < N_ALL; k++) {
+    char sym[32], msg[512] = "";
+    snprintf(sym, sizeof sym, "nf_run_%d", k);
+    int (*run)(void **) = (int (*)(void **))dlsym(h, sym);
+    ck_assert_ptr_nonnull(run);
+    void *a[MAX_IN + MAX_OUT + 1];
+    nf_array got[MAX_OUT];
+    for (int j = 0; j < I[k].n_in; j++) a[j] = I[k].in[j].data;
+    for (int j = 0; j < I[k].n_out; j++) {
+      const nf_tensor *t = &I[k].g->tensors[I[k].g->outputs[j]];
+      ck_assert_int_eq(nf_array_alloc(&got[j], (nf_dtype)t->dtype, t->rank, t->shape), NF_OK);
+      if (nf_dtype_is_float((nf_dtype)t->dtype))
+        for (int64_t i = 0; i < got[j].numel; i++)
+          if (t->dtype == NF_F32) ((float *)got[j].data)[i] = NAN;
+          else ((double *)got[j].data)[i] = NAN;
+      else
+        memset(got[j].data, 0x5a, (size_t)got[j].numel * nf_dtype_size((nf_dtype)t->dtype));
+      a[I[k].n_in + j] = got[j].data;
+    }
+    void *scratch = malloc(plan[k].scratch_bytes + 1);
+    ck_assert_ptr_nonnull(scratch);
+    a[I[k].n_in + I[k].n_out] = scratch;
+    ck_assert_int_eq(run(a), 0);
+    for (int j = 0; j < I[k].n_out; j++) {
+      int bad;
+      double e = rel_l2(&got[j], &I[k].want[j], &bad, msg, sizeof msg);
+      ck_assert_msg(!bad, "%s (case %d) output %d: %s", label[k], k, j, msg);
+      ck_assert_msg(e < 1e-5, "%s (case %d) output %d: relative L2 error %.3g (over 1e-5)",
+                    label[k], k, j, e);
+      nf_array_free(&got[j]);
+    }
+    free(scratch);
+    nf_cuda_plan_free(&plan[k]);
+    inst_free(&I[k]);
+  }
+  fprintf(stderr, "cuda_emulated: %d programs, %d launches, emulated and checked\n", N_ALL,
+          n_launch);
+  dlclose(h);
+  unlink(so);
+  unlink(cpp);
+  rmdir(dir);
+  nf_buf_free(&tu);
+  nf_buf_free(&err);
+}
+END_TEST
+
+/* ---- NVRTC ---- */
+
+START_TEST(cuda_nvrtc) {
+  nf_buf err = NF_BUF_INIT;
+  size_t total[2] = {0, 0};
+  int n_launch = 0;
+  for (int k = 0; k < N_ALL; k++) {
+    inst I;
+    const char *label = case_make(k, &I);
+    nf_lprog *p = gpu_lower(&I, label);
+    static const int sms[2] = {80, 90};
+    for (int a = 0; a < 2; a++) {
+      nf_blob img = {NULL, 0};
+      nf_cuda_plan plan;
+      nf_cuda_stats st;
+      memset(&plan, 0, sizeof plan);
+      int rc = nf_cuda_compile(p, sms[a], &img, &plan, NULL, &st, &err);
+      ck_assert_msg(rc == NF_OK, "%s: sm_%d: %s", label, sms[a], nf_buf_str(&err));
+      ck_assert_int_eq(st.ptx, 0);
+      /* an ELF cubin */
+      ck_assert_uint_gt(img.len, 64);
+      ck_assert_int_eq(memcmp(img.data, "\177ELF", 4), 0);
+      total[a] += img.len;
+      if (a == 0) n_launch += plan.n_launches;
+      free(img.data);
+      nf_cuda_plan_free(&plan);
+    }
+    inst_free(&I);
+  }
+  fprintf(stderr, "cuda_nvrtc: %d programs, %d launches; cubin bytes sm_80 %zu, sm_90 %zu\n",
+          N_ALL, n_launch, total[0], total[1]);
+  nf_buf_free(&err);
+}
+END_TEST
+
+START_TEST(cuda_nvrtc_archs) {
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  nf_graph *g = mm_graph(ctx, 16, 8, 16);
+  nf_schedule *s = NULL;
+  nf_lprog *p = NULL;
+  nf_buf err = NF_BUF_INIT, src = NF_BUF_INIT;
+  ck_assert_int_eq(nf_schedule_default_gpu(g, 256, &s), NF_OK);
+  ck_assert_int_eq(nf_lower(g, s, ctx, &p, &err), NF_OK);
+  nf_blob img = {NULL, 0};
+  nf_cuda_plan plan;
+  nf_cuda_stats st;
+  memset(&plan, 0, sizeof plan);
+  /* far newer than any NVRTC knows: PTX for its newest architecture */
+  ck_assert_int_eq(nf_cuda_compile(p, 990, &img, &plan, &src, &st, &err), NF_OK);
+  ck_assert_int_eq(st.ptx, 1);
+  ck_assert_ptr_nonnull(memmem(img.data, img.len, ".entry nf_k0", 12));
+  ck_assert_ptr_nonnull(strstr(nf_buf_str(&src), "nf_k0"));
+  ck_assert_int_eq(plan.n_launches, 1);
+  /* older than it supports: a clear refusal */
+  ck_assert_int_eq(nf_cuda_compile(p, 20, &img, &plan, NULL, NULL, &err), NF_EUNSUPPORTED);
+  ck_assert_ptr_nonnull(strstr(nf_buf_str(&err), "sm_20 is older than this NVRTC supports"));
+  ck_assert_ptr_null(img.data);
+  char v[128];
+  nf_cuda_codegen_version(v, sizeof v);
+  ck_assert_ptr_nonnull(strstr(v, "neoflow-cuda r1 nvrtc-"));
+  ck_assert_ptr_null(strstr(v, "nvrtc-none"));
+  free(img.data);
+  nf_cuda_plan_free(&plan);
+  nf_schedule_free(s);
+  nf_buf_free(&err);
+  nf_buf_free(&src);
+  nf_ir_ctx_free(ctx);
+}
+END_TEST
+
+int main(int argc, char **argv) {
+  const char *part = argc > 1 ? argv[1] : "emu";
+  if (strcmp(part, "emu") != 0 && strcmp(part, "nvrtc") != 0) {
+    fprintf(stderr, "usage: test_cuda emu|nvrtc\n");
+    return 2;
+  }
+  if (!strcmp(part, "emu") && !have_cxx()) {
+    fprintf(stderr, "test_cuda emu: skipped: no host C++ compiler (%s)\n", cxx());
+    return 77;
+  }
+  nf_buf why = NF_BUF_INIT;
+  if (!strcmp(part, "nvrtc") && !nf_cuda_available(&why)) {
+    fprintf(stderr, "test_cuda nvrtc: skipped: %s\n", nf_buf_str(&why));
+    nf_buf_free(&why);
+    return 77;
+  }
+  Suite *su = suite_create("cuda");
+  TCase *tc = tcase_create("rules");
+  tcase_add_test(tc, cuda_emit_matmul);
+  tcase_add_test(tc, cuda_bind_rules);
+  tcase_add_test(tc, cuda_shared_and_barriers);
+  suite_add_tcase(su, tc);
+  tc = tcase_create(part);
+  tcase_set_timeout(tc, 900);
+  if (!strcmp(part, "emu")) {
+    tcase_add_test(tc, cuda_emulated);
+  } else {
+    tcase_add_test(tc, cuda_nvrtc);
+    tcase_add_test(tc, cuda_nvrtc_archs);
+  }
+  suite_add_tcase(su, tc);
+  SRunner *sr = srunner_create(su);
+  srunner_run_all(sr, CK_NORMAL);
+  int nf = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return nf ? EXIT_FAILURE : EXIT_SUCCESS;
+}
