@@ -228,6 +228,37 @@ START_TEST(cuda_shared_and_barriers) {
 }
 END_TEST
 
+/* f16 buffers: refused with the buffer named, nothing emitted. */
+START_TEST(cuda_f16_refused) {
+  static const char *src = "def h(A: f16[N]) -> (B: f16[N]) {\n  B(i) = A(i) * A(i)\n}\n";
+  nf_module *mod = nf_module_new();
+  nf_diag *d = nf_diag_new();
+  ck_assert_msg(nf_module_load_source(mod, "h.nf", src, d) == NF_OK, "%s", nf_diag_text(d));
+  nf_arg_shape sh[1] = {{.rank = 1, .dims = {64}}};
+  nf_inst_opts o = {.n_shapes = 1, .shapes = sh};
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  nf_graph *g = NULL;
+  ck_assert_int_eq(nf_module_instantiate(mod, "h", &o, ctx, &g, d), NF_OK);
+  nf_schedule *s = NULL;
+  nf_lprog *p = NULL;
+  nf_buf err = NF_BUF_INIT, out = NF_BUF_INIT;
+  ck_assert_int_eq(nf_schedule_default_gpu(g, 256, &s), NF_OK);
+  ck_assert_int_eq(nf_lower(g, s, ctx, &p, &err), NF_OK);
+  nf_cuda_plan plan;
+  memset(&plan, 0, sizeof plan);
+  ck_assert_int_eq(nf_cuda_emit(p, &out, &plan, &err), NF_EUNSUPPORTED);
+  ck_assert_ptr_nonnull(strstr(nf_buf_str(&err), "buffer 'A': dtype f16 is not supported"));
+  ck_assert_uint_eq(out.len, 0);
+  ck_assert_int_eq(plan.n_launches, 0);
+  nf_schedule_free(s);
+  nf_buf_free(&err);
+  nf_buf_free(&out);
+  nf_ir_ctx_free(ctx);
+  nf_diag_free(d);
+  nf_module_free(mod);
+}
+END_TEST
+
 /* ---- emulated execution ---- */
 
 static const char *cxx(void) {
@@ -510,6 +541,7 @@ int main(int argc, char **argv) {
   tcase_add_test(tc, cuda_emit_matmul);
   tcase_add_test(tc, cuda_bind_rules);
   tcase_add_test(tc, cuda_shared_and_barriers);
+  tcase_add_test(tc, cuda_f16_refused);
   suite_add_tcase(su, tc);
   tc = tcase_create(part);
   tcase_set_timeout(tc, 900);

@@ -120,6 +120,29 @@ static void const_text(const nf_expr *e, char *out, size_t n) {
   }
 }
 
+/* Room for one more element in *arr (n used of *cap, doubling from
+ * first); 0 and a failure recorded when out of memory. */
+static int grow(cu *c, void **arr, int n, int *cap, int first, size_t elem) {
+  if (n < *cap) return 1;
+  int nc = *cap ? 2 * *cap : first;
+  void *a = realloc(*arr, (size_t)nc * elem);
+  if (!a) {
+    fail(c, NF_ENOMEM, "out of memory");
+    return 0;
+  }
+  *arr = a;
+  *cap = nc;
+  return 1;
+}
+
+/* A buffer whose dtype the backend cannot store: recorded, 1. */
+static int bad_dtype(cu *c, const nf_lbuf *lb) {
+  if (stype(lb->dtype)) return 0;
+  fail(c, NF_EUNSUPPORTED, "buffer '%s': dtype %s is not supported by the CUDA backend yet",
+       lb->name ? lb->name : "?", nf_dtype_name((nf_dtype)lb->dtype));
+  return 1;
+}
+
 static int memo_find(cu *c, const nf_expr *e) {
   for (int i = c->n_m - 1; i >= 0; i--)
     if (c->m[i].e == e) return c->m[i].tmp;
@@ -127,16 +150,7 @@ static int memo_find(cu *c, const nf_expr *e) {
 }
 
 static void memo_add(cu *c, const nf_expr *e, int tmp) {
-  if (c->n_m == c->cap_m) {
-    int cap = c->cap_m ? 2 * c->cap_m : 256;
-    memo *m = realloc(c->m, (size_t)cap * sizeof *m);
-    if (!m) {
-      fail(c, NF_ENOMEM, "out of memory");
-      return;
-    }
-    c->m = m;
-    c->cap_m = cap;
-  }
+  if (!grow(c, (void **)&c->m, c->n_m, &c->cap_m, 256, sizeof *c->m)) return;
   c->m[c->n_m].e = e;
   c->m[c->n_m++].tmp = tmp;
 }
@@ -336,11 +350,7 @@ static void alloc_decl(cu *c, const nf_lstmt *s) {
   }
   const nf_lbuf *lb = &c->p->bufs[s->buf];
   const char *ty = stype(lb->dtype);
-  if (!ty) {
-    fail(c, NF_EUNSUPPORTED, "buffer '%s': dtype %s is not supported by the CUDA backend yet",
-         lb->name ? lb->name : "?", nf_dtype_name((nf_dtype)lb->dtype));
-    return;
-  }
+  if (bad_dtype(c, lb)) return;
   int64_t ne = numel(lb);
   uint64_t bytes = (uint64_t)(ne > 0 ? ne : 1) * nf_dtype_size((nf_dtype)lb->dtype);
   switch (c->ctx) {
@@ -384,9 +394,8 @@ static void store(cu *c, const nf_lstmt *s) {
   val(c, s->value, v, sizeof v);
   int dt = lb->dtype, isf = nf_dtype_is_float((nf_dtype)dt);
   const char *ty = vtype(dt), *ut = dt == NF_I32 ? "unsigned" : "unsigned long long";
-  if (!ty) {
-    fail(c, NF_EUNSUPPORTED, "buffer '%s': dtype %s is not supported by the CUDA backend yet",
-         lb->name ? lb->name : "?", nf_dtype_name((nf_dtype)dt));
+  if (bad_dtype(c, lb)) {
+    /* recorded */
   } else if (dt == NF_BOOL) {
     /* bool reductions: sum/max as or, prod/min as and (values are 0/1) */
     if (s->op == NF_RED_SUM || s->op == NF_RED_MAX)
@@ -658,21 +667,8 @@ static void top(cu *c, const nf_lstmt *s, nf_buf *src) {
       return;
     }
     const nf_lbuf *lb = &c->p->bufs[s->buf];
-    if (!stype(lb->dtype)) {
-      fail(c, NF_EUNSUPPORTED, "buffer '%s': dtype %s is not supported by the CUDA backend yet",
-           lb->name ? lb->name : "?", nf_dtype_name((nf_dtype)lb->dtype));
+    if (bad_dtype(c, lb) || !grow(c, (void **)&c->top, c->n_top, &c->cap_top, 16, sizeof *c->top))
       return;
-    }
-    if (c->n_top == c->cap_top) {
-      int cap = c->cap_top ? 2 * c->cap_top : 16;
-      live *t = realloc(c->top, (size_t)cap * sizeof *t);
-      if (!t) {
-        fail(c, NF_ENOMEM, "out of memory");
-        return;
-      }
-      c->top = t;
-      c->cap_top = cap;
-    }
     int64_t ne = numel(lb);
     uint64_t off = align256(c->plan->scratch_bytes);
     c->plan->scratch_bytes = off + (uint64_t)(ne > 0 ? ne : 1) * nf_dtype_size((nf_dtype)lb->dtype);
@@ -722,17 +718,12 @@ int nf_cuda_emit(const nf_lprog *p, nf_buf *src, nf_cuda_plan *plan, nf_buf *err
   }
   int rc = nf__loop_validate(p, err);
   if (rc) return rc;
-  for (uint32_t b = 0; b < p->n_bufs; b++)
-    if (!stype(p->bufs[b].dtype)) {
-      nf_buf_printf(err, "buffer '%s': dtype %s is not supported by the CUDA backend yet",
-                    p->bufs[b].name ? p->bufs[b].name : "?",
-                    nf_dtype_name((nf_dtype)p->bufs[b].dtype));
-      return NF_EUNSUPPORTED;
-    }
   cu c;
   memset(&c, 0, sizeof c);
   c.p = p;
   c.err = err;
+  for (uint32_t b = 0; b < p->n_bufs; b++)
+    if (bad_dtype(&c, &p->bufs[b])) return c.rc;
   c.plan = plan;
   plan->n_args = p->n_args;
   nf_buf out = NF_BUF_INIT;
