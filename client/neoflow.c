@@ -24,6 +24,7 @@
 #include "nf_config.h"
 #include "nf_exec.h"
 #include "nf_cuda.h"
+#include "nf_cuda_rt.h"
 #include "nf_lower.h"
 #if NF_HAVE_LLVM
 #include "nf_codegen.h"
@@ -87,7 +88,8 @@ static const char usage_text[] =
     "  --target cpu[:CPU[:FEATURES]] | cuda:sm_XX\n"
     "                          code generation target (host CPU by default); lower:\n"
     "                          cuda prints the GPU default schedule's loop program\n"
-    "  --engine interp|compiled  evaluate with the interpreter (default) or a kernel\n"
+    "  --engine interp|compiled|cuda  evaluate with the interpreter (default), a CPU\n"
+    "                          kernel, or a GPU kernel (first CUDA device)\n"
     "  --threads N             threads of the compiled engine (default 1)\n"
     "  -o FILE                 output of compile; tune: the best schedule\n"
     "  --trials N              tune: measured candidates (default 200)\n"
@@ -257,8 +259,8 @@ static int parse_args(int argc, char **argv, opts *o) {
           return usage_error("--target is cpu[:CPU[:FEATURES]] or cuda:sm_XX, got '%s'", val);
         o->target = val;
       } else if (strcmp(flag, "--engine") == 0) {
-        if (strcmp(val, "interp") != 0 && strcmp(val, "compiled") != 0)
-          return usage_error("--engine is interp or compiled, got '%s'", val);
+        if (strcmp(val, "interp") != 0 && strcmp(val, "compiled") != 0 && strcmp(val, "cuda") != 0)
+          return usage_error("--engine is interp, compiled or cuda, got '%s'", val);
         o->engine = val;
       } else if (strcmp(flag, "--trials") == 0) {
         int64_t x;
@@ -705,19 +707,26 @@ static int cuda_target(const opts *o, int *sm) {
   return 1;
 }
 
-static int lower_graph(const opts *o, const nf_graph *g, nf_ir_ctx *ctx, nf_lprog **p) {
+/* Lowers g with --schedule, else the default of the target (the GPU's
+ * with gpu set or --target cuda). */
+static int lower_graph_for(const opts *o, const nf_graph *g, nf_ir_ctx *ctx, nf_lprog **p,
+                           int gpu) {
   nf_schedule *sch = NULL;
   int sm;
   if (read_schedule(o, &sch)) return 1;
   nf_buf err = NF_BUF_INIT;
   int rc = NF_OK;
-  if (!sch && cuda_target(o, &sm) == 1) rc = nf_schedule_default_gpu(g, 256, &sch);
+  if (!sch && (gpu || cuda_target(o, &sm) == 1)) rc = nf_schedule_default_gpu(g, 256, &sch);
   if (rc == NF_OK) rc = nf_lower(g, sch, ctx, p, &err);
   if (rc) fprintf(stderr, "%s: error: cannot lower %s: %s\n", o->schedule ? o->schedule : o->file,
                   o->def, nf_buf_str(&err));
   nf_buf_free(&err);
   nf_schedule_free(sch);
   return rc ? 1 : 0;
+}
+
+static int lower_graph(const opts *o, const nf_graph *g, nf_ir_ctx *ctx, nf_lprog **p) {
+  return lower_graph_for(o, g, ctx, p, 0);
 }
 
 static int cmd_lower(opts *o) {
@@ -804,6 +813,25 @@ static int cmd_compile_cuda(opts *o, int sm) {
   return rc;
 }
 
+/* Converts a (any supported dtype) into a fresh array of dtype t. */
+static int convert_array(const nf_array *a, nf_dtype t, nf_array *out) {
+  if (nf_array_alloc(out, t, a->rank, a->shape)) return 1;
+  for (int64_t k = 0; k < a->numel; k++) {
+    double v = elem(a, k);
+    switch (t) {
+      case NF_F32: ((float *)out->data)[k] = (float)v; break;
+      case NF_F64: ((double *)out->data)[k] = v; break;
+      case NF_I32: ((int32_t *)out->data)[k] = (int32_t)v; break;
+      case NF_I64:
+        ((int64_t *)out->data)[k] = a->dtype == NF_I64 ? ((int64_t *)a->data)[k] : (int64_t)v;
+        break;
+      case NF_BOOL: ((uint8_t *)out->data)[k] = v != 0; break;
+      default: return 1;
+    }
+  }
+  return 0;
+}
+
 #if NF_HAVE_LLVM
 /* --target cpu[:CPU[:FEATURES]] */
 static int parse_target(const opts *o, nf_cpu_target *t, char *buf, size_t cap) {
@@ -874,25 +902,6 @@ static int cmd_compile(opts *o) {
   return rc;
 }
 
-/* Converts a (any supported dtype) into a fresh array of dtype t. */
-static int convert_array(const nf_array *a, nf_dtype t, nf_array *out) {
-  if (nf_array_alloc(out, t, a->rank, a->shape)) return 1;
-  for (int64_t k = 0; k < a->numel; k++) {
-    double v = elem(a, k);
-    switch (t) {
-      case NF_F32: ((float *)out->data)[k] = (float)v; break;
-      case NF_F64: ((double *)out->data)[k] = v; break;
-      case NF_I32: ((int32_t *)out->data)[k] = (int32_t)v; break;
-      case NF_I64:
-        ((int64_t *)out->data)[k] = a->dtype == NF_I64 ? ((int64_t *)a->data)[k] : (int64_t)v;
-        break;
-      case NF_BOOL: ((uint8_t *)out->data)[k] = v != 0; break;
-      default: return 1;
-    }
-  }
-  return 0;
-}
-
 /* The compiled engine: default (or --schedule) kernel, run with a pool. */
 static int run_compiled(const opts *o, const nf_graph *g, nf_array *ins, nf_array *outs) {
   nf_blob so = NF_BLOB_INIT;
@@ -952,11 +961,99 @@ done:
 }
 #endif
 
+/* The CUDA engine: the GPU default (or --schedule) program compiled by
+ * NVRTC for the first device, run there; no device: the reason, exit 1. */
+static int run_cuda(const opts *o, const nf_graph *g, nf_array *ins, nf_array *outs) {
+  nf_buf err = NF_BUF_INIT;
+  nf_cuda_rt *rt = NULL;
+  nf_ir_ctx *ctx = NULL;
+  nf_lprog *p = NULL;
+  nf_blob img = {NULL, 0};
+  nf_cuda_plan plan;
+  nf_cuda_stats st;
+  nf_cuda_module *m = NULL;
+  uint32_t nb = g->n_inputs + g->n_outputs;
+  uint64_t *dev = calloc(nb + 1, sizeof *dev), scratch = 0;
+  nf_array *conv = calloc(g->n_inputs + 1, sizeof(nf_array));
+  int rc = 1;
+  memset(&plan, 0, sizeof plan);
+  if (!dev || !conv) goto done;
+  if (!nf_cuda_available(&err) || nf_cuda_rt_open(0, &rt, &err)) {
+    fprintf(stderr, "neoflow: error: no GPU to run on: %s\n", nf_buf_str(&err));
+    goto done;
+  }
+  if (!(ctx = nf_ir_ctx_new()) || lower_graph_for(o, g, ctx, &p, 1)) goto done;
+  if (nf_cuda_compile(p, nf_cuda_rt_sm(rt), &img, &plan, NULL, &st, &err) ||
+      nf_cuda_module_load(rt, img.data, img.len, &plan, &m, &err)) {
+    fprintf(stderr, "%s: error: cannot compile %s for %s (sm_%d): %s\n", o->file, o->def,
+            nf_cuda_rt_name(rt), nf_cuda_rt_sm(rt), nf_buf_str(&err));
+    goto done;
+  }
+  for (uint32_t i = 0; i < nb; i++) {
+    const nf_tensor *t = &g->tensors[i < g->n_inputs ? g->inputs[i] : g->outputs[i - g->n_inputs]];
+    nf_array *a = i < g->n_inputs ? &conv[i] : &outs[i - g->n_inputs];
+    if (i < g->n_inputs) {
+      int same = ins[i].rank == t->rank;
+      for (int d = 0; same && d < t->rank; d++) same = ins[i].shape[d] == t->shape[d];
+      if (!same || convert_array(&ins[i], (nf_dtype)t->dtype, a)) {
+        fprintf(stderr, "neoflow: error: input %s: wrong shape or unsupported dtype\n", t->name);
+        goto done;
+      }
+    } else if (nf_array_alloc(a, (nf_dtype)t->dtype, t->rank, t->shape)) {
+      goto done;
+    }
+    size_t n = (size_t)a->numel * nf_dtype_size((nf_dtype)t->dtype);
+    if (nf_cuda_rt_alloc(rt, n, &dev[i], &err) ||
+        (i < g->n_inputs && nf_cuda_rt_upload(rt, dev[i], a->data, n, &err))) {
+      fprintf(stderr, "neoflow: error: GPU memory: %s\n", nf_buf_str(&err));
+      goto done;
+    }
+  }
+  if (nf_cuda_rt_alloc(rt, plan.scratch_bytes, &scratch, &err) ||
+      nf_cuda_module_run(m, dev, nb, scratch, &err) || nf_cuda_rt_sync(rt, &err)) {
+    fprintf(stderr, "neoflow: error: the GPU kernel failed: %s\n", nf_buf_str(&err));
+    goto done;
+  }
+  for (uint32_t i = 0; i < g->n_outputs; i++)
+    if (nf_cuda_rt_download(rt, outs[i].data, dev[g->n_inputs + i],
+                            (size_t)outs[i].numel * nf_dtype_size((nf_dtype)outs[i].dtype), &err)) {
+      fprintf(stderr, "neoflow: error: GPU memory: %s\n", nf_buf_str(&err));
+      goto done;
+    }
+  fprintf(stderr, "neoflow: GPU kernel on %s (sm_%d): %d launches, %zu bytes of %s, NVRTC %.1f ms\n",
+          nf_cuda_rt_name(rt), nf_cuda_rt_sm(rt), plan.n_launches, img.len,
+          st.ptx ? "PTX" : "cubin", st.nvrtc_ms);
+  rc = 0;
+done:
+  if (rc)
+    for (uint32_t i = 0; i < g->n_outputs; i++) nf_array_free(&outs[i]);
+  if (conv)
+    for (uint32_t i = 0; i < g->n_inputs; i++) nf_array_free(&conv[i]);
+  if (rt) {
+    for (uint32_t i = 0; dev && i < nb; i++) nf_cuda_rt_free(rt, dev[i]);
+    nf_cuda_rt_free(rt, scratch);
+  }
+  nf_cuda_module_free(m);
+  nf_cuda_rt_close(rt);
+  nf_cuda_plan_free(&plan);
+  free(img.data);
+  free(dev);
+  free(conv);
+  nf_ir_ctx_free(ctx);
+  nf_buf_free(&err);
+  return rc;
+}
+
 /* Runs g and prints/writes its outputs. */
 static int run_graph(const opts *o, const nf_graph *g, nf_array *ins) {
   nf_array *outs = calloc(g->n_outputs + 1, sizeof(nf_array));
   if (!outs) return 1;
-  if (o->engine && strcmp(o->engine, "compiled") == 0) {
+  if (o->engine && strcmp(o->engine, "cuda") == 0) {
+    if (run_cuda(o, g, ins, outs)) {
+      free(outs);
+      return 1;
+    }
+  } else if (o->engine && strcmp(o->engine, "compiled") == 0) {
 #if NF_HAVE_LLVM
     if (run_compiled(o, g, ins, outs)) {
       free(outs);

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "nf_cuda.h"
+#include "nf_cuda_rt.h"
 #include "nf_lower.h"
 #include "nf_test_inst.h"
 
@@ -259,6 +260,29 @@ START_TEST(cuda_f16_refused) {
 }
 END_TEST
 
+/* Without a driver the runtime says why and stays closed. */
+START_TEST(cuda_rt_no_driver) {
+  nf_cuda_rt *rt = (nf_cuda_rt *)1;
+  nf_buf why = NF_BUF_INIT;
+  setenv("NEOFLOW_LIBCUDA", "/nonexistent/libcuda.so.1", 1);
+  ck_assert_int_eq(nf_cuda_rt_open(0, &rt, &why), NF_EUNSUPPORTED);
+  ck_assert_ptr_null(rt);
+  ck_assert_msg(strstr(nf_buf_str(&why), "no CUDA driver: cannot load /nonexistent/libcuda.so.1"),
+                "%s", nf_buf_str(&why));
+  /* the toolkit's stub library loads, and cuInit says it is the stub */
+  const char *stub = getenv("NF_TEST_CUDA_STUB");
+  if (stub && access(stub, R_OK) == 0) {
+    nf_buf_reset(&why);
+    setenv("NEOFLOW_LIBCUDA", stub, 1);
+    ck_assert_int_eq(nf_cuda_rt_open(0, &rt, &why), NF_EUNSUPPORTED);
+    ck_assert_ptr_null(rt);
+    ck_assert_msg(strstr(nf_buf_str(&why), "stub"), "%s", nf_buf_str(&why));
+  }
+  unsetenv("NEOFLOW_LIBCUDA");
+  nf_buf_free(&why);
+}
+END_TEST
+
 /* ---- emulated execution ---- */
 
 static const char *cxx(void) {
@@ -450,6 +474,73 @@ START_TEST(cuda_emulated) {
 }
 END_TEST
 
+/* ---- on a GPU ---- */
+
+static nf_cuda_rt *g_rt;
+
+/* Every program compiled for the device, run on it, against the
+ * interpreter (relative L2 under 1e-5 for floats, integers exact). */
+START_TEST(cuda_gpu_run) {
+  nf_buf err = NF_BUF_INIT;
+  int sm = nf_cuda_rt_sm(g_rt), n_launch = 0;
+  for (int k = 0; k < N_ALL; k++) {
+    inst I;
+    const char *label = case_make(k, &I);
+    nf_lprog *p = gpu_lower(&I, label);
+    nf_blob img = {NULL, 0};
+    nf_cuda_plan plan;
+    nf_cuda_stats st;
+    memset(&plan, 0, sizeof plan);
+    int rc = nf_cuda_compile(p, sm, &img, &plan, NULL, &st, &err);
+    ck_assert_msg(rc == NF_OK, "%s: sm_%d: %s", label, sm, nf_buf_str(&err));
+    nf_cuda_module *m = NULL;
+    rc = nf_cuda_module_load(g_rt, img.data, img.len, &plan, &m, &err);
+    ck_assert_msg(rc == NF_OK, "%s: load: %s", label, nf_buf_str(&err));
+    uint64_t dev[MAX_IN + MAX_OUT + 1] = {0};
+    nf_array got[MAX_OUT];
+    for (int j = 0; j < I.n_in; j++) {
+      size_t n = (size_t)I.in[j].numel * nf_dtype_size((nf_dtype)I.in[j].dtype);
+      ck_assert_int_eq(nf_cuda_rt_alloc(g_rt, n, &dev[j], &err), NF_OK);
+      ck_assert_int_eq(nf_cuda_rt_upload(g_rt, dev[j], I.in[j].data, n, &err), NF_OK);
+    }
+    for (int j = 0; j < I.n_out; j++) {
+      const nf_tensor *t = &I.g->tensors[I.g->outputs[j]];
+      ck_assert_int_eq(nf_array_alloc(&got[j], (nf_dtype)t->dtype, t->rank, t->shape), NF_OK);
+      size_t n = (size_t)got[j].numel * nf_dtype_size((nf_dtype)t->dtype);
+      memset(got[j].data, 0xff, n); /* NaN for floats: unwritten shows */
+      ck_assert_int_eq(nf_cuda_rt_alloc(g_rt, n, &dev[I.n_in + j], &err), NF_OK);
+      ck_assert_int_eq(nf_cuda_rt_upload(g_rt, dev[I.n_in + j], got[j].data, n, &err), NF_OK);
+    }
+    uint64_t scratch = 0;
+    ck_assert_int_eq(nf_cuda_rt_alloc(g_rt, plan.scratch_bytes, &scratch, &err), NF_OK);
+    rc = nf_cuda_module_run(m, dev, (uint32_t)(I.n_in + I.n_out), scratch, &err);
+    if (rc == NF_OK) rc = nf_cuda_rt_sync(g_rt, &err);
+    ck_assert_msg(rc == NF_OK, "%s: run: %s", label, nf_buf_str(&err));
+    for (int j = 0; j < I.n_out; j++) {
+      char msg[512] = "";
+      int bad;
+      size_t n = (size_t)got[j].numel * nf_dtype_size((nf_dtype)got[j].dtype);
+      ck_assert_int_eq(nf_cuda_rt_download(g_rt, got[j].data, dev[I.n_in + j], n, &err), NF_OK);
+      double e = rel_l2(&got[j], &I.want[j], &bad, msg, sizeof msg);
+      ck_assert_msg(!bad, "%s (case %d) output %d on the GPU: %s", label, k, j, msg);
+      ck_assert_msg(e < 1e-5, "%s (case %d) output %d on the GPU: relative L2 error %.3g", label,
+                    k, j, e);
+      nf_array_free(&got[j]);
+    }
+    for (int j = 0; j < I.n_in + I.n_out; j++) nf_cuda_rt_free(g_rt, dev[j]);
+    nf_cuda_rt_free(g_rt, scratch);
+    n_launch += plan.n_launches;
+    nf_cuda_module_free(m);
+    nf_cuda_plan_free(&plan);
+    free(img.data);
+    inst_free(&I);
+  }
+  fprintf(stderr, "cuda_gpu_run: %d programs, %d launches on %s (sm_%d), checked\n", N_ALL,
+          n_launch, nf_cuda_rt_name(g_rt), sm);
+  nf_buf_free(&err);
+}
+END_TEST
+
 /* ---- NVRTC ---- */
 
 START_TEST(cuda_nvrtc) {
@@ -522,8 +613,8 @@ END_TEST
 
 int main(int argc, char **argv) {
   const char *part = argc > 1 ? argv[1] : "emu";
-  if (strcmp(part, "emu") != 0 && strcmp(part, "nvrtc") != 0) {
-    fprintf(stderr, "usage: test_cuda emu|nvrtc\n");
+  if (strcmp(part, "emu") != 0 && strcmp(part, "nvrtc") != 0 && strcmp(part, "gpu") != 0) {
+    fprintf(stderr, "usage: test_cuda emu|nvrtc|gpu\n");
     return 2;
   }
   if (!strcmp(part, "emu") && !have_cxx()) {
@@ -531,30 +622,42 @@ int main(int argc, char **argv) {
     return 77;
   }
   nf_buf why = NF_BUF_INIT;
-  if (!strcmp(part, "nvrtc") && !nf_cuda_available(&why)) {
-    fprintf(stderr, "test_cuda nvrtc: skipped: %s\n", nf_buf_str(&why));
+  if (strcmp(part, "emu") != 0 && !nf_cuda_available(&why)) {
+    fprintf(stderr, "test_cuda %s: skipped: %s\n", part, nf_buf_str(&why));
     nf_buf_free(&why);
     return 77;
   }
+  if (!strcmp(part, "gpu") && nf_cuda_rt_open(0, &g_rt, &why) != NF_OK) {
+    fprintf(stderr, "test_cuda gpu: skipped: %s\n", nf_buf_str(&why));
+    nf_buf_free(&why);
+    return 77;
+  }
+  nf_buf_free(&why);
   Suite *su = suite_create("cuda");
   TCase *tc = tcase_create("rules");
   tcase_add_test(tc, cuda_emit_matmul);
   tcase_add_test(tc, cuda_bind_rules);
   tcase_add_test(tc, cuda_shared_and_barriers);
   tcase_add_test(tc, cuda_f16_refused);
+  if (strcmp(part, "gpu") != 0) tcase_add_test(tc, cuda_rt_no_driver);
   suite_add_tcase(su, tc);
   tc = tcase_create(part);
   tcase_set_timeout(tc, 900);
   if (!strcmp(part, "emu")) {
     tcase_add_test(tc, cuda_emulated);
-  } else {
+  } else if (!strcmp(part, "nvrtc")) {
     tcase_add_test(tc, cuda_nvrtc);
     tcase_add_test(tc, cuda_nvrtc_archs);
+  } else {
+    tcase_add_test(tc, cuda_gpu_run);
   }
   suite_add_tcase(su, tc);
   SRunner *sr = srunner_create(su);
+  /* one CUDA context, in this process (no fork per test) */
+  if (!strcmp(part, "gpu")) srunner_set_fork_status(sr, CK_NOFORK);
   srunner_run_all(sr, CK_NORMAL);
   int nf = srunner_ntests_failed(sr);
   srunner_free(sr);
+  nf_cuda_rt_close(g_rt);
   return nf ? EXIT_FAILURE : EXIT_SUCCESS;
 }

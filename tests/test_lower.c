@@ -466,7 +466,23 @@ START_TEST(lower_default_stencil) {
   inst_make(&I, g_nn, &big_cases[c], 5);
   nf_schedule *s = NULL;
   nf_buf out = NF_BUF_INIT, err = NF_BUF_INIT;
+  /* with 16 accumulator registers (AVX-512) a 12-wide row (2 vectors)
+   * gets 2 rows: 4 x 2 x 2 vectors, the copy one row taller */
+  nf__sched_set_acc_regs(16);
   ck_assert_int_eq(nf_schedule_default(I.g, &s), NF_OK);
+  nf_schedule_print(s, &out);
+  ck_assert_msg(strstr(nf_buf_str(&out), "stmt 0 split k 4\nstmt 0 split h 2\nstmt 0 split w 12\n"),
+                "%s", nf_buf_str(&out));
+  {
+    char msg16[3000] = "";
+    ck_assert_msg(!run_one(&I, s, msg16, sizeof msg16), "%s", msg16);
+  }
+  nf_schedule_free(s);
+  nf_buf_reset(&out);
+  /* with 8 (AVX2's 16 registers, half for the tile): one row */
+  nf__sched_set_acc_regs(8);
+  ck_assert_int_eq(nf_schedule_default(I.g, &s), NF_OK);
+  nf__sched_set_acc_regs(0);
   nf_schedule_print(s, &out);
   ck_assert_str_eq(nf_buf_str(&out),
                    "neoflow-schedule 1\nstmts 1\nstmt 0 split k 4\nstmt 0 split h 1\n"
@@ -553,7 +569,7 @@ START_TEST(lower_index_sets) {
 END_TEST
 
 /* A padded convolution's weight gradient: the weight-gradient tile by
- * default (4 x 2 outputs, lanes over w, blocks of rows, the image's rows
+ * default (4 x 2 or 4 x 4 outputs, lanes over w, blocks of rows, the image's rows
  * copied zero-padded), agreeing with the interpreter. */
 START_TEST(lower_default_wgrad) {
   static const char *src =
@@ -568,7 +584,26 @@ START_TEST(lower_default_wgrad) {
   inst_make(&I, m, &c, 13);
   nf_schedule *s = NULL;
   nf_buf out = NF_BUF_INIT;
+  {
+    /* 8 channels and 16 accumulator registers (AVX-512): 4 x 4 outputs */
+    static const tcase c8 = {"cdw 8", "cdw", P0, 2, {NZ(1, 4, 2, 8, 20, 16), NZ(1, 4, 2, 8, 20, 16)},
+                             NULL, 0, 0};
+    inst I8;
+    char msg8[3000] = "";
+    inst_make(&I8, m, &c8, 14);
+    nf__sched_set_acc_regs(16);
+    ck_assert_int_eq(nf_schedule_default(I8.g, &s), NF_OK);
+    nf_schedule_print(s, &out);
+    ck_assert_msg(strstr(nf_buf_str(&out), "stmt 0 split k 4\nstmt 0 split c 4\n"), "%s",
+                  nf_buf_str(&out));
+    ck_assert_msg(!run_one(&I8, s, msg8, sizeof msg8), "%s", msg8);
+    nf_schedule_free(s);
+    nf_buf_reset(&out);
+    inst_free(&I8);
+  }
+  /* 6 channels (4 does not divide them), or 8 accumulators: 4 x 2 */
   ck_assert_int_eq(nf_schedule_default(I.g, &s), NF_OK);
+  nf__sched_set_acc_regs(0);
   nf_schedule_print(s, &out);
   ck_assert_str_eq(nf_buf_str(&out),
                    "neoflow-schedule 1\nstmts 1\nstmt 0 split k 4\nstmt 0 split c 2\n"

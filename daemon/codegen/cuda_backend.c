@@ -704,12 +704,6 @@ static const char prelude[] =
     "  return e / (1.0 + e);\n"
     "}\n\n";
 
-void nf_cuda_plan_free(nf_cuda_plan *plan) {
-  if (!plan) return;
-  free(plan->launches);
-  memset(plan, 0, sizeof *plan);
-}
-
 int nf_cuda_emit(const nf_lprog *p, nf_buf *src, nf_cuda_plan *plan, nf_buf *err) {
   nf_cuda_plan_free(plan);
   if (!p || !p->root || (!p->bufs && p->n_bufs)) {

@@ -37,27 +37,14 @@
 
 #include "nf_buf.h"
 #include "nf_codegen.h"
+#include "nf_cuda_plan.h"
 #include "nf_loop.h"
 
 #define NF_CUDA_MAX_THREADS 1024     /* threads of one block */
 #define NF_CUDA_MAX_SHARED (48 << 10) /* static shared memory of one block */
 #define NF_CUDA_MAX_LOCAL (16 << 10)  /* a thread's local arrays */
 
-typedef struct nf_cuda_launch {
-  char name[24];         /* "nf_k<i>" (extern "C") */
-  uint32_t grid;         /* blocks (x) */
-  uint32_t block;        /* threads per block (x) */
-  uint32_t shared_bytes; /* static shared memory */
-} nf_cuda_launch;
-
-typedef struct nf_cuda_plan {
-  int n_launches;
-  nf_cuda_launch *launches; /* malloc'd; in order */
-  uint64_t scratch_bytes;   /* global temporaries */
-  uint32_t n_args;          /* buffer parameters before `scratch` */
-} nf_cuda_plan;
-
-void nf_cuda_plan_free(nf_cuda_plan *plan);
+/* nf_cuda_plan, nf_cuda_launch, nf_cuda_plan_free: nf_cuda_plan.h */
 
 /* Prints p as CUDA C into src (appended) and fills *plan (freed first).
  * NF_OK, NF_EINVAL (malformed program), NF_EUNSUPPORTED (f16/bf16), or

@@ -126,5 +126,8 @@ int nf__sched_used_once(const nf_graph *g, uint32_t t);
 /* dst = a followed by suffix, cut to a loop name (NF_SCHED_NAME bytes). */
 void nf__sched_cat(char *dst, const char *a, const char *suffix);
 int nf__sched_inlined_by_default(const nf_graph *g, uint32_t si);
+/* Internal (tests): the accumulator registers the default's stencil and
+ * weight-gradient tiles may fill (8 or 16; 0: from the host CPU). */
+void nf__sched_set_acc_regs(int n);
 
 #endif

@@ -1,0 +1,320 @@
+/* cuda_rt.c - nf_cuda_rt.h: the driver API through dlopen.
+ *
+ * The few driver types are declared here (the CUDA headers need not be
+ * installed to build this): handles are pointers, CUdeviceptr is 64-bit,
+ * CUresult an int.  Versioned entry points are looked up under their
+ * versioned names (cuMemAlloc_v2, ...), as cuda.h's macros do. */
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nf_cuda_rt.h"
+#include "nf_status.h"
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef void *CUcontext, *CUmodule, *CUfunction, *CUstream;
+typedef unsigned long long CUdeviceptr;
+
+enum {
+  CUDA_SUCCESS = 0,
+  CUDA_ERROR_OUT_OF_MEMORY = 2,
+  CUDA_ERROR_STUB_LIBRARY = 34,
+  CUDA_ERROR_NO_DEVICE = 100,
+  CUDA_ERROR_INVALID_DEVICE = 101,
+  ATTR_CC_MAJOR = 75,
+  ATTR_CC_MINOR = 76,
+  STREAM_NON_BLOCKING = 1
+};
+
+typedef struct drv {
+  void *lib;
+  CUresult (*Init)(unsigned);
+  CUresult (*DeviceGetCount)(int *);
+  CUresult (*DeviceGet)(CUdevice *, int);
+  CUresult (*DeviceGetAttribute)(int *, int, CUdevice);
+  CUresult (*DeviceGetName)(char *, int, CUdevice);
+  CUresult (*PrimaryCtxRetain)(CUcontext *, CUdevice);
+  CUresult (*PrimaryCtxRelease)(CUdevice);
+  CUresult (*CtxSetCurrent)(CUcontext);
+  CUresult (*StreamCreate)(CUstream *, unsigned);
+  CUresult (*StreamDestroy)(CUstream);
+  CUresult (*StreamSynchronize)(CUstream);
+  CUresult (*MemAlloc)(CUdeviceptr *, size_t);
+  CUresult (*MemFree)(CUdeviceptr);
+  CUresult (*MemcpyHtoDAsync)(CUdeviceptr, const void *, size_t, CUstream);
+  CUresult (*MemcpyDtoHAsync)(void *, CUdeviceptr, size_t, CUstream);
+  CUresult (*ModuleLoadData)(CUmodule *, const void *);
+  CUresult (*ModuleUnload)(CUmodule);
+  CUresult (*ModuleGetFunction)(CUfunction *, CUmodule, const char *);
+  CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                           unsigned, CUstream, void **, void **);
+  CUresult (*GetErrorName)(CUresult, const char **);
+} drv;
+
+struct nf_cuda_rt {
+  drv d;
+  CUdevice dev;
+  CUcontext ctx;
+  CUstream stream;
+  int sm;
+  char name[128];
+  int broken; /* a sticky error happened: the context is unusable */
+  char broken_msg[256];
+};
+
+struct nf_cuda_module {
+  nf_cuda_rt *rt;
+  CUmodule mod;
+  nf_cuda_plan plan;
+  CUfunction *fn;
+};
+
+static const char *ename(const drv *d, CUresult r) {
+  const char *s = NULL;
+  if (d->GetErrorName && d->GetErrorName(r, &s) == CUDA_SUCCESS && s) return s;
+  return "unknown CUDA error";
+}
+
+/* Errors after which the context cannot be used (cuda.h: "the process
+ * must be terminated and relaunched"). */
+static int sticky(CUresult r) {
+  return r == 700 || r == 701 || r == 702 || r == 714 || r == 715 || r == 716 || r == 717 ||
+         r == 718 || r == 719 || r == 999;
+}
+
+static int check(nf_cuda_rt *rt, CUresult r, const char *what, nf_buf *err) {
+  if (r == CUDA_SUCCESS) return NF_OK;
+  const char *n = ename(&rt->d, r);
+  nf_buf_printf(err, "%s: %s (%d)", what, n, r);
+  if (sticky(r)) {
+    rt->broken = 1;
+    snprintf(rt->broken_msg, sizeof rt->broken_msg, "%s: %s (%d)", what, n, r);
+    nf_buf_puts(err, "; the CUDA context is now unusable");
+  }
+  return r == CUDA_ERROR_OUT_OF_MEMORY ? NF_ENOMEM : NF_EIO;
+}
+
+static int usable(nf_cuda_rt *rt, nf_buf *err) {
+  if (!rt->broken) return rt->d.CtxSetCurrent(rt->ctx) == CUDA_SUCCESS ? NF_OK : NF_EIO;
+  nf_buf_printf(err, "the CUDA context broke earlier (%s)", rt->broken_msg);
+  return NF_EIO;
+}
+
+static int load_driver(drv *d, nf_buf *why) {
+  const char *path = getenv("NEOFLOW_LIBCUDA");
+  if (!path || !*path) path = "libcuda.so.1";
+  d->lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!d->lib) {
+    nf_buf_printf(why, "no CUDA driver: cannot load %s (%s)", path, dlerror());
+    return NF_EUNSUPPORTED;
+  }
+#define SYM(field, name)                                                                      \
+  do {                                                                                        \
+    *(void **)&d->field = dlsym(d->lib, name);                                                \
+    if (!d->field) {                                                                          \
+      nf_buf_printf(why, "the CUDA driver %s lacks %s (too old?)", path, name);                \
+      return NF_EUNSUPPORTED;                                                                 \
+    }                                                                                         \
+  } while (0)
+  SYM(Init, "cuInit");
+  SYM(DeviceGetCount, "cuDeviceGetCount");
+  SYM(DeviceGet, "cuDeviceGet");
+  SYM(DeviceGetAttribute, "cuDeviceGetAttribute");
+  SYM(DeviceGetName, "cuDeviceGetName");
+  SYM(PrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
+  SYM(PrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2");
+  SYM(CtxSetCurrent, "cuCtxSetCurrent");
+  SYM(StreamCreate, "cuStreamCreate");
+  SYM(StreamDestroy, "cuStreamDestroy_v2");
+  SYM(StreamSynchronize, "cuStreamSynchronize");
+  SYM(MemAlloc, "cuMemAlloc_v2");
+  SYM(MemFree, "cuMemFree_v2");
+  SYM(MemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2");
+  SYM(MemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2");
+  SYM(ModuleLoadData, "cuModuleLoadData");
+  SYM(ModuleUnload, "cuModuleUnload");
+  SYM(ModuleGetFunction, "cuModuleGetFunction");
+  SYM(LaunchKernel, "cuLaunchKernel");
+  SYM(GetErrorName, "cuGetErrorName");
+#undef SYM
+  return NF_OK;
+}
+
+int nf_cuda_rt_open(int device, nf_cuda_rt **out, nf_buf *why) {
+  *out = NULL;
+  nf_cuda_rt *rt = calloc(1, sizeof *rt);
+  if (!rt) return NF_ENOMEM;
+  int rc = load_driver(&rt->d, why), n = 0;
+  CUresult r = CUDA_SUCCESS;
+  if (rc == NF_OK && (r = rt->d.Init(0)) != CUDA_SUCCESS) {
+    if (r == CUDA_ERROR_STUB_LIBRARY)
+      nf_buf_puts(why, "no CUDA driver: the library loaded is the toolkit's stub (cuInit: "
+                       "CUDA_ERROR_STUB_LIBRARY)");
+    else if (r == CUDA_ERROR_NO_DEVICE)
+      nf_buf_puts(why, "no CUDA device (cuInit: CUDA_ERROR_NO_DEVICE)");
+    else
+      nf_buf_printf(why, "cuInit: %s (%d)", ename(&rt->d, r), r);
+    rc = NF_EUNSUPPORTED;
+  }
+  if (rc == NF_OK && (rt->d.DeviceGetCount(&n) != CUDA_SUCCESS || device < 0 || device >= n)) {
+    nf_buf_printf(why, "no CUDA device %d (%d present)", device, n);
+    rc = NF_EUNSUPPORTED;
+  }
+  int major = 0, minor = 0;
+  if (rc == NF_OK &&
+      ((rc = check(rt, rt->d.DeviceGet(&rt->dev, device), "cuDeviceGet", why)) ||
+       (rc = check(rt, rt->d.DeviceGetAttribute(&major, ATTR_CC_MAJOR, rt->dev),
+                   "cuDeviceGetAttribute", why)) ||
+       (rc = check(rt, rt->d.DeviceGetAttribute(&minor, ATTR_CC_MINOR, rt->dev),
+                   "cuDeviceGetAttribute", why)) ||
+       (rc = check(rt, rt->d.DeviceGetName(rt->name, (int)sizeof rt->name - 1, rt->dev),
+                   "cuDeviceGetName", why)) ||
+       (rc = check(rt, rt->d.PrimaryCtxRetain(&rt->ctx, rt->dev), "cuDevicePrimaryCtxRetain",
+                   why)))) {
+    rt->ctx = NULL;
+  }
+  if (rc == NF_OK && ((rc = check(rt, rt->d.CtxSetCurrent(rt->ctx), "cuCtxSetCurrent", why)) ||
+                      (rc = check(rt, rt->d.StreamCreate(&rt->stream, STREAM_NON_BLOCKING),
+                                  "cuStreamCreate", why))))
+    rt->stream = NULL;
+  if (rc) {
+    nf_cuda_rt_close(rt);
+    return rc;
+  }
+  rt->sm = major * 10 + minor;
+  *out = rt;
+  return NF_OK;
+}
+
+void nf_cuda_rt_close(nf_cuda_rt *rt) {
+  if (!rt) return;
+  if (rt->stream && !rt->broken) rt->d.StreamDestroy(rt->stream);
+  if (rt->ctx) rt->d.PrimaryCtxRelease(rt->dev);
+  if (rt->d.lib) dlclose(rt->d.lib);
+  free(rt);
+}
+
+int nf_cuda_rt_sm(const nf_cuda_rt *rt) { return rt->sm; }
+
+const char *nf_cuda_rt_name(const nf_cuda_rt *rt) { return rt->name; }
+
+int nf_cuda_rt_alloc(nf_cuda_rt *rt, size_t n, uint64_t *dptr, nf_buf *err) {
+  *dptr = 0;
+  int rc = usable(rt, err);
+  if (rc || n == 0) return rc;
+  CUdeviceptr p = 0;
+  if ((rc = check(rt, rt->d.MemAlloc(&p, n), "cuMemAlloc", err))) return rc;
+  *dptr = p;
+  return NF_OK;
+}
+
+void nf_cuda_rt_free(nf_cuda_rt *rt, uint64_t dptr) {
+  if (dptr && !rt->broken && rt->d.CtxSetCurrent(rt->ctx) == CUDA_SUCCESS) rt->d.MemFree(dptr);
+}
+
+int nf_cuda_rt_upload(nf_cuda_rt *rt, uint64_t dst, const void *src, size_t n, nf_buf *err) {
+  int rc = usable(rt, err);
+  if (rc || n == 0) return rc;
+  return check(rt, rt->d.MemcpyHtoDAsync(dst, src, n, rt->stream), "cuMemcpyHtoDAsync", err);
+}
+
+int nf_cuda_rt_download(nf_cuda_rt *rt, void *dst, uint64_t src, size_t n, nf_buf *err) {
+  int rc = usable(rt, err);
+  if (rc || n == 0) return rc;
+  if ((rc = check(rt, rt->d.MemcpyDtoHAsync(dst, src, n, rt->stream), "cuMemcpyDtoHAsync", err)))
+    return rc;
+  return nf_cuda_rt_sync(rt, err);
+}
+
+int nf_cuda_rt_sync(nf_cuda_rt *rt, nf_buf *err) {
+  int rc = usable(rt, err);
+  if (rc) return rc;
+  return check(rt, rt->d.StreamSynchronize(rt->stream), "cuStreamSynchronize", err);
+}
+
+int nf_cuda_module_load(nf_cuda_rt *rt, const void *image, size_t n, const nf_cuda_plan *plan,
+                        nf_cuda_module **out, nf_buf *err) {
+  *out = NULL;
+  int rc = usable(rt, err);
+  if (rc) return rc;
+  if (!image || n == 0 || !plan || plan->n_launches < 0) {
+    nf_buf_puts(err, "empty kernel image or plan");
+    return NF_EINVAL;
+  }
+  nf_cuda_module *m = calloc(1, sizeof *m);
+  if (!m) return NF_ENOMEM;
+  m->rt = rt;
+  m->plan = *plan;
+  m->plan.launches = malloc((size_t)(plan->n_launches ? plan->n_launches : 1) *
+                            sizeof *plan->launches);
+  m->fn = calloc((size_t)(plan->n_launches ? plan->n_launches : 1), sizeof *m->fn);
+  if (!m->plan.launches || !m->fn) {
+    nf_cuda_module_free(m);
+    return NF_ENOMEM;
+  }
+  memcpy(m->plan.launches, plan->launches, (size_t)plan->n_launches * sizeof *plan->launches);
+  if ((rc = check(rt, rt->d.ModuleLoadData(&m->mod, image), "cuModuleLoadData", err))) {
+    m->mod = NULL;
+    nf_cuda_module_free(m);
+    return rc;
+  }
+  for (int i = 0; i < plan->n_launches; i++) {
+    char name[sizeof plan->launches[i].name + 1];
+    memcpy(name, plan->launches[i].name, sizeof plan->launches[i].name);
+    name[sizeof plan->launches[i].name] = 0;
+    if ((rc = check(rt, rt->d.ModuleGetFunction(&m->fn[i], m->mod, name), "cuModuleGetFunction",
+                    err))) {
+      nf_buf_printf(err, " ('%s')", name);
+      nf_cuda_module_free(m);
+      return rc;
+    }
+  }
+  *out = m;
+  return NF_OK;
+}
+
+int nf_cuda_module_run(nf_cuda_module *m, const uint64_t *args, uint32_t n_args, uint64_t scratch,
+                       nf_buf *err) {
+  nf_cuda_rt *rt = m->rt;
+  int rc = usable(rt, err);
+  if (rc) return rc;
+  if (n_args != m->plan.n_args) {
+    nf_buf_printf(err, "kernel takes %u buffers, got %u", m->plan.n_args, n_args);
+    return NF_EINVAL;
+  }
+  if (m->plan.scratch_bytes && !scratch) {
+    nf_buf_printf(err, "kernel needs %llu bytes of scratch, got none",
+                  (unsigned long long)m->plan.scratch_bytes);
+    return NF_EINVAL;
+  }
+  void **params = malloc((size_t)(n_args + 1) * sizeof *params);
+  CUdeviceptr *vals = malloc((size_t)(n_args + 1) * sizeof *vals);
+  if (!params || !vals) {
+    free(params);
+    free(vals);
+    return NF_ENOMEM;
+  }
+  for (uint32_t i = 0; i < n_args; i++) vals[i] = args[i];
+  vals[n_args] = scratch;
+  for (uint32_t i = 0; i <= n_args; i++) params[i] = &vals[i];
+  for (int i = 0; i < m->plan.n_launches && rc == NF_OK; i++) {
+    const nf_cuda_launch *l = &m->plan.launches[i];
+    if (l->grid == 0) continue;
+    rc = check(rt, rt->d.LaunchKernel(m->fn[i], l->grid, 1, 1, l->block ? l->block : 1, 1, 1, 0,
+                                      rt->stream, params, NULL),
+               "cuLaunchKernel", err);
+  }
+  free(params);
+  free(vals);
+  return rc;
+}
+
+void nf_cuda_module_free(nf_cuda_module *m) {
+  if (!m) return;
+  if (m->mod && !m->rt->broken && m->rt->d.CtxSetCurrent(m->rt->ctx) == CUDA_SUCCESS)
+    m->rt->d.ModuleUnload(m->mod);
+  free(m->plan.launches);
+  free(m->fn);
+  free(m);
+}

@@ -1,0 +1,58 @@
+/* nf_cuda_rt.h - the GPU runtime: the CUDA driver API loaded at run time
+ * (dlopen of libcuda.so.1, or $NEOFLOW_LIBCUDA), never linked, so that
+ * every binary starts on machines without a driver.
+ *
+ * One nf_cuda_rt is one device's primary context and one stream; kernel
+ * images (cubin, or PTX that the driver compiles) are loaded with
+ * cuModuleLoadData and run in the order of their launch plan
+ * (nf_cuda_plan.h).  A sticky CUDA error (an illegal address, a launch
+ * failure) leaves the context unusable: the runtime then refuses every
+ * further call with the error that broke it; the owner closes it (a
+ * measuring worker exits).
+ *
+ * Without a driver or a device, nf_cuda_rt_open says why (no
+ * libcuda.so.1, the toolkit's stub library, no device, ...) and returns
+ * NF_EUNSUPPORTED: the caller stays on the CPU.
+ *
+ * Thread safety: one nf_cuda_rt per thread at a time (the context is made
+ * current on the calling thread by each call). */
+#ifndef NF_CUDA_RT_H
+#define NF_CUDA_RT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nf_buf.h"
+#include "nf_cuda_plan.h"
+
+typedef struct nf_cuda_rt nf_cuda_rt;
+typedef struct nf_cuda_module nf_cuda_module;
+
+/* Opens device `device` (0: the first).  NF_OK; NF_EUNSUPPORTED with the
+ * reason in why (no driver, stub library, no such device); NF_EIO for a
+ * driver call that failed otherwise; NF_ENOMEM. */
+int nf_cuda_rt_open(int device, nf_cuda_rt **out, nf_buf *why);
+void nf_cuda_rt_close(nf_cuda_rt *rt);
+
+/* The device's compute capability as one number (9.0 -> 90) and name. */
+int nf_cuda_rt_sm(const nf_cuda_rt *rt);
+const char *nf_cuda_rt_name(const nf_cuda_rt *rt);
+
+/* Device memory.  n == 0 allocates nothing and yields 0. */
+int nf_cuda_rt_alloc(nf_cuda_rt *rt, size_t n, uint64_t *dptr, nf_buf *err);
+void nf_cuda_rt_free(nf_cuda_rt *rt, uint64_t dptr);
+int nf_cuda_rt_upload(nf_cuda_rt *rt, uint64_t dst, const void *src, size_t n, nf_buf *err);
+int nf_cuda_rt_download(nf_cuda_rt *rt, void *dst, uint64_t src, size_t n, nf_buf *err);
+/* Waits for everything queued on the runtime's stream. */
+int nf_cuda_rt_sync(nf_cuda_rt *rt, nf_buf *err);
+
+/* Loads an image and finds every launch's function (the plan is copied). */
+int nf_cuda_module_load(nf_cuda_rt *rt, const void *image, size_t n, const nf_cuda_plan *plan,
+                        nf_cuda_module **out, nf_buf *err);
+/* Queues the plan's launches on the stream with the n_args device
+ * buffers args[] and a scratch buffer of at least plan.scratch_bytes. */
+int nf_cuda_module_run(nf_cuda_module *m, const uint64_t *args, uint32_t n_args, uint64_t scratch,
+                       nf_buf *err);
+void nf_cuda_module_free(nf_cuda_module *m);
+
+#endif
