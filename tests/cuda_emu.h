@@ -23,7 +23,7 @@ struct nf_emu_dim3 {
   unsigned x, y, z;
 };
 
-static nf_emu_dim3 threadIdx, blockIdx;
+static nf_emu_dim3 threadIdx, blockIdx, blockDim, gridDim;
 
 #define __global__
 #define __device__
@@ -87,6 +87,9 @@ inline int launch(unsigned grid, unsigned block, void (*body)(void *), void *arg
     if (!(s.t[i].stack = (char *)malloc(STACK))) return -1;
   launch_state *saved = g_state;
   g_state = &s;
+  blockDim.x = block;
+  blockDim.y = blockDim.z = gridDim.y = gridDim.z = 1;
+  gridDim.x = grid;
   for (unsigned b = 0; b < grid; b++) {
     for (unsigned i = 0; i < block; i++) {
       getcontext(&s.t[i].ctx);

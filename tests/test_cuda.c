@@ -167,8 +167,9 @@ START_TEST(cuda_bind_rules) {
                                       "stmt 0 bind_block i\n", &p, &err), NF_EINVAL);
   ck_assert_ptr_nonnull(strstr(nf_buf_str(&err), "already annotated"));
   nf_buf_reset(&err);
-  /* blocks and threads without a tile: the init pass runs on one thread;
-   * a 64-thread block runs the 2 x 32 products */
+  /* blocks and threads without a tile: the init pass (64 distinct
+   * elements) is spread over a grid-strided block; 8 blocks of 8 threads
+   * run the products */
   ck_assert_int_eq(lower_text(g, ctx, "neoflow-schedule 1\nstmt 0 bind_block i\n"
                                       "stmt 0 bind_thread j\n", &p, &err), NF_OK);
   nf_buf src = NF_BUF_INIT;
@@ -177,7 +178,8 @@ START_TEST(cuda_bind_rules) {
   ck_assert_int_eq(nf_cuda_emit(p, &src, &plan, &err), NF_OK);
   ck_assert_int_eq(plan.n_launches, 2);
   ck_assert_uint_eq(plan.launches[0].grid, 1);
-  ck_assert_uint_eq(plan.launches[0].block, 1);
+  ck_assert_uint_eq(plan.launches[0].block, 64);
+  ck_assert_ptr_nonnull(strstr(nf_buf_str(&src), "f_ += (long long)gridDim.x * blockDim.x"));
   ck_assert_uint_eq(plan.launches[1].grid, 8);
   ck_assert_uint_eq(plan.launches[1].block, 8);
   /* a block of more than 1024 threads is refused, with the loop named */
@@ -220,7 +222,8 @@ START_TEST(cuda_shared_and_barriers) {
   const char *c = nf_buf_str(&src);
   ck_assert_ptr_nonnull(strstr(c, "__shared__ float"));
   ck_assert_ptr_nonnull(strstr(c, "__syncthreads();"));
-  ck_assert_ptr_nonnull(strstr(c, "if (threadIdx.x == 0) {"));
+  /* the copy is shared by the block's threads */
+  ck_assert_ptr_nonnull(strstr(c, "f_ += blockDim.x"));
   ck_assert_uint_gt(plan.launches[plan.n_launches - 1].shared_bytes, 0);
   nf_cuda_plan_free(&plan);
   nf_buf_free(&src);
@@ -361,18 +364,78 @@ static double rel_l2(const nf_array *got, const nf_array *want, int *exact_bad, 
   return sqrt(num) / (sqrt(den) > 0 ? sqrt(den) : 1);
 }
 
+/* Programs under hand-written GPU schedules: blocked reductions whose
+ * operands a block stages in shared memory (copies shared by the block's
+ * threads, barriers around them), each thread a register tile. */
+typedef struct sched_case {
+  const char *label;
+  tcase c;
+  const char *schedule;
+} sched_case;
+
+#define TILED_MM                                                                           \
+  "neoflow-schedule 1\n"                                                                   \
+  "stmt 0 split i 16\nstmt 0 split j 16\nstmt 0 split i.i 4\nstmt 0 split j.i 4\n"         \
+  "stmt 0 split k 8\n"                                                                     \
+  "stmt 0 reorder i.o j.o k.o i.i.o j.i.o k.i i.i.i j.i.i\n"                               \
+  "stmt 0 bind_block i.o\nstmt 0 bind_block j.o\n"                                         \
+  "stmt 0 bind_thread i.i.o\nstmt 0 bind_thread j.i.o\n"                                   \
+  "stmt 0 cache_read A k.o\nstmt 0 cache_read B k.o\nstmt 0 cache_write j.i.o\n"
+
+static const sched_case sched_cases[] = {
+    {"tiled matmul 64x40x48", {"mm", "mm", P0, 2, {NZ(1, 2, 64, 40), NZ(1, 2, 40, 48)}, NULL, 0, 0},
+     TILED_MM},
+    /* nothing divides: guarded tiles and copies */
+    {"tiled matmul 50x37x45", {"mm", "mm", P0, 2, {NZ(1, 2, 50, 37), NZ(1, 2, 37, 45)}, NULL, 0, 0},
+     TILED_MM},
+    /* one thread tile per block, the reduction unsplit, A staged per block */
+    {"matmul rows staged 24x70x33", {"mm", "mm", P0, 2, {NZ(1, 2, 24, 70), NZ(1, 2, 70, 33)}, NULL,
+                                     0, 0},
+     "neoflow-schedule 1\nstmt 0 split i 8\nstmt 0 bind_block i.o\nstmt 0 cache_read A i.o\n"
+     "stmt 0 reorder i.o j i.i k\nstmt 0 bind_thread j\nstmt 0 bind_thread i.i\n"},
+};
+
+#define N_SCHED ((int)(sizeof sched_cases / sizeof sched_cases[0]))
+
+/* Scheduled case k: its instance and program. */
+static const char *sched_make(int k, inst *I, nf_lprog **p) {
+  static nf_module *mod;
+  if (!mod) {
+    nf_diag *d = nf_diag_new();
+    mod = nf_module_new();
+    ck_assert_msg(nf_module_load_source(mod, "mm.nf", mm_src, d) == NF_OK, "%s", nf_diag_text(d));
+    nf_diag_free(d);
+  }
+  const sched_case *sc = &sched_cases[k];
+  inst_make(I, mod, &sc->c, 0x5eed + (uint64_t)k);
+  nf_schedule *s = NULL;
+  nf_buf err = NF_BUF_INIT;
+  ck_assert_msg(nf_schedule_parse(sc->schedule, sc->label, &s, &err) == NF_OK, "%s",
+                nf_buf_str(&err));
+  int rc = nf_lower(I->g, s, I->ctx, p, &err);
+  ck_assert_msg(rc == NF_OK, "%s: %s", sc->label, nf_buf_str(&err));
+  nf_schedule_free(s);
+  nf_buf_free(&err);
+  return sc->label;
+}
+
 START_TEST(cuda_emulated) {
   nf_buf tu = NF_BUF_INIT, err = NF_BUF_INIT;
   const char *inc = getenv("NF_TEST_CUDA_EMU");
   ck_assert_msg(inc != NULL, "NF_TEST_CUDA_EMU (tests/cuda_emu.h) is not set");
   nf_buf_printf(&tu, "#include \"%s\"\n", inc);
-  static inst I[N_ALL];
-  static const char *label[N_ALL];
-  static nf_cuda_plan plan[N_ALL];
-  int n_launch = 0;
-  for (int k = 0; k < N_ALL; k++) {
-    label[k] = case_make(k, &I[k]);
-    nf_lprog *p = gpu_lower(&I[k], label[k]);
+  static inst I[N_ALL + N_SCHED];
+  static const char *label[N_ALL + N_SCHED];
+  static nf_cuda_plan plan[N_ALL + N_SCHED];
+  int n_launch = 0, n_shared = 0;
+  for (int k = 0; k < N_ALL + N_SCHED; k++) {
+    nf_lprog *p = NULL;
+    if (k < N_ALL) {
+      label[k] = case_make(k, &I[k]);
+      p = gpu_lower(&I[k], label[k]);
+    } else {
+      label[k] = sched_make(k - N_ALL, &I[k], &p);
+    }
     /* the loop program itself (f64) against the interpreter, on buffers of
      * doubles (floats) and int64 (integers) */
     void *ev[MAX_IN + MAX_OUT];
@@ -409,6 +472,13 @@ START_TEST(cuda_emulated) {
     rc = nf_cuda_emit(p, &src, &plan[k], &err);
     ck_assert_msg(rc == NF_OK, "%s: emit: %s", label[k], nf_buf_str(&err));
     n_launch += plan[k].n_launches;
+    if (k >= N_ALL) { /* staged in shared memory, copies shared, barriers */
+      const char *cs = nf_buf_str(&src);
+      ck_assert_msg(strstr(cs, "__shared__") && strstr(cs, "f_ += blockDim.x") &&
+                        strstr(cs, "__syncthreads();"),
+                    "%s:\n%s", label[k], cs);
+      n_shared++;
+    }
     add_case_source(&tu, k, nf_buf_str(&src), &plan[k]);
     nf_buf_free(&src);
   }
@@ -428,7 +498,7 @@ START_TEST(cuda_emulated) {
   ck_assert_msg(rc == 0, "%s failed (%d) on the generated CUDA C: %s", cxx(), rc, cpp);
   void *h = dlopen(so, RTLD_NOW | RTLD_LOCAL);
   ck_assert_msg(h != NULL, "dlopen: %s", dlerror());
-  for (int k = 0; k < N_ALL; k++) {
+  for (int k = 0; k < N_ALL + N_SCHED; k++) {
     char sym[32], msg[512] = "";
     snprintf(sym, sizeof sym, "nf_run_%d", k);
     int (*run)(void **) = (int (*)(void **))dlsym(h, sym);
@@ -463,8 +533,8 @@ START_TEST(cuda_emulated) {
     nf_cuda_plan_free(&plan[k]);
     inst_free(&I[k]);
   }
-  fprintf(stderr, "cuda_emulated: %d programs, %d launches, emulated and checked\n", N_ALL,
-          n_launch);
+  fprintf(stderr, "cuda_emulated: %d programs (%d staging in shared memory), %d launches, "
+          "emulated and checked\n", N_ALL + N_SCHED, n_shared, n_launch);
   dlclose(h);
   unlink(so);
   unlink(cpp);

@@ -528,6 +528,78 @@ static void unflatten(cu *c, const nf_lstmt *const *loops, int n, const char *fl
 
 static void block_list(cu *c, nf_lstmt *const *list, int n, int *first);
 
+/* Whether s holds a loop bound to threads. */
+static int has_thread(const nf_lstmt *s) {
+  if (!s) return 0;
+  if (is_bound(s, NF_LOOP_THREAD)) return 1;
+  for (int i = 0; i < s->n_body; i++)
+    if (has_thread(s->body[i])) return 1;
+  return 0;
+}
+
+/* Whether expression e reads buffer b. */
+static int reads(const nf_expr *e, uint32_t b) {
+  if (e->op == NF_OP_ACCESS && e->u.tensor == b) return 1;
+  for (int i = 0; i < e->n_args; i++)
+    if (reads(e->args[i], b)) return 1;
+  return 0;
+}
+
+/* Whether every store under s writes element `var` of some dimension d
+ * (*dim: the same d for all), plainly (no accumulation), into a buffer no
+ * expression under `root` reads. */
+static int stores_split_by(const nf_lstmt *root, const nf_lstmt *s, uint32_t var, int *dim) {
+  if (s->kind == NF_LS_STORE) {
+    if (s->op != NF_RED_NONE) return 0;
+    int d = -1;
+    for (int k = 0; k < s->n_idx && d < 0; k++)
+      if (s->idx[k]->op == NF_OP_VAR && s->idx[k]->u.var == var) d = k;
+    if (d < 0 || (*dim >= 0 && *dim != d)) return 0;
+    *dim = d;
+    /* no expression under root reads what is stored */
+    const nf_lstmt *stack[256];
+    int sp = 0;
+    stack[sp++] = root;
+    while (sp > 0) {
+      const nf_lstmt *x = stack[--sp];
+      if (x->kind == NF_LS_STORE) {
+        if (reads(x->value, s->buf)) return 0;
+        for (int k = 0; k < x->n_idx; k++)
+          if (reads(x->idx[k], s->buf)) return 0;
+      }
+      if (x->kind == NF_LS_IF && reads(x->cond, s->buf)) return 0;
+      for (int i = 0; i < x->n_body; i++) {
+        if (sp == 256) return 0;
+        stack[sp++] = x->body[i];
+      }
+    }
+    return 1;
+  }
+  if (s->kind == NF_LS_ALLOC) return 0;
+  for (int i = 0; i < s->n_body; i++)
+    if (!stores_split_by(root, s->body[i], var, dim)) return 0;
+  return 1;
+}
+
+/* A block-level statement that the block's threads can share: the
+ * longest chain of directly nested loops from s whose variables each
+ * index the same dimension of every store under s (plain stores into
+ * buffers nothing under s reads: a copy, a region computed at a block
+ * loop), so that two iterations never write the same element.  Returns
+ * the chain's length (0: run it on thread 0). */
+static int shareable(const nf_lstmt *s, const nf_lstmt **loops, int cap) {
+  int n = 0;
+  const nf_lstmt *x = s;
+  while (x && x->kind == NF_LS_LOOP && n < cap && x->loop_kind != NF_LOOP_BLOCK &&
+         x->loop_kind != NF_LOOP_THREAD) {
+    int dim = -1;
+    if (!stores_split_by(s, x, x->var, &dim)) break;
+    loops[n++] = x;
+    x = x->n_body == 1 ? x->body[0] : NULL;
+  }
+  return n;
+}
+
 static void block_stmt(cu *c, const nf_lstmt *s, int *first) {
   if (c->rc) return;
   if (s->kind == NF_LS_SEQ) {
@@ -538,10 +610,11 @@ static void block_stmt(cu *c, const nf_lstmt *s, int *first) {
     if (!*first) line(c, "__syncthreads();");
     *first = 0;
   }
+  const nf_lstmt *loops[NF_MAX_VARS], *in;
+  int n;
   if (is_bound(s, NF_LOOP_THREAD)) {
-    const nf_lstmt *loops[NF_MAX_VARS], *in;
     int64_t cnt;
-    int n = chain(s, NF_LOOP_THREAD, loops, NF_MAX_VARS, &cnt, &in);
+    n = chain(s, NF_LOOP_THREAD, loops, NF_MAX_VARS, &cnt, &in);
     if (cnt == 0) return;
     if (cnt > NF_CUDA_MAX_THREADS) {
       fail(c, NF_ELIMIT, "loop '%s': %" PRId64 " threads in a block (at most %d)",
@@ -565,6 +638,52 @@ static void block_stmt(cu *c, const nf_lstmt *s, int *first) {
     alloc_decl(c, s);
     c->ctx = ctx;
     block_list(c, s->body, s->n_body, first);
+  } else if (s->kind == NF_LS_LOOP && has_thread(s)) {
+    /* a loop every thread of the block runs alike (its bounds are
+     * constant): its body's statements separated by barriers, and one at
+     * the end of each iteration, before the next overwrites what this one
+     * staged */
+    if (s->extent <= 0) return;
+    line(c, "for (long long v%u = 0; v%u < %" PRId64 "LL; v%u++) { /* %s */", s->var, s->var,
+         s->extent, s->var, s->var_name ? s->var_name : "");
+    c->ind++;
+    int mark = c->n_m, f = 1;
+    block_list(c, s->body, s->n_body, &f);
+    line(c, "__syncthreads();");
+    c->n_m = mark;
+    c->ind--;
+    line(c, "}");
+  } else if (s->kind == NF_LS_IF && has_thread(s)) {
+    /* its condition uses block and block-level loop variables only: the
+     * same for every thread, so barriers inside are reached by all */
+    int mark = c->n_m, f = 1;
+    char a[96];
+    line(c, "{");
+    c->ind++;
+    val(c, s->cond, a, sizeof a);
+    line(c, "if (%s) {", a);
+    c->ind++;
+    block_list(c, s->body, s->n_body, &f);
+    c->ind--;
+    line(c, "}");
+    c->ind--;
+    line(c, "}");
+    c->n_m = mark;
+  } else if ((n = shareable(s, loops, NF_MAX_VARS)) > 0) {
+    /* shared by the block's threads, iterations strided by the block */
+    int64_t cnt = 1;
+    for (int i = 0; i < n; i++) cnt *= loops[i]->extent;
+    if (cnt <= 0) return;
+    line(c, "for (long long f_ = threadIdx.x; f_ < %" PRId64 "LL; f_ += blockDim.x) {", cnt);
+    c->ind++;
+    int mark = c->n_m, ctx = c->ctx;
+    unflatten(c, loops, n, "f_");
+    c->ctx = CTX_THREAD;
+    for (int i = 0; i < loops[n - 1]->n_body; i++) serial(c, loops[n - 1]->body[i]);
+    c->ctx = ctx;
+    c->n_m = mark;
+    c->ind--;
+    line(c, "}");
   } else {
     line(c, "if (threadIdx.x == 0) {");
     c->ind++;
@@ -593,7 +712,9 @@ static void kernel(cu *c, const nf_lstmt *s, nf_buf *src) {
   c->shared = 0;
   c->local = 0;
   int64_t grid = 1;
-  if (is_bound(s, NF_LOOP_BLOCK) || is_bound(s, NF_LOOP_THREAD)) {
+  const nf_lstmt *share[NF_MAX_VARS];
+  int n_share;
+  if (is_bound(s, NF_LOOP_BLOCK) || has_thread(s)) {
     const nf_lstmt *loops[NF_MAX_VARS], *in = NULL;
     int n = chain(s, NF_LOOP_BLOCK, loops, NF_MAX_VARS, &grid, &in);
     if (grid == 0) goto done; /* no iterations: no launch */
@@ -610,6 +731,23 @@ static void kernel(cu *c, const nf_lstmt *s, nf_buf *src) {
     } else {
       block_stmt(c, s, &first);
     }
+  } else if ((n_share = shareable(s, share, NF_MAX_VARS)) > 0) {
+    /* an unbound nest whose iterations write distinct elements (an
+     * identity fill, an elementwise pass): spread over the grid */
+    int64_t cnt = 1;
+    for (int i = 0; i < n_share; i++) cnt *= share[i]->extent;
+    if (cnt <= 0) goto done;
+    c->block = cnt < 256 ? (uint32_t)cnt : 256;
+    int64_t blocks = (cnt + c->block - 1) / c->block;
+    grid = blocks < 65535 ? blocks : 65535;
+    c->ctx = CTX_THREAD;
+    line(c, "for (long long f_ = (long long)blockIdx.x * blockDim.x + threadIdx.x; f_ < %" PRId64
+            "LL; f_ += (long long)gridDim.x * blockDim.x) {", cnt);
+    c->ind++;
+    unflatten(c, share, n_share, "f_");
+    for (int i = 0; i < share[n_share - 1]->n_body; i++) serial(c, share[n_share - 1]->body[i]);
+    c->ind--;
+    line(c, "}");
   } else {
     c->ctx = CTX_GRID1;
     serial(c, s);

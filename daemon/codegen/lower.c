@@ -517,12 +517,21 @@ static int nest_finish(lw *L, int si, nest *n) {
         return lerr(L, NF_EINVAL, si,
                     "%s: loop '%s' is a reduction loop (its iterations would race on the "
                     "output)", bn, lp->name);
-      for (int j = 0; j < i; j++)
-        if (n->l[j].kind != NF_LOOP_BLOCK && (lp->kind == NF_LOOP_BLOCK ||
-                                              n->l[j].kind != NF_LOOP_THREAD))
+      /* block loops are the outermost loops; the thread loops of a nest
+       * are contiguous and may sit inside serial loops inside the block
+       * loops (a blocked reduction whose operands a block stages) */
+      int first_thread = -1;
+      for (int j = 0; j < i && first_thread < 0; j++)
+        if (n->l[j].kind == NF_LOOP_THREAD) first_thread = j;
+      for (int j = 0; j < i; j++) {
+        int ok = lp->kind == NF_LOOP_BLOCK ? n->l[j].kind == NF_LOOP_BLOCK
+                 : first_thread >= 0 && j >= first_thread ? n->l[j].kind == NF_LOOP_THREAD
+                                                         : 1;
+        if (!ok)
           return lerr(L, NF_EINVAL, si,
-                      "%s: loop '%s' is inside loop '%s', which is not bound (block loops "
-                      "come first, then thread loops)", bn, lp->name, n->l[j].name);
+                      "%s: loop '%s' is inside loop '%s' (block loops come first; a nest's "
+                      "thread loops are contiguous)", bn, lp->name, n->l[j].name);
+      }
       break;
     }
     case NF_LOOP_VECTOR:
