@@ -101,9 +101,46 @@ static int lower_text(nf_graph *g, nf_ir_ctx *ctx, const char *text, nf_lprog **
   return rc;
 }
 
-START_TEST(cuda_emit_matmul) {
+/* The GPU default of a large matmul: shared-memory tiles (32 x 32 outputs
+ * per block, 2 x 2 per thread, the reduction staged 16 at a time). */
+START_TEST(cuda_default_tiled) {
   nf_ir_ctx *ctx = nf_ir_ctx_new();
   nf_graph *g = mm_graph(ctx, 100, 64, 70);
+  nf_schedule *s = NULL;
+  ck_assert_int_eq(nf_schedule_default_gpu(g, 256, &s), NF_OK);
+  nf_buf t = NF_BUF_INIT, err = NF_BUF_INIT, src = NF_BUF_INIT;
+  nf_schedule_print(s, &t);
+  ck_assert_str_eq(nf_buf_str(&t),
+                   "neoflow-schedule 1\nstmts 1\n"
+                   "stmt 0 split i 32\nstmt 0 split i.i 2\nstmt 0 split j 32\n"
+                   "stmt 0 split j.i 2\nstmt 0 split k 16\n"
+                   "stmt 0 reorder i.o j.o k.o i.i.o j.i.o k.i i.i.i j.i.i\n"
+                   "stmt 0 bind_block i.o\nstmt 0 bind_block j.o\n"
+                   "stmt 0 bind_thread i.i.o\nstmt 0 bind_thread j.i.o\n"
+                   "stmt 0 cache_read A k.o\nstmt 0 cache_read B k.o\n"
+                   "stmt 0 cache_write j.i.o\n");
+  nf_lprog *p = NULL;
+  ck_assert_int_eq(nf_lower(g, s, ctx, &p, &err), NF_OK);
+  nf_cuda_plan plan;
+  memset(&plan, 0, sizeof plan);
+  ck_assert_int_eq(nf_cuda_emit(p, &src, &plan, &err), NF_OK);
+  /* the output's identity fill over the grid, then 4 x 3 blocks of 256 */
+  ck_assert_int_eq(plan.n_launches, 2);
+  ck_assert_uint_eq(plan.launches[1].grid, 12);
+  ck_assert_uint_eq(plan.launches[1].block, 256);
+  ck_assert_uint_eq(plan.launches[1].shared_bytes, 2 * 32 * 16 * 4);
+  nf_cuda_plan_free(&plan);
+  nf_schedule_free(s);
+  nf_buf_free(&t);
+  nf_buf_free(&err);
+  nf_buf_free(&src);
+  nf_ir_ctx_free(ctx);
+}
+END_TEST
+
+START_TEST(cuda_emit_matmul) {
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  nf_graph *g = mm_graph(ctx, 10, 64, 700); /* 10 rows: under the tiles' 16 */
   nf_schedule *s = NULL;
   ck_assert_int_eq(nf_schedule_default_gpu(g, 256, &s), NF_OK);
   nf_buf t = NF_BUF_INIT, err = NF_BUF_INIT, src = NF_BUF_INIT;
@@ -393,6 +430,17 @@ static const sched_case sched_cases[] = {
                                      0, 0},
      "neoflow-schedule 1\nstmt 0 split i 8\nstmt 0 bind_block i.o\nstmt 0 cache_read A i.o\n"
      "stmt 0 reorder i.o j i.i k\nstmt 0 bind_thread j\nstmt 0 bind_thread i.i\n"},
+    /* the GPU default's shared-memory tiles (no schedule given) */
+    {"default tiles matmul 40x50x37", {"mm", "mm", P0, 2, {NZ(1, 2, 40, 50), NZ(1, 2, 50, 37)},
+                                       NULL, 0, 0}, NULL},
+    {"default tiles matmul 64x20x96", {"mm", "mm", P0, 2, {NZ(1, 2, 64, 20), NZ(1, 2, 20, 96)},
+                                       NULL, 0, 0}, NULL},
+    {"default tiles batch_matmul 2x33x17x20", {"batch", "batch_matmul", P0, 2,
+                                               {NZ(1, 3, 2, 33, 17), NZ(1, 3, 2, 17, 20)}, NULL, 0, 0},
+     NULL},
+    {"default tiles conv2d pad 1 3ch 18x20", {"conv", "conv2d", P1("pad", 1), 2,
+                                              {NZ(1, 4, 1, 3, 18, 20), NZ(1, 4, 4, 3, 3, 3)}, NULL,
+                                              0, 0}, NULL},
 };
 
 #define N_SCHED ((int)(sizeof sched_cases / sizeof sched_cases[0]))
@@ -406,12 +454,17 @@ static const char *sched_make(int k, inst *I, nf_lprog **p) {
     ck_assert_msg(nf_module_load_source(mod, "mm.nf", mm_src, d) == NF_OK, "%s", nf_diag_text(d));
     nf_diag_free(d);
   }
+  static nf_module *nn;
+  if (!nn) nn = load("nn.nf");
   const sched_case *sc = &sched_cases[k];
-  inst_make(I, mod, &sc->c, 0x5eed + (uint64_t)k);
+  inst_make(I, strcmp(sc->c.def, "mm") == 0 ? mod : nn, &sc->c, 0x5eed + (uint64_t)k);
   nf_schedule *s = NULL;
   nf_buf err = NF_BUF_INIT;
-  ck_assert_msg(nf_schedule_parse(sc->schedule, sc->label, &s, &err) == NF_OK, "%s",
-                nf_buf_str(&err));
+  if (sc->schedule)
+    ck_assert_msg(nf_schedule_parse(sc->schedule, sc->label, &s, &err) == NF_OK, "%s",
+                  nf_buf_str(&err));
+  else
+    ck_assert_int_eq(nf_schedule_default_gpu(I->g, 256, &s), NF_OK);
   int rc = nf_lower(I->g, s, I->ctx, p, &err);
   ck_assert_msg(rc == NF_OK, "%s: %s", sc->label, nf_buf_str(&err));
   nf_schedule_free(s);
@@ -553,10 +606,11 @@ static nf_cuda_rt *g_rt;
 START_TEST(cuda_gpu_run) {
   nf_buf err = NF_BUF_INIT;
   int sm = nf_cuda_rt_sm(g_rt), n_launch = 0;
-  for (int k = 0; k < N_ALL; k++) {
+  for (int k = 0; k < N_ALL + N_SCHED; k++) {
     inst I;
-    const char *label = case_make(k, &I);
-    nf_lprog *p = gpu_lower(&I, label);
+    nf_lprog *p = NULL;
+    const char *label = k < N_ALL ? case_make(k, &I) : sched_make(k - N_ALL, &I, &p);
+    if (k < N_ALL) p = gpu_lower(&I, label);
     nf_blob img = {NULL, 0};
     nf_cuda_plan plan;
     nf_cuda_stats st;
@@ -605,8 +659,8 @@ START_TEST(cuda_gpu_run) {
     free(img.data);
     inst_free(&I);
   }
-  fprintf(stderr, "cuda_gpu_run: %d programs, %d launches on %s (sm_%d), checked\n", N_ALL,
-          n_launch, nf_cuda_rt_name(g_rt), sm);
+  fprintf(stderr, "cuda_gpu_run: %d programs, %d launches on %s (sm_%d), checked\n",
+          N_ALL + N_SCHED, n_launch, nf_cuda_rt_name(g_rt), sm);
   nf_buf_free(&err);
 }
 END_TEST
@@ -617,10 +671,11 @@ START_TEST(cuda_nvrtc) {
   nf_buf err = NF_BUF_INIT;
   size_t total[2] = {0, 0};
   int n_launch = 0;
-  for (int k = 0; k < N_ALL; k++) {
+  for (int k = 0; k < N_ALL + N_SCHED; k++) {
     inst I;
-    const char *label = case_make(k, &I);
-    nf_lprog *p = gpu_lower(&I, label);
+    nf_lprog *p = NULL;
+    const char *label = k < N_ALL ? case_make(k, &I) : sched_make(k - N_ALL, &I, &p);
+    if (k < N_ALL) p = gpu_lower(&I, label);
     static const int sms[2] = {80, 90};
     for (int a = 0; a < 2; a++) {
       nf_blob img = {NULL, 0};
@@ -641,7 +696,7 @@ START_TEST(cuda_nvrtc) {
     inst_free(&I);
   }
   fprintf(stderr, "cuda_nvrtc: %d programs, %d launches; cubin bytes sm_80 %zu, sm_90 %zu\n",
-          N_ALL, n_launch, total[0], total[1]);
+          N_ALL + N_SCHED, n_launch, total[0], total[1]);
   nf_buf_free(&err);
 }
 END_TEST
@@ -663,7 +718,7 @@ START_TEST(cuda_nvrtc_archs) {
   ck_assert_int_eq(st.ptx, 1);
   ck_assert_ptr_nonnull(memmem(img.data, img.len, ".entry nf_k0", 12));
   ck_assert_ptr_nonnull(strstr(nf_buf_str(&src), "nf_k0"));
-  ck_assert_int_eq(plan.n_launches, 1);
+  ck_assert_int_eq(plan.n_launches, 2); /* the identity fill, the tiles */
   /* older than it supports: a clear refusal */
   ck_assert_int_eq(nf_cuda_compile(p, 20, &img, &plan, NULL, NULL, &err), NF_EUNSUPPORTED);
   ck_assert_ptr_nonnull(strstr(nf_buf_str(&err), "sm_20 is older than this NVRTC supports"));
@@ -706,6 +761,7 @@ int main(int argc, char **argv) {
   Suite *su = suite_create("cuda");
   TCase *tc = tcase_create("rules");
   tcase_add_test(tc, cuda_emit_matmul);
+  tcase_add_test(tc, cuda_default_tiled);
   tcase_add_test(tc, cuda_bind_rules);
   tcase_add_test(tc, cuda_shared_and_barriers);
   tcase_add_test(tc, cuda_f16_refused);

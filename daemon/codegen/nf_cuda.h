@@ -6,14 +6,20 @@
  * threads (bind_block, bind_thread; nf_schedule_default_gpu gives one).
  * The backend turns every top-level statement of the program into one
  * `__global__` function, launched in program order on one stream:
- *  - a nest whose outermost loops are BLOCK loops is a launch of one block
- *    per iteration of those loops (flattened into blockIdx.x); inside a
- *    block, each nest of THREAD loops runs on threadIdx.x (flattened,
- *    guarded by its own extent), every other statement runs on thread 0
- *    alone, and consecutive statements of a block are separated by
- *    __syncthreads();
- *  - any other top-level statement is a launch of one block of one thread
- *    (correct, slow: what an unscheduled program gets);
+ *  - a nest whose outermost loops are BLOCK loops (or that holds THREAD
+ *    loops) is a launch of one block per iteration of those loops
+ *    (flattened into blockIdx.x); inside a block, each nest of THREAD
+ *    loops runs on threadIdx.x (flattened, guarded by its own extent); a
+ *    loop or guard that holds thread loops runs in every thread alike
+ *    (its bounds and condition use block-level variables only), with a
+ *    __syncthreads() at the end of each iteration; a statement whose
+ *    outer loops each index one dimension of every store it makes (a
+ *    copy into shared memory, a fill) is shared by the block's threads,
+ *    strided by blockDim.x; any other statement runs on thread 0 alone;
+ *    consecutive statements of a block are separated by __syncthreads();
+ *  - any other top-level statement is a grid-strided launch when its
+ *    iterations write distinct elements (as above), else a launch of one
+ *    block of one thread (correct, slow);
  *  - BLOCK or THREAD loops anywhere else run as ordinary serial loops.
  * Temporaries: an ALLOC at the top level lives in the global scratch
  * buffer (one allocation, plan.scratch_bytes, 256-byte aligned slices);

@@ -1050,10 +1050,121 @@ static int64_t sat_mul(int64_t a, int64_t b) {
   return __builtin_mul_overflow(a, b, &r) || r > (INT64_C(1) << 62) ? INT64_C(1) << 62 : r;
 }
 
+/* The tensors statement si reads that have buffers (graph inputs, outputs
+ * of statements not inlined), each once, into ids (at most cap). */
+static int stored_reads(const nf_graph *g, uint32_t si, uint32_t *ids, int cap) {
+  const nf_expr *stack[512];
+  int sp = 0, n = 0;
+  stack[sp++] = g->stmts[si].rhs;
+  while (sp > 0) {
+    const nf_expr *e = stack[--sp];
+    if (e->op == NF_OP_ACCESS) {
+      uint32_t t = e->u.tensor;
+      int seen = 0, inlined = 0;
+      for (int k = 0; k < n; k++) seen |= ids[k] == t;
+      for (uint32_t q = 0; q < g->n_stmts; q++)
+        if (g->stmts[q].out == t) inlined = nf__sched_inlined_by_default(g, q);
+      if (!seen && !inlined && n < cap) ids[n++] = t;
+    }
+    for (int i = e->n_args - 1; i >= 0; i--) { /* left operands first */
+      if (sp == 512) return -1;
+      stack[sp++] = e->args[i];
+    }
+  }
+  return n;
+}
+
+/* A reduction over a 2-d (or batched) output of at least 16 x 16: blocks
+ * of 32 x 32 outputs (or 16 where the extent is under 32), 16 x 16
+ * threads of 2 x 2 outputs each, accumulated in registers; the first
+ * reduction loop split by 16, its outer part at the block level, where
+ * the block stages the operands it reads in shared memory (cache_read,
+ * the copies shared by the block's threads).  Loops keep the IR's order
+ * of summation. */
+static int gpu_tiled(nf_schedule *s, const nf_graph *g, uint32_t si) {
+  const nf_stmt *st = &g->stmts[si];
+  const nf_tensor *t = &g->tensors[st->out];
+  int rank = t->rank, st_i = (int)si, rc;
+  int64_t ei = t->shape[rank - 2], ej = t->shape[rank - 1];
+  char nm[NF_MAX_VARS][NF_SCHED_NAME], x[8][NF_SCHED_NAME];
+  for (int k = 0; k < rank + st->n_red; k++) nf__sched_var_name(st, k, nm[k]);
+  const char *i = nm[rank - 2], *j = nm[rank - 1], *r = nm[rank];
+  int64_t bi = ei >= 32 ? 32 : 16, bj = ej >= 32 ? 32 : 16;
+  int64_t kt = st->red_ext[0] < 16 ? st->red_ext[0] : 16;
+  nf__sched_cat(x[0], i, ".o");   /* block */
+  nf__sched_cat(x[1], i, ".i");
+  nf__sched_cat(x[2], x[1], ".o"); /* thread */
+  nf__sched_cat(x[3], x[1], ".i"); /* in the thread */
+  nf__sched_cat(x[4], j, ".o");
+  nf__sched_cat(x[5], j, ".i");
+  nf__sched_cat(x[6], x[5], ".o");
+  nf__sched_cat(x[7], x[5], ".i");
+  char ro[NF_SCHED_NAME], ri[NF_SCHED_NAME], jio[NF_SCHED_NAME], jii[NF_SCHED_NAME];
+  nf__sched_cat(ro, r, ".o");
+  nf__sched_cat(ri, r, ".i");
+  memcpy(jio, x[6], NF_SCHED_NAME);
+  memcpy(jii, x[7], NF_SCHED_NAME);
+  if ((rc = add1(s, st_i, NF_SCH_SPLIT, i, bi)) < 0 || (rc = add1(s, st_i, NF_SCH_SPLIT, x[1], 2)) < 0 ||
+      (rc = add1(s, st_i, NF_SCH_SPLIT, j, bj)) < 0 || (rc = add1(s, st_i, NF_SCH_SPLIT, x[5], 2)) < 0 ||
+      (rc = add1(s, st_i, NF_SCH_SPLIT, r, kt)) < 0)
+    return rc;
+  nf_sched_item it;
+  memset(&it, 0, sizeof it);
+  it.kind = NF_SCH_REORDER;
+  it.stmt = st_i;
+  for (int v = 0; v < rank - 2; v++) nf__sched_cat(it.names[it.n_names++], nm[v], "");
+  nf__sched_cat(it.names[it.n_names++], x[0], "");
+  nf__sched_cat(it.names[it.n_names++], x[4], "");
+  nf__sched_cat(it.names[it.n_names++], ro, "");
+  nf__sched_cat(it.names[it.n_names++], x[2], "");
+  nf__sched_cat(it.names[it.n_names++], jio, "");
+  nf__sched_cat(it.names[it.n_names++], ri, "");
+  for (int q = 1; q < st->n_red; q++) nf__sched_cat(it.names[it.n_names++], nm[rank + q], "");
+  nf__sched_cat(it.names[it.n_names++], x[3], "");
+  nf__sched_cat(it.names[it.n_names++], jii, "");
+  if ((rc = nf_schedule_add(s, &it)) < 0) return rc;
+  for (int v = 0; v < rank - 2; v++)
+    if ((rc = add1(s, st_i, NF_SCH_BIND_BLOCK, nm[v], 0)) < 0) return rc;
+  if ((rc = add1(s, st_i, NF_SCH_BIND_BLOCK, x[0], 0)) < 0 ||
+      (rc = add1(s, st_i, NF_SCH_BIND_BLOCK, x[4], 0)) < 0 ||
+      (rc = add1(s, st_i, NF_SCH_BIND_THREAD, x[2], 0)) < 0 ||
+      (rc = add1(s, st_i, NF_SCH_BIND_THREAD, jio, 0)) < 0)
+    return rc;
+  uint32_t ids[8];
+  int n = stored_reads(g, si, ids, 8);
+  for (int k = 0; k < n; k++)
+    if ((rc = add2(s, st_i, NF_SCH_CACHE_READ, ro, g->tensors[ids[k]].name)) < 0) return rc;
+  return add1(s, st_i, NF_SCH_CACHE_WRITE, jio, 0);
+}
+
+static int gpu_default(const nf_graph *g, int block, int tiled, int *n_tiled, nf_schedule **out);
+
+/* The GPU default; where the shared-memory tiles were chosen the program
+ * is lowered once more to check it, and the one-thread-per-output
+ * schedules are taken when it does not lower (a staged region over the
+ * limit, a read the region inference cannot bound). */
 int nf_schedule_default_gpu(const nf_graph *g, int block, nf_schedule **out) {
+  int n_tiled = 0;
+  int rc = gpu_default(g, block, 1, &n_tiled, out);
+  if (rc < 0 || n_tiled == 0) return rc;
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  nf_buf err = NF_BUF_INIT;
+  nf_lprog *p = NULL;
+  int lr = ctx ? nf_lower(g, *out, ctx, &p, &err) : NF_ENOMEM;
+  nf_buf_free(&err);
+  nf_ir_ctx_free(ctx);
+  if (lr == NF_OK) return NF_OK;
+  nf_schedule_free(*out);
+  *out = NULL;
+  if (lr == NF_ENOMEM) return lr;
+  return gpu_default(g, block, 0, &n_tiled, out);
+}
+
+static int gpu_default(const nf_graph *g, int block, int tiled, int *n_tiled, nf_schedule **out) {
   nf_schedule *s = nf_schedule_new();
   int rc = NF_OK;
   *out = NULL;
+  *n_tiled = 0;
   if (!s) return NF_ENOMEM;
   if (block < 32 || block > 1024) block = 256;
   s->n_stmts = g->n_stmts;
@@ -1063,6 +1174,12 @@ int nf_schedule_default_gpu(const nf_graph *g, int block, nf_schedule **out) {
     int rank = t->rank, st_i = (int)si;
     if (nf__sched_inlined_by_default(g, si)) {
       rc = add1(s, st_i, NF_SCH_INLINE, NULL, 0);
+      continue;
+    }
+    if (tiled && st->red != NF_RED_NONE && st->n_red > 0 && rank >= 2 &&
+        t->shape[rank - 2] >= 16 && t->shape[rank - 1] >= 16) {
+      rc = gpu_tiled(s, g, si);
+      ++*n_tiled;
       continue;
     }
     if (rank == 0) continue;
