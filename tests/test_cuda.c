@@ -77,6 +77,12 @@ static nf_lprog *gpu_lower(inst *I, const char *label) {
 static const char *mm_src =
     "def mm(A: f32[M, K], B: f32[K, N]) -> (C: f32[M, N]) {\n"
     "  C(i, j) +=! A(i, k) * B(k, j)\n"
+    "}\n"
+    "def sq(A: f32[M, K]) -> (L: f32[]) {\n"
+    "  L() +=! A(i, k) * A(i, k)\n"
+    "}\n"
+    "def mx(A: f32[M, K]) -> (L: f32[]) {\n"
+    "  L() max=! A(i, k)\n"
     "}\n";
 
 static nf_graph *mm_graph(nf_ir_ctx *ctx, int m, int k, int n) {
@@ -438,6 +444,10 @@ static const sched_case sched_cases[] = {
     {"default tiles batch_matmul 2x33x17x20", {"batch", "batch_matmul", P0, 2,
                                                {NZ(1, 3, 2, 33, 17), NZ(1, 3, 2, 17, 20)}, NULL, 0, 0},
      NULL},
+    /* the GPU default's block reductions to a scalar (one block of 256
+     * threads, a partial result each in shared memory) */
+    {"default block sum 37x41", {"sq", "sq", P0, 1, {NZ(1, 2, 37, 41)}, NULL, 0, 0}, NULL},
+    {"default block max 64x64", {"mx", "mx", P0, 1, {NZ(1, 2, 64, 64)}, NULL, 0, 0}, NULL},
     {"default tiles conv2d pad 1 3ch 18x20", {"conv", "conv2d", P1("pad", 1), 2,
                                               {NZ(1, 4, 1, 3, 18, 20), NZ(1, 4, 4, 3, 3, 3)}, NULL,
                                               0, 0}, NULL},
@@ -457,7 +467,8 @@ static const char *sched_make(int k, inst *I, nf_lprog **p) {
   static nf_module *nn;
   if (!nn) nn = load("nn.nf");
   const sched_case *sc = &sched_cases[k];
-  inst_make(I, strcmp(sc->c.def, "mm") == 0 ? mod : nn, &sc->c, 0x5eed + (uint64_t)k);
+  int own = !strcmp(sc->c.def, "mm") || !strcmp(sc->c.def, "sq") || !strcmp(sc->c.def, "mx");
+  inst_make(I, own ? mod : nn, &sc->c, 0x5eed + (uint64_t)k);
   nf_schedule *s = NULL;
   nf_buf err = NF_BUF_INIT;
   if (sc->schedule)
@@ -525,7 +536,7 @@ START_TEST(cuda_emulated) {
     rc = nf_cuda_emit(p, &src, &plan[k], &err);
     ck_assert_msg(rc == NF_OK, "%s: emit: %s", label[k], nf_buf_str(&err));
     n_launch += plan[k].n_launches;
-    if (k >= N_ALL) { /* staged in shared memory, copies shared, barriers */
+    if (k >= N_ALL) { /* staged in shared memory, copies or fills shared, barriers */
       const char *cs = nf_buf_str(&src);
       ck_assert_msg(strstr(cs, "__shared__") && strstr(cs, "f_ += blockDim.x") &&
                         strstr(cs, "__syncthreads();"),

@@ -513,10 +513,10 @@ static int nest_finish(lw *L, int si, nest *n) {
         return lerr(L, NF_EINVAL, si,
                     "%s: loop '%s' belongs to a statement computed at another statement's "
                     "loop (only the outermost nest is bound to the GPU)", bn, lp->name);
-      if (lp->red)
+      if (lp->red && !(lp->kind == NF_LOOP_THREAD && n->has_rf && lp->var == n->rf_var))
         return lerr(L, NF_EINVAL, si,
                     "%s: loop '%s' is a reduction loop (its iterations would race on the "
-                    "output)", bn, lp->name);
+                    "output; a thread loop may be the rfactor loop)", bn, lp->name);
       /* block loops are the outermost loops; the thread loops of a nest
        * are contiguous and may sit inside serial loops inside the block
        * loops (a blocked reduction whose operands a block stages) */

@@ -1139,6 +1139,82 @@ static int gpu_tiled(nf_schedule *s, const nf_graph *g, uint32_t si) {
 
 static int gpu_default(const nf_graph *g, int block, int tiled, int *n_tiled, nf_schedule **out);
 
+/* A reduction to a scalar over at least 512 terms: its reduction loops
+ * fused and dealt to one block of 256 threads (thread t takes terms t,
+ * t + 256, ...), each thread's partial sum in a slot of a shared tile
+ * (rfactor of the thread loop, the tile at an outer loop of one
+ * iteration), the slots folded in order at the end. */
+static int gpu_block_reduce(nf_schedule *s, const nf_graph *g, uint32_t si) {
+  const nf_stmt *st = &g->stmts[si];
+  int st_i = (int)si, rc = NF_OK;
+  char cur[NF_SCHED_NAME], nm[NF_SCHED_NAME], a[NF_SCHED_NAME], b[NF_SCHED_NAME];
+  nf__sched_var_name(st, 0, cur);
+  int64_t ext = st->red_ext[0];
+  for (int k = 1; k < st->n_red && rc >= 0; k++) {
+    nf__sched_var_name(st, k, nm);
+    char fn[3 * NF_SCHED_NAME];
+    snprintf(fn, sizeof fn, "%s.%s.fused", cur, nm);
+    if (strlen(fn) >= NF_SCHED_NAME) return NF_ELIMIT;
+    rc = add2(s, st_i, NF_SCH_FUSE, cur, nm);
+    memcpy(cur, fn, strlen(fn) + 1);
+    ext = sat_mul(ext, st->red_ext[k]);
+  }
+  int64_t per = (ext + 255) / 256; /* terms per thread */
+  char o[NF_SCHED_NAME], i[NF_SCHED_NAME];
+  nf__sched_cat(o, cur, ".o");
+  nf__sched_cat(i, cur, ".i");
+  nf__sched_cat(a, o, ".o"); /* one iteration: holds the tile */
+  nf__sched_cat(b, o, ".i");
+  if (rc < 0 || (rc = add1(s, st_i, NF_SCH_SPLIT, cur, 256)) < 0 ||
+      (rc = add1(s, st_i, NF_SCH_SPLIT, o, per)) < 0)
+    return rc;
+  nf_sched_item it;
+  memset(&it, 0, sizeof it);
+  it.kind = NF_SCH_REORDER;
+  it.stmt = st_i;
+  nf__sched_cat(it.names[it.n_names++], a, "");
+  nf__sched_cat(it.names[it.n_names++], i, "");
+  nf__sched_cat(it.names[it.n_names++], b, "");
+  if ((rc = nf_schedule_add(s, &it)) < 0 || (rc = add1(s, st_i, NF_SCH_CACHE_WRITE, a, 0)) < 0 ||
+      (rc = add1(s, st_i, NF_SCH_RFACTOR, i, 0)) < 0)
+    return rc;
+  return add1(s, st_i, NF_SCH_BIND_THREAD, i, 0);
+}
+
+/* The CUDA backend's static shared memory per block (nf_cuda.h). */
+#define NF_GPU_SHARED_BUDGET (48 << 10)
+
+/* The shared memory statement s's launch would declare: its temporaries
+ * inside block loops and outside thread loops, summed (the backend's
+ * placement: static per kernel, 256-byte slices). */
+static uint64_t launch_shared(const nf_lprog *p, const nf_lstmt *s, int in_block, int in_thread) {
+  uint64_t sum = 0;
+  if (s->kind == NF_LS_LOOP) {
+    in_block |= s->loop_kind == NF_LOOP_BLOCK;
+    in_thread |= s->loop_kind == NF_LOOP_THREAD;
+  }
+  if (s->kind == NF_LS_ALLOC && in_block && !in_thread && s->buf < p->n_bufs) {
+    const nf_lbuf *b = &p->bufs[s->buf];
+    uint64_t n = nf_dtype_size((nf_dtype)b->dtype);
+    for (int d = 0; d < b->rank; d++) n *= (uint64_t)(b->shape[d] > 0 ? b->shape[d] : 1);
+    sum = (n + 255) & ~(uint64_t)255;
+  }
+  for (int i = 0; i < s->n_body; i++) sum += launch_shared(p, s->body[i], in_block, in_thread);
+  return sum;
+}
+
+/* The most shared memory any launch of p would declare (top-level
+ * statements are launches; top-level temporaries are global). */
+static uint64_t block_shared(const nf_lprog *p, const nf_lstmt *s) {
+  if (s->kind != NF_LS_SEQ && s->kind != NF_LS_ALLOC) return launch_shared(p, s, 0, 0);
+  uint64_t m = 0;
+  for (int i = 0; i < s->n_body; i++) {
+    uint64_t k = block_shared(p, s->body[i]);
+    m = k > m ? k : m;
+  }
+  return m;
+}
+
 /* The GPU default; where the shared-memory tiles were chosen the program
  * is lowered once more to check it, and the one-thread-per-output
  * schedules are taken when it does not lower (a staged region over the
@@ -1151,6 +1227,7 @@ int nf_schedule_default_gpu(const nf_graph *g, int block, nf_schedule **out) {
   nf_buf err = NF_BUF_INIT;
   nf_lprog *p = NULL;
   int lr = ctx ? nf_lower(g, *out, ctx, &p, &err) : NF_ENOMEM;
+  if (lr == NF_OK && block_shared(p, p->root) > NF_GPU_SHARED_BUDGET) lr = NF_ELIMIT;
   nf_buf_free(&err);
   nf_ir_ctx_free(ctx);
   if (lr == NF_OK) return NF_OK;
@@ -1181,6 +1258,15 @@ static int gpu_default(const nf_graph *g, int block, int tiled, int *n_tiled, nf
       rc = gpu_tiled(s, g, si);
       ++*n_tiled;
       continue;
+    }
+    if (tiled && st->red != NF_RED_NONE && st->n_red > 0 && rank == 0) {
+      int64_t terms = 1;
+      for (int k = 0; k < st->n_red; k++) terms = sat_mul(terms, st->red_ext[k]);
+      if (terms >= 512) {
+        rc = gpu_block_reduce(s, g, si);
+        ++*n_tiled;
+        continue;
+      }
     }
     if (rank == 0) continue;
     char cur[NF_SCHED_NAME], nm[NF_SCHED_NAME], tmp[NF_SCHED_NAME];
