@@ -207,6 +207,64 @@ START_TEST(compiled_workloads) {
 }
 END_TEST
 
+/* The layouts of the channel defaults (forced with 16 accumulator
+ * registers, whatever this machine has: the forward's tile and weight copy
+ * and the weight gradient's tile and gradient copy with the output channel
+ * last) and vector loops whose extent is not a power of two (emitted as
+ * power-of-two pieces: 56 = 32 + 16 + 8, 7 = 4 + 2 + a scalar lane),
+ * compiled and run against the interpreter. */
+static const char layout_src[] =
+    "import nn\n"
+    "def cv(I: f32[N, C, H, Wd], W: f32[K, C, 3, 3]) -> (O: f32[N, K, H, Wd]) {\n"
+    "  O = conv2d<pad = 1>(I, W)\n"
+    "}\n"
+    "def cdw(I: f32[N, C, H, Wd], dO: f32[N, K, H, Wd]) -> (dW: f32[K, C, 3, 3]) {\n"
+    "  dW(k, c, r, s) +=! (h + r - 1 >= 0 && h + r - 1 < H && w + s - 1 >= 0 && w + s - 1 < Wd) ?\n"
+    "    dO(n, k, h, w) * I(n, c, h + r - 1, w + s - 1) : 0.0\n"
+    "}\n";
+
+static const tcase layout_cases[] = {
+    {"cv 32ch", "cv", P0, 2, {NZ(1, 4, 1, 3, 6, 12), NZ(1, 4, 32, 3, 3, 3)}, NULL, 0, 0},
+    {"cv 48ch", "cv", P0, 2, {NZ(1, 4, 2, 5, 5, 14), NZ(1, 4, 48, 5, 3, 3)}, NULL, 0, 0},
+    {"cdw 32ch", "cdw", P0, 2, {NZ(1, 4, 2, 4, 8, 16), NZ(1, 4, 2, 32, 8, 16)}, NULL, 0, 0},
+    {"cv 56 wide", "cv", P0, 2, {NZ(1, 4, 1, 2, 3, 56), NZ(1, 4, 3, 2, 3, 3)}, NULL, 0, 0},
+    {"cv 7 wide", "cv", P0, 2, {NZ(1, 4, 1, 2, 3, 7), NZ(1, 4, 3, 2, 3, 3)}, NULL, 0, 0},
+};
+
+START_TEST(compiled_layouts) {
+  nf_module *m = nf_module_new();
+  nf_diag *d = nf_diag_new();
+  ck_assert_msg(nf_module_load_source(m, "layouts.nf", layout_src, d) == NF_OK, "%s",
+                nf_diag_text(d));
+  nf_diag_free(d);
+  const tcase *c = &layout_cases[_i];
+  inst I;
+  char msg[3000] = "";
+  inst_make(&I, m, c, 0x99 + (uint64_t)_i);
+  nf_schedule *s = NULL;
+  nf_buf err = NF_BUF_INIT, txt = NF_BUF_INIT;
+  if (_i < 3) { /* the channel defaults */
+    nf__sched_set_acc_regs(16);
+    ck_assert_int_eq(nf_schedule_default(I.g, &s), NF_OK);
+    nf__sched_set_acc_regs(0);
+    nf_schedule_print(s, &txt);
+    ck_assert_msg(strstr(nf_buf_str(&txt), "vectorize k.i"), "%s: %s", c->label,
+                  nf_buf_str(&txt));
+  } else { /* the row in the lanes, accumulated in the output */
+    ck_assert_int_eq(nf_schedule_parse("neoflow-schedule 1\nstmt 0 reorder n k h c r s w\n"
+                                       "stmt 0 vectorize w\n",
+                                       "layouts", &s, &err),
+                     NF_OK);
+  }
+  ck_assert_msg(!run_compiled(&I, s, 2, msg, sizeof msg), "%s: %s", c->label, msg);
+  nf_schedule_free(s);
+  nf_buf_free(&txt);
+  nf_buf_free(&err);
+  inst_free(&I);
+  nf_module_free(m);
+}
+END_TEST
+
 static void add_loop(Suite *su, const char *name, const TTest *t, int n) {
   const char *parts = getenv("NF_COMPILED_PARTS");
   if (parts) { /* a comma-separated list of the parts to run */
@@ -226,7 +284,7 @@ static void add_loop(Suite *su, const char *name, const TTest *t, int n) {
   suite_add_tcase(su, tc);
 }
 
-/* NF_COMPILED_PARTS=library,big,workloads,workload_grads (any subset)
+/* NF_COMPILED_PARTS=library,big,workloads,workload_grads,layouts (any subset)
  * selects the parts; tests/meson.build runs the library in one test and
  * the rest in another, so that they run in parallel. */
 int main(void) {
@@ -235,6 +293,8 @@ int main(void) {
   add_loop(su, "big", compiled_big, N_BIG);
   add_loop(su, "workloads", compiled_workloads, N_WL);
   add_loop(su, "workload_grads", compiled_workload_grads, N_WL);
+  add_loop(su, "layouts", compiled_layouts,
+           (int)(sizeof layout_cases / sizeof layout_cases[0]));
   SRunner *sr = srunner_create(su);
   srunner_run_all(sr, CK_NORMAL);
   int nf = srunner_ntests_failed(sr);

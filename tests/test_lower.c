@@ -633,6 +633,76 @@ START_TEST(lower_default_wgrad) {
 }
 END_TEST
 
+/* With 16 accumulator registers (AVX-512) and output channels a multiple
+ * of 16, a padded convolution and its weight gradient put the output
+ * channels in the lanes: the forward's tile O_tile[..][w][k] and the
+ * weight's copy W_rd[c][r][s][k] (the vector loop's dimension last), the
+ * weight gradient's dW_tile[r][s][k] and its copy of the output gradient
+ * dO_rd[..][h][w][k]; both agree with the interpreter. */
+START_TEST(lower_default_channels) {
+  static const char *src =
+      "import nn\n"
+      "def cv(I: f32[N, C, H, Wd], W: f32[K, C, 3, 3]) -> (O: f32[N, K, H, Wd]) {\n"
+      "  O = conv2d<pad = 1>(I, W)\n"
+      "}\n"
+      "def cdw(I: f32[N, C, H, Wd], dO: f32[N, K, H, Wd]) -> (dW: f32[K, C, 3, 3]) {\n"
+      "  dW(k, c, r, s) +=! (h + r - 1 >= 0 && h + r - 1 < H && w + s - 1 >= 0 && w + s - 1 < Wd) ?\n"
+      "    dO(n, k, h, w) * I(n, c, h + r - 1, w + s - 1) : 0.0\n"
+      "}\n";
+  nf_module *m = load_src("chan.nf", src);
+  static const tcase cf = {"cv 32ch", "cv", P0, 2, {NZ(1, 4, 1, 3, 6, 12), NZ(1, 4, 32, 3, 3, 3)},
+                           NULL, 0, 0};
+  static const tcase cw = {"cdw 32ch", "cdw", P0, 2, {NZ(1, 4, 2, 4, 8, 16), NZ(1, 4, 2, 32, 8, 16)},
+                           NULL, 0, 0};
+  nf_ir_ctx *pctx = nf_ir_ctx_new();
+  nf_buf out = NF_BUF_INIT, err = NF_BUF_INIT;
+  char msg[3000] = "";
+  inst I;
+  nf_schedule *s = NULL;
+  nf_lprog *p = NULL;
+  nf__sched_set_acc_regs(16);
+  inst_make(&I, m, &cf, 21);
+  ck_assert_int_eq(nf_schedule_default(I.g, &s), NF_OK);
+  nf_schedule_print(s, &out);
+  ck_assert_msg(strstr(nf_buf_str(&out), "stmt 0 split k 32\n") &&
+                    strstr(nf_buf_str(&out), "stmt 0 vectorize k.i\n"),
+                "%s", nf_buf_str(&out));
+  ck_assert_msg(nf_lower(I.g, s, pctx, &p, &err) == NF_OK, "%s", nf_buf_str(&err));
+  nf_buf_reset(&out);
+  nf__loop_print(p, &out);
+  ck_assert_msg(strstr(nf_buf_str(&out), "alloc f32 W_rd[3][3][3][32]") &&
+                    strstr(nf_buf_str(&out), "O_tile[0][0][w.i][k.i] += I_rd[0][c][r][s + w.i] * "
+                                             "W_rd[c][r][s][k.i];"),
+                "%s", nf_buf_str(&out));
+  ck_assert_msg(!run_one(&I, s, msg, sizeof msg), "%s", msg);
+  nf_schedule_free(s);
+  inst_free(&I);
+  inst_make(&I, m, &cw, 22);
+  ck_assert_int_eq(nf_schedule_default(I.g, &s), NF_OK);
+  nf_buf_reset(&out);
+  nf_schedule_print(s, &out);
+  ck_assert_msg(strstr(nf_buf_str(&out), "stmt 0 split k 32\n") &&
+                    strstr(nf_buf_str(&out), "stmt 0 cache_read dO h.o\n") &&
+                    strstr(nf_buf_str(&out), "stmt 0 vectorize k.i\n"),
+                "%s", nf_buf_str(&out));
+  ck_assert_msg(nf_lower(I.g, s, pctx, &p, &err) == NF_OK, "%s", nf_buf_str(&err));
+  nf_buf_reset(&out);
+  nf__loop_print(p, &out);
+  ck_assert_msg(strstr(nf_buf_str(&out), "alloc f32 dO_rd[1][8][16][32]") &&
+                    strstr(nf_buf_str(&out), "dW_tile[0][r][s][k.i] += I_rd[0][c][r + h.i][s + w] * "
+                                             "dO_rd[0][h.i][w][k.i];"),
+                "%s", nf_buf_str(&out));
+  ck_assert_msg(!run_one(&I, s, msg, sizeof msg), "%s", msg);
+  nf_schedule_free(s);
+  inst_free(&I);
+  nf__sched_set_acc_regs(0);
+  nf_buf_free(&out);
+  nf_buf_free(&err);
+  nf_ir_ctx_free(pctx);
+  nf_module_free(m);
+}
+END_TEST
+
 /* Where the stencil tile's copy would exceed the region limit (1024
  * channels of 4 rows of 1034), the default falls back to the plain
  * register tile, and lowers. */
@@ -685,6 +755,7 @@ int main(void) {
   tcase_add_test(tc, lower_index_sets);
   tcase_add_test(tc, lower_default_wgrad);
   tcase_add_test(tc, lower_default_stencil_fallback);
+  tcase_add_test(tc, lower_default_channels);
   tcase_add_test(tc, lower_illegal);
   tcase_add_test(tc, lower_explicit);
   tcase_add_loop_test(tc, lower_big, 0, N_BIG);

@@ -216,6 +216,27 @@ static LLVMValueRef splat(cg *g, LLVMValueRef s) {
     for (unsigned i = 0; i < g->W; i++) el[i] = s;
     return LLVMConstVector(el, g->W);
   }
+  /* A narrow splat is the low part of a 512-bit one: the pieces of a
+   * vector loop (56 lanes: 32 + 16 + 8) then share one broadcast from
+   * memory, where LLVM would otherwise broadcast into the narrow register
+   * and widen it with a shuffle (a uop on the port that also does
+   * 512-bit FMAs).  On a CPU without 512-bit registers the wide splat is
+   * two halves, the low one used. */
+  unsigned bits = LLVMGetTypeKind(t) == LLVMIntegerTypeKind ? LLVMGetIntTypeWidth(t)
+                  : LLVMGetTypeKind(t) == LLVMDoubleTypeKind ? 64
+                  : LLVMGetTypeKind(t) == LLVMFloatTypeKind  ? 32
+                                                             : 0;
+  unsigned wide = bits >= 32 ? 512 / bits : 0;
+  if (wide > g->W) {
+    LLVMTypeRef wt = vec_of(t, wide);
+    LLVMValueRef u = LLVMBuildInsertElement(g->B, LLVMGetUndef(wt), s, c32(g, 0), "");
+    LLVMValueRef w = LLVMBuildFreeze(
+        g->B, LLVMBuildShuffleVector(g->B, u, LLVMGetUndef(wt), LLVMConstNull(vec_of(g->i32, wide)), ""),
+        "");
+    LLVMValueRef el[MAX_W];
+    for (unsigned i = 0; i < g->W; i++) el[i] = c32(g, i);
+    return LLVMBuildShuffleVector(g->B, w, LLVMGetUndef(wt), LLVMConstVector(el, g->W), "");
+  }
   LLVMValueRef u = LLVMBuildInsertElement(g->B, LLVMGetUndef(vt), s, c32(g, 0), "");
   return LLVMBuildShuffleVector(g->B, u, LLVMGetUndef(vt),
                                 LLVMConstNull(vec_of(g->i32, g->W)), "");
@@ -1533,12 +1554,28 @@ static void emit_loop(cg *g, const nf_lstmt *s) {
   fstate *f = g->f;
   int kind = s->loop_kind;
   if (kind == NF_LOOP_VECTOR && !g->W && s->extent >= 2 && s->extent <= MAX_W && vectorizable_body(s)) {
+    /* An extent that is not a power of two is emitted as power-of-two
+     * pieces, largest first (56: 32 + 16 + 8), each its own vectors: LLVM
+     * widens a <56 x float> to 64 lanes and then moves its parts through
+     * the stack, where the pieces stay whole registers.  The lanes keep
+     * their order (the pieces run from lane 0 up). */
     LLVMValueRef saved = f->var[s->var];
-    g->W = (unsigned)s->extent;
     g->vvar = s->var;
-    g->mask = NULL;
-    f->var[s->var] = c64(g, 0);
-    emit_body(g, s);
+    for (int64_t off = 0; off < s->extent && !g->rc;) {
+      int64_t w = 1;
+      while (w * 2 <= s->extent - off) w *= 2;
+      g->W = (unsigned)w;
+      g->mask = NULL;
+      g->n_memo = 0;
+      f->var[s->var] = c64(g, off);
+      if (w >= 2) {
+        emit_body(g, s);
+      } else {
+        g->W = 0; /* one lane left: scalar */
+        emit_body(g, s);
+      }
+      off += w;
+    }
     f->var[s->var] = saved;
     g->W = 0;
     g->mask = NULL;

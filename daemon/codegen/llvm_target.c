@@ -158,6 +158,21 @@ static double now_ms(void) {
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
+/* Lets every function use 512-bit registers on an AVX-512 CPU.  LLVM's
+ * tuning for Intel's AVX-512 cores prefers 256-bit vectors and splits an
+ * explicit <16 x float> into two halves unless a function asks for the
+ * wide registers ("min-legal-vector-width"); the kernels' vectors are
+ * explicit (the pipelines run no auto-vectorizer), so this only keeps
+ * them whole. */
+static void wide_vectors(LLVMModuleRef M) {
+  LLVMContextRef C = LLVMGetModuleContext(M);
+  for (LLVMValueRef f = LLVMGetFirstFunction(M); f; f = LLVMGetNextFunction(f)) {
+    if (LLVMIsDeclaration(f)) continue;
+    LLVMAddAttributeAtIndex(f, LLVMAttributeFunctionIndex,
+                            LLVMCreateStringAttribute(C, "min-legal-vector-width", 22, "512", 3));
+  }
+}
+
 int nf__llvm_optimize_emit(LLVMModuleRef M, const nf_cpu_target *t, nf_blob *object,
                            double *opt_ms, double *emit_ms, nf_buf *err) {
   pthread_once(&llvm_once, llvm_init);
@@ -191,6 +206,7 @@ int nf__llvm_optimize_emit(LLVMModuleRef M, const nf_cpu_target *t, nf_blob *obj
   LLVMTargetDataRef td = LLVMCreateTargetDataLayout(tme->tm);
   LLVMSetModuleDataLayout(M, td);
   LLVMDisposeTargetData(td);
+  if (strstr(feat, "+avx512f")) wide_vectors(M);
   opts = LLVMCreatePassBuilderOptions();
   LLVMErrorRef perr = LLVMRunPasses(M, lvl >= 2 ? pipeline_o2 : pipeline_o1, tme->tm, opts);
   if (perr) {

@@ -111,6 +111,10 @@ typedef struct region {
   int px;
   const nf_expr *outer[NF_MAX_RANK];
   int64_t lo[NF_MAX_RANK];
+  /* cache_read's layout: position k of the local buffer holds dimension
+   * perm[k] of the region (permuted: not the identity) */
+  int permuted;
+  int perm[NF_MAX_RANK];
 } region;
 
 /* A prologue placed at the start of loop `var`'s body, with the local
@@ -982,6 +986,11 @@ static const nf_expr *rebase(lw *L, const nf_expr *e, uint32_t from, const regio
       }
       if (!(args[d] = simp(L, bin(L, NF_OP_SUB, args[d], R->start[d])))) return NULL;
     }
+    if (R->permuted) {
+      const nf_expr *la[NF_MAX_RANK];
+      for (int k = 0; k < e->n_args; k++) la[k] = args[R->perm[k]];
+      memcpy(args, la, (size_t)e->n_args * sizeof la[0]);
+    }
     r = nf_e_access(L->ctx, R->buf, (nf_dtype)e->dtype, e->n_args, args);
   } else {
     r = changed ? nf_e_rebuild(L->ctx, e, args) : e;
@@ -1083,7 +1092,50 @@ static nf_lstmt *copy_nest(lw *L, uint32_t src, const region *R, int zero_fill) 
     }
     ng = 0;
   }
-  return build(L, loops, R->rank, guards, ng, store(L, R->buf, R->rank, lidx, v, NF_RED_NONE));
+  /* the innermost loop copies whole vectors where both sides are
+   * contiguous along it (a row of the image: one wide load each, where a
+   * scalar copy took as long as the convolution over that row) */
+  int last = R->rank - 1;
+  if (last >= 0 && R->ext[last] >= 4 && R->ext[last] <= 64 &&
+      (!R->permuted || R->perm[last] == last))
+    loops[last].kind = NF_LOOP_VECTOR;
+  const nf_expr *pidx[NF_MAX_RANK];
+  for (int k = 0; k < R->rank; k++) pidx[k] = lidx[R->permuted ? R->perm[k] : k];
+  return build(L, loops, R->rank, guards, ng, store(L, R->buf, R->rank, pidx, v, NF_RED_NONE));
+}
+
+/* The layout of a cache_read copy: where the nest's vector loop indexes
+ * exactly one dimension of the region in every read, and not the last,
+ * that dimension goes last (the others keep their order), so that the
+ * vector loads of the copy are contiguous where the tensor's are strided:
+ * a convolution vectorized over output channels reads W[k][c][r][s] along
+ * k, its copy W_rd[c][r][s][k].  The copy does the transposition once per
+ * iteration of the cache_read loop. */
+static void region_layout(const nest *n, const nf_expr *const *a, int na, region *R) {
+  R->permuted = 0;
+  int vl = -1;
+  for (int i = 0; i < n->n; i++)
+    if (n->l[i].kind == NF_LOOP_VECTOR) vl = i;
+  if (vl < 0 || R->rank < 2) return;
+  uint32_t vv = n->l[vl].var;
+  int dim = -1;
+  for (int j = 0; j < na; j++) {
+    int found = -1;
+    for (int d = 0; d < a[j]->n_args; d++)
+      if (uses_var(a[j]->args[d], vv)) {
+        if (found >= 0) return; /* two dimensions */
+        found = d;
+      }
+    if (found < 0) continue; /* a uniform read */
+    if (dim >= 0 && found != dim) return;
+    dim = found;
+  }
+  if (dim < 0 || dim == R->rank - 1) return;
+  int k = 0;
+  for (int d = 0; d < R->rank; d++)
+    if (d != dim) R->perm[k++] = d;
+  R->perm[k] = dim;
+  R->permuted = 1;
 }
 
 /* The prologue of schedule item k (compute_at into si, or cache_read of
@@ -1150,11 +1202,14 @@ static int attach_item(lw *L, const nf_schedule *s, int si, const nest *n, int k
   region R;
   memset(&R, 0, sizeof R);
   rc = infer_region(L, si, n, px, what, al.a, al.n, L->bufs[b].rank, &R);
+  if (rc == NF_OK && !is_at) region_layout(n, al.a, al.n, &R);
   free(al.a);
   if (rc < 0) return rc;
   char name[NF_SCHED_NAME + 8];
   snprintf(name, sizeof name, "%.48s_%s", L->bufs[b].name, is_at ? "at" : "rd");
-  int lb = add_buf(L, name, L->bufs[b].dtype, NF_BUF_TEMP, R.rank, R.ext, -1);
+  int64_t lext[NF_MAX_RANK];
+  for (int k = 0; k < R.rank; k++) lext[k] = R.ext[R.permuted ? R.perm[k] : k];
+  int lb = add_buf(L, name, L->bufs[b].dtype, NF_BUF_TEMP, R.rank, lext, -1);
   if (lb < 0 || L->oom) return NF_ENOMEM;
   R.buf = (uint32_t)lb;
   tmap memo = {0};
@@ -1248,12 +1303,15 @@ typedef struct wb_ctx {
   int red;            /* the reduction operator (folding rfactor slots) */
   int red_out;        /* rfactor with reduction loops outside the tile: the
                          write-back combines the slots' fold with the output */
+  const int *perm;    /* layout: position k holds the output's dimension
+                         perm[k]; NULL: the output's order */
 } wb_ctx;
 
-/* The tile's index: tidx[0..rank), then (rfactor) slot. */
+/* The tile's index: tidx[0..rank) (in the tile's layout), then (rfactor)
+ * slot. */
 static void tile_index(const wb_ctx *w, const nf_expr *const *tidx, const nf_expr *slot,
                        const nf_expr **out) {
-  for (int d = 0; d < w->rank; d++) out[d] = tidx[d];
+  for (int d = 0; d < w->rank; d++) out[d] = tidx[w->perm ? w->perm[d] : d];
   if (w->rf_ext) out[w->rank] = slot;
 }
 
@@ -1270,7 +1328,11 @@ static nf_lstmt *slot_loop(lw *L, int64_t ext, uint32_t v, nf_lstmt *body) {
 
 static nf_lstmt *init_payload(lw *L, void *ud, const nf_expr *const *tidx) {
   wb_ctx *w = ud;
-  if (!w->rf_ext) return store(L, w->tile, w->rank, tidx, w->idv, NF_RED_NONE);
+  if (!w->rf_ext) {
+    const nf_expr *ix[NF_MAX_RANK];
+    tile_index(w, tidx, NULL, ix);
+    return store(L, w->tile, w->rank, ix, w->idv, NF_RED_NONE);
+  }
   /* every slot of the element starts at the identity */
   const nf_expr *ix[NF_MAX_RANK];
   uint32_t v = new_var(L, w->rf_ext);
@@ -1336,7 +1398,9 @@ static nf_lstmt *load_payload(lw *L, void *ud, const nf_expr *const *both) {
   if (w->rf_ext) return init_payload(L, ud, both); /* wb_payload adds the output */
   const nf_lbuf *ob = &L->bufs[w->out];
   const nf_expr *v = nf_e_access(L->ctx, w->out, (nf_dtype)ob->dtype, w->rank, both + w->rank);
-  return store(L, w->tile, w->rank, both, v, NF_RED_NONE);
+  const nf_expr *ix[NF_MAX_RANK];
+  tile_index(w, both, NULL, ix);
+  return store(L, w->tile, w->rank, ix, v, NF_RED_NONE);
 }
 
 /* out = identity over the whole output of st (or region R). */
@@ -1448,13 +1512,35 @@ static int lower_stmt(lw *L, const nf_schedule *s, int si, const region *R, nf_l
    * loop (checked by nest_finish: inside c, rank < NF_MAX_RANK) */
   int rf = rf_pos(&n);
   int64_t rf_ext = rf >= 0 ? n.l[rf].ext : 0;
+  /* The tile's layout: the output's order, except that the dimension the
+   * vector loop indexes goes last when it is the only one it indexes
+   * (a tile vectorized over output channels, O_tile[w][k]: its rows are
+   * whole vectors, which stay in registers) */
+  int perm[NF_MAX_RANK], permuted = 0;
+  if (rf < 0) {
+    int vd = -1, nvd = 0;
+    for (int i = c + 1; i < n.n; i++)
+      if (n.l[i].kind == NF_LOOP_VECTOR)
+        for (int d = 0; d < rank; d++)
+          if (uses_var(tidx[d], n.l[i].var)) vd = d, nvd++;
+    if (nvd == 1 && vd != rank - 1) {
+      int k = 0;
+      for (int d = 0; d < rank; d++)
+        if (d != vd) perm[k++] = d;
+      perm[k] = vd;
+      permuted = 1;
+      int64_t ps[NF_MAX_RANK];
+      for (int d = 0; d < rank; d++) ps[d] = tshape[perm[d]];
+      memcpy(tshape, ps, (size_t)rank * sizeof ps[0]);
+    }
+  }
   if (rf >= 0) tshape[rank] = rf_ext;
   char tname[NF_SCHED_NAME + 16];
   snprintf(tname, sizeof tname, "%s_tile", t->name ? t->name : "t");
   int tb = add_buf(L, tname, t->dtype, NF_BUF_TEMP, rank + (rf >= 0), tshape, -1);
   if (tb < 0) return NF_ENOMEM;
   wb_ctx w = {.tile = (uint32_t)tb, .out = ob, .rank = rank, .orig = oidx, .n = &n, .c = c,
-              .idv = idv, .rf_ext = rf_ext, .red = st->red};
+              .idv = idv, .rf_ext = rf_ext, .red = st->red, .perm = permuted ? perm : NULL};
   /* init: the identity, or (reduction loops outside the tile: the tile
    * continues the output's partial sums) the output's current values */
   int red_out = 0;
