@@ -419,6 +419,29 @@ START_TEST(cache_better_rule) {
   nf_cache_stats s = stats(c);
   ck_assert_int_eq(s.entries, 1);
   ck_assert_int_eq(s.tier2, 1);
+  /* an unmeasured tier-1 entry that no job tuned (trials 0), then the
+   * same kernel as a tuning job's final word (it overran its budget before
+   * measuring anything: trials 1): the second replaces the first, so that
+   * the key counts as tuned; a third, untuned again, does not */
+  nf_cache_entry u;
+  uint8_t u_key[32];
+  mk_entry(&u, 2, 1, 0, CG, 100);
+  memcpy(u_key, u.key, 32);
+  int stored = -1;
+  u.trials = 0;
+  ck_assert_int_eq(nf_cache_put(c, &u, &stored, NULL), NF_OK);
+  ck_assert_int_eq(stored, 1);
+  u.trials = 1;
+  ck_assert_int_eq(nf_cache_put(c, &u, &stored, NULL), NF_OK);
+  ck_assert_int_eq(stored, 1);
+  u.trials = 0;
+  ck_assert_int_eq(nf_cache_put(c, &u, &stored, NULL), NF_OK);
+  ck_assert_int_eq(stored, 0);
+  nf_cache_entry_free(&u);
+  ck_assert_int_eq(get_st(c, 2, &g), NF_OK);
+  ck_assert_int_eq(g.trials, 1);
+  ck_assert(memcmp(g.key, u_key, 32) == 0);
+  nf_cache_entry_free(&g);
   nf_cache_close(c);
   rm_dir(d);
 }

@@ -156,9 +156,14 @@ void nf_cache_make_key(const uint8_t graph_hash[32], const uint8_t target[32],
   crypto_hash_sha256_final(&s, key);
 }
 
-int nf__cache_better(int tier, double time_ms, int old_tier, double old_ms) {
+int nf__cache_better(int tier, double time_ms, int64_t trials, int old_tier, double old_ms,
+                     int64_t old_trials) {
   if (tier != old_tier) return tier > old_tier;
-  if (!(time_ms > 0)) return 0; /* unmeasured never replaces anything */
+  /* unmeasured never replaces a measured entry; between two unmeasured
+   * ones, the one a tuning job ended with (trials > 0: the job gave up,
+   * say over its time budget, and kept this kernel) replaces one that no
+   * job has tuned, so that the key is not tuned again by every session */
+  if (!(time_ms > 0)) return !(old_ms > 0) && trials > 0 && old_trials <= 0;
   if (!(old_ms > 0)) return 1;
   return time_ms < old_ms;
 }
@@ -924,6 +929,7 @@ int nf__cache_put_tx(nf_cache *c, const nf_cache_entry *e, const int64_t times[4
   sqlite3_bind_blob(st, 1, e->key, 32, SQLITE_STATIC);
   int s = sqlite3_step(st), exists = 0, old_tier = 0;
   double old_ms = 0;
+  int64_t old_trials = 0;
   int64_t old_len = 0, rowid = 0;
   const char *why = NULL;
   char reason[160];
@@ -934,6 +940,7 @@ int nf__cache_put_tx(nf_cache *c, const nf_cache_entry *e, const int64_t times[4
       exists = 1;
       old_tier = (int)sqlite3_column_int64(st, 6);
       old_ms = sqlite3_column_double(st, 8);
+      old_trials = sqlite3_column_int64(st, 10);
       old_len = sqlite3_column_bytes(st, 11);
     }
   } else if ((s & 0xff) == SQLITE_CORRUPT || (s & 0xff) == SQLITE_NOTADB) {
@@ -949,7 +956,8 @@ int nf__cache_put_tx(nf_cache *c, const nf_cache_entry *e, const int64_t times[4
     rc = nf__cache_quarantine_tx(c, e->key, rowid, reason, err);
     if (rc != NF_OK) return rc;
   }
-  if (exists && !nf__cache_better(e->tier, e->time_ms, old_tier, old_ms)) return NF_OK;
+  if (exists && !nf__cache_better(e->tier, e->time_ms, e->trials, old_tier, old_ms, old_trials))
+    return NF_OK;
 
   if (c->soft_cap > 0 || c->hard_cap > 0) {
     int64_t total = 0;

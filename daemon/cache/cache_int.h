@@ -82,9 +82,12 @@ int nf__cache_fill_entry(sqlite3_stmt *st, nf_cache_entry *e);
  * key = its parts, digest.  NULL when acceptable, else the reason. */
 const char *nf__cache_check_entry(const nf_cache_entry *e);
 
-/* Whether an entry of (tier, time_ms) should replace one of
- * (old_tier, old_ms): a higher tier wins, then a lower measured time. */
-int nf__cache_better(int tier, double time_ms, int old_tier, double old_ms);
+/* Whether an entry of (tier, time_ms, trials) should replace one of
+ * (old_tier, old_ms, old_trials): a higher tier wins, then a lower
+ * measured time; an unmeasured entry replaces only an unmeasured one that
+ * no tuning job ended with (trials > 0 against 0). */
+int nf__cache_better(int tier, double time_ms, int64_t trials, int old_tier, double old_ms,
+                     int64_t old_trials);
 
 /* Moves the entry at rowid (or, when rowid <= 0, the one of key) into
  * the quarantine table with reason, inside the open transaction. */
