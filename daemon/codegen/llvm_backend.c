@@ -1568,12 +1568,8 @@ static void emit_loop(cg *g, const nf_lstmt *s) {
       g->mask = NULL;
       g->n_memo = 0;
       f->var[s->var] = c64(g, off);
-      if (w >= 2) {
-        emit_body(g, s);
-      } else {
-        g->W = 0; /* one lane left: scalar */
-        emit_body(g, s);
-      }
+      if (w < 2) g->W = 0; /* one lane left: scalar */
+      emit_body(g, s);
       off += w;
     }
     f->var[s->var] = saved;
