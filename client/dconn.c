@@ -49,6 +49,20 @@ void nf_dconn_host_target(Neoflow__Target *t, uint8_t fp[32], char desc[256]) {
   t->description = desc;
 }
 
+void nf_dconn_cuda_target(Neoflow__Target *t, int sm, const char *name, uint8_t fp[32],
+                          char desc[256]) {
+  nf_host_target h;
+  nf_cuda_target_make(sm, name, &h);
+  memcpy(fp, h.fingerprint, 32);
+  snprintf(desc, 256, "%s", name ? name : "");
+  neoflow__target__init(t);
+  t->kind = NEOFLOW__TARGET_KIND__TARGET_CUDA;
+  t->fingerprint.data = fp;
+  t->fingerprint.len = 32;
+  t->description = desc;
+  t->cuda_sm = sm > 0 ? (uint32_t)sm : 0;
+}
+
 static int wait_fd(int fd, short ev, int timeout_ms) {
   struct pollfd p = {.fd = fd, .events = ev};
   int r;
@@ -195,7 +209,10 @@ static int handshake(nf_dconn *c, const nf_dconn_opts *o, int timeout_ms, const 
   Neoflow__Target t;
   uint8_t fp[32];
   char desc[256];
-  nf_dconn_host_target(&t, fp, desc);
+  if (o->cuda_sm > 0)
+    nf_dconn_cuda_target(&t, o->cuda_sm, o->cuda_name, fp, desc);
+  else
+    nf_dconn_host_target(&t, fp, desc);
   Neoflow__Hello h = NEOFLOW__HELLO__INIT;
   h.protocol_min = o->protocol_min ? (uint32_t)o->protocol_min : NF_WIRE_PROTOCOL_MIN;
   h.protocol_max = o->protocol_max ? (uint32_t)o->protocol_max : NF_WIRE_PROTOCOL_MAX;

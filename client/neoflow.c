@@ -716,7 +716,7 @@ static int lower_graph_for(const opts *o, const nf_graph *g, nf_ir_ctx *ctx, nf_
   if (read_schedule(o, &sch)) return 1;
   nf_buf err = NF_BUF_INIT;
   int rc = NF_OK;
-  if (!sch && (gpu || cuda_target(o, &sm) == 1)) rc = nf_schedule_default_gpu(g, 256, &sch);
+  if (!sch && (gpu || cuda_target(o, &sm) == 1)) rc = nf_schedule_default_gpu(g, NF_GPU_DEFAULT_THREADS, &sch);
   if (rc == NF_OK) rc = nf_lower(g, sch, ctx, p, &err);
   if (rc) fprintf(stderr, "%s: error: cannot lower %s: %s\n", o->schedule ? o->schedule : o->file,
                   o->def, nf_buf_str(&err));

@@ -28,6 +28,9 @@ typedef struct nf_dconn_opts {
   const char *client_name; /* shown by `neoflow status` */
   int timeout_ms;          /* connect and handshake; 0: 5000 */
   int protocol_min, protocol_max; /* 0: this build's range (tests vary it) */
+  int cuda_sm;             /* > 0: kernels for this GPU architecture (a CUDA
+                              target), not for this machine's CPU */
+  const char *cuda_name;   /* the GPU's name as the driver reports it */
 } nf_dconn_opts;
 
 /* Connects and completes the handshake.  NF_OK with *out; NF_EIO (cannot
@@ -38,7 +41,9 @@ int nf_dconn_open(const nf_dconn_opts *o, nf_dconn **out, nf_buf *err);
 void nf_dconn_close(nf_dconn *c);
 /* The Welcome's fields. */
 uint64_t nf_dconn_session(const nf_dconn *c);
-int nf_dconn_same_target(const nf_dconn *c); /* the daemon compiles for this machine */
+/* the daemon compiles for the target asked for (this machine's CPU, or
+ * opts.cuda_sm) */
+int nf_dconn_same_target(const nf_dconn *c);
 const char *nf_dconn_daemon_target(const nf_dconn *c);
 int nf_dconn_fd(const nf_dconn *c);
 
@@ -72,5 +77,8 @@ int nf_dconn_next_kernel(nf_dconn *c, uint64_t request_id, int timeout_ms,
 
 /* The wire form of this machine's target (CPU fingerprint). */
 void nf_dconn_host_target(Neoflow__Target *t, uint8_t fp[32], char desc[256]);
+/* The wire form of a GPU target (nf_cuda_target_make); name NULL is "". */
+void nf_dconn_cuda_target(Neoflow__Target *t, int sm, const char *name, uint8_t fp[32],
+                          char desc[256]);
 
 #endif

@@ -27,6 +27,14 @@ typedef struct nf_host_target {
                             word to fit */
 } nf_host_target;
 
+/* A GPU target: the fingerprint is SHA-256 over
+ *   "neoflow-target-v1 cuda\n" "sm_" sm "\n" name
+ * where name is the device's name as the driver reports it ("NVIDIA
+ * H200"): one architecture with another SM count or memory is another
+ * key.  The description is "cuda sm_<sm> <name>" (name truncated to
+ * fit).  name NULL counts as "". */
+void nf_cuda_target_make(int sm, const char *name, nf_host_target *t);
+
 /* Fills *t for this machine (cached after the first call; thread-safe).
  * Never fails: missing /proc/cpuinfo yields a fingerprint of what uname
  * and sysconf say. */

@@ -216,6 +216,20 @@ void nf__host_target_from(const char *cpuinfo, const char *arch, long n_cpus,
 
 /* ---- this host, once ---- */
 
+void nf_cuda_target_make(int sm, const char *name, nf_host_target *t) {
+  int sr = sodium_init();
+  NF_ASSERT(sr >= 0);
+  if (!name) name = "";
+  char head[64];
+  snprintf(head, sizeof head, "neoflow-target-v1 cuda\nsm_%d\n", sm);
+  crypto_hash_sha256_state st;
+  crypto_hash_sha256_init(&st);
+  hash_str(&st, head);
+  hash_str(&st, name);
+  crypto_hash_sha256_final(&st, t->fingerprint);
+  snprintf(t->description, sizeof t->description, "cuda sm_%d %s", sm, name);
+}
+
 static nf_host_target host_target;
 static pthread_once_t host_once = PTHREAD_ONCE_INIT;
 

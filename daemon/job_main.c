@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "nf_codegen.h"
+#include "nf_cuda.h"
 #include "nf_features.h"
 #include "nf_lower.h"
 #include "nf_search.h"
@@ -44,6 +45,7 @@ typedef struct job {
   double sent_ms; /* best improvement streamed so far */
   const nf_graph *g;
   nf_cpu_target target;
+  int cuda_sm; /* 0: the CPU; else a CUDA bundle for this architecture */
 } job;
 
 static double now_s(void) {
@@ -76,15 +78,34 @@ static void emit_error(job *J, int code, const char *fmt, ...) {
   emit(J, &ev);
 }
 
-/* Compiles g with schedule s (NULL: the default).  NF_OK with *so. */
+/* Compiles g with schedule s (NULL: the default): a CPU shared object,
+ * or for a GPU target a CUDA bundle (nf_cuda_plan.h).  NF_OK with *so. */
 static int compile(job *J, const nf_schedule *s, nf_blob *so, nf_buf *err) {
   nf_ir_ctx *ctx = nf_ir_ctx_new();
   if (!ctx) return NF_ENOMEM;
   nf_lprog *p = NULL;
   int rc = nf_lower(J->g, s, ctx, &p, err);
-  if (rc == NF_OK) rc = nf_cpu_compile(p, &J->target, so, NULL, err);
+  if (rc == NF_OK && J->cuda_sm) {
+    nf_buf b = NF_BUF_INIT;
+    rc = nf_cuda_compile_bundle(p, J->cuda_sm, &b, NULL, err);
+    nf_blob_free(so);
+    if (rc == NF_OK) {
+      so->data = (uint8_t *)b.data; /* taken over */
+      so->len = b.len;
+    } else {
+      nf_buf_free(&b);
+    }
+  } else if (rc == NF_OK) {
+    rc = nf_cpu_compile(p, &J->target, so, NULL, err);
+  }
   nf_ir_ctx_free(ctx);
   return rc;
+}
+
+/* The default schedule of the job's target. */
+static int default_schedule(job *J, nf_schedule **s) {
+  return J->cuda_sm ? nf_schedule_default_gpu(J->g, NF_GPU_DEFAULT_THREADS, s)
+                    : nf_schedule_default(J->g, s);
 }
 
 static void emit_kernel(job *J, int tier, const char *schedule, double ms, double default_ms,
@@ -177,9 +198,14 @@ static int code_of(int rc) {
 
 static void run(job *J, const Neoflow__JobRequest *rq) {
   nf_buf err = NF_BUF_INIT;
-  if (rq->mode == NEOFLOW__MODE__MODE_COMPILE) {
+  /* GPU targets: the default schedule's kernel only.  Tuning needs
+   * measurement on the GPU, in a worker that owns a CUDA context, which
+   * this job process does not have yet (docs/gpu.md): a tuning request
+   * gets the default kernel as its final answer, unmeasured (trials 0,
+   * so the key stays untuned in the cache). */
+  if (rq->mode == NEOFLOW__MODE__MODE_COMPILE || J->cuda_sm) {
     nf_schedule *s = NULL;
-    int rc = nf_schedule_default(J->g, &s);
+    int rc = default_schedule(J, &s);
     nf_blob so = NF_BLOB_INIT;
     if (rc == NF_OK) rc = compile(J, s, &so, &err);
     if (rc == NF_OK) {
@@ -313,6 +339,7 @@ int nfd_job_main(void) {
     emit_error(&J, NEOFLOW__ERROR_CODE__ERR_INVALID_GRAPH, "job graph: %s", nf_buf_str(&err));
   } else {
     J.g = g;
+    J.cuda_sm = (int)rq->cuda_sm;
     run(&J, rq);
   }
   Neoflow__Goodbye done = NEOFLOW__GOODBYE__INIT;

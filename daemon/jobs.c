@@ -40,6 +40,7 @@ struct nfd_job {
   nfd_job *prev, *next;
   nfd_server *S;
   uint8_t key[32], graph_hash[32];
+  nfd_target target;
   char name[NF_WIRE_NAME_MAX + 1];
   uint8_t *graph_pb;
   size_t graph_len;
@@ -231,10 +232,10 @@ static void deliver(nfd_job *j, nfd_kernel *k, int final) {
       memset(&e, 0, sizeof e);
       memcpy(e.key, j->key, 32);
       memcpy(e.graph_hash, j->graph_hash, 32);
-      memcpy(e.target, S->target.fingerprint, 32);
-      e.codegen = S->codegen_version;
+      memcpy(e.target, j->target.fingerprint, 32);
+      e.codegen = j->target.codegen;
       e.graph_name = j->name;
-      e.target_desc = S->target.description;
+      e.target_desc = j->target.description;
       e.tier = tier;
       e.schedule = k->schedule;
       e.time_ms = k->time_ms;
@@ -465,6 +466,7 @@ static int start_job(nfd_job *j) {
    * of this machine's cores */
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
   rq.threads = ncpu > 0 ? (uint32_t)ncpu : 1;
+  rq.cuda_sm = (uint32_t)j->target.cuda_sm;
   nf_cache_record *prior = NULL;
   size_t n_prior = 0;
   if (tune) add_prior(j, &rq, &prior, &n_prior);
@@ -578,6 +580,7 @@ int nfd_job_subscribe(nfd_server *S, nfd_req *r, const uint8_t graph_hash[32],
     j->graph_len = graph_len;
     j->S = S;
     memcpy(j->key, r->key, 32);
+    j->target = r->target; /* the key covers it: every subscriber's is the same */
     memcpy(j->graph_hash, graph_hash, 32);
     snprintf(j->name, sizeof j->name, "%s", graph_name ? graph_name : "");
     j->phase = have_tier1 ? PH_QUEUED_TUNE : PH_QUEUED_COMPILE;

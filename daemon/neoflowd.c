@@ -19,6 +19,7 @@
 
 #include "nf_codegen.h"
 #include "nf_config.h"
+#include "nf_cuda.h"
 #include "nf_wire_auth.h"
 #include "nfd_int.h"
 #include "nfd_net.h"
@@ -286,6 +287,7 @@ int main(int argc, char **argv) {
   S.exe_path[n] = 0;
   nf_host_target_get(&S.target);
   nf_cpu_codegen_version(S.codegen_version, sizeof S.codegen_version);
+  nf_cuda_codegen_version(S.cuda_codegen, sizeof S.cuda_codegen);
 
   /* the cache first: the writer's lock names a daemon already running;
    * then the event loop's own read-only handle */

@@ -73,6 +73,16 @@ nfd_kernel *nfd_kernel_new(const uint8_t key[32], int tier, const char *schedule
 void nfd_kernel_ref(nfd_kernel *k);
 void nfd_kernel_unref(nfd_kernel *k);
 
+/* ---- targets ----
+ * What a session's kernels are for: this machine's CPU (cuda_sm 0), or
+ * the client's GPU (compiled here with NVRTC, which needs no device). */
+typedef struct nfd_target {
+  int cuda_sm;              /* 0: the host CPU */
+  uint8_t fingerprint[32];  /* in the cache key */
+  char description[256];
+  char codegen[128];        /* the code generator's version, in the key */
+} nfd_target;
+
 /* ---- requests ---- */
 struct nfd_req {
   nfd_req *next_in_conn, *next_in_job;
@@ -82,6 +92,7 @@ struct nfd_req {
   int mode;           /* Neoflow__Mode */
   double step_ms;     /* reported by the client (StepTimes) */
   uint8_t key[32];
+  nfd_target target;  /* the session's */
   int got_tier;       /* best kernel delivered so far */
   double got_ms;
 };
@@ -172,7 +183,8 @@ struct nfd_server {
   nf_cache *cache;           /* reads (the event loop) */
   nfd_writer *writer;        /* writes (its own thread and handle) */
   nf_host_target target;
-  char codegen_version[128];
+  char codegen_version[128]; /* the CPU code generator's */
+  char cuda_codegen[128];    /* the CUDA one's */
   char exe_path[4096];       /* this binary, for `--job` processes */
   uint8_t tcp_key[32];
   int have_tcp_key;

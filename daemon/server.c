@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "nf_config.h"
+#include "nf_cuda.h"
 #include "nf_ir.h"
 #include "nf_wire_auth.h"
 #include "nfd_int.h"
@@ -60,6 +61,7 @@ struct nfd_conn {
   int tcp;
   int state;
   int target_ok;
+  nfd_target target; /* what the session compiles for (target_ok) */
   uid_t uid;
   pid_t pid;
   char name[NF_WIRE_NAME_MAX + 1];
@@ -413,8 +415,8 @@ static void on_submit(nfd_conn *c, const Neoflow__Submit *s) {
   }
   if (!c->target_ok) {
     nfd_conn_error(c, id, NEOFLOW__ERROR_CODE__ERR_UNSUPPORTED_TARGET, 0,
-                   "submit: this daemon compiles for %s, not for the client's machine "
-                   "(target fingerprints differ)",
+                   "submit: this daemon compiles for %s or a GPU it has NVRTC for, not for "
+                   "the client's target (see the daemon's log for the handshake)",
                    S->target.description);
     return;
   }
@@ -439,7 +441,7 @@ static void on_submit(nfd_conn *c, const Neoflow__Submit *s) {
     return;
   }
   nf_ir_ctx_free(ctx);
-  nf_cache_make_key(ghash, S->target.fingerprint, S->codegen_version, key);
+  nf_cache_make_key(ghash, c->target.fingerprint, c->target.codegen, key);
 
   nfd_req *r = calloc(1, sizeof *r);
   if (!r) {
@@ -451,6 +453,7 @@ static void on_submit(nfd_conn *c, const Neoflow__Submit *s) {
   r->id = id;
   r->mode = s->mode;
   memcpy(r->key, key, 32);
+  r->target = c->target;
   r->next_in_conn = c->reqs;
   c->reqs = r;
   c->n_reqs++;
@@ -587,6 +590,55 @@ static void on_status(nfd_conn *c) {
   free(cp);
 }
 
+/* Whether the client's target t is one this daemon compiles for: this
+ * machine's CPU (the same fingerprint), or a GPU architecture this
+ * build's NVRTC knows, whose fingerprint is consistent with its sm and
+ * device name (nf_cuda_target_make).  Fills *out; why says what is not. */
+static int hello_target(nfd_server *S, const Neoflow__Target *t, nfd_target *out, char *why,
+                        size_t cap) {
+  memset(out, 0, sizeof *out);
+  if (!t || t->fingerprint.len != 32) {
+    snprintf(why, cap, "the client sent no target fingerprint");
+    return 0;
+  }
+  if (t->kind == NEOFLOW__TARGET_KIND__TARGET_CPU) {
+    if (memcmp(t->fingerprint.data, S->target.fingerprint, 32) != 0) {
+      snprintf(why, cap, "another CPU (%s)", t->description ? t->description : "?");
+      return 0;
+    }
+    memcpy(out->fingerprint, S->target.fingerprint, 32);
+    snprintf(out->description, sizeof out->description, "%s", S->target.description);
+    snprintf(out->codegen, sizeof out->codegen, "%s", S->codegen_version);
+    return 1;
+  }
+  if (t->kind != NEOFLOW__TARGET_KIND__TARGET_CUDA) {
+    snprintf(why, cap, "an unknown target kind %d", (int)t->kind);
+    return 0;
+  }
+  if (t->cuda_sm < 10 || t->cuda_sm > 10000) {
+    snprintf(why, cap, "a CUDA target without a valid architecture (sm %u)", t->cuda_sm);
+    return 0;
+  }
+  nf_host_target ct;
+  nf_cuda_target_make((int)t->cuda_sm, t->description, &ct);
+  if (memcmp(ct.fingerprint, t->fingerprint.data, 32) != 0) {
+    snprintf(why, cap, "a CUDA target whose fingerprint does not match its sm and device name");
+    return 0;
+  }
+  nf_buf w = NF_BUF_INIT;
+  if (!nf_cuda_sm_supported((int)t->cuda_sm, &w)) {
+    snprintf(why, cap, "%s", nf_buf_str(&w));
+    nf_buf_free(&w);
+    return 0;
+  }
+  nf_buf_free(&w);
+  out->cuda_sm = (int)t->cuda_sm;
+  memcpy(out->fingerprint, ct.fingerprint, 32);
+  snprintf(out->description, sizeof out->description, "%s", ct.description);
+  snprintf(out->codegen, sizeof out->codegen, "%s", S->cuda_codegen);
+  return 1;
+}
+
 static void on_hello(nfd_conn *c, const Neoflow__Hello *h) {
   nfd_server *S = c->S;
   uint32_t lo = h->protocol_min > NF_WIRE_PROTOCOL_MIN ? h->protocol_min : NF_WIRE_PROTOCOL_MIN;
@@ -619,17 +671,19 @@ static void on_hello(nfd_conn *c, const Neoflow__Hello *h) {
   }
   snprintf(c->name, sizeof c->name, "%s", h->client_name ? h->client_name : "");
   if (c->tcp) c->pid = (pid_t)h->pid; /* a claim, for display only */
-  c->target_ok = h->target && h->target->kind == NEOFLOW__TARGET_KIND__TARGET_CPU &&
-                 h->target->fingerprint.len == 32 &&
-                 memcmp(h->target->fingerprint.data, S->target.fingerprint, 32) == 0;
+  char why[NF_WIRE_TEXT_MAX] = "";
+  c->target_ok = hello_target(S, h->target, &c->target, why, sizeof why);
   c->state = ST_READY;
   nf_frame_reader_set_max(&c->rd, NF_WIRE_FRAME_MAX);
 
+  /* the session's target when it is served, else this machine's CPU */
   Neoflow__Target t = NEOFLOW__TARGET__INIT;
-  t.kind = NEOFLOW__TARGET_KIND__TARGET_CPU;
-  t.fingerprint.data = S->target.fingerprint;
+  int gpu = c->target_ok && c->target.cuda_sm > 0;
+  t.kind = gpu ? NEOFLOW__TARGET_KIND__TARGET_CUDA : NEOFLOW__TARGET_KIND__TARGET_CPU;
+  t.fingerprint.data = gpu ? c->target.fingerprint : S->target.fingerprint;
   t.fingerprint.len = 32;
-  t.description = S->target.description;
+  t.description = gpu ? h->target->description : S->target.description;
+  t.cuda_sm = gpu ? (uint32_t)c->target.cuda_sm : 0;
   Neoflow__Welcome w = NEOFLOW__WELCOME__INIT;
   w.protocol = hi;
   w.daemon_version = (char *)NF_VERSION;
@@ -645,7 +699,12 @@ static void on_hello(nfd_conn *c, const Neoflow__Hello *h) {
   nfd_conn_send(c, &m);
   NFD_INFO("session %llu: %s (pid %d, uid %u) over %s%s", (unsigned long long)c->session, c->name,
            (int)c->pid, (unsigned)c->uid, c->tcp ? "tcp" : "unix",
-           c->target_ok ? "" : ", other target: status only");
+           c->target_ok ? (c->target.cuda_sm ? ", a GPU" : "") : ", other target: status only");
+  if (!c->target_ok)
+    NFD_INFO("session %llu: target not served: %s", (unsigned long long)c->session, why);
+  else if (c->target.cuda_sm)
+    NFD_INFO("session %llu: compiles for %s", (unsigned long long)c->session,
+             c->target.description);
 }
 
 /* One complete frame from c. */

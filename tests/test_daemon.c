@@ -51,6 +51,8 @@
 
 #include "nf_cache.h"
 #include "nf_codegen.h"
+#include "nf_cuda.h"
+#include "nf_cuda_plan.h"
 #include "nf_target.h"
 #include "nf_dconn.h"
 #include "nf_exec.h"
@@ -364,6 +366,149 @@ START_TEST(daemon_compile_then_hit_and_restart) {
   nf_dkernel_free(&k1);
   nf_dkernel_free(&k2);
   nf_dkernel_free(&k3);
+  nf_wire_graph_free(pg);
+  ck_assert_int_eq(dm_stop(&d, SIGTERM), 0);
+  dm_done(&d);
+}
+END_TEST
+
+/* A GPU session: the daemon compiles the client's subgraphs for its GPU
+ * with NVRTC (no device needed) and sends CUDA bundles, keyed apart from
+ * the CPU's kernels; an architecture NVRTC cannot build for, or a
+ * fingerprint that does not match its sm and name, is not served. */
+static nf_dconn *open_gpu_client(dm *d, int sm, const char *name) {
+  nf_buf err = NF_BUF_INIT;
+  nf_dconn *c = NULL;
+  nf_dconn_opts o = {.address = d->sock, .client_name = "gpu", .timeout_ms = 10000,
+                     .cuda_sm = sm, .cuda_name = name};
+  int rc = nf_dconn_open(&o, &c, &err);
+  ck_assert_msg(rc == NF_OK, "connect: %s", nf_buf_str(&err));
+  nf_buf_free(&err);
+  return c;
+}
+
+static void check_bundle(const nf_dkernel *k, int sm) {
+  nf_cuda_bundle b;
+  nf_buf err = NF_BUF_INIT;
+  ck_assert_msg(nf_cuda_bundle_decode(k->binary, k->len, &b, &err) == NF_OK, "bundle: %s",
+                nf_buf_str(&err));
+  ck_assert_int_eq(b.sm, sm);
+  ck_assert_int_eq(b.image_kind, NF_CUDA_IMAGE_CUBIN);
+  ck_assert_uint_eq(b.plan.n_args, 3);
+  ck_assert_int_ge(b.plan.n_launches, 1);
+  ck_assert_str_eq(b.plan.launches[0].name, "nf_k0");
+  /* a cubin: an ELF for the CUDA machine (EM_CUDA = 190) */
+  ck_assert_uint_gt(b.image_len, 20);
+  ck_assert(memcmp(b.image, "\x7f" "ELF", 4) == 0);
+  ck_assert_int_eq(b.image[18] | b.image[19] << 8, 190);
+  ck_assert_uint_gt(b.source_len, 0);
+  ck_assert_ptr_nonnull(memmem(b.source, b.source_len, "nf_k0", 5));
+  nf_cuda_bundle_free(&b);
+  nf_buf_free(&err);
+}
+
+START_TEST(daemon_cuda_target) {
+  dm d;
+  dm_init(&d);
+  dm_config(&d, NULL);
+  dm_start(&d);
+  Neoflow__Graph *pg = mm_wire(40);
+  nf_buf why = NF_BUF_INIT;
+  if (!nf_cuda_available(&why)) {
+    /* a build without NVRTC serves no GPU session */
+    nf_dconn *c = open_gpu_client(&d, 90, "NVIDIA H200");
+    ck_assert(!nf_dconn_same_target(c));
+    nf_dconn_close(c);
+  } else {
+    nf_dconn *c = open_gpu_client(&d, 90, "NVIDIA H200");
+    ck_assert(nf_dconn_same_target(c));
+    submit(c, 1, pg, NEOFLOW__MODE__MODE_TUNE, 4);
+    nf_dkernel k1, k2, k3;
+    final_kernel(c, 1, &k1, NULL);
+    ck_assert_int_eq(k1.tier, 1);
+    ck_assert(!is_elf(&k1));
+    check_bundle(&k1, 90);
+    /* the CPU's kernel of the same graph is another key */
+    nf_dconn *cpu = open_client(&d, "cpu");
+    submit(cpu, 1, pg, NEOFLOW__MODE__MODE_COMPILE, 0);
+    final_kernel(cpu, 1, &k2, NULL);
+    ck_assert(is_elf(&k2));
+    ck_assert(memcmp(k1.key, k2.key, 32) != 0);
+    nf_dconn_close(cpu);
+    ck_assert_uint_eq(wait_entries(c, 2), 2);
+    nf_dconn_close(c);
+    /* another GPU model of the same architecture: another key; the same
+     * one again: a cache hit, the same bytes */
+    c = open_gpu_client(&d, 90, "NVIDIA H100 80GB HBM3");
+    submit(c, 2, pg, NEOFLOW__MODE__MODE_COMPILE, 0);
+    final_kernel(c, 2, &k3, NULL);
+    ck_assert(memcmp(k1.key, k3.key, 32) != 0);
+    nf_dkernel_free(&k3);
+    nf_dconn_close(c);
+    c = open_gpu_client(&d, 90, "NVIDIA H200");
+    submit(c, 3, pg, NEOFLOW__MODE__MODE_COMPILE, 0);
+    final_kernel(c, 3, &k3, NULL);
+    ck_assert(memcmp(k1.key, k3.key, 32) == 0);
+    ck_assert_uint_eq(k3.len, k1.len);
+    ck_assert(memcmp(k1.binary, k3.binary, k1.len) == 0);
+    Neoflow__ServerMessage *hold;
+    Neoflow__StatusReply *st = status_of(c, &hold);
+    ck_assert_uint_eq(st->cache_hits, 1);
+    nf_wire_free_server(hold);
+    nf_dconn_close(c);
+    /* sm_80 gets its own cubin */
+    c = open_gpu_client(&d, 80, "NVIDIA A100-SXM4-80GB");
+    submit(c, 4, pg, NEOFLOW__MODE__MODE_COMPILE, 0);
+    final_kernel(c, 4, &k3, NULL);
+    check_bundle(&k3, 80);
+    nf_dkernel_free(&k3);
+    nf_dconn_close(c);
+    nf_dkernel_free(&k1);
+    nf_dkernel_free(&k2);
+  }
+  /* an architecture older than NVRTC builds for: a session for status only */
+  nf_dconn *c = open_gpu_client(&d, 30, "GeForce GTX 680");
+  ck_assert(!nf_dconn_same_target(c));
+  submit(c, 5, pg, NEOFLOW__MODE__MODE_COMPILE, 0);
+  nf_dkernel k;
+  nf_buf err = NF_BUF_INIT;
+  int code = 0;
+  ck_assert_int_eq(nf_dconn_next_kernel(c, 5, 10000, NULL, NULL, &k, &code, &err), NF_EINVAL);
+  ck_assert_int_eq(code, NEOFLOW__ERROR_CODE__ERR_UNSUPPORTED_TARGET);
+  nf_dconn_close(c);
+  /* a CUDA target whose fingerprint is not that of its sm and name */
+  int fd = try_connect(d.sock);
+  ck_assert_int_ge(fd, 0);
+  Neoflow__Target t;
+  uint8_t fp[32];
+  char desc[256];
+  nf_dconn_cuda_target(&t, 90, "NVIDIA H200", fp, desc);
+  fp[0] ^= 1;
+  Neoflow__Hello h = NEOFLOW__HELLO__INIT;
+  h.protocol_min = NF_WIRE_PROTOCOL_MIN;
+  h.protocol_max = NF_WIRE_PROTOCOL_MAX;
+  h.client_name = (char *)"forged";
+  h.target = &t;
+  Neoflow__ClientMessage m = NEOFLOW__CLIENT_MESSAGE__INIT;
+  m.msg_case = NEOFLOW__CLIENT_MESSAGE__MSG_HELLO;
+  m.hello = &h;
+  raw_frame(fd, &m.base);
+  Neoflow__ServerMessage *w = raw_recv(fd, 10000);
+  ck_assert_ptr_nonnull(w);
+  ck_assert_int_eq(w->msg_case, NEOFLOW__SERVER_MESSAGE__MSG_WELCOME);
+  ck_assert_int_eq(w->welcome->target->kind, NEOFLOW__TARGET_KIND__TARGET_CPU);
+  nf_wire_free_server(w);
+  Neoflow__Submit sb = NEOFLOW__SUBMIT__INIT;
+  sb.request_id = 6;
+  sb.graph = pg;
+  Neoflow__ClientMessage ms = NEOFLOW__CLIENT_MESSAGE__INIT;
+  ms.msg_case = NEOFLOW__CLIENT_MESSAGE__MSG_SUBMIT;
+  ms.submit = &sb;
+  raw_frame(fd, &ms.base);
+  expect_error(fd, NEOFLOW__ERROR_CODE__ERR_UNSUPPORTED_TARGET, 0);
+  close(fd);
+  nf_buf_free(&err);
+  nf_buf_free(&why);
   nf_wire_graph_free(pg);
   ck_assert_int_eq(dm_stop(&d, SIGTERM), 0);
   dm_done(&d);
@@ -1297,6 +1442,10 @@ static Suite *suite(void) {
   tcase_add_test(tc, daemon_fd_exhaustion);
   tcase_add_test(tc, daemon_cache_locked_elsewhere);
   suite_add_tcase(s, tc);
+  TCase *gpu = tcase_create("cuda"); /* CK_RUN_CASE=cuda runs it alone */
+  tcase_set_timeout(gpu, 300);
+  tcase_add_test(gpu, daemon_cuda_target);
+  suite_add_tcase(s, gpu);
   return s;
 }
 

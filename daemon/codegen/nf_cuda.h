@@ -82,4 +82,14 @@ typedef struct nf_cuda_stats {
 int nf_cuda_compile(const nf_lprog *p, int sm, nf_blob *image, nf_cuda_plan *plan,
                     nf_buf *source, nf_cuda_stats *stats, nf_buf *err);
 
+/* Whether this build's NVRTC can make an image that runs on sm (a cubin,
+ * or PTX for an architecture newer than it knows); when not, why
+ * (appended to why, may be NULL). */
+int nf_cuda_sm_supported(int sm, nf_buf *why);
+
+/* nf_cuda_compile, then the bundle of plan, image and source
+ * (nf_cuda_plan.h) appended to bundle.  Same statuses. */
+int nf_cuda_compile_bundle(const nf_lprog *p, int sm, nf_buf *bundle, nf_cuda_stats *stats,
+                           nf_buf *err);
+
 #endif

@@ -94,6 +94,7 @@ int nf_schedule_default(const nf_graph *g, nf_schedule **out);
  * output element, blocks of `block` threads, 256 when out of 32..1024):
  * docs/schedules.md.  For the CUDA backend (nf_cuda.h). */
 int nf_schedule_default_gpu(const nf_graph *g, int block, nf_schedule **out);
+#define NF_GPU_DEFAULT_THREADS 256 /* the block size of the tier-1 GPU kernels */
 /* A random legal schedule of g from seed (for tests and search): every
  * primitive is kept only if lowering accepts it. */
 int nf_schedule_random(const nf_graph *g, uint64_t seed, nf_schedule **out);

@@ -142,6 +142,18 @@ int nf_cuda_compile(const nf_lprog *p, int sm, nf_blob *image, nf_cuda_plan *pla
   return rc;
 }
 
+int nf_cuda_sm_supported(int sm, nf_buf *why) {
+  int av[128], n_av = 0;
+  if (!archs(av, 128, &n_av) || n_av == 0) {
+    if (why) nf_buf_puts(why, "NVRTC does not list the architectures it supports");
+    return 0;
+  }
+  if (sm >= av[0]) return 1; /* a known one, a newer one through PTX, or between */
+  if (why)
+    nf_buf_printf(why, "sm_%d is older than this NVRTC supports (sm_%d and newer)", sm, av[0]);
+  return 0;
+}
+
 #else /* no NVRTC in this build */
 
 static void missing(nf_buf *why) {
@@ -171,4 +183,31 @@ int nf_cuda_compile(const nf_lprog *p, int sm, nf_blob *image, nf_cuda_plan *pla
   return NF_EUNSUPPORTED;
 }
 
+int nf_cuda_sm_supported(int sm, nf_buf *why) {
+  (void)sm;
+  missing(why);
+  return 0;
+}
+
 #endif
+
+int nf_cuda_compile_bundle(const nf_lprog *p, int sm, nf_buf *bundle, nf_cuda_stats *stats,
+                           nf_buf *err) {
+  nf_blob img = NF_BLOB_INIT;
+  nf_cuda_plan plan;
+  memset(&plan, 0, sizeof plan);
+  nf_buf src = NF_BUF_INIT;
+  nf_cuda_stats st;
+  memset(&st, 0, sizeof st);
+  int rc = nf_cuda_compile(p, sm, &img, &plan, &src, &st, err);
+  if (rc == NF_OK) {
+    rc = nf_cuda_bundle_encode(&plan, st.ptx ? NF_CUDA_IMAGE_PTX : NF_CUDA_IMAGE_CUBIN, sm,
+                               img.data, img.len, src.data, src.len, bundle);
+    if (rc != NF_OK) nf_buf_printf(err, "CUDA kernel bundle: %s", nf_strerror(rc));
+  }
+  if (stats) *stats = st;
+  nf_blob_free(&img);
+  nf_cuda_plan_free(&plan);
+  nf_buf_free(&src);
+  return rc;
+}
