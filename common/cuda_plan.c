@@ -106,13 +106,16 @@ int nf_cuda_bundle_decode(const void *p, size_t n, nf_cuda_bundle *b, nf_buf *er
   for (uint32_t i = 0; i < nl; i++, q += LAUNCH) {
     nf_cuda_launch *l = &b->plan.launches[i];
     memcpy(l->name, q, 24);
+    size_t nl_name = strnlen(l->name, 24);
+    int padded = 1; /* zeros after the NUL: one encoding per bundle */
+    for (size_t c = nl_name; c < 24; c++) padded &= l->name[c] == 0;
     l->grid = get32(q + 24);
     l->block = get32(q + 28);
     l->shared_bytes = get32(q + 32);
-    if (!launch_ok(l)) {
+    if (!padded || !launch_ok(l)) {
       nf_buf_printf(err,
                     "CUDA kernel bundle: launch %u (offset %zu): a name that is not a "
-                    "NUL-terminated identifier, or grid, block or shared memory out of range",
+                    "zero-padded identifier, or grid, block or shared memory out of range",
                     i, (size_t)(q - u));
       nf_cuda_bundle_free(b);
       return NF_EFORMAT;

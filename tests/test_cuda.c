@@ -747,6 +747,76 @@ START_TEST(cuda_nvrtc_archs) {
 }
 END_TEST
 
+/* The bundle from a socket peer or a cache file: a round trip keeps every
+ * field; every truncation, and any byte of the header or launch table
+ * changed to a value out of range, is NF_EFORMAT with a message, never a
+ * crash or a read outside the bytes (ASan). */
+START_TEST(cuda_bundle_format) {
+  nf_cuda_launch ls[2] = {{"nf_k0", 12, 256, 1024}, {"nf_k1", 1, 32, 0}};
+  nf_cuda_plan plan = {2, ls, 4096, 3};
+  const char img[] = "\x7f" "ELF-not-really", src[] = "extern \"C\" __global__ void nf_k0() {}";
+  nf_buf b = NF_BUF_INIT;
+  ck_assert_int_eq(nf_cuda_bundle_encode(&plan, NF_CUDA_IMAGE_CUBIN, 90, img, sizeof img, src,
+                                         strlen(src), &b),
+                   NF_OK);
+  nf_cuda_bundle d;
+  nf_buf err = NF_BUF_INIT;
+  ck_assert_int_eq(nf_cuda_bundle_decode(b.data, b.len, &d, &err), NF_OK);
+  ck_assert_int_eq(d.plan.n_launches, 2);
+  ck_assert_uint_eq(d.plan.n_args, 3);
+  ck_assert_uint_eq(d.plan.scratch_bytes, 4096);
+  ck_assert_str_eq(d.plan.launches[1].name, "nf_k1");
+  ck_assert_uint_eq(d.plan.launches[0].grid, 12);
+  ck_assert_uint_eq(d.plan.launches[0].block, 256);
+  ck_assert_uint_eq(d.plan.launches[0].shared_bytes, 1024);
+  ck_assert_int_eq(d.sm, 90);
+  ck_assert_uint_eq(d.image_len, sizeof img);
+  ck_assert(memcmp(d.image, img, sizeof img) == 0);
+  ck_assert_uint_eq(d.source_len, strlen(src));
+  ck_assert(memcmp(d.source, src, strlen(src)) == 0);
+  nf_cuda_bundle_free(&d);
+  for (size_t n = 0; n < b.len; n++) {
+    char *cut = malloc(n ? n : 1);
+    memcpy(cut, b.data, n);
+    nf_buf_reset(&err);
+    ck_assert_int_eq(nf_cuda_bundle_decode(cut, n, &d, &err), NF_EFORMAT);
+    ck_assert_uint_gt(err.len, 0);
+    free(cut);
+  }
+  /* header and launch-table bytes set to 0xff, one at a time */
+  size_t table = 48 + 2 * 36;
+  for (size_t i = 0; i < table; i++) {
+    char *bad = malloc(b.len);
+    memcpy(bad, b.data, b.len);
+    if ((unsigned char)bad[i] == 0xff) {
+      free(bad);
+      continue;
+    }
+    bad[i] = (char)0xff;
+    nf_buf_reset(&err);
+    int rc = nf_cuda_bundle_decode(bad, b.len, &d, &err);
+    /* a number may change and stay in range (then it is accepted);
+     * the magic, n_launches, the kind, the lengths and the names may not */
+    int number = (i >= 12 && i < 24) || (i >= 28 && i < 32) || (i >= 48 && (i - 48) % 36 >= 24);
+    if (number && rc == NF_OK) {
+      nf_cuda_bundle_free(&d);
+    } else {
+      ck_assert_msg(rc == NF_EFORMAT, "byte %zu set to 0xff: accepted", i);
+      ck_assert_uint_gt(err.len, 0);
+    }
+    free(bad);
+  }
+  /* the encoder refuses what the decoder would */
+  ls[1].block = 2048;
+  nf_buf_reset(&b);
+  ck_assert_int_eq(nf_cuda_bundle_encode(&plan, NF_CUDA_IMAGE_CUBIN, 90, img, sizeof img, NULL, 0,
+                                         &b),
+                   NF_EINVAL);
+  nf_buf_free(&b);
+  nf_buf_free(&err);
+}
+END_TEST
+
 int main(int argc, char **argv) {
   const char *part = argc > 1 ? argv[1] : "emu";
   if (strcmp(part, "emu") != 0 && strcmp(part, "nvrtc") != 0 && strcmp(part, "gpu") != 0) {
@@ -776,6 +846,7 @@ int main(int argc, char **argv) {
   tcase_add_test(tc, cuda_bind_rules);
   tcase_add_test(tc, cuda_shared_and_barriers);
   tcase_add_test(tc, cuda_f16_refused);
+  tcase_add_test(tc, cuda_bundle_format);
   if (strcmp(part, "gpu") != 0) tcase_add_test(tc, cuda_rt_no_driver);
   suite_add_tcase(su, tc);
   tc = tcase_create(part);
