@@ -608,6 +608,122 @@ START_TEST(cuda_emulated) {
 }
 END_TEST
 
+/* ---- the GPU runtime through the emulated driver ---- */
+
+/* Opens the runtime on tests/cuda_emu_driver.cc (NF_TEST_CUDA_DRIVER). */
+static nf_cuda_rt *emu_rt_open(void) {
+  const char *drv = getenv("NF_TEST_CUDA_DRIVER");
+  ck_assert_msg(drv && *drv, "NF_TEST_CUDA_DRIVER is not set");
+  setenv("NEOFLOW_LIBCUDA", drv, 1);
+  nf_cuda_rt *rt = NULL;
+  nf_buf why = NF_BUF_INIT;
+  ck_assert_msg(nf_cuda_rt_open(0, &rt, &why) == NF_OK, "%s", nf_buf_str(&why));
+  ck_assert(nf_cuda_rt_emulated(rt));
+  nf_buf_free(&why);
+  return rt;
+}
+
+/* Runs program p (of graph g, inputs in[]) through a bundle on rt;
+ * returns the runtime's status, outputs in got[] (allocated here). */
+static int emu_run(nf_cuda_rt *rt, const nf_lprog *p, const nf_graph *g, const nf_array *in,
+                   nf_array *got, nf_buf *err) {
+  nf_buf src = NF_BUF_INIT, bun = NF_BUF_INIT;
+  nf_cuda_plan plan;
+  memset(&plan, 0, sizeof plan);
+  ck_assert_int_eq(nf_cuda_emit(p, &src, &plan, err), NF_OK);
+  /* no cubin (NVRTC is not needed here): the emulated driver runs the source */
+  ck_assert_int_eq(nf_cuda_bundle_encode(&plan, NF_CUDA_IMAGE_CUBIN, 90, NULL, 0, src.data,
+                                         src.len, &bun),
+                   NF_OK);
+  nf_cuda_bundle b;
+  ck_assert_int_eq(nf_cuda_bundle_decode(bun.data, bun.len, &b, err), NF_OK);
+  nf_cuda_module *m = NULL;
+  int rc = nf_cuda_module_load_bundle(rt, &b, &m, err);
+  ck_assert_msg(rc == NF_OK, "load: %s", nf_buf_str(err));
+  uint32_t n_in = g->n_inputs, n_out = g->n_outputs;
+  uint64_t dev[MAX_IN + MAX_OUT + 1] = {0};
+  for (uint32_t j = 0; j < n_in; j++) {
+    size_t n = (size_t)in[j].numel * nf_dtype_size((nf_dtype)in[j].dtype);
+    ck_assert_int_eq(nf_cuda_rt_alloc(rt, n, &dev[j], err), NF_OK);
+    ck_assert_int_eq(nf_cuda_rt_upload(rt, dev[j], in[j].data, n, err), NF_OK);
+  }
+  for (uint32_t j = 0; j < n_out; j++) {
+    const nf_tensor *t = &g->tensors[g->outputs[j]];
+    ck_assert_int_eq(nf_array_alloc(&got[j], (nf_dtype)t->dtype, t->rank, t->shape), NF_OK);
+    size_t n = (size_t)got[j].numel * nf_dtype_size((nf_dtype)t->dtype);
+    ck_assert_int_eq(nf_cuda_rt_alloc(rt, n, &dev[n_in + j], err), NF_OK);
+  }
+  uint64_t scratch = 0;
+  ck_assert_int_eq(nf_cuda_rt_alloc(rt, plan.scratch_bytes, &scratch, err), NF_OK);
+  rc = nf_cuda_module_run(m, dev, n_in + n_out, scratch, err);
+  if (rc == NF_OK) rc = nf_cuda_rt_sync(rt, err);
+  for (uint32_t j = 0; rc == NF_OK && j < n_out; j++) {
+    size_t n = (size_t)got[j].numel * nf_dtype_size((nf_dtype)got[j].dtype);
+    rc = nf_cuda_rt_download(rt, got[j].data, dev[n_in + j], n, err);
+  }
+  for (uint32_t j = 0; j < n_in + n_out; j++) nf_cuda_rt_free(rt, dev[j]);
+  nf_cuda_rt_free(rt, scratch);
+  nf_cuda_module_free(m);
+  nf_cuda_bundle_free(&b);
+  nf_cuda_plan_free(&plan);
+  nf_buf_free(&src);
+  nf_buf_free(&bun);
+  return rc;
+}
+
+/* The runtime's whole path on the emulated driver: bundles loaded from
+ * their source, device buffers, launches, downloads, against the
+ * interpreter; then a sticky launch error: the context refuses every
+ * later call with the error that broke it. */
+START_TEST(cuda_rt_emulated) {
+  nf_cuda_rt *rt = emu_rt_open();
+  ck_assert_int_eq(nf_cuda_rt_sm(rt), 90);
+  nf_buf err = NF_BUF_INIT;
+  /* a few library ops, one larger case (shared-memory tiles) and a
+   * workload gradient: each module is one host compile */
+  int pick[] = {0, 3, N_LIB / 2, N_LIB, N_LIB + N_BIG + N_WL};
+  for (size_t c = 0; c < sizeof pick / sizeof pick[0]; c++) {
+    inst I;
+    const char *label = case_make(pick[c], &I);
+    nf_lprog *p = gpu_lower(&I, label);
+    nf_array got[MAX_OUT];
+    int rc = emu_run(rt, p, I.g, I.in, got, &err);
+    ck_assert_msg(rc == NF_OK, "%s: %s", label, nf_buf_str(&err));
+    for (int j = 0; j < I.n_out; j++) {
+      char msg[512] = "";
+      int bad;
+      double e = rel_l2(&got[j], &I.want[j], &bad, msg, sizeof msg);
+      ck_assert_msg(!bad && e < 1e-5, "%s output %d: %s (relative L2 %.3g)", label, j, msg, e);
+      nf_array_free(&got[j]);
+    }
+    inst_free(&I);
+  }
+  /* the next launch fails as an illegal address would */
+  setenv("NF_EMU_FAIL_LAUNCH", "1", 1);
+  nf_cuda_rt_close(rt);
+  rt = emu_rt_open();
+  inst I;
+  const char *label = case_make(0, &I);
+  nf_lprog *p = gpu_lower(&I, label);
+  nf_array got[MAX_OUT];
+  nf_buf_reset(&err);
+  int rc = emu_run(rt, p, I.g, I.in, got, &err);
+  ck_assert_int_eq(rc, NF_EIO);
+  ck_assert_msg(strstr(nf_buf_str(&err), "CUDA_ERROR_ILLEGAL_ADDRESS") &&
+                    strstr(nf_buf_str(&err), "unusable"),
+                "%s", nf_buf_str(&err));
+  for (int j = 0; j < I.n_out; j++) nf_array_free(&got[j]);
+  uint64_t d = 0;
+  nf_buf_reset(&err);
+  ck_assert_int_eq(nf_cuda_rt_alloc(rt, 64, &d, &err), NF_EIO);
+  ck_assert_msg(strstr(nf_buf_str(&err), "broke earlier"), "%s", nf_buf_str(&err));
+  unsetenv("NF_EMU_FAIL_LAUNCH");
+  inst_free(&I);
+  nf_cuda_rt_close(rt);
+  nf_buf_free(&err);
+}
+END_TEST
+
 /* ---- on a GPU ---- */
 
 static nf_cuda_rt *g_rt;
@@ -853,6 +969,7 @@ int main(int argc, char **argv) {
   tcase_set_timeout(tc, 900);
   if (!strcmp(part, "emu")) {
     tcase_add_test(tc, cuda_emulated);
+    tcase_add_test(tc, cuda_rt_emulated);
   } else if (!strcmp(part, "nvrtc")) {
     tcase_add_test(tc, cuda_nvrtc);
     tcase_add_test(tc, cuda_nvrtc_archs);

@@ -50,6 +50,8 @@ typedef struct drv {
   CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                            unsigned, CUstream, void **, void **);
   CUresult (*GetErrorName)(CUresult, const char **);
+  /* only tests/cuda_emu_driver.cc has it: a module from its CUDA C */
+  CUresult (*EmuLoadSource)(CUmodule *, const char *, size_t);
 } drv;
 
 struct nf_cuda_rt {
@@ -138,6 +140,7 @@ static int load_driver(drv *d, nf_buf *why) {
   SYM(LaunchKernel, "cuLaunchKernel");
   SYM(GetErrorName, "cuGetErrorName");
 #undef SYM
+  *(void **)&d->EmuLoadSource = dlsym(d->lib, "nfemuModuleLoadSource");
   return NF_OK;
 }
 
@@ -233,12 +236,15 @@ int nf_cuda_rt_sync(nf_cuda_rt *rt, nf_buf *err) {
   return check(rt, rt->d.StreamSynchronize(rt->stream), "cuStreamSynchronize", err);
 }
 
-int nf_cuda_module_load(nf_cuda_rt *rt, const void *image, size_t n, const nf_cuda_plan *plan,
-                        nf_cuda_module **out, nf_buf *err) {
+/* Loads a module from image (n bytes), or, with the emulated driver,
+ * from the CUDA C src (src_len bytes). */
+static int load_module(nf_cuda_rt *rt, const void *image, size_t n, const char *src,
+                       size_t src_len, const nf_cuda_plan *plan, nf_cuda_module **out,
+                       nf_buf *err) {
   *out = NULL;
   int rc = usable(rt, err);
   if (rc) return rc;
-  if (!image || n == 0 || !plan || plan->n_launches < 0) {
+  if ((!src && (!image || n == 0)) || !plan || plan->n_launches < 0) {
     nf_buf_puts(err, "empty kernel image or plan");
     return NF_EINVAL;
   }
@@ -254,7 +260,10 @@ int nf_cuda_module_load(nf_cuda_rt *rt, const void *image, size_t n, const nf_cu
     return NF_ENOMEM;
   }
   memcpy(m->plan.launches, plan->launches, (size_t)plan->n_launches * sizeof *plan->launches);
-  if ((rc = check(rt, rt->d.ModuleLoadData(&m->mod, image), "cuModuleLoadData", err))) {
+  CUresult r = rt->d.EmuLoadSource && src
+                   ? rt->d.EmuLoadSource(&m->mod, src, src_len)
+                   : rt->d.ModuleLoadData(&m->mod, image);
+  if ((rc = check(rt, r, "cuModuleLoadData", err))) {
     m->mod = NULL;
     nf_cuda_module_free(m);
     return rc;
@@ -273,6 +282,34 @@ int nf_cuda_module_load(nf_cuda_rt *rt, const void *image, size_t n, const nf_cu
   *out = m;
   return NF_OK;
 }
+
+int nf_cuda_module_load(nf_cuda_rt *rt, const void *image, size_t n, const nf_cuda_plan *plan,
+                        nf_cuda_module **out, nf_buf *err) {
+  return load_module(rt, image, n, NULL, 0, plan, out, err);
+}
+
+int nf_cuda_module_load_bundle(nf_cuda_rt *rt, const nf_cuda_bundle *b, nf_cuda_module **out,
+                               nf_buf *err) {
+  *out = NULL;
+  if (rt->d.EmuLoadSource && !b->source_len) {
+    nf_buf_puts(err, "the emulated CUDA driver needs the bundle's source, and it has none");
+    return NF_EINVAL;
+  }
+  if (b->image_kind == NF_CUDA_IMAGE_PTX && b->image_len &&
+      memchr(b->image, 0, b->image_len) == NULL) {
+    /* the driver reads PTX as a C string */
+    char *z = malloc(b->image_len + 1);
+    if (!z) return NF_ENOMEM;
+    memcpy(z, b->image, b->image_len);
+    z[b->image_len] = 0;
+    int rc = load_module(rt, z, b->image_len + 1, b->source, b->source_len, &b->plan, out, err);
+    free(z);
+    return rc;
+  }
+  return load_module(rt, b->image, b->image_len, b->source, b->source_len, &b->plan, out, err);
+}
+
+int nf_cuda_rt_emulated(const nf_cuda_rt *rt) { return rt->d.EmuLoadSource != NULL; }
 
 int nf_cuda_module_run(nf_cuda_module *m, const uint64_t *args, uint32_t n_args, uint64_t scratch,
                        nf_buf *err) {

@@ -49,6 +49,12 @@ int nf_cuda_rt_sync(nf_cuda_rt *rt, nf_buf *err);
 /* Loads an image and finds every launch's function (the plan is copied). */
 int nf_cuda_module_load(nf_cuda_rt *rt, const void *image, size_t n, const nf_cuda_plan *plan,
                         nf_cuda_module **out, nf_buf *err);
+/* Loads a kernel bundle (nf_cuda_plan.h): its image, or with the
+ * emulated driver of the tests (tests/cuda_emu_driver.cc) its source. */
+int nf_cuda_module_load_bundle(nf_cuda_rt *rt, const nf_cuda_bundle *b, nf_cuda_module **out,
+                               nf_buf *err);
+/* 1 when the driver loaded is the tests' CPU emulation. */
+int nf_cuda_rt_emulated(const nf_cuda_rt *rt);
 /* Queues the plan's launches on the stream with the n_args device
  * buffers args[] and a scratch buffer of at least plan.scratch_bytes. */
 int nf_cuda_module_run(nf_cuda_module *m, const uint64_t *args, uint32_t n_args, uint64_t scratch,

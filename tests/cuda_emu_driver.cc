@@ -1,0 +1,346 @@
+/* cuda_emu_driver.cc - a CUDA driver library for tests on machines
+ * without a GPU: the driver API entry points that client/executor/
+ * cuda_rt.c loads (NEOFLOW_LIBCUDA=<this library>), with device memory in
+ * host memory, synchronous streams, and kernels run on the CPU.
+ *
+ * A cubin cannot run on the CPU, so cuModuleLoadData refuses every image
+ * (CUDA_ERROR_INVALID_IMAGE); the runtime loads through the extra entry
+ * point nfemuModuleLoadSource instead when the driver has it (only this
+ * one does), with the CUDA C that the kernel bundle carries.  The source
+ * is compiled with the host's C++ compiler ($CXX, else c++) after
+ * tests/cuda_emu.h ($NF_TEST_CUDA_EMU), which runs a block's threads as
+ * coroutines with real barriers (see there for what is emulated and what
+ * is not).  Compiled modules are kept by the source's hash under
+ * $TMPDIR/nf-cuda-emu-<uid>/ for the next load.
+ *
+ * The device: compute capability $NF_EMU_SM (default 90), named
+ * "NeoFlow CPU emulation of sm_<sm>".  $NF_EMU_FAIL_LAUNCH=N makes the
+ * N-th launch fail with CUDA_ERROR_ILLEGAL_ADDRESS (a sticky error), for
+ * tests of the runtime's handling of a broken context.
+ *
+ * Test code, not shipped: built only with the tests. */
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+
+enum {
+  OK = 0,
+  E_INVALID_VALUE = 1,
+  E_OUT_OF_MEMORY = 2,
+  E_NOT_INITIALIZED = 3,
+  E_INVALID_DEVICE = 101,
+  E_INVALID_IMAGE = 200,
+  E_INVALID_HANDLE = 400,
+  E_NOT_FOUND = 500,
+  E_ILLEGAL_ADDRESS = 700,
+  E_LAUNCH_FAILED = 719,
+  E_UNKNOWN = 999
+};
+
+enum { MAX_PARAMS = 24 };
+
+struct emu_fn {
+  void *fn;
+  int n_params;
+  struct emu_module *mod;
+};
+
+struct emu_module {
+  void *h;
+  int (*launch)(void *fn, unsigned grid, unsigned block, void **args);
+  std::vector<emu_fn *> fns;
+  std::vector<std::pair<std::string, int>> sigs; /* kernel name, parameter count */
+};
+
+static std::mutex g_mu;
+static std::set<uintptr_t> g_allocs;
+static int g_init, g_ctx_refs, g_broken, g_launches;
+static int g_ctx_token, g_stream_token;
+
+static int env_int(const char *name, int dflt) {
+  const char *v = getenv(name);
+  return v && *v ? atoi(v) : dflt;
+}
+
+static int sm() { return env_int("NF_EMU_SM", 90); }
+
+extern "C" {
+
+CUresult cuInit(unsigned flags) {
+  if (flags != 0) return E_INVALID_VALUE;
+  g_init = 1;
+  return OK;
+}
+
+CUresult cuDeviceGetCount(int *n) {
+  if (!g_init) return E_NOT_INITIALIZED;
+  *n = 1;
+  return OK;
+}
+
+CUresult cuDeviceGet(CUdevice *d, int ordinal) {
+  if (!g_init) return E_NOT_INITIALIZED;
+  if (ordinal != 0) return E_INVALID_DEVICE;
+  *d = 0;
+  return OK;
+}
+
+CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d) {
+  if (d != 0) return E_INVALID_DEVICE;
+  switch (attr) {
+    case 75: *v = sm() / 10; return OK;        /* compute capability major */
+    case 76: *v = sm() % 10; return OK;        /* minor */
+    case 16: *v = 4; return OK;                /* multiprocessors */
+    case 1: *v = 1024; return OK;              /* max threads per block */
+    case 8: *v = 48 << 10; return OK;          /* shared memory per block */
+    default: *v = 0; return OK;
+  }
+}
+
+CUresult cuDeviceGetName(char *name, int len, CUdevice d) {
+  if (d != 0) return E_INVALID_DEVICE;
+  if (len <= 0) return E_INVALID_VALUE;
+  snprintf(name, (size_t)len, "NeoFlow CPU emulation of sm_%d", sm());
+  return OK;
+}
+
+CUresult cuDevicePrimaryCtxRetain(void **ctx, CUdevice d) {
+  if (d != 0) return E_INVALID_DEVICE;
+  g_ctx_refs++;
+  *ctx = &g_ctx_token;
+  return OK;
+}
+
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
+  if (d != 0 || g_ctx_refs <= 0) return E_INVALID_DEVICE;
+  g_ctx_refs--;
+  return OK;
+}
+
+CUresult cuCtxSetCurrent(void *ctx) { return ctx == &g_ctx_token ? OK : E_INVALID_HANDLE; }
+
+CUresult cuStreamCreate(void **s, unsigned flags) {
+  (void)flags;
+  *s = &g_stream_token;
+  return OK;
+}
+
+CUresult cuStreamDestroy_v2(void *s) { return s == &g_stream_token ? OK : E_INVALID_HANDLE; }
+
+CUresult cuStreamSynchronize(void *s) {
+  if (s != &g_stream_token) return E_INVALID_HANDLE;
+  return g_broken ? g_broken : OK;
+}
+
+CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
+  if (g_broken) return g_broken;
+  if (n == 0) return E_INVALID_VALUE;
+  void *m = NULL;
+  if (posix_memalign(&m, 256, n) != 0) return E_OUT_OF_MEMORY;
+  memset(m, 0xa5, n); /* device memory starts as garbage */
+  std::lock_guard<std::mutex> l(g_mu);
+  g_allocs.insert((uintptr_t)m);
+  *p = (CUdeviceptr)(uintptr_t)m;
+  return OK;
+}
+
+CUresult cuMemFree_v2(CUdeviceptr p) {
+  std::lock_guard<std::mutex> l(g_mu);
+  if (!g_allocs.erase((uintptr_t)p)) return E_INVALID_VALUE;
+  free((void *)(uintptr_t)p);
+  return OK;
+}
+
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, void *s) {
+  if (g_broken) return g_broken;
+  if (s != &g_stream_token || !dst) return E_INVALID_VALUE;
+  memcpy((void *)(uintptr_t)dst, src, n);
+  return OK;
+}
+
+CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, void *s) {
+  if (g_broken) return g_broken;
+  if (s != &g_stream_token || !src) return E_INVALID_VALUE;
+  memcpy(dst, (const void *)(uintptr_t)src, n);
+  return OK;
+}
+
+CUresult cuModuleLoadData(void **mod, const void *image) {
+  (void)mod, (void)image;
+  return E_INVALID_IMAGE; /* no cubin runs here: nfemuModuleLoadSource */
+}
+
+/* The kernels' names and parameter counts: every "__global__ void NAME("
+ * (after an optional __launch_bounds__(N)). */
+static void signatures(const std::string &src, emu_module *m) {
+  const std::string pat = "__global__ void ";
+  for (size_t at = src.find(pat); at != std::string::npos; at = src.find(pat, at + 1)) {
+    size_t b = at + pat.size();
+    const std::string lb = "__launch_bounds__(";
+    if (src.compare(b, lb.size(), lb) == 0) {
+      size_t c = src.find(')', b);
+      if (c == std::string::npos) break;
+      b = c + 1;
+      while (b < src.size() && src[b] == ' ') b++;
+    }
+    size_t p = src.find('(', b);
+    if (p == std::string::npos) break;
+    std::string name = src.substr(b, p - b);
+    while (!name.empty() && name.back() == ' ') name.pop_back();
+    size_t e = src.find(')', p);
+    if (e == std::string::npos) break;
+    int n = 0, any = 0;
+    for (size_t i = p + 1; i < e; i++) {
+      n += src[i] == ',';
+      any |= src[i] != ' ';
+    }
+    m->sigs.push_back({name, any ? n + 1 : 0});
+  }
+}
+
+static int run_cxx(const char *out, const char *in) {
+  const char *cxx = getenv("CXX");
+  if (!cxx || !*cxx) cxx = "c++";
+  pid_t pid = fork();
+  if (pid < 0) return -1;
+  if (pid == 0) {
+    execlp(cxx, cxx, "-std=c++17", "-O1", "-w", "-shared", "-fPIC", "-o", out, in, (char *)NULL);
+    _exit(127);
+  }
+  int st = 0;
+  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
+}
+
+/* Loads CUDA C (n bytes, not NUL-terminated) as a module. */
+CUresult nfemuModuleLoadSource(void **mod, const char *src, size_t n) {
+  if (g_broken) return g_broken;
+  const char *hdr = getenv("NF_TEST_CUDA_EMU");
+  if (!hdr || !*hdr) {
+    fprintf(stderr, "cuda_emu_driver: NF_TEST_CUDA_EMU (tests/cuda_emu.h) is not set\n");
+    return E_INVALID_IMAGE;
+  }
+  std::string text(src, n);
+  std::string tu = "#include \"" + std::string(hdr) + "\"\n" + text +
+                   "\nstatic void *nfemu_fn_;\nstatic void **nfemu_args_;\n"
+                   "typedef void (*nfemu_k)(void*,void*,void*,void*,void*,void*,void*,void*,"
+                   "void*,void*,void*,void*,void*,void*,void*,void*,void*,void*,void*,void*,"
+                   "void*,void*,void*,void*);\n"
+                   "static void nfemu_body_(void *) {\n  void **a = nfemu_args_;\n"
+                   "  ((nfemu_k)nfemu_fn_)(a[0],a[1],a[2],a[3],a[4],a[5],a[6],a[7],a[8],a[9],"
+                   "a[10],a[11],a[12],a[13],a[14],a[15],a[16],a[17],a[18],a[19],a[20],a[21],"
+                   "a[22],a[23]);\n}\n"
+                   "extern \"C\" int nfemu_launch(void *fn, unsigned grid, unsigned block, "
+                   "void **args) {\n  nfemu_fn_ = fn;\n  nfemu_args_ = args;\n"
+                   "  return nf_emu::launch(grid, block, nfemu_body_, 0);\n}\n";
+  uint64_t h = 1469598103934665603ull; /* FNV-1a of the unit */
+  for (unsigned char c : tu) h = (h ^ c) * 1099511628211ull;
+  const char *tmp = getenv("TMPDIR");
+  char dir[512], so[600], cc[600];
+  snprintf(dir, sizeof dir, "%s/nf-cuda-emu-%u", tmp && *tmp ? tmp : "/tmp", (unsigned)getuid());
+  mkdir(dir, 0700);
+  snprintf(so, sizeof so, "%s/%016llx.so", dir, (unsigned long long)h);
+  if (access(so, R_OK) != 0) {
+    snprintf(cc, sizeof cc, "%s/%016llx.%d.cc", dir, (unsigned long long)h, (int)getpid());
+    char part[640];
+    snprintf(part, sizeof part, "%s.%d.part", so, (int)getpid());
+    FILE *f = fopen(cc, "wb");
+    if (!f) return E_UNKNOWN;
+    fwrite(tu.data(), 1, tu.size(), f);
+    fclose(f);
+    int rc = run_cxx(part, cc);
+    unlink(cc);
+    if (rc != 0 || rename(part, so) != 0) {
+      unlink(part);
+      fprintf(stderr, "cuda_emu_driver: the host compiler rejected a module's CUDA C\n");
+      return E_INVALID_IMAGE;
+    }
+  }
+  emu_module *m = new emu_module();
+  m->h = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+  if (m->h) *(void **)&m->launch = dlsym(m->h, "nfemu_launch");
+  if (!m->h || !m->launch) {
+    if (m->h) dlclose(m->h);
+    delete m;
+    return E_INVALID_IMAGE;
+  }
+  signatures(text, m);
+  *mod = m;
+  return OK;
+}
+
+CUresult cuModuleUnload(void *mod) {
+  emu_module *m = (emu_module *)mod;
+  if (!m) return E_INVALID_HANDLE;
+  for (emu_fn *f : m->fns) delete f;
+  dlclose(m->h);
+  delete m;
+  return OK;
+}
+
+CUresult cuModuleGetFunction(void **fn, void *mod, const char *name) {
+  emu_module *m = (emu_module *)mod;
+  if (!m || !name) return E_INVALID_HANDLE;
+  int n = -1;
+  for (auto &s : m->sigs)
+    if (s.first == name) n = s.second;
+  void *p = dlsym(m->h, name);
+  if (!p || n < 0) return E_NOT_FOUND;
+  if (n > MAX_PARAMS) return E_INVALID_VALUE;
+  emu_fn *f = new emu_fn{p, n, m};
+  m->fns.push_back(f);
+  *fn = f;
+  return OK;
+}
+
+CUresult cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                        unsigned bz, unsigned shared, void *stream, void **params, void **extra) {
+  (void)shared;
+  if (g_broken) return g_broken;
+  emu_fn *f = (emu_fn *)fn;
+  if (!f || stream != &g_stream_token || extra) return E_INVALID_VALUE;
+  if (gy != 1 || gz != 1 || by != 1 || bz != 1 || gx == 0 || bx == 0 || bx > 1024)
+    return E_INVALID_VALUE;
+  if (++g_launches == env_int("NF_EMU_FAIL_LAUNCH", -1)) {
+    g_broken = E_ILLEGAL_ADDRESS;
+    return g_broken;
+  }
+  void *args[MAX_PARAMS] = {0};
+  for (int i = 0; i < f->n_params; i++) args[i] = *(void **)params[i];
+  return f->mod->launch(f->fn, gx, bx, args) == 0 ? OK : E_OUT_OF_MEMORY;
+}
+
+CUresult cuGetErrorName(CUresult r, const char **s) {
+  switch (r) {
+    case OK: *s = "CUDA_SUCCESS"; return OK;
+    case E_INVALID_VALUE: *s = "CUDA_ERROR_INVALID_VALUE"; return OK;
+    case E_OUT_OF_MEMORY: *s = "CUDA_ERROR_OUT_OF_MEMORY"; return OK;
+    case E_NOT_INITIALIZED: *s = "CUDA_ERROR_NOT_INITIALIZED"; return OK;
+    case E_INVALID_DEVICE: *s = "CUDA_ERROR_INVALID_DEVICE"; return OK;
+    case E_INVALID_IMAGE: *s = "CUDA_ERROR_INVALID_IMAGE"; return OK;
+    case E_INVALID_HANDLE: *s = "CUDA_ERROR_INVALID_HANDLE"; return OK;
+    case E_NOT_FOUND: *s = "CUDA_ERROR_NOT_FOUND"; return OK;
+    case E_ILLEGAL_ADDRESS: *s = "CUDA_ERROR_ILLEGAL_ADDRESS"; return OK;
+    case E_LAUNCH_FAILED: *s = "CUDA_ERROR_LAUNCH_FAILED"; return OK;
+    default: *s = "CUDA_ERROR_UNKNOWN"; return E_INVALID_VALUE;
+  }
+}
+
+} /* extern "C" */
