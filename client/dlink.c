@@ -80,10 +80,27 @@ int nf__session_offer(nf_session *s, int k, const void *bin, size_t len,
   }
   nf_kernel *kn = NULL;
   nf_buf err = NF_BUF_INIT;
-  if (rc == NF_OK && (rc = nf_kernel_load(bin, len, &kn, &err)) != NF_OK) why = nf_buf_str(&err);
+  uint8_t *bun = NULL;
+  if (rc == NF_OK && s->gpu) {
+    /* a GPU session: a CUDA bundle, loaded by the program thread at the
+     * next step boundary (the context is used there) */
+    if ((rc = nf__gpu_check_bundle(s, k, bin, len, &err)) != NF_OK) why = nf_buf_str(&err);
+    else if (!(bun = malloc(len))) rc = NF_ENOMEM, why = "out of memory";
+    else memcpy(bun, bin, len);
+  } else if (rc == NF_OK && (rc = nf_kernel_load(bin, len, &kn, &err)) != NF_OK) {
+    why = nf_buf_str(&err);
+  }
   pthread_mutex_lock(&s->mu);
   if (rc != NF_OK) {
     s->link_rejected++;
+  } else if (bun) {
+    free(e->in_bun);
+    e->in_bun = bun;
+    e->in_bun_len = len;
+    e->in_tier = tier;
+    e->in_ms = time_ms;
+    memcpy(e->in_sha, got, 32);
+    pthread_cond_broadcast(&s->cv);
   } else {
     nf_kernel_free(e->in_k);
     e->in_k = kn;
@@ -432,6 +449,8 @@ static void *link_main(void *arg) {
       nf_buf err = NF_BUF_INIT;
       nf_dconn_opts o = {.address = s->daemon_addr, .client_name = "libneoflow-client",
                          .timeout_ms = 2000};
+      /* a GPU session asks for kernels for its device */
+      o.cuda_sm = nf__gpu_sm(s, &o.cuda_name);
       int rc = nf_dconn_open(&o, &L->c, &err);
       if (rc == NF_OK && !nf_dconn_same_target(L->c)) {
         if (!L->warned_target)

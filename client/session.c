@@ -722,6 +722,8 @@ static nf_session *session_alloc(const nf_session_opts *o) {
   if (op->kind == NF_OPTIM_ADAMW && op->weight_decay == 0) op->weight_decay = 0.01;
   s->daemon_addr = o && o->daemon ? strdup(o->daemon) : NULL;
   s->opts.daemon = s->daemon_addr;
+  s->device = o && o->device ? strdup(o->device) : NULL;
+  s->opts.device = s->device;
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->cv, NULL);
   s->ctx = nf_ir_ctx_new();
@@ -729,7 +731,7 @@ static nf_session *session_alloc(const nf_session_opts *o) {
   s->interp_rate = 2e5; /* flops per ms before anything is measured */
   s->first_wait_left = 1000;
   s->loss_slot = -1;
-  if (!s->ctx || (o && o->daemon && !s->daemon_addr)) {
+  if (!s->ctx || (o && o->daemon && !s->daemon_addr) || (o && o->device && !s->device)) {
     nf_session_free(s);
     return NULL;
   }
@@ -776,6 +778,7 @@ static int finish(nf_session *s, const nf_graph *F, int n_gin, const char *const
   /* OpenBLAS at one thread: nf_gemm_run splits the work over the pool */
   nf_gemm_set_threads(1);
   warn_blas_misfit(s);
+  if ((rc = nf__gpu_open(s))) goto fail;
   nf__verified_load(s);
   if (!(s->daemon_addr && !strcmp(s->daemon_addr, "none")) && (rc = nf__dlink_start(s))) goto fail;
   return NF_OK;
@@ -986,8 +989,10 @@ nf_session *nf_session_new_def(nf_model *m, const char *def, const nf_session_op
 void nf_session_free(nf_session *s) {
   if (!s) return;
   nf__dlink_stop(s);
+  nf__gpu_close(s);
   for (int i = 0; i < s->n_kents; i++) {
     nf__kent *k = &s->kents[i];
+    free(k->in_bun);
     nf_gemm_free(k->gemm);
     nf_kernel_free(k->cur);
     nf_kernel_free(k->cand);
@@ -1025,6 +1030,7 @@ void nf_session_free(nf_session *s) {
   nf_buf_free(&s->err);
   nf_buf_free(&s->log);
   free(s->daemon_addr);
+  free(s->device);
   free(s->verified_path);
   free(s->verified);
   pthread_mutex_destroy(&s->mu);
@@ -1115,6 +1121,16 @@ static int max_rel_ok(const nf_graph *g, uint32_t out, const void *a, const void
     return rel <= CANARY_TOL;
   }
   return memcmp(a, ref, (size_t)n * nf_dtype_size((nf_dtype)t->dtype)) == 0;
+}
+
+int nf__session_tier0(nf_session *s, nf__kent *k, const nf__op *op, void *const *bufs,
+                      nf_buf *err) {
+  return run_tier0(s, k, op, bufs, err);
+}
+
+int nf__session_output_ok(const nf_graph *g, uint32_t out, const void *a, const void *ref,
+                          double *worst) {
+  return max_rel_ok(g, out, a, ref, worst);
 }
 
 static int run_kernel(nf_session *s, nf_kernel *kn, const nf__op *op, void *const *bufs,
@@ -1326,9 +1342,11 @@ int nf_session_step(nf_session *s, double *loss) {
   pthread_mutex_unlock(&s->mu);
   update_hp(s);
   for (int i = 0; i < s->n_kents; i++) s->kents[i].run_ms = 0;
-  int rc = NF_OK;
   s->run_seq++;
-  for (int i = 0; i < s->n_ops && rc == NF_OK; i++) rc = run_op(s, &s->ops[i]);
+  int rc = nf__gpu_begin(s);
+  for (int i = 0; i < s->n_ops && rc == NF_OK; i++)
+    rc = s->gpu ? nf__gpu_run_op(s, &s->ops[i]) : run_op(s, &s->ops[i]);
+  if (rc == NF_OK) rc = nf__gpu_pull(s, s->slots[s->loss_slot].ptr, sizeof(float));
   if (rc != NF_OK) {
     if (!s->err.len) nf_buf_printf(&s->err, "step %lld failed: %s", (long long)s->step + 1,
                                    nf_strerror(rc));
@@ -1383,10 +1401,11 @@ int nf_session_eval(nf_session *s, double *loss) {
     int rc = eval_mask(s);
     if (rc != NF_OK) return rc;
   }
-  int rc = NF_OK;
   s->run_seq++;
+  int rc = nf__gpu_begin(s);
   for (int i = 0; i < s->n_ops && rc == NF_OK; i++)
-    if (s->eval_op[i]) rc = run_op(s, &s->ops[i]);
+    if (s->eval_op[i]) rc = s->gpu ? nf__gpu_run_op(s, &s->ops[i]) : run_op(s, &s->ops[i]);
+  if (rc == NF_OK) rc = nf__gpu_pull(s, s->slots[s->loss_slot].ptr, sizeof(float));
   if (rc != NF_OK) {
     if (!s->err.len) nf_buf_printf(&s->err, "evaluation failed: %s", nf_strerror(rc));
     return rc;
@@ -1427,7 +1446,7 @@ int nf_session_feed(nf_session *s, const char *input, const void *data, size_t b
     return NF_EINVAL;
   }
   memcpy(s->slots[sl].ptr, data, bytes);
-  return NF_OK;
+  return nf__gpu_push(s, s->slots[sl].ptr, bytes);
 }
 
 int nf_session_read(nf_session *s, const char *name, void *data, size_t bytes) {
@@ -1457,6 +1476,7 @@ int nf_session_read(nf_session *s, const char *name, void *data, size_t bytes) {
     nf_buf_printf(&s->err, "'%s' has %lld bytes, not %zu", name, (long long)want, bytes);
     return NF_EINVAL;
   }
+  if ((rc = nf__gpu_pull(s, src, bytes)) != NF_OK) return rc;
   memcpy(data, src, bytes);
   return NF_OK;
 }
@@ -1476,7 +1496,7 @@ int nf_session_set_param(nf_session *s, const char *name, const float *data, siz
     return NF_EINVAL;
   }
   memcpy(s->P + s->params[pi].offset, data, n * sizeof(float));
-  return NF_OK;
+  return nf__gpu_push(s, s->P + s->params[pi].offset, n * sizeof(float));
 }
 
 int nf_session_set_lr(nf_session *s, double lr) {
@@ -1589,13 +1609,14 @@ int nf_session_stats_get(const nf_session *s, nf_session_stats *st) {
   pthread_mutex_lock(&ms->mu);
   for (int i = 0; i < s->n_kents; i++) {
     const nf__kent *k = &s->kents[i];
+    int cur = k->cur || k->gcur;
     if (k->cur && k->prefer_blas) {
       st->blas++;
       st->blas_kept++;
     } else {
-      if (k->cur && k->cur_tier == 1) st->tier1++;
-      if (k->cur && k->cur_tier == 2) st->tier2++;
-      if (!k->cur && k->gemm) st->blas++;
+      if (cur && k->cur_tier == 1) st->tier1++;
+      if (cur && k->cur_tier == 2) st->tier2++;
+      if (!cur && k->gemm) st->blas++;
     }
     if (k->dstate == DK_SUBMITTED || k->dstate == DK_ACCEPTED) {
       st->tuning++;
@@ -1622,7 +1643,7 @@ int nf_session_wait_kernels(nf_session *s, int timeout_ms, int want_tier) {
     for (int i = 0; i < s->n_kents && done; i++) {
       const nf__kent *k = &s->kents[i];
       if (k->dstate == DK_FAILED) continue;
-      if (want_tier <= 1) done = k->cur || k->cand || k->in_k;
+      if (want_tier <= 1) done = k->cur || k->cand || k->in_k || nf__gpu_has_kernel(s, k);
       else done = k->dstate == DK_FINAL;
     }
     if (!s->link_started) done = 1;
@@ -1649,11 +1670,13 @@ int nf_session_wait_kernels(nf_session *s, int timeout_ms, int want_tier) {
 int nf_session_save(nf_session *s, const char *path) {
   if (!s || !path) return NF_EINVAL;
   nf_buf_reset(&s->err);
-  return nf__params_save(s, path);
+  int rc = nf__gpu_pull(s, s->P, (size_t)s->n_flat * sizeof(float));
+  return rc == NF_OK ? nf__params_save(s, path) : rc;
 }
 
 int nf_session_load(nf_session *s, const char *path) {
   if (!s || !path) return NF_EINVAL;
   nf_buf_reset(&s->err);
-  return nf__params_load(s, path);
+  int rc = nf__params_load(s, path);
+  return rc == NF_OK ? nf__gpu_push(s, s->P, (size_t)s->n_flat * sizeof(float)) : rc;
 }

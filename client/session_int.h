@@ -24,6 +24,9 @@
 #include "nf_lang.h"
 #include "nf_partition.h"
 
+struct nf__gpu;
+struct nf_cuda_module;
+
 struct nf_model {
   nf_module *mod;
 };
@@ -66,7 +69,11 @@ typedef struct nf__kent {
   int gather_in, gather_peer;
   uint64_t gather_seq;
   const void *gather_src;
+  /* GPU sessions (gpu_session.c): CUDA modules in place of cur and cand */
+  struct nf_cuda_module *gcur, *gcand; /* program thread */
   /* under mu */
+  uint8_t *in_bun;      /* GPU sessions: a kernel bundle handed over (malloc'd) */
+  size_t in_bun_len;
   nf_kernel *in_k;      /* handed over by the link thread */
   int in_tier;
   uint8_t in_sha[32];
@@ -117,6 +124,7 @@ struct nf_session {
   nf_buf err;
   nf_session_opts opts;
   char *daemon_addr;
+  char *device;          /* opts.device, copied */
   nf_ir_ctx *ctx;
   int quiet;
   /* parameters, flat */
@@ -143,6 +151,7 @@ struct nf_session {
   int *fwd_slots;
   uint8_t *eval_op;      /* ops nf_session_eval runs (NULL: not computed yet) */
   nf_partition *part_step, *part_upd;
+  struct nf__gpu *gpu;   /* NULL: the step runs on the CPU */
   nf_pool *pool;
   int threads;
   /* steps */
@@ -196,6 +205,40 @@ double nf__now_ms(void);
  * one line per entry, slowest first, over the steps since the last call
  * (reset: from now on). */
 void nf__session_profile(nf_session *s, FILE *f, int reset);
+
+/* session.c, for gpu_session.c: tier 0 on host buffers, and the canary's
+ * comparison of output out (a against the reference ref). */
+int nf__session_tier0(nf_session *s, nf__kent *k, const nf__op *op, void *const *bufs,
+                      nf_buf *err);
+int nf__session_output_ok(const nf_graph *g, uint32_t out, const void *a, const void *ref,
+                          double *worst);
+
+/* gpu_session.c: training on a GPU (docs/gpu.md).  The step program is
+ * the same; its buffers live in device memory (planned once, like the
+ * CPU's), host copies are refreshed on demand; an entry runs its CUDA
+ * module from the daemon, or tier 0 on the host with its inputs
+ * downloaded and its outputs uploaded.  All nf__gpu_* calls are no-ops
+ * returning NF_OK when s->gpu is NULL. */
+/* Opens opts.device (or $NEOFLOW_DEVICE) when it names a GPU ("cuda",
+ * "cuda:N"); without a usable one, warns and leaves the session on the
+ * CPU.  NF_EINVAL for a device string it does not know. */
+int nf__gpu_open(nf_session *s);
+void nf__gpu_close(nf_session *s);
+/* The start of a step or evaluation: takes the bundles the link handed
+ * over (loading them), uploads the optimizer's hyper-parameters. */
+int nf__gpu_begin(nf_session *s);
+int nf__gpu_run_op(nf_session *s, nf__op *op);
+/* Copies n bytes at host (inside a buffer of the program) from the device
+ * to the host (pull) or back (push). */
+int nf__gpu_pull(nf_session *s, const void *host, size_t n);
+int nf__gpu_push(nf_session *s, const void *host, size_t n);
+/* For the link: checks that bin is a bundle entry k can run; NF_OK or
+ * NF_EFORMAT with why in err. */
+int nf__gpu_check_bundle(const nf_session *s, int k, const void *bin, size_t len, nf_buf *err);
+/* The device's architecture and name (0 and "" on the CPU). */
+int nf__gpu_sm(const nf_session *s, const char **name);
+/* Whether kent k has a GPU kernel running or waiting. */
+int nf__gpu_has_kernel(const nf_session *s, const nf__kent *k);
 
 /* verify.c */
 void nf__verified_load(nf_session *s);

@@ -44,6 +44,8 @@ static const char train_usage[] =
     "  --lr X                learning rate (default 0.001 for adam, 0.01 for sgd)\n"
     "  --momentum X, --weight-decay X\n"
     "  --threads T           threads (default: the machine's cores)\n"
+    "  --device cpu|cuda[:N] where steps run (default $NEOFLOW_DEVICE, else the\n"
+    "                        CPU); without a usable GPU: a warning and the CPU\n"
     "  --seed S              parameter initialisation and data (default 1)\n"
     "  --classes K           synthetic labels (default 10)\n"
     "  --samples N           synthetic pool size (default 16 batches, at most\n"
@@ -302,7 +304,7 @@ static void print_phases(const double *ms, const unsigned char *ph, long n, int6
 
 int nf__cli_train(int argc, char **argv) {
   const char *file = NULL, *def = NULL, *data = NULL, *daemon = NULL, *save = NULL, *load = NULL;
-  const char *data_dir = NULL;
+  const char *data_dir = NULL, *device = NULL;
   long epochs = -1;
   long steps = -1, batch = -1, classes = 10, samples = 2048, log_every = -1;
   int threads = 0, json = 0, no_spawn = 0, compile_only = 0, tune_trials = 0, tune_seconds = 0;
@@ -344,6 +346,7 @@ int nf__cli_train(int argc, char **argv) {
     errno = 0;
     if (!strcmp(a, "--data")) data = v;
     else if (!strcmp(a, "--daemon")) daemon = v;
+    else if (!strcmp(a, "--device")) device = v;
     else if (!strcmp(a, "--data-dir")) data_dir = v;
     else if (!strcmp(a, "--save")) save = v;
     else if (!strcmp(a, "--load")) load = v;
@@ -449,6 +452,7 @@ int nf__cli_train(int argc, char **argv) {
   so.threads = threads;
   so.seed = seed;
   so.daemon = daemon;
+  so.device = device;
   so.no_spawn = no_spawn;
   so.compile_only = compile_only;
   so.tune_trials = tune_trials;

@@ -15,7 +15,7 @@
  *
  * The device: compute capability $NF_EMU_SM (default 90), named
  * "NeoFlow CPU emulation of sm_<sm>".  $NF_EMU_FAIL_LAUNCH=N makes the
- * N-th launch fail with CUDA_ERROR_ILLEGAL_ADDRESS (a sticky error), for
+ * N-th launch (and every later one: the error is sticky) fail with CUDA_ERROR_ILLEGAL_ADDRESS (a sticky error), for
  * tests of the runtime's handling of a broken context.
  *
  * Test code, not shipped: built only with the tests. */
@@ -318,7 +318,8 @@ CUresult cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigne
   if (!f || stream != &g_stream_token || extra) return E_INVALID_VALUE;
   if (gy != 1 || gz != 1 || by != 1 || bz != 1 || gx == 0 || bx == 0 || bx > 1024)
     return E_INVALID_VALUE;
-  if (++g_launches == env_int("NF_EMU_FAIL_LAUNCH", -1)) {
+  int fail_at = env_int("NF_EMU_FAIL_LAUNCH", 0);
+  if (++g_launches >= fail_at && fail_at > 0) {
     g_broken = E_ILLEGAL_ADDRESS;
     return g_broken;
   }

@@ -39,6 +39,7 @@
 
 #include "neoflow/neoflow.h"
 #include "nf_codegen.h"
+#include "nf_cuda.h"
 #include "nf_exec.h"
 #include "nf_ir.h"
 #include "nf_lower.h"
@@ -1346,6 +1347,93 @@ START_TEST(session_def_outputs) {
 }
 END_TEST
 
+/* ---- 10. on a GPU: the CUDA driver emulated on the CPU ---- */
+
+/* A GPU session (tests/cuda_emu_driver.cc as the driver): the daemon
+ * compiles every entry for the device with NVRTC, the session loads the
+ * bundles (from their source, on the emulated driver), runs each one's
+ * canary against tier 0 on the host, and trains with the same losses,
+ * gradients and parameters as a CPU session; then a sticky launch error
+ * ends its steps with a clear error, never a crash.  Skipped (a message)
+ * where the build has no NVRTC or no emulated driver. */
+START_TEST(session_gpu_emulated) {
+  const char *drv = getenv("NF_TEST_CUDA_DRIVER");
+  nf_buf why = NF_BUF_INIT;
+  if (!drv || !*drv || !getenv("NF_TEST_CUDA_EMU") || !nf_cuda_available(&why)) {
+    fprintf(stderr, "session_gpu_emulated: skipped: %s\n",
+            why.len ? nf_buf_str(&why) : "NF_TEST_CUDA_DRIVER or NF_TEST_CUDA_EMU not set");
+    nf_buf_free(&why);
+    return;
+  }
+  setenv("NEOFLOW_LIBCUDA", drv, 1);
+  dm d;
+  dm_init(&d);
+  dm_config(&d, NULL);
+  dm_start(&d);
+  nf_model *m = load_example("mlp.nf");
+  mlp_data *data = mlp_data_new(21);
+  nf_session_opts o = mlp_opts();
+  o.optim = (nf_optimizer){.kind = NF_OPTIM_SGD, .lr = 0.01, .momentum = 0.5};
+  nf_session *a = open_def(m, "mlp", &o);
+  o.daemon = d.sock;
+  o.no_spawn = 1;
+  o.compile_only = 1;
+  o.device = "cuda";
+  nf_session *b = open_def(m, "mlp", &o);
+  ck_assert_ptr_nonnull(b->gpu);
+  int n_k = b->n_kents;
+  ck_assert_int_eq(nf_session_wait_kernels(b, 120000, 1), NF_OK);
+  double la[3], lb[3];
+  for (int i = 0; i < 3; i++) {
+    mlp_feed(a, data, 0);
+    mlp_feed(b, data, 0);
+    la[i] = step(a);
+    lb[i] = step(b);
+    if (i == 0) {
+      nf_session_stats st = stats(b);
+      ck_assert_msg(st.swaps == n_k && st.rejected == 0 && st.tier1 == n_k,
+                    "swaps %lld of %d, rejected %lld, tier1 %d (see %s): %s",
+                    (long long)st.swaps, n_k, (long long)st.rejected, st.tier1, d.log,
+                    session_log(b));
+      for (int k = 0; k < n_k; k++) ck_assert_ptr_nonnull(b->kents[k].gcur);
+      /* step 1's results came from the reference */
+      ck_assert_msg(la[0] == lb[0], "step 1: loss %.9g on the CPU, %.9g on the GPU", la[0],
+                    lb[0]);
+    }
+    ck_assert_msg(fabs(la[i] - lb[i]) <= 1e-5 * fabs(la[i]), "step %d: loss %.9g vs %.9g", i + 1,
+                  la[i], lb[i]);
+  }
+  ck_assert_msg(la[2] < la[0], "loss did not fall: %g -> %g", la[0], la[2]);
+  int64_t na = 0, nb = 0;
+  float *pa = all_params(a, &na), *pb = all_params(b, &nb);
+  ck_assert_int_eq(na, nb);
+  double r = rel_diff(pb, pa, na);
+  ck_assert_msg(r < 1e-5, "parameters after 3 steps differ by %g (relative)", r);
+  free(pa);
+  free(pb);
+  float ga[10], gb[10];
+  read_t(a, "grad_b3", ga, sizeof ga);
+  read_t(b, "grad_b3", gb, sizeof gb);
+  ck_assert_msg(rel_diff(gb, ga, 10) < 1e-4, "grad_b3 differs by %g", rel_diff(gb, ga, 10));
+  /* a launch fails as an illegal address would: the step fails, says
+   * why, and so does the next (the context is gone) */
+  setenv("NF_EMU_FAIL_LAUNCH", "1", 1);
+  double loss = 0;
+  ck_assert_int_eq(nf_session_step(b, &loss), NF_EIO);
+  ck_assert_msg(strstr(nf_session_error(b), "CUDA_ERROR_ILLEGAL_ADDRESS"), "%s",
+                nf_session_error(b));
+  ck_assert_int_eq(nf_session_step(b, &loss), NF_EIO);
+  ck_assert_msg(strstr(nf_session_error(b), "broke earlier"), "%s", nf_session_error(b));
+  unsetenv("NF_EMU_FAIL_LAUNCH");
+  nf_session_free(a);
+  nf_session_free(b);
+  nf_model_free(m);
+  free(data);
+  ck_assert_int_eq(dm_stop(&d, SIGTERM), 0);
+  dm_done(&d);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("session");
   TCase *tc = tcase_create("session");
@@ -1365,6 +1453,12 @@ static Suite *suite(void) {
     tcase_add_test(tc, session_two_clients_one_daemon);
   }
   suite_add_tcase(s, tc);
+  if (getenv("NF_NEOFLOWD")) {
+    TCase *gpu = tcase_create("gpu"); /* CK_RUN_CASE=gpu runs it alone */
+    tcase_set_timeout(gpu, 900);
+    tcase_add_test(gpu, session_gpu_emulated);
+    suite_add_tcase(s, gpu);
+  }
   return s;
 }
 

@@ -158,6 +158,10 @@ typedef struct nf_session_opts {
   int n_trainable;
   const char *const *trainable;
   int quiet;            /* no warnings on stderr */
+  /* Where steps run: NULL or "cpu" (default: $NEOFLOW_DEVICE, else the
+   * CPU), "cuda" or "cuda:N" (GPU N).  Without a usable GPU the session
+   * warns and trains on the CPU.  docs/gpu.md. */
+  const char *device;
 } nf_session_opts;
 
 /* A session training def of m: its first output is the scalar f32 loss;

@@ -1,0 +1,427 @@
+/* gpu_session.c - training on a GPU: the step program of session.c with
+ * its buffers in device memory (session_int.h, docs/gpu.md).
+ *
+ * Memory: every host buffer of the program (the planned arena, the flat
+ * parameter, gradient and optimizer vectors, the hyper-parameters, each
+ * fed input and output) gets one device allocation of the same size,
+ * made once when the session opens; a buffer's device address is its
+ * region's base plus its offset, so the CPU plan's sharing of bytes
+ * between buffers with disjoint lifetimes carries over.  The device holds
+ * the truth during steps; host copies are refreshed when the program
+ * reads (nf_session_read, the loss, saving parameters) and uploaded when
+ * it writes (feeding, setting parameters).
+ *
+ * Kernels: an entry runs its CUDA module (a bundle from the daemon,
+ * loaded at a step boundary on the program thread), or tier 0 on the
+ * host: its inputs downloaded, the CPU's tier 0 (OpenBLAS, the
+ * interpreter) run, its outputs uploaded.  Correct and slow; cuBLAS and
+ * cuDNN tier-0 fallbacks are not done yet.  A new module runs a canary
+ * against tier 0 (or the verified module it would replace) on the step's
+ * real inputs before it is used, as on the CPU.
+ *
+ * A sticky CUDA error (an illegal address, a failed launch) ends the
+ * session's steps with the error: the context and what it held are
+ * gone. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "nf_cuda_plan.h"
+#include "nf_cuda_rt.h"
+#include "session_int.h"
+
+typedef struct region {
+  const char *host;
+  size_t bytes;
+  uint64_t dev;
+} region;
+
+struct nf__gpu {
+  nf_cuda_rt *rt;
+  int n_regions;
+  region *regions;
+  uint64_t **dargs;   /* per op: the device address of each buffer */
+  uint64_t scratch;   /* device scratch for the modules (scratch_bytes) */
+  uint64_t scratch_bytes;
+};
+
+static int region_add(struct nf__gpu *G, const void *host, size_t bytes) {
+  if (!host || !bytes) return NF_OK;
+  for (int i = 0; i < G->n_regions; i++)
+    if (G->regions[i].host == host) return NF_OK;
+  region *r = realloc(G->regions, sizeof *r * (size_t)(G->n_regions + 1));
+  if (!r) return NF_ENOMEM;
+  G->regions = r;
+  r[G->n_regions].host = host;
+  r[G->n_regions].bytes = bytes;
+  r[G->n_regions].dev = 0;
+  G->n_regions++;
+  return NF_OK;
+}
+
+/* The region holding [host, host + n), or NULL. */
+static const region *region_of(const struct nf__gpu *G, const void *host, size_t n) {
+  const char *p = host;
+  for (int i = 0; i < G->n_regions; i++) {
+    const region *r = &G->regions[i];
+    if (p >= r->host && p + n <= r->host + r->bytes) return r;
+  }
+  return NULL;
+}
+
+static uint64_t dev_of(const struct nf__gpu *G, const void *host, size_t n) {
+  const region *r = region_of(G, host, n);
+  return r ? r->dev + (uint64_t)((const char *)host - r->host) : 0;
+}
+
+int nf__gpu_pull(nf_session *s, const void *host, size_t n) {
+  struct nf__gpu *G = s->gpu;
+  if (!G || !n) return NF_OK;
+  uint64_t d = dev_of(G, host, n);
+  if (!d) {
+    nf_buf_printf(&s->err, "internal error: a host buffer the GPU does not mirror");
+    return NF_EINTERNAL;
+  }
+  return nf_cuda_rt_download(G->rt, (void *)host, d, n, &s->err);
+}
+
+int nf__gpu_push(nf_session *s, const void *host, size_t n) {
+  struct nf__gpu *G = s->gpu;
+  if (!G || !n) return NF_OK;
+  uint64_t d = dev_of(G, host, n);
+  if (!d) {
+    nf_buf_printf(&s->err, "internal error: a host buffer the GPU does not mirror");
+    return NF_EINTERNAL;
+  }
+  return nf_cuda_rt_upload(G->rt, d, host, n, &s->err);
+}
+
+int nf__gpu_sm(const nf_session *s, const char **name) {
+  if (name) *name = s->gpu ? nf_cuda_rt_name(s->gpu->rt) : "";
+  return s->gpu ? nf_cuda_rt_sm(s->gpu->rt) : 0;
+}
+
+int nf__gpu_has_kernel(const nf_session *s, const nf__kent *k) {
+  (void)s;
+  return k->gcur || k->gcand || k->in_bun;
+}
+
+/* Which device the options name: -1 for the CPU, else the GPU's index;
+ * -2 for a string that names neither. */
+static int device_index(const char *d) {
+  if (!d || !*d || !strcmp(d, "cpu")) return -1;
+  if (!strcmp(d, "cuda")) return 0;
+  if (!strncmp(d, "cuda:", 5)) {
+    char *end = NULL;
+    long v = strtol(d + 5, &end, 10);
+    if (end != d + 5 && !*end && v >= 0 && v < 1024) return (int)v;
+  }
+  return -2;
+}
+
+void nf__gpu_close(nf_session *s) {
+  struct nf__gpu *G = s->gpu;
+  if (!G) return;
+  for (int i = 0; i < s->n_kents; i++) {
+    nf_cuda_module_free(s->kents[i].gcur);
+    nf_cuda_module_free(s->kents[i].gcand);
+    s->kents[i].gcur = s->kents[i].gcand = NULL;
+  }
+  for (int i = 0; i < G->n_regions; i++) nf_cuda_rt_free(G->rt, G->regions[i].dev);
+  nf_cuda_rt_free(G->rt, G->scratch);
+  if (G->dargs)
+    for (int i = 0; i < s->n_ops; i++) free(G->dargs[i]);
+  free(G->dargs);
+  free(G->regions);
+  nf_cuda_rt_close(G->rt);
+  free(G);
+  s->gpu = NULL;
+}
+
+int nf__gpu_open(nf_session *s) {
+  const char *want = s->opts.device && *s->opts.device ? s->opts.device : getenv("NEOFLOW_DEVICE");
+  int dev = device_index(want);
+  if (dev == -1) return NF_OK;
+  if (dev == -2) {
+    nf_buf_printf(&s->err, "device '%s': use cpu, cuda or cuda:N", want);
+    return NF_EINVAL;
+  }
+  nf_buf why = NF_BUF_INIT;
+  nf_cuda_rt *rt = NULL;
+  int rc = nf_cuda_rt_open(dev, &rt, &why);
+  if (rc != NF_OK) {
+    nf__session_warn(s, "device %s: %s; training on the CPU", want, nf_buf_str(&why));
+    nf_buf_free(&why);
+    return rc == NF_ENOMEM ? rc : NF_OK;
+  }
+  nf_buf_free(&why);
+  struct nf__gpu *G = calloc(1, sizeof *G);
+  if (!G) {
+    nf_cuda_rt_close(rt);
+    return NF_ENOMEM;
+  }
+  G->rt = rt;
+  s->gpu = G;
+  size_t fb = (size_t)s->n_flat * sizeof(float);
+  rc = region_add(G, s->arena, (size_t)s->arena_bytes);
+  if (rc == NF_OK) rc = region_add(G, s->P, fb);
+  if (rc == NF_OK) rc = region_add(G, s->G, fb);
+  if (rc == NF_OK) rc = region_add(G, s->M, fb);
+  if (rc == NF_OK) rc = region_add(G, s->V, fb);
+  if (rc == NF_OK) rc = region_add(G, s->hp, sizeof s->hp);
+  for (int i = 0; rc == NF_OK && i < s->n_slots; i++)
+    if (!region_of(G, s->slots[i].ptr, (size_t)s->slots[i].bytes))
+      rc = region_add(G, s->slots[i].ptr, (size_t)s->slots[i].bytes);
+  /* device memory, once; the host's contents (initial parameters, zeroed
+   * state, the loss seed) copied up */
+  for (int i = 0; rc == NF_OK && i < G->n_regions; i++) {
+    region *r = &G->regions[i];
+    rc = nf_cuda_rt_alloc(rt, r->bytes, &r->dev, &s->err);
+    if (rc == NF_OK) rc = nf_cuda_rt_upload(rt, r->dev, r->host, r->bytes, &s->err);
+  }
+  if (rc == NF_OK && !(G->dargs = calloc((size_t)s->n_ops + 1, sizeof *G->dargs))) rc = NF_ENOMEM;
+  for (int i = 0; rc == NF_OK && i < s->n_ops; i++) {
+    nf__op *op = &s->ops[i];
+    uint32_t n = op->n_in + op->n_out;
+    if (!(G->dargs[i] = calloc(n + 1, sizeof(uint64_t)))) rc = NF_ENOMEM;
+    for (uint32_t j = 0; rc == NF_OK && j < n; j++) {
+      const nf__slot *sl = &s->slots[op->slots[j]];
+      G->dargs[i][j] = dev_of(G, sl->ptr, (size_t)sl->bytes);
+      if (!G->dargs[i][j]) rc = NF_EINTERNAL;
+    }
+  }
+  if (rc == NF_OK) rc = nf_cuda_rt_sync(rt, &s->err);
+  if (rc != NF_OK) {
+    nf_buf_printf(&s->err, "%sdevice %s (%s): setting up device memory failed",
+                  s->err.len ? "; " : "", want, nf_cuda_rt_name(rt));
+    nf__gpu_close(s);
+    return rc;
+  }
+  if (!s->quiet)
+    fprintf(stderr, "neoflow: training on %s (sm_%d%s), %d device buffers\n",
+            nf_cuda_rt_name(rt), nf_cuda_rt_sm(rt),
+            nf_cuda_rt_emulated(rt) ? ", emulated on the CPU" : "", G->n_regions);
+  return NF_OK;
+}
+
+/* The buffers op's kernels take: the graph's inputs then outputs. */
+static uint32_t kent_args(const nf__kent *k) { return k->g->n_inputs + k->g->n_outputs; }
+
+int nf__gpu_check_bundle(const nf_session *s, int k, const void *bin, size_t len, nf_buf *err) {
+  nf_cuda_bundle b;
+  int rc = nf_cuda_bundle_decode(bin, len, &b, err);
+  if (rc != NF_OK) return rc == NF_ENOMEM ? rc : NF_EFORMAT;
+  uint32_t want = kent_args(&s->kents[k]);
+  if (b.plan.n_args != want) {
+    nf_buf_printf(err, "its launch plan takes %u buffers, the subgraph has %u", b.plan.n_args,
+                  want);
+    rc = NF_EFORMAT;
+  } else if (b.sm > nf__gpu_sm(s, NULL)) {
+    nf_buf_printf(err, "it is built for sm_%d, newer than this device (sm_%d)", b.sm,
+                  nf__gpu_sm(s, NULL));
+    rc = NF_EFORMAT;
+  }
+  nf_cuda_bundle_free(&b);
+  return rc;
+}
+
+/* Loads a bundle handed over for entry k as its candidate. */
+static void take_bundle(nf_session *s, nf__kent *k, uint8_t *bin, size_t len) {
+  struct nf__gpu *G = s->gpu;
+  char hex[65];
+  nf_hash_hex(k->key, hex);
+  hex[16] = 0;
+  nf_cuda_bundle b;
+  nf_buf err = NF_BUF_INIT;
+  nf_cuda_module *m = NULL;
+  int rc = nf_cuda_bundle_decode(bin, len, &b, &err);
+  if (rc == NF_OK) {
+    rc = nf_cuda_module_load_bundle(G->rt, &b, &m, &err);
+    /* every module runs with the one scratch buffer: grow it (nothing is
+     * running at a step boundary once the stream is idle) */
+    if (rc == NF_OK && b.plan.scratch_bytes > G->scratch_bytes) {
+      uint64_t d = 0;
+      rc = nf_cuda_rt_sync(G->rt, &err);
+      if (rc == NF_OK) rc = nf_cuda_rt_alloc(G->rt, (size_t)b.plan.scratch_bytes, &d, &err);
+      if (rc == NF_OK) {
+        nf_cuda_rt_free(G->rt, G->scratch);
+        G->scratch = d;
+        G->scratch_bytes = b.plan.scratch_bytes;
+      }
+    }
+    nf_cuda_bundle_free(&b);
+  }
+  if (rc != NF_OK) {
+    nf__session_warn(s, "kernel %s (tier %d) rejected: loading it on the GPU: %s", hex,
+                     k->cand_tier, nf_buf_str(&err));
+    nf_cuda_module_free(m);
+    s->rejected++;
+  } else {
+    nf_cuda_module_free(k->gcand); /* superseded before its canary */
+    k->gcand = m;
+  }
+  nf_buf_free(&err);
+  free(bin);
+}
+
+int nf__gpu_begin(nf_session *s) {
+  struct nf__gpu *G = s->gpu;
+  if (!G) return NF_OK;
+  for (int i = 0; i < s->n_kents; i++) {
+    nf__kent *k = &s->kents[i];
+    pthread_mutex_lock(&s->mu);
+    uint8_t *bin = k->in_bun;
+    size_t len = k->in_bun_len;
+    k->in_bun = NULL;
+    k->in_bun_len = 0;
+    if (bin) {
+      k->cand_tier = k->in_tier;
+      memcpy(k->cand_sha, k->in_sha, 32);
+      k->cand_ms = k->in_ms;
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (bin) take_bundle(s, k, bin, len);
+  }
+  return nf__gpu_push(s, s->hp, sizeof s->hp);
+}
+
+static size_t buf_bytes(const nf_session *s, const nf__op *op, uint32_t j) {
+  return (size_t)s->slots[op->slots[j]].bytes;
+}
+
+/* Tier 0 on the host: inputs down, the CPU's tier 0, outputs up. */
+static int run_host(nf_session *s, nf__kent *k, nf__op *op) {
+  int rc = NF_OK;
+  for (uint32_t j = 0; rc == NF_OK && j < op->n_in; j++)
+    rc = nf__gpu_pull(s, op->bufs[j], buf_bytes(s, op, j));
+  if (rc == NF_OK) rc = nf__session_tier0(s, k, op, op->bufs, &s->err);
+  for (uint32_t j = op->n_in; rc == NF_OK && j < op->n_in + op->n_out; j++)
+    rc = nf__gpu_push(s, op->bufs[j], buf_bytes(s, op, j));
+  return rc;
+}
+
+static int run_module(nf_session *s, nf_cuda_module *m, const uint64_t *args, uint32_t n,
+                      nf_buf *err) {
+  return nf_cuda_module_run(m, args, n, s->gpu->scratch, err);
+}
+
+/* The canary: the candidate on copies, then the reference for real, the
+ * outputs compared on the host; the candidate is promoted or dropped. */
+static int run_canary(nf_session *s, nf__kent *k, nf__op *op, int op_index) {
+  struct nf__gpu *G = s->gpu;
+  uint32_t n = op->n_in + op->n_out;
+  uint64_t *ca = calloc(n + 1, sizeof *ca);
+  uint64_t *own = calloc(n + 1, sizeof *own); /* device copies to free */
+  void **got = calloc(n + 1, sizeof *got);    /* the candidate's outputs, on the host */
+  int rc = ca && own && got ? NF_OK : NF_ENOMEM;
+  /* the step's inputs, on the host too (the reference may run there) */
+  for (uint32_t j = 0; rc == NF_OK && j < op->n_in; j++)
+    rc = nf__gpu_pull(s, op->bufs[j], buf_bytes(s, op, j));
+  for (uint32_t j = 0; rc == NF_OK && j < n; j++) {
+    if (j < op->n_in && !op->alias) {
+      ca[j] = G->dargs[op_index][j];
+      continue;
+    }
+    if (j >= op->n_in && op->alias) { /* an output over an input: over its copy */
+      for (uint32_t i = 0; i < op->n_in; i++)
+        if (s->slots[op->slots[i]].ptr == s->slots[op->slots[j]].ptr) ca[j] = ca[i];
+      if (ca[j]) continue;
+    }
+    size_t b = buf_bytes(s, op, j);
+    rc = nf_cuda_rt_alloc(G->rt, b, &own[j], &s->err);
+    if (rc == NF_OK && j < op->n_in) rc = nf_cuda_rt_upload(G->rt, own[j], op->bufs[j], b, &s->err);
+    ca[j] = own[j];
+  }
+  nf_buf e = NF_BUF_INIT;
+  int crc = NF_OK;
+  if (rc == NF_OK) {
+    crc = run_module(s, k->gcand, ca, n, &e);
+    if (crc == NF_OK) crc = nf_cuda_rt_sync(G->rt, &e);
+    for (uint32_t o = 0; crc == NF_OK && o < op->n_out; o++) {
+      size_t b = buf_bytes(s, op, op->n_in + o);
+      if (!(got[o] = malloc(b ? b : 1))) crc = NF_ENOMEM;
+      else crc = nf_cuda_rt_download(G->rt, got[o], ca[op->n_in + o], b, &e);
+    }
+    nf_buf probe = NF_BUF_INIT;
+    int broken = crc != NF_OK && nf_cuda_rt_sync(G->rt, &probe) != NF_OK;
+    nf_buf_free(&probe);
+    if (broken) {
+      /* the candidate broke the context: nothing else can run */
+      nf_buf_printf(&s->err, "a GPU kernel broke the CUDA context: %s", nf_buf_str(&e));
+      rc = NF_EIO;
+    }
+  }
+  /* the reference, for real */
+  if (rc == NF_OK) {
+    if (k->gcur && k->verified) {
+      rc = run_module(s, k->gcur, G->dargs[op_index], n, &s->err);
+      for (uint32_t j = op->n_in; rc == NF_OK && j < n; j++)
+        rc = nf__gpu_pull(s, op->bufs[j], buf_bytes(s, op, j));
+    } else {
+      rc = nf__session_tier0(s, k, op, op->bufs, &s->err);
+      for (uint32_t j = op->n_in; rc == NF_OK && j < n; j++)
+        rc = nf__gpu_push(s, op->bufs[j], buf_bytes(s, op, j));
+    }
+  }
+  if (rc == NF_OK) {
+    char hex[65];
+    nf_hash_hex(k->key, hex);
+    hex[16] = 0;
+    double worst = 0;
+    int ok = crc == NF_OK;
+    for (uint32_t o = 0; ok && o < op->n_out; o++)
+      ok = nf__session_output_ok(op->g, o, got[o], op->bufs[op->n_in + o], &worst);
+    if (ok) {
+      nf_cuda_module_free(k->gcur);
+      k->gcur = k->gcand;
+      k->cur_tier = k->cand_tier;
+      k->cur_ms = k->cand_ms;
+      k->verified = 1;
+      s->swaps++;
+      nf__verified_add(s, k->key, k->cand_sha);
+    } else {
+      nf__session_warn(s, "GPU kernel %s (tier %d) rejected: %s%s", hex, k->cand_tier,
+                       crc != NF_OK ? "it failed: " : "its results differ from the reference",
+                       crc != NF_OK ? nf_buf_str(&e) : "");
+      nf_cuda_module_free(k->gcand);
+      s->rejected++;
+    }
+    k->gcand = NULL;
+  }
+  nf_buf_free(&e);
+  nf_buf probe = NF_BUF_INIT;
+  if (nf_cuda_rt_sync(G->rt, &probe) == NF_OK)
+    for (uint32_t j = 0; own && j < n; j++) nf_cuda_rt_free(G->rt, own[j]);
+  nf_buf_free(&probe);
+  for (uint32_t j = 0; got && j < n; j++) free(got[j]);
+  free(got);
+  free(own);
+  free(ca);
+  return rc;
+}
+
+int nf__gpu_run_op(nf_session *s, nf__op *op) {
+  struct nf__gpu *G = s->gpu;
+  nf__kent *k = &s->kents[op->kent];
+  int op_index = (int)(op - s->ops);
+  if (k->gcand && nf__verified_has(s, k->key, k->cand_sha)) {
+    /* these very bytes passed a canary for this key before */
+    nf_cuda_module_free(k->gcur);
+    k->gcur = k->gcand;
+    k->cur_tier = k->cand_tier;
+    k->cur_ms = k->cand_ms;
+    k->gcand = NULL;
+    k->verified = 1;
+    s->swaps++;
+    s->trusted++;
+  }
+  double t0 = nf__now_ms();
+  int rc;
+  if (k->gcand) rc = run_canary(s, k, op, op_index);
+  else if (k->gcur) rc = run_module(s, k->gcur, G->dargs[op_index], op->n_in + op->n_out, &s->err);
+  else rc = run_host(s, k, op);
+  /* the step's time per entry: launches are asynchronous, so a GPU step
+   * is timed as a whole; per-entry times are measured (synchronised) only
+   * for entries on the host */
+  k->run_ms += nf__now_ms() - t0;
+  return rc;
+}
