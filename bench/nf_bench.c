@@ -44,6 +44,7 @@
 static const char usage[] =
     "usage: nf_bench FILE.nf DEF --dir D --params A,B,.. [--shape NAME=d1,d2,..]...\n"
     "                [--threads T] [--lr X] [--daemon ADDR|none] [--tune-trials N]\n"
+    "                [--device cpu|cuda[:N]]\n"
     "                [--tune-seconds S] [--compile-only] [--wait-kernels SEC]\n"
     "                [--warmup N] [--steps-min N] [--seconds-min S] [--steps-max N]\n"
     "                [--tune-only] [--dump DIR] [--trace FILE --run-seconds S]\n"
@@ -139,7 +140,7 @@ static int bad(const char *what, const char *arg) {
 
 int main(int argc, char **argv) {
   const char *file = NULL, *def = NULL, *dir = NULL, *daemon = NULL, *dump = NULL;
-  const char *trace = NULL;
+  const char *trace = NULL, *device = NULL;
   int threads = 0, tune_trials = 0, tune_seconds = 0, compile_only = 0, tune_only = 0;
   long warmup = 5, steps_min = 20, steps_max = 100000;
   double lr = 1e-4, wait_s = 0, seconds_min = 2, run_seconds = 30;
@@ -171,6 +172,7 @@ int main(int argc, char **argv) {
     errno = 0;
     if (!strcmp(a, "--dir")) dir = v;
     else if (!strcmp(a, "--daemon")) daemon = v;
+    else if (!strcmp(a, "--device")) device = v;
     else if (!strcmp(a, "--dump")) dump = v;
     else if (!strcmp(a, "--trace")) trace = v;
     else if (!strcmp(a, "--params")) {
@@ -241,6 +243,7 @@ int main(int argc, char **argv) {
   so.threads = threads;
   so.seed = 1;
   so.daemon = daemon;
+  so.device = device;
   so.no_spawn = 1; /* bench/run starts the daemon it means */
   so.compile_only = compile_only;
   so.tune_trials = tune_trials;

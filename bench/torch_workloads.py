@@ -42,6 +42,7 @@ def parse_args(argv):
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--dump")
     ap.add_argument("--ref64")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (PyTorch CUDA)")
     return ap.parse_args(argv)
 
 
@@ -104,7 +105,7 @@ def load(meta, d, dtype):
         want = int(np.prod(inp["shape"])) if inp["shape"] else 1
         if arr.size != want:
             raise SystemExit("torch_workloads: %s holds %d floats, want %d" % (path, arr.size, want))
-        t = torch.from_numpy(arr.reshape(inp["shape"]).astype(dtype))
+        t = torch.from_numpy(arr.reshape(inp["shape"]).astype(dtype)).to(ARGS.device)
         if inp["param"]:
             t.requires_grad_(True)
             params.append((inp["name"], t))
@@ -113,7 +114,7 @@ def load(meta, d, dtype):
 
 
 def write(d, name, t):
-    t.detach().numpy().astype("<f4").tofile(os.path.join(d, name + ".f32"))
+    t.detach().cpu().numpy().astype("<f4").tofile(os.path.join(d, name + ".f32"))
 
 
 def main():
@@ -182,7 +183,7 @@ def main():
         "median_ms": float(np.median(times)), "mean_ms": float(np.mean(times)),
         "min_ms": float(np.min(times)), "steps": len(times), "total_ms": total_ms,
         "loss0": loss0, "warmup_ms": warm_ms, "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
+        "threads": torch.get_num_threads(), "device": a.device,
     }))
     return 0
 

@@ -1357,15 +1357,18 @@ END_TEST
  * ends its steps with a clear error, never a crash.  Skipped (a message)
  * where the build has no NVRTC or no emulated driver. */
 START_TEST(session_gpu_emulated) {
-  const char *drv = getenv("NF_TEST_CUDA_DRIVER");
+  /* NF_TEST_GPU_REAL=1 (deploy/gpu-check.sh): the machine's own driver
+   * and GPU instead, without the fault injection */
+  int real = getenv("NF_TEST_GPU_REAL") && !strcmp(getenv("NF_TEST_GPU_REAL"), "1");
+  const char *drv = real ? "libcuda.so.1" : getenv("NF_TEST_CUDA_DRIVER");
   nf_buf why = NF_BUF_INIT;
-  if (!drv || !*drv || !getenv("NF_TEST_CUDA_EMU") || !nf_cuda_available(&why)) {
+  if (!drv || !*drv || (!real && !getenv("NF_TEST_CUDA_EMU")) || !nf_cuda_available(&why)) {
     fprintf(stderr, "session_gpu_emulated: skipped: %s\n",
             why.len ? nf_buf_str(&why) : "NF_TEST_CUDA_DRIVER or NF_TEST_CUDA_EMU not set");
     nf_buf_free(&why);
     return;
   }
-  setenv("NEOFLOW_LIBCUDA", drv, 1);
+  if (!real) setenv("NEOFLOW_LIBCUDA", drv, 1);
   dm d;
   dm_init(&d);
   dm_config(&d, NULL);
@@ -1417,6 +1420,7 @@ START_TEST(session_gpu_emulated) {
   ck_assert_msg(rel_diff(gb, ga, 10) < 1e-4, "grad_b3 differs by %g", rel_diff(gb, ga, 10));
   /* a launch fails as an illegal address would: the step fails, says
    * why, and so does the next (the context is gone) */
+  if (real) goto done;
   setenv("NF_EMU_FAIL_LAUNCH", "1", 1);
   double loss = 0;
   ck_assert_int_eq(nf_session_step(b, &loss), NF_EIO);
@@ -1425,6 +1429,7 @@ START_TEST(session_gpu_emulated) {
   ck_assert_int_eq(nf_session_step(b, &loss), NF_EIO);
   ck_assert_msg(strstr(nf_session_error(b), "broke earlier"), "%s", nf_session_error(b));
   unsetenv("NF_EMU_FAIL_LAUNCH");
+done:
   nf_session_free(a);
   nf_session_free(b);
   nf_model_free(m);

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# deploy/gpu-check.sh - the checks that need an NVIDIA GPU, in one run
+# (docs/gpu.md).  On a Debian 12 machine with the GPU's driver and the
+# CUDA toolkit (NVRTC) installed:
+#   1. sets up and builds (deploy/setup.sh; NF_GPU_SKIP_SETUP=1 skips the
+#      package installs where they are already there);
+#   2. the GPU tests: test_cuda's `gpu` part (every library op, workload
+#      statement and gradient compiled by NVRTC for the device and run on
+#      it against the interpreter) and test_session's `gpu` case on the
+#      real driver (a GPU session with the daemon's kernels trains with the
+#      CPU's losses, gradients and parameters);
+#   3. `neoflow train --device cuda` against `--device cpu` on the MLP:
+#      the losses after 30 steps agree;
+#   4. the benchmark against PyTorch CUDA in one run (bench/run --device
+#      cuda, the default kernels: GPU tuning is not done yet), written to
+#      ${NF_GPU_OUT:-gpu-check-out}/gpu_bench.json.
+# Exit status: 0 when every step passed; the first failing step's status
+# otherwise.  Every step's output goes to the terminal and to
+# ${NF_GPU_OUT:-gpu-check-out}/gpu-check.log.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${NF_GPU_OUT:-gpu-check-out}
+mkdir -p "$out"
+exec > >(tee "$out/gpu-check.log") 2>&1
+
+echo "== 0. the machine"
+command -v nvidia-smi >/dev/null && nvidia-smi -L || echo "(no nvidia-smi)"
+
+export NEOFLOW_LIB="$PWD/lib"
+echo "== 1. set-up and build"
+if [ "${NF_GPU_SKIP_SETUP:-0}" != 1 ]; then ./deploy/setup.sh python3-torch; fi
+[ -f build/build.ninja ] || meson setup build >/dev/null
+ninja -C build
+build/client/neoflow compile --target cuda:sm_90 lib/nn.nf relu --shape X=64,64 -o "$out/relu.cubin" \
+  || { echo "gpu-check: NVRTC is missing from this build (meson option gpu_toolkit)"; exit 1; }
+
+echo "== 2. GPU tests"
+st=0
+NF_TEST_CUDA_EMU="$PWD/tests/cuda_emu.h" build/tests/test_cuda gpu || st=$?
+[ "$st" -eq 77 ] && { echo "gpu-check: no usable GPU (test_cuda gpu skipped)"; exit 77; }
+[ "$st" -eq 0 ] || exit "$st"
+NF_TEST_GPU_REAL=1 CK_RUN_CASE=gpu NEOFLOW_VERIFIED=none \
+  NF_NEOFLOWD="$PWD/build/daemon/neoflowd" build/tests/test_session
+
+echo "== 3. training on the GPU against the CPU"
+run_train() {
+  build/client/neoflow train examples/mlp.nf mlp --data synthetic --steps 30 --batch 64 \
+    --optim sgd --lr 0.05 --daemon "$1" --device "$2" --compile-only --wait-kernels 120 \
+    --log-every 30 | tail -n 1
+}
+sock_dir=$(mktemp -d)
+build/daemon/neoflowd --socket "$sock_dir/s.sock" --cache "$sock_dir/c.db" &
+dpid=$!
+sleep 1
+cpu=$(run_train none cpu)
+gpu=$(run_train "$sock_dir/s.sock" cuda)
+kill "$dpid"; wait "$dpid" || true; rm -rf "$sock_dir"
+echo "cpu: $cpu"; echo "gpu: $gpu"
+python3 - "$cpu" "$gpu" <<'PY'
+import re, sys
+a, b = (float(re.search(r"-> ([0-9.eE+-]+)", s).group(1)) for s in sys.argv[1:3])
+ok = abs(a - b) <= 1e-3 * max(abs(a), 1e-6)
+print("final loss: cpu %.6g, gpu %.6g: %s" % (a, b, "agree" if ok else "DIFFER"))
+sys.exit(0 if ok else 1)
+PY
+
+echo "== 4. benchmark against PyTorch CUDA"
+python3 bench/run --device cuda --threads 1 --rounds 1 --compile-only --no-plot \
+  --python "$(command -v python3)" --out "$out/bench" --json "$out/gpu_bench.json"
+echo "gpu-check: all steps passed; results in $out"
