@@ -73,26 +73,27 @@ static uint64_t dev_of(const struct nf__gpu *G, const void *host, size_t n) {
   return r ? r->dev + (uint64_t)((const char *)host - r->host) : 0;
 }
 
+/* The device address mirroring [host, host + n) into *d; NF_OK, or
+ * NF_EINTERNAL (a buffer the session does not mirror). */
+static int mirror_of(nf_session *s, const void *host, size_t n, uint64_t *d) {
+  *d = dev_of(s->gpu, host, n);
+  if (*d) return NF_OK;
+  nf_buf_printf(&s->err, "internal error: a host buffer the GPU does not mirror");
+  return NF_EINTERNAL;
+}
+
 int nf__gpu_pull(nf_session *s, const void *host, size_t n) {
-  struct nf__gpu *G = s->gpu;
-  if (!G || !n) return NF_OK;
-  uint64_t d = dev_of(G, host, n);
-  if (!d) {
-    nf_buf_printf(&s->err, "internal error: a host buffer the GPU does not mirror");
-    return NF_EINTERNAL;
-  }
-  return nf_cuda_rt_download(G->rt, (void *)host, d, n, &s->err);
+  uint64_t d = 0;
+  if (!s->gpu || !n) return NF_OK;
+  int rc = mirror_of(s, host, n, &d);
+  return rc ? rc : nf_cuda_rt_download(s->gpu->rt, (void *)host, d, n, &s->err);
 }
 
 int nf__gpu_push(nf_session *s, const void *host, size_t n) {
-  struct nf__gpu *G = s->gpu;
-  if (!G || !n) return NF_OK;
-  uint64_t d = dev_of(G, host, n);
-  if (!d) {
-    nf_buf_printf(&s->err, "internal error: a host buffer the GPU does not mirror");
-    return NF_EINTERNAL;
-  }
-  return nf_cuda_rt_upload(G->rt, d, host, n, &s->err);
+  uint64_t d = 0;
+  if (!s->gpu || !n) return NF_OK;
+  int rc = mirror_of(s, host, n, &d);
+  return rc ? rc : nf_cuda_rt_upload(s->gpu->rt, d, host, n, &s->err);
 }
 
 int nf__gpu_sm(const nf_session *s, const char **name) {

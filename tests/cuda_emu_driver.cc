@@ -69,7 +69,12 @@ struct emu_module {
 };
 
 static std::mutex g_mu;
-static std::set<uintptr_t> g_allocs;
+/* what the "device" holds: freed when the library is unloaded, also what
+ * a broken context's owner could not free (the real driver drops it with
+ * the context); plain pointers, so nothing depends on the order of static
+ * destructors */
+static std::set<uintptr_t> *g_allocs;
+static std::set<emu_module *> *g_mods;
 static int g_init, g_ctx_refs, g_broken, g_launches;
 static int g_ctx_token, g_stream_token;
 
@@ -155,14 +160,15 @@ CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
   if (posix_memalign(&m, 256, n) != 0) return E_OUT_OF_MEMORY;
   memset(m, 0xa5, n); /* device memory starts as garbage */
   std::lock_guard<std::mutex> l(g_mu);
-  g_allocs.insert((uintptr_t)m);
+  if (!g_allocs) g_allocs = new std::set<uintptr_t>();
+  g_allocs->insert((uintptr_t)m);
   *p = (CUdeviceptr)(uintptr_t)m;
   return OK;
 }
 
 CUresult cuMemFree_v2(CUdeviceptr p) {
   std::lock_guard<std::mutex> l(g_mu);
-  if (!g_allocs.erase((uintptr_t)p)) return E_INVALID_VALUE;
+  if (!g_allocs || !g_allocs->erase((uintptr_t)p)) return E_INVALID_VALUE;
   free((void *)(uintptr_t)p);
   return OK;
 }
@@ -282,16 +288,37 @@ CUresult nfemuModuleLoadSource(void **mod, const char *src, size_t n) {
     return E_INVALID_IMAGE;
   }
   signatures(text, m);
+  {
+    std::lock_guard<std::mutex> l(g_mu);
+    if (!g_mods) g_mods = new std::set<emu_module *>();
+    g_mods->insert(m);
+  }
   *mod = m;
   return OK;
 }
 
-CUresult cuModuleUnload(void *mod) {
-  emu_module *m = (emu_module *)mod;
-  if (!m) return E_INVALID_HANDLE;
+static void module_free(emu_module *m) {
   for (emu_fn *f : m->fns) delete f;
   dlclose(m->h);
   delete m;
+}
+
+__attribute__((destructor)) static void unload_all(void) {
+  if (g_mods)
+    for (emu_module *m : *g_mods) module_free(m);
+  if (g_allocs)
+    for (uintptr_t p : *g_allocs) free((void *)p);
+  delete g_mods;
+  delete g_allocs;
+  g_mods = NULL;
+  g_allocs = NULL;
+}
+
+CUresult cuModuleUnload(void *mod) {
+  emu_module *m = (emu_module *)mod;
+  std::lock_guard<std::mutex> l(g_mu);
+  if (!m || !g_mods || !g_mods->erase(m)) return E_INVALID_HANDLE;
+  module_free(m);
   return OK;
 }
 
