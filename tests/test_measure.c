@@ -37,6 +37,10 @@
 #include <unistd.h>
 
 #include "nf_config.h"
+#include "nf_cuda.h"
+#include "nf_interp.h"
+#include "nf_lang.h"
+#include "nf_lower.h"
 #include "nf_measure.h"
 #include "search_kernels/mm.h"
 
@@ -668,6 +672,124 @@ START_TEST(measure_worker_validates) {
 }
 END_TEST
 
+/* ---- GPU mode, on the emulated CUDA driver (tests/cuda_emu_driver.cc) ---- */
+
+static const char *gpu_src =
+    "def mm(A: f32[M, K], B: f32[K, N]) -> (C: f32[M, N]) {\n"
+    "  C(i, j) +=! A(i, k) * B(k, j)\n"
+    "}\n"
+    "def mm2(A: f32[M, K], B: f32[K, N]) -> (C: f32[M, N]) {\n"
+    "  C(i, j) +=! A(i, k) * B(k, j) * 2.0\n"
+    "}\n";
+
+/* def's GPU default kernel as a bundle with its source and no cubin (the
+ * emulated driver runs the source). */
+static void gpu_bundle(nf_module *mod, const char *def, nf_ir_ctx *ctx, nf_buf *out) {
+  nf_arg_shape sh[2] = {{.rank = 2, .dims = {48, 40}}, {.rank = 2, .dims = {40, 36}}};
+  nf_inst_opts io = {.n_shapes = 2, .shapes = sh};
+  nf_graph *g = NULL;
+  nf_diag *d = nf_diag_new();
+  ck_assert_int_eq(nf_module_instantiate(mod, def, &io, ctx, &g, d), NF_OK);
+  nf_diag_free(d);
+  nf_schedule *sch = NULL;
+  nf_lprog *p = NULL;
+  nf_buf err = NF_BUF_INIT, src = NF_BUF_INIT;
+  ck_assert_int_eq(nf_schedule_default_gpu(g, NF_GPU_DEFAULT_THREADS, &sch), NF_OK);
+  ck_assert_int_eq(nf_lower(g, sch, ctx, &p, &err), NF_OK);
+  nf_cuda_plan plan;
+  memset(&plan, 0, sizeof plan);
+  ck_assert_int_eq(nf_cuda_emit(p, &src, &plan, &err), NF_OK);
+  ck_assert_int_eq(nf_cuda_bundle_encode(&plan, NF_CUDA_IMAGE_CUBIN, 90, NULL, 0, src.data, src.len,
+                                         out),
+                   NF_OK);
+  nf_cuda_plan_free(&plan);
+  nf_schedule_free(sch);
+  nf_buf_free(&src);
+  nf_buf_free(&err);
+}
+
+/* The measurer in GPU mode: a worker that owns the (emulated) CUDA
+ * context checks and times bundles; a wrong one is WRONG, a corrupt one
+ * LOAD, one whose launch breaks the context a CRASH (the worker exits;
+ * the next candidate gets a fresh worker); without a driver the measurer
+ * does not start and says why. */
+START_TEST(measure_gpu_emulated) {
+  const char *drv = getenv("NF_TEST_CUDA_DRIVER");
+  if (!drv || !*drv || !getenv("NF_TEST_CUDA_EMU")) {
+    fprintf(stderr, "measure_gpu_emulated: skipped: NF_TEST_CUDA_DRIVER or NF_TEST_CUDA_EMU not set\n");
+    return;
+  }
+  nf_module *mod = nf_module_new();
+  nf_diag *d = nf_diag_new();
+  ck_assert_msg(nf_module_load_source(mod, "gpu.nf", gpu_src, d) == NF_OK, "%s", nf_diag_text(d));
+  nf_diag_free(d);
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  nf_buf good = NF_BUF_INIT, wrong = NF_BUF_INIT;
+  gpu_bundle(mod, "mm", ctx, &good);
+  gpu_bundle(mod, "mm2", ctx, &wrong);
+  /* the problem: mm on random inputs, the interpreter's f64 result */
+  static float a[48 * 40], b[40 * 36];
+  for (int i = 0; i < 48 * 40; i++) a[i] = (float)((i * 37 % 101) - 50) / 50.0f;
+  for (int i = 0; i < 40 * 36; i++) b[i] = (float)((i * 53 % 89) - 44) / 44.0f;
+  static double c[48 * 36];
+  for (int i = 0; i < 48; i++)
+    for (int j = 0; j < 36; j++) {
+      double acc = 0;
+      for (int k = 0; k < 40; k++) acc += (double)a[i * 40 + k] * b[k * 36 + j];
+      c[i * 36 + j] = acc;
+    }
+  nf_measure_tensor t[3] = {{NF_F32, 2, {48, 40}}, {NF_F32, 2, {40, 36}}, {NF_F32, 2, {48, 36}}};
+  const void *in[2] = {a, b};
+  const double *ex[1] = {c};
+  nf_measure_problem pb = {.n_inputs = 2, .n_outputs = 1, .tensors = t, .check_inputs = in,
+                           .expected = ex};
+  nf_measure_opts o = quick;
+  o.gpu = 1;
+  /* no driver: the worker says so, the measurer does not start */
+  setenv("NEOFLOW_LIBCUDA", "/nonexistent/libcuda.so.1", 1);
+  nf_measurer *m = NULL;
+  nf_buf err = NF_BUF_INIT;
+  ck_assert_int_eq(nf_measurer_new(&o, &pb, &m, &err), NF_EIO);
+  ck_assert_msg(strstr(nf_buf_str(&err), "no CUDA driver"), "%s", nf_buf_str(&err));
+  ck_assert_ptr_null(m);
+  setenv("NEOFLOW_LIBCUDA", drv, 1);
+  nf_buf_reset(&err);
+  ck_assert_msg(nf_measurer_new(&o, &pb, &m, &err) == NF_OK, "%s", nf_buf_str(&err));
+  nf_measure_result r;
+  ck_assert_int_eq(nf_measure(m, good.data, good.len, &r), NF_OK);
+  expect_status(&r, NF_MEAS_OK, "the GPU default of mm");
+  ck_assert_int_ge(r.n_runs, 3);
+  ck_assert_msg(r.max_rel_err < 1e-5, "max_rel_err %g", r.max_rel_err);
+  ck_assert_int_eq(nf_measure(m, wrong.data, wrong.len, &r), NF_OK);
+  expect_status(&r, NF_MEAS_WRONG, "mm2 for mm");
+  /* a truncated bundle */
+  ck_assert_int_eq(nf_measure(m, good.data, good.len - 3, &r), NF_OK);
+  expect_status(&r, NF_MEAS_LOAD, "a truncated bundle");
+  ck_assert_int_eq(nf_measure(m, good.data, good.len, &r), NF_OK);
+  expect_status(&r, NF_MEAS_OK, "mm after the bad ones");
+  nf_measurer_free(m);
+  /* every launch breaks the context: a crash, then a fresh worker */
+  setenv("NF_EMU_FAIL_LAUNCH", "1", 1);
+  ck_assert_msg(nf_measurer_new(&o, &pb, &m, &err) == NF_OK, "%s", nf_buf_str(&err));
+  int pid0 = nf_measurer_worker_pid(m);
+  ck_assert_int_eq(nf_measure(m, good.data, good.len, &r), NF_OK);
+  expect_status(&r, NF_MEAS_CRASH, "a launch that breaks the context");
+  ck_assert_msg(strstr(r.reason, "CUDA_ERROR_ILLEGAL_ADDRESS"), "%s", r.reason);
+  ck_assert_int_eq(nf_measure(m, good.data, good.len, &r), NF_OK);
+  expect_status(&r, NF_MEAS_CRASH, "again, in a fresh worker");
+  ck_assert_int_ne(nf_measurer_worker_pid(m), pid0);
+  unsetenv("NF_EMU_FAIL_LAUNCH");
+  nf_measurer_free(m);
+  assert_no_children();
+  unsetenv("NEOFLOW_LIBCUDA");
+  nf_buf_free(&err);
+  nf_buf_free(&good);
+  nf_buf_free(&wrong);
+  nf_ir_ctx_free(ctx);
+  nf_module_free(mod);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("measure");
   TCase *tc = tcase_create("core");
@@ -686,6 +808,10 @@ int main(void) {
   tcase_add_test(tc, measure_bad_problem);
   tcase_add_test(tc, measure_worker_validates);
   suite_add_tcase(s, tc);
+  TCase *gpu = tcase_create("gpu"); /* CK_RUN_CASE=gpu runs it alone */
+  tcase_set_timeout(gpu, 300);
+  tcase_add_test(gpu, measure_gpu_emulated);
+  suite_add_tcase(s, gpu);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
   int nf = srunner_ntests_failed(sr);

@@ -66,6 +66,7 @@ struct nf_measurer {
   double rtol;
   /* options, defaults applied */
   char *worker_path;
+  int gpu, gpu_device; /* candidates are CUDA bundles (nf_measure_opts) */
   int n_threads;
   unsigned timeout_ms;
   uint64_t mem_limit;
@@ -416,11 +417,12 @@ static int spawn_worker(nf_measurer *m, nf_buf *err) {
       (e = posix_spawnattr_setsigmask(&at, &none)) ||
       (e = posix_spawnattr_setsigdefault(&at, &all)) || (e = posix_spawnattr_setpgroup(&at, 0)))
     goto spawn_err;
-  char a_parent[40], a_mem[48], a_threads[32];
+  char a_parent[40], a_mem[48], a_threads[32], a_cuda[32];
   snprintf(a_parent, sizeof a_parent, "--parent=%ld", (long)getpid());
   snprintf(a_mem, sizeof a_mem, "--mem-limit=%" PRIu64, m->mem_limit);
   snprintf(a_threads, sizeof a_threads, "--threads=%d", m->n_threads);
-  char *argv[] = {m->worker_path, a_parent, a_mem, a_threads, NULL};
+  snprintf(a_cuda, sizeof a_cuda, "--cuda=%d", m->gpu_device);
+  char *argv[] = {m->worker_path, a_parent, a_mem, a_threads, m->gpu ? a_cuda : NULL, NULL};
   pid_t pid;
   if ((e = posix_spawn(&pid, m->worker_path, &fa, &at, argv, environ))) goto spawn_err;
   m->pid = pid;
@@ -589,6 +591,8 @@ int nf_measurer_new(const nf_measure_opts *o, const nf_measure_problem *pb, nf_m
   m->bytes = calloc(n_t, sizeof *m->bytes);
   m->inputs = calloc(m->n_in ? m->n_in : 1, sizeof *m->inputs);
   m->expected = calloc(m->n_out, sizeof *m->expected);
+  m->gpu = o->gpu != 0;
+  m->gpu_device = o->gpu_device >= 0 && o->gpu_device < 1024 ? o->gpu_device : 0;
   const char *path = o->worker_path ? o->worker_path : default_worker();
   m->worker_path = strdup(path);
   if (!m->tensors || !m->n_elem || !m->bytes || !m->inputs || !m->expected || !m->worker_path)

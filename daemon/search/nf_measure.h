@@ -64,6 +64,11 @@ typedef struct nf_measure_opts {
   int max_repeat;          /* most timed runs; 0: 200 */
   uint64_t rotate_bytes;   /* input copies span at least this (at most 8
                               copies); 0: 32 MiB */
+  int gpu;                 /* 1: candidates are CUDA kernel bundles, run on
+                              GPU gpu_device by a worker that owns its CUDA
+                              context (worker.c, "GPU mode"); mem_limit is
+                              then not applied */
+  int gpu_device;
 } nf_measure_opts;
 
 typedef enum nf_measure_status {
@@ -125,7 +130,7 @@ const char *nf_measure_status_name(int status);
  *     (i32 status, i32 n_runs, f64 median_ms, min_ms, max_rel_err, then
  *     the reason's bytes), or FAIL (a message) when it cannot go on.
  * The worker's argv carries what it needs before reading anything:
- * --parent=PID --mem-limit=BYTES --threads=N. */
+ * --parent=PID --mem-limit=BYTES --threads=N [--cuda=DEVICE]. */
 #define NF__MEAS_PROTO_VERSION 1u
 enum {
   NF__MEAS_F_PROBLEM = 1,

@@ -30,7 +30,19 @@
  * own SIGSEGV/SIGBUS/SIGFPE/SIGILL handlers are turned off so a crashing
  * candidate dies by its signal as in a normal build.  A kernel can still
  * corrupt this process's memory before it is caught; the measurer treats
- * anything odd on the pipe as a crash.  Timeouts are the measurer's job. */
+ * anything odd on the pipe as a crash.  Timeouts are the measurer's job.
+ *
+ * GPU mode (--cuda=N, nf_measure_opts.gpu): the candidates are CUDA
+ * kernel bundles (nf_cuda_plan.h) and this process owns the CUDA context
+ * of device N (the daemon's processes never create one).  Every copy's
+ * buffers get device twins, uploaded once; a candidate is loaded as a
+ * module, its check run's outputs and inputs are downloaded and checked
+ * as above, and each timed run is launch + stream synchronisation on the
+ * wall clock.  No RLIMIT_AS then (the driver maps large address ranges).
+ * A sticky CUDA error (an illegal address, a failed launch) leaves the
+ * context unusable: the worker prints the error and exits with status 3,
+ * which the measurer reports as a crash of that candidate and answers
+ * with a fresh worker. */
 #include <errno.h>
 #include <stdarg.h>
 #include <fcntl.h>
@@ -45,6 +57,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "nf_cuda_plan.h"
+#include "nf_cuda_rt.h"
 #include "nf_exec.h"
 #include "nf_ir.h"
 #include "nf_measure.h"
@@ -168,6 +182,11 @@ static struct {
   nf_pool *pool;
 } P;
 
+/* GPU mode */
+static int g_cuda = -1;  /* the device, or -1: CPU kernels */
+static nf_cuda_rt *g_rt;
+static uint64_t **g_dbufs; /* n_copies arrays of n_in + n_out device buffers */
+
 static void *alloc64(size_t bytes) {
   size_t n = (bytes + 63) / 64 * 64;
   return aligned_alloc(64, n ? n : 64);
@@ -183,6 +202,29 @@ static void take(cursor *c, void *out, size_t n) {
   memcpy(out, c->p, n);
   c->p += n;
   c->left -= n;
+}
+
+/* Opens the device and makes every copy's device twins. */
+static void gpu_setup(void) {
+  nf_buf why = NF_BUF_INIT;
+  if (nf_cuda_rt_open(g_cuda, &g_rt, &why) != NF_OK) fail("GPU %d: %s", g_cuda, nf_buf_str(&why));
+  uint32_t n_t = P.n_in + P.n_out;
+  g_dbufs = calloc(P.n_copies, sizeof *g_dbufs);
+  if (!g_dbufs) fail("out of memory");
+  for (uint32_t k = 0; k < P.n_copies; k++) {
+    if (!(g_dbufs[k] = calloc(n_t + 1, sizeof **g_dbufs))) fail("out of memory");
+    for (uint32_t i = 0; i < n_t; i++) {
+      /* at least one byte: a zero-size tensor still needs an address */
+      size_t b = P.t[i].bytes ? P.t[i].bytes : 1;
+      if (nf_cuda_rt_alloc(g_rt, b, &g_dbufs[k][i], &why) != NF_OK ||
+          (i < P.n_in && nf_cuda_rt_upload(g_rt, g_dbufs[k][i], P.pristine[i], P.t[i].bytes,
+                                           &why) != NF_OK))
+        fail("GPU %d: device memory for copy %u of tensor %u: %s", g_cuda, k, i,
+             nf_buf_str(&why));
+    }
+  }
+  if (nf_cuda_rt_sync(g_rt, &why) != NF_OK) fail("GPU %d: %s", g_cuda, nf_buf_str(&why));
+  nf_buf_free(&why);
 }
 
 static void read_problem(void) {
@@ -277,6 +319,7 @@ static void read_problem(void) {
       if (i < P.n_in) memcpy(P.bufs[k][i], P.pristine[i], P.t[i].bytes);
     }
   }
+  if (g_cuda >= 0) gpu_setup();
   send_frame(NF__MEAS_F_READY, NULL, 0);
 }
 
@@ -294,6 +337,12 @@ static void free_problem(void) {
   free(P.times);
   free(P.t);
   if (P.pool) nf_pool_free(P.pool);
+  for (uint32_t k = 0; g_dbufs && k < P.n_copies; k++) {
+    for (uint32_t i = 0; g_dbufs[k] && i < P.n_in + P.n_out; i++) nf_cuda_rt_free(g_rt, g_dbufs[k][i]);
+    free(g_dbufs[k]);
+  }
+  free(g_dbufs);
+  nf_cuda_rt_close(g_rt);
 }
 
 /* ---- one candidate ---- */
@@ -472,6 +521,115 @@ done:
   nf_kernel_free_unload(k);
 }
 
+/* ---- one candidate on the GPU ---- */
+
+/* A CUDA call failed: the candidate's fault (reason set), or a sticky
+ * error, after which this process cannot go on. */
+static void gpu_failed(result *r, const char *what, nf_buf *err) {
+  nf_buf probe = NF_BUF_INIT;
+  if (nf_cuda_rt_sync(g_rt, &probe) != NF_OK) die(3, "%s: %s", what, nf_buf_str(err));
+  nf_buf_free(&probe);
+  set_reason(r, NF_MEAS_LOAD, "%s: %s", what, nf_buf_str(err));
+}
+
+static int gpu_run(nf_cuda_module *m, uint32_t copy, uint64_t scratch, result *r) {
+  nf_buf err = NF_BUF_INIT;
+  int rc = nf_cuda_module_run(m, g_dbufs[copy], P.n_in + P.n_out, scratch, &err);
+  if (rc == NF_OK) rc = nf_cuda_rt_sync(g_rt, &err);
+  if (rc != NF_OK) gpu_failed(r, "running it", &err);
+  nf_buf_free(&err);
+  return rc;
+}
+
+/* Brings copy's inputs back from the device and checks them (restoring
+ * the device's when they changed); 0 when untouched. */
+static int gpu_inputs_intact(uint32_t copy, result *r) {
+  nf_buf err = NF_BUF_INIT;
+  for (uint32_t i = 0; i < P.n_in; i++)
+    if (nf_cuda_rt_download(g_rt, P.bufs[copy][i], g_dbufs[copy][i], P.t[i].bytes, &err) != NF_OK)
+      die(3, "downloading input %u: %s", i, nf_buf_str(&err));
+  int bad = inputs_intact(copy, r);
+  for (uint32_t i = 0; bad && i < P.n_in; i++)
+    if (nf_cuda_rt_upload(g_rt, g_dbufs[copy][i], P.pristine[i], P.t[i].bytes, &err) != NF_OK)
+      die(3, "restoring input %u: %s", i, nf_buf_str(&err));
+  nf_buf_free(&err);
+  return bad;
+}
+
+static void measure_gpu(const void *bin, size_t n, result *r) {
+  memset(r, 0, sizeof *r);
+  nf_cuda_bundle b;
+  nf_cuda_module *m = NULL;
+  uint64_t scratch = 0;
+  nf_buf err = NF_BUF_INIT;
+  if (nf_cuda_bundle_decode(bin, n, &b, &err) != NF_OK) {
+    set_reason(r, NF_MEAS_LOAD, "%s", nf_buf_str(&err));
+    nf_buf_free(&err);
+    return;
+  }
+  if (b.plan.n_args != P.n_in + P.n_out) {
+    set_reason(r, NF_MEAS_LOAD, "its plan takes %u buffers, the problem has %u", b.plan.n_args,
+               P.n_in + P.n_out);
+    goto done;
+  }
+  if (nf_cuda_module_load_bundle(g_rt, &b, &m, &err) != NF_OK) {
+    gpu_failed(r, "loading it", &err);
+    goto done;
+  }
+  if (nf_cuda_rt_alloc(g_rt, (size_t)b.plan.scratch_bytes, &scratch, &err) != NF_OK) {
+    gpu_failed(r, "its scratch memory", &err);
+    goto done;
+  }
+  poison(0);
+  for (uint32_t i = P.n_in; i < P.n_in + P.n_out; i++)
+    if (nf_cuda_rt_upload(g_rt, g_dbufs[0][i], P.bufs[0][i], P.t[i].bytes, &err) != NF_OK)
+      die(3, "poisoning output %u: %s", i - P.n_in, nf_buf_str(&err));
+  double check_t0 = now_ms();
+  if (gpu_run(m, 0, scratch, r)) goto done;
+  double check_ms = now_ms() - check_t0;
+  for (uint32_t i = P.n_in; i < P.n_in + P.n_out; i++)
+    if (nf_cuda_rt_download(g_rt, P.bufs[0][i], g_dbufs[0][i], P.t[i].bytes, &err) != NF_OK)
+      die(3, "downloading output %u: %s", i - P.n_in, nf_buf_str(&err));
+  for (uint32_t o = 0; o < P.n_out; o++)
+    if (compare(o, r)) goto done;
+  if (gpu_inputs_intact(0, r)) goto done;
+  uint32_t next = 1 % P.n_copies;
+  int slow = P.cutoff_ms > 0 && check_ms > P.cutoff_ms;
+  for (int i = 0; i < P.warmup && !slow; i++, next = (next + 1) % P.n_copies)
+    if (gpu_run(m, next, scratch, r)) goto done;
+  double start = now_ms();
+  int n_runs = 0;
+  while (n_runs < P.max_repeat) {
+    double t0 = now_ms();
+    if (gpu_run(m, next, scratch, r)) goto done;
+    double t1 = now_ms();
+    next = (next + 1) % P.n_copies;
+    P.times[n_runs++] = t1 - t0;
+    if (n_runs >= 3 && t1 - start >= P.min_time_ms) break;
+    if (n_runs == 1 && P.cutoff_ms > 0 && t1 - t0 > P.cutoff_ms) break;
+  }
+  int bad = 0;
+  for (uint32_t c = 0; c < P.n_copies; c++) bad |= gpu_inputs_intact(c, r);
+  if (bad) goto done;
+  qsort(P.times, (size_t)n_runs, sizeof *P.times, cmp_double);
+  r->n_runs = n_runs;
+  r->min_ms = P.times[0];
+  r->median_ms = n_runs % 2 ? P.times[n_runs / 2]
+                            : 0.5 * (P.times[n_runs / 2 - 1] + P.times[n_runs / 2]);
+  r->status = NF_MEAS_OK;
+done:
+  if (r->status != NF_MEAS_OK) {
+    r->n_runs = 0;
+    r->median_ms = r->min_ms = 0;
+    result scratch_r = {.status = NF_MEAS_WRONG};
+    for (uint32_t c = 0; c < P.n_copies; c++) gpu_inputs_intact(c, &scratch_r);
+  }
+  nf_cuda_rt_free(g_rt, scratch);
+  nf_cuda_module_free(m);
+  nf_cuda_bundle_free(&b);
+  nf_buf_free(&err);
+}
+
 static void send_result(const result *r) {
   unsigned char b[NF__MEAS_RESULT_FIXED + sizeof r->reason];
   size_t rl = strnlen(r->reason, sizeof r->reason - 1);
@@ -510,6 +668,11 @@ int main(int argc, char **argv) {
       mem_limit = parse_u64(argv[i] + 12, "--mem-limit");
     else if (!strncmp(argv[i], "--threads=", 10))
       threads = parse_u64(argv[i] + 10, "--threads");
+    else if (!strncmp(argv[i], "--cuda=", 7)) {
+      uint64_t d = parse_u64(argv[i] + 7, "--cuda");
+      if (d > 1023) die(2, "bad --cuda '%s'", argv[i] + 7);
+      g_cuda = (int)d;
+    }
     else
       die(2, "unknown argument '%s' (this program is started by the NeoFlow search's measurer)",
           argv[i]);
@@ -523,7 +686,7 @@ int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN); /* a vanished measurer shows as EPIPE */
   struct rlimit rl = {0, 0};
   setrlimit(RLIMIT_CORE, &rl);
-  if (mem_limit && !NF_WORKER_ASAN) {
+  if (mem_limit && !NF_WORKER_ASAN && g_cuda < 0) {
     rl.rlim_cur = rl.rlim_max = mem_limit;
     if (setrlimit(RLIMIT_AS, &rl) != 0)
       die(1, "setrlimit(RLIMIT_AS, %" PRIu64 "): %s", mem_limit, strerror(errno));
@@ -562,7 +725,8 @@ int main(int argc, char **argv) {
     if (!so) fail("out of memory reading a candidate of %" PRIu64 " bytes", len);
     recv_payload(so, len);
     result r;
-    measure(so, (size_t)len, &r);
+    if (g_cuda >= 0) measure_gpu(so, (size_t)len, &r);
+    else measure(so, (size_t)len, &r);
     free(so);
     send_result(&r);
   }
