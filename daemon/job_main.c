@@ -198,12 +198,7 @@ static int code_of(int rc) {
 
 static void run(job *J, const Neoflow__JobRequest *rq) {
   nf_buf err = NF_BUF_INIT;
-  /* GPU targets: the default schedule's kernel only.  Tuning needs
-   * measurement on the GPU, in a worker that owns a CUDA context, which
-   * this job process does not have yet (docs/gpu.md): a tuning request
-   * gets the default kernel as its final answer, unmeasured (trials 0,
-   * so the key stays untuned in the cache). */
-  if (rq->mode == NEOFLOW__MODE__MODE_COMPILE || J->cuda_sm) {
+  if (rq->mode == NEOFLOW__MODE__MODE_COMPILE) {
     nf_schedule *s = NULL;
     int rc = default_schedule(J, &s);
     nf_blob so = NF_BLOB_INIT;
@@ -241,6 +236,7 @@ static void run(job *J, const Neoflow__JobRequest *rq) {
   o.max_seconds = rq->max_seconds;
   o.seed = rq->seed;
   o.target = J->target;
+  o.cuda_sm = J->cuda_sm; /* GPU mode: candidates measured on the GPU by workers */
   o.measure.timeout_ms = rq->measure_timeout_ms;
   o.measure.n_threads = (int)rq->threads;
   o.prior = prior;
@@ -251,7 +247,24 @@ static void run(job *J, const Neoflow__JobRequest *rq) {
   nf_search_result res;
   memset(&res, 0, sizeof res);
   int rc = nf_search_run(J->g, &o, &res, &err);
-  if (rc != NF_OK) {
+  if (rc == NF_EIO && J->cuda_sm) {
+    /* no GPU to measure on here (no driver, no device): the default
+     * kernel is the final answer, unmeasured, so the key stays untuned
+     * and a daemon that has a GPU later tunes it */
+    fprintf(stderr, "neoflowd --job: GPU tuning unavailable, keeping the default kernel: %s\n",
+            nf_buf_str(&err));
+    nf_buf_reset(&err);
+    nf_schedule *s = NULL;
+    nf_buf text = NF_BUF_INIT;
+    rc = default_schedule(J, &s);
+    if (rc == NF_OK) nf_schedule_print(s, &text);
+    if (rc == NF_OK)
+      rc = emit_schedule(J, NEOFLOW__TIER__TIER_DEFAULT, nf_buf_str(&text), 0, 0, 0, 1, &err);
+    if (rc != NF_OK)
+      emit_error(J, code_of(rc), "compile: %s", err.len ? nf_buf_str(&err) : nf_strerror(rc));
+    nf_schedule_free(s);
+    nf_buf_free(&text);
+  } else if (rc != NF_OK) {
     emit_error(J, code_of(rc), "tune: %s", err.len ? nf_buf_str(&err) : nf_strerror(rc));
   } else if (res.best_ms <= 0 || !res.best_schedule) {
     emit_error(J, NEOFLOW__ERROR_CODE__ERR_NO_VALID_CANDIDATE,
@@ -263,7 +276,7 @@ static void run(job *J, const Neoflow__JobRequest *rq) {
     nf_buf dtext = NF_BUF_INIT;
     if (!better) {
       nf_schedule *s = NULL;
-      if (nf_schedule_default(J->g, &s) == NF_OK) nf_schedule_print(s, &dtext);
+      if (default_schedule(J, &s) == NF_OK) nf_schedule_print(s, &dtext);
       nf_schedule_free(s);
       text = nf_buf_str(&dtext);
     }

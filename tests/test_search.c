@@ -15,6 +15,7 @@
 
 #include "nf_codegen.h"
 #include "nf_cost_model.h"
+#include "nf_cuda.h"
 #include "nf_lower.h"
 #include "nf_search.h"
 #include "nf_sketch.h"
@@ -383,6 +384,71 @@ START_TEST(budgets) {
 }
 END_TEST
 
+/* ---- GPU mode on the emulated CUDA driver ---- */
+
+/* A GPU search (cuda_sm 90) of a matmul and a reduction to a scalar on
+ * tests/cuda_emu_driver.cc: the default first, then knob variants
+ * compiled by NVRTC into bundles and measured by a worker that owns the
+ * (emulated) context; every candidate is a GPU schedule and computes the
+ * reference; the best is confirmed.  The times are the emulator's (the
+ * CPU), so nothing is asserted about which schedule wins.  Without a
+ * driver the run stops at once with the worker's reason. */
+START_TEST(tune_gpu_emulated) {
+  const char *drv = getenv("NF_TEST_CUDA_DRIVER");
+  nf_buf why = NF_BUF_INIT;
+  if (!drv || !*drv || !getenv("NF_TEST_CUDA_EMU") || !nf_cuda_available(&why)) {
+    fprintf(stderr, "tune_gpu_emulated: skipped: %s\n",
+            why.len ? nf_buf_str(&why) : "NF_TEST_CUDA_DRIVER or NF_TEST_CUDA_EMU not set");
+    nf_buf_free(&why);
+    return;
+  }
+  nf_module *m = load("nn.nf");
+  static const tcase cases[] = {
+      {"matmul 64x48x40", "matmul", P0, 2, {NZ(1, 2, 64, 48), NZ(1, 2, 48, 40)}, NULL, 0, 0},
+      {"mse 40x40", "mse", P0, 2, {NZ(1, 2, 40, 40), NZ(1, 2, 40, 40)}, NULL, 0, 0},
+  };
+  for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+    nf_ir_ctx *ctx = nf_ir_ctx_new();
+    nf_graph *g = inst_graph(m, &cases[c], ctx);
+    nf_search_opts o = quick_opts(6, 3);
+    o.cuda_sm = 90;
+    nf_search_result r;
+    nf_buf err = NF_BUF_INIT;
+    /* no driver: the probe says why, before any reference is computed */
+    setenv("NEOFLOW_LIBCUDA", "/nonexistent/libcuda.so.1", 1);
+    ck_assert_int_eq(nf_search_run(g, &o, &r, &err), NF_EIO);
+    ck_assert_msg(strstr(nf_buf_str(&err), "no CUDA driver"), "%s", nf_buf_str(&err));
+    nf_buf_reset(&err);
+    setenv("NEOFLOW_LIBCUDA", drv, 1);
+    int rc = nf_search_run(g, &o, &r, &err);
+    ck_assert_msg(rc == NF_OK, "%s: %s", cases[c].label, nf_buf_str(&err));
+    ck_assert_int_ge(r.trials, 1);
+    ck_assert_int_le(r.trials, 6);
+    ck_assert_int_eq((int)r.n_records, r.trials + 1);
+    for (size_t i = 0; i < r.n_records; i++) {
+      ck_assert_msg(r.records[i].status == NF_MEAS_OK, "%s: trial %d %s: %s\n%s", cases[c].label,
+                    r.records[i].trial, nf_measure_status_name(r.records[i].status),
+                    r.records[i].reason, r.records[i].schedule);
+      ck_assert_msg(strstr(r.records[i].schedule, "bind_thread"), "%s", r.records[i].schedule);
+    }
+    /* distinct schedules */
+    for (size_t i = 0; i < r.n_records; i++)
+      for (size_t j = i + 1; j < r.n_records; j++)
+        ck_assert_str_ne(r.records[i].schedule, r.records[j].schedule);
+    ck_assert(r.default_ms > 0 && r.best_ms > 0 && r.best_ms <= r.default_ms);
+    ck_assert_ptr_nonnull(r.best_schedule);
+    fprintf(stderr, "tune_gpu_emulated: %s: %d trials, default %.3f ms, best %.3f ms (on the CPU "
+            "emulation)\n", cases[c].label, r.trials, r.default_ms, r.best_ms);
+    nf_search_result_free(&r);
+    nf_buf_free(&err);
+    nf_ir_ctx_free(ctx);
+  }
+  unsetenv("NEOFLOW_LIBCUDA");
+  ck_assert(no_children());
+  nf_module_free(m);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("search");
   TCase *t = tcase_create("space");
@@ -396,6 +462,10 @@ static Suite *suite(void) {
   tcase_add_test(t, tune_faults);
   tcase_add_test(t, reproducible);
   tcase_add_test(t, budgets);
+  suite_add_tcase(s, t);
+  t = tcase_create("gpu"); /* CK_RUN_CASE=gpu runs it alone */
+  tcase_set_timeout(t, 600);
+  tcase_add_test(t, tune_gpu_emulated);
   suite_add_tcase(s, t);
   return s;
 }

@@ -95,6 +95,33 @@ int nf_schedule_default(const nf_graph *g, nf_schedule **out);
  * docs/schedules.md.  For the CUDA backend (nf_cuda.h). */
 int nf_schedule_default_gpu(const nf_graph *g, int block, nf_schedule **out);
 #define NF_GPU_DEFAULT_THREADS 256 /* the block size of the tier-1 GPU kernels */
+
+/* The knobs of one statement's GPU schedule (the search's GPU space,
+ * nf_search.h); 0 everywhere is the tier-1 choice:
+ *  - block: threads per block of a one-thread-per-output nest, and of a
+ *    block reduction to a scalar (32..1024; else 256);
+ *  - tiled: a 2-d reduction's form: 0 or 1 shared-memory tiles where the
+ *    default takes them, -1 one thread per output instead;
+ *  - tile_i, tile_j: outputs per block along the last two output
+ *    dimensions (default 32, or 16 for an extent under 32);
+ *  - thr_i, thr_j: outputs per thread along them (default 2, 2): the
+ *    block has (tile_i / thr_i) x (tile_j / thr_j) threads;
+ *  - kt: reduction terms per shared-memory stage (default 16);
+ *  - stage: 0 stages the operands in shared memory, -1 reads them from
+ *    global memory. */
+typedef struct nf_gpu_knobs {
+  int block, tiled, tile_i, tile_j, thr_i, thr_j, kt, stage;
+} nf_gpu_knobs;
+
+/* The GPU schedule of g with knobs kn (g->n_stmts entries; NULL: all 0).
+ * A schedule is not checked here: lowering and nf_cuda_emit refuse one
+ * over the limits of threads or shared memory. */
+int nf_schedule_gpu(const nf_graph *g, const nf_gpu_knobs *kn, nf_schedule **out);
+/* Which GPU form the default gives statement si: 1 shared-memory tiles (a
+ * reduction over 2-d outputs of at least 16 x 16), 2 a block reduction
+ * (to a scalar, at least 512 terms), 0 one thread per output (or
+ * inlined). */
+int nf_schedule_gpu_tileable(const nf_graph *g, uint32_t si);
 /* A random legal schedule of g from seed (for tests and search): every
  * primitive is kept only if lowering accepts it. */
 int nf_schedule_random(const nf_graph *g, uint64_t seed, nf_schedule **out);

@@ -1224,7 +1224,7 @@ static int stored_reads(const nf_graph *g, uint32_t si, uint32_t *ids, int cap) 
  * the block stages the operands it reads in shared memory (cache_read,
  * the copies shared by the block's threads).  Loops keep the IR's order
  * of summation. */
-static int gpu_tiled(nf_schedule *s, const nf_graph *g, uint32_t si) {
+static int gpu_tiled(nf_schedule *s, const nf_graph *g, uint32_t si, const nf_gpu_knobs *kn) {
   const nf_stmt *st = &g->stmts[si];
   const nf_tensor *t = &g->tensors[st->out];
   int rank = t->rank, st_i = (int)si, rc;
@@ -1232,8 +1232,11 @@ static int gpu_tiled(nf_schedule *s, const nf_graph *g, uint32_t si) {
   char nm[NF_MAX_VARS][NF_SCHED_NAME], x[8][NF_SCHED_NAME];
   for (int k = 0; k < rank + st->n_red; k++) nf__sched_var_name(st, k, nm[k]);
   const char *i = nm[rank - 2], *j = nm[rank - 1], *r = nm[rank];
-  int64_t bi = ei >= 32 ? 32 : 16, bj = ej >= 32 ? 32 : 16;
-  int64_t kt = st->red_ext[0] < 16 ? st->red_ext[0] : 16;
+  int64_t bi = kn->tile_i > 0 ? kn->tile_i : ei >= 32 ? 32 : 16;
+  int64_t bj = kn->tile_j > 0 ? kn->tile_j : ej >= 32 ? 32 : 16;
+  int64_t ti = kn->thr_i > 0 ? kn->thr_i : 2, tj = kn->thr_j > 0 ? kn->thr_j : 2;
+  int64_t kt0 = kn->kt > 0 ? kn->kt : 16;
+  int64_t kt = st->red_ext[0] < kt0 ? st->red_ext[0] : kt0;
   nf__sched_cat(x[0], i, ".o");   /* block */
   nf__sched_cat(x[1], i, ".i");
   nf__sched_cat(x[2], x[1], ".o"); /* thread */
@@ -1247,8 +1250,8 @@ static int gpu_tiled(nf_schedule *s, const nf_graph *g, uint32_t si) {
   nf__sched_cat(ri, r, ".i");
   memcpy(jio, x[6], NF_SCHED_NAME);
   memcpy(jii, x[7], NF_SCHED_NAME);
-  if ((rc = add1(s, st_i, NF_SCH_SPLIT, i, bi)) < 0 || (rc = add1(s, st_i, NF_SCH_SPLIT, x[1], 2)) < 0 ||
-      (rc = add1(s, st_i, NF_SCH_SPLIT, j, bj)) < 0 || (rc = add1(s, st_i, NF_SCH_SPLIT, x[5], 2)) < 0 ||
+  if ((rc = add1(s, st_i, NF_SCH_SPLIT, i, bi)) < 0 || (rc = add1(s, st_i, NF_SCH_SPLIT, x[1], ti)) < 0 ||
+      (rc = add1(s, st_i, NF_SCH_SPLIT, j, bj)) < 0 || (rc = add1(s, st_i, NF_SCH_SPLIT, x[5], tj)) < 0 ||
       (rc = add1(s, st_i, NF_SCH_SPLIT, r, kt)) < 0)
     return rc;
   nf_sched_item it;
@@ -1274,20 +1277,21 @@ static int gpu_tiled(nf_schedule *s, const nf_graph *g, uint32_t si) {
       (rc = add1(s, st_i, NF_SCH_BIND_THREAD, jio, 0)) < 0)
     return rc;
   uint32_t ids[8];
-  int n = stored_reads(g, si, ids, 8);
+  int n = kn->stage < 0 ? 0 : stored_reads(g, si, ids, 8);
   for (int k = 0; k < n; k++)
     if ((rc = add2(s, st_i, NF_SCH_CACHE_READ, ro, g->tensors[ids[k]].name)) < 0) return rc;
   return add1(s, st_i, NF_SCH_CACHE_WRITE, jio, 0);
 }
 
-static int gpu_default(const nf_graph *g, int block, int tiled, int *n_tiled, nf_schedule **out);
+static int gpu_default(const nf_graph *g, int block, int tiled, const nf_gpu_knobs *kn,
+                       int *n_tiled, nf_schedule **out);
 
 /* A reduction to a scalar over at least 512 terms: its reduction loops
  * fused and dealt to one block of 256 threads (thread t takes terms t,
  * t + 256, ...), each thread's partial sum in a slot of a shared tile
  * (rfactor of the thread loop, the tile at an outer loop of one
  * iteration), the slots folded in order at the end. */
-static int gpu_block_reduce(nf_schedule *s, const nf_graph *g, uint32_t si) {
+static int gpu_block_reduce(nf_schedule *s, const nf_graph *g, uint32_t si, int threads) {
   const nf_stmt *st = &g->stmts[si];
   int st_i = (int)si, rc = NF_OK;
   char cur[NF_SCHED_NAME], nm[NF_SCHED_NAME], a[NF_SCHED_NAME], b[NF_SCHED_NAME];
@@ -1302,13 +1306,13 @@ static int gpu_block_reduce(nf_schedule *s, const nf_graph *g, uint32_t si) {
     memcpy(cur, fn, strlen(fn) + 1);
     ext = sat_mul(ext, st->red_ext[k]);
   }
-  int64_t per = (ext + 255) / 256; /* terms per thread */
+  int64_t per = (ext + threads - 1) / threads; /* terms per thread */
   char o[NF_SCHED_NAME], i[NF_SCHED_NAME];
   nf__sched_cat(o, cur, ".o");
   nf__sched_cat(i, cur, ".i");
   nf__sched_cat(a, o, ".o"); /* one iteration: holds the tile */
   nf__sched_cat(b, o, ".i");
-  if (rc < 0 || (rc = add1(s, st_i, NF_SCH_SPLIT, cur, 256)) < 0 ||
+  if (rc < 0 || (rc = add1(s, st_i, NF_SCH_SPLIT, cur, threads)) < 0 ||
       (rc = add1(s, st_i, NF_SCH_SPLIT, o, per)) < 0)
     return rc;
   nf_sched_item it;
@@ -1364,7 +1368,7 @@ static uint64_t block_shared(const nf_lprog *p, const nf_lstmt *s) {
  * limit, a read the region inference cannot bound). */
 int nf_schedule_default_gpu(const nf_graph *g, int block, nf_schedule **out) {
   int n_tiled = 0;
-  int rc = gpu_default(g, block, 1, &n_tiled, out);
+  int rc = gpu_default(g, block, 1, NULL, &n_tiled, out);
   if (rc < 0 || n_tiled == 0) return rc;
   nf_ir_ctx *ctx = nf_ir_ctx_new();
   nf_buf err = NF_BUF_INIT;
@@ -1377,39 +1381,59 @@ int nf_schedule_default_gpu(const nf_graph *g, int block, nf_schedule **out) {
   nf_schedule_free(*out);
   *out = NULL;
   if (lr == NF_ENOMEM) return lr;
-  return gpu_default(g, block, 0, &n_tiled, out);
+  return gpu_default(g, block, 0, NULL, &n_tiled, out);
 }
 
-static int gpu_default(const nf_graph *g, int block, int tiled, int *n_tiled, nf_schedule **out) {
+int nf_schedule_gpu(const nf_graph *g, const nf_gpu_knobs *kn, nf_schedule **out) {
+  int n_tiled = 0;
+  return gpu_default(g, NF_GPU_DEFAULT_THREADS, 1, kn, &n_tiled, out);
+}
+
+int nf_schedule_gpu_tileable(const nf_graph *g, uint32_t si) {
+  const nf_stmt *st = &g->stmts[si];
+  const nf_tensor *t = &g->tensors[st->out];
+  if (nf__sched_inlined_by_default(g, si)) return 0;
+  if (st->red != NF_RED_NONE && st->n_red > 0 && t->rank >= 2 && t->shape[t->rank - 2] >= 16 &&
+      t->shape[t->rank - 1] >= 16)
+    return 1;
+  if (st->red != NF_RED_NONE && st->n_red > 0 && t->rank == 0) {
+    int64_t terms = 1;
+    for (int k = 0; k < st->n_red; k++) terms = sat_mul(terms, st->red_ext[k]);
+    if (terms >= 512) return 2;
+  }
+  return 0;
+}
+
+static int gpu_default(const nf_graph *g, int block0, int tiled, const nf_gpu_knobs *kns,
+                       int *n_tiled, nf_schedule **out) {
   nf_schedule *s = nf_schedule_new();
   int rc = NF_OK;
   *out = NULL;
   *n_tiled = 0;
   if (!s) return NF_ENOMEM;
-  if (block < 32 || block > 1024) block = 256;
+  if (block0 < 32 || block0 > 1024) block0 = 256;
   s->n_stmts = g->n_stmts;
+  static const nf_gpu_knobs none;
   for (uint32_t si = 0; si < g->n_stmts && rc >= 0; si++) {
     const nf_stmt *st = &g->stmts[si];
     const nf_tensor *t = &g->tensors[st->out];
     int rank = t->rank, st_i = (int)si;
+    const nf_gpu_knobs *kn = kns ? &kns[si] : &none;
+    int block = kn->block >= 32 && kn->block <= 1024 ? kn->block : block0;
     if (nf__sched_inlined_by_default(g, si)) {
       rc = add1(s, st_i, NF_SCH_INLINE, NULL, 0);
       continue;
     }
-    if (tiled && st->red != NF_RED_NONE && st->n_red > 0 && rank >= 2 &&
-        t->shape[rank - 2] >= 16 && t->shape[rank - 1] >= 16) {
-      rc = gpu_tiled(s, g, si);
+    int form = tiled && kn->tiled >= 0 ? nf_schedule_gpu_tileable(g, si) : 0;
+    if (form == 1) {
+      rc = gpu_tiled(s, g, si, kn);
       ++*n_tiled;
       continue;
     }
-    if (tiled && st->red != NF_RED_NONE && st->n_red > 0 && rank == 0) {
-      int64_t terms = 1;
-      for (int k = 0; k < st->n_red; k++) terms = sat_mul(terms, st->red_ext[k]);
-      if (terms >= 512) {
-        rc = gpu_block_reduce(s, g, si);
-        ++*n_tiled;
-        continue;
-      }
+    if (form == 2) {
+      rc = gpu_block_reduce(s, g, si, kn->block >= 32 && kn->block <= 1024 ? kn->block : 256);
+      ++*n_tiled;
+      continue;
     }
     if (rank == 0) continue;
     char cur[NF_SCHED_NAME], nm[NF_SCHED_NAME], tmp[NF_SCHED_NAME];

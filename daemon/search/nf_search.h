@@ -28,6 +28,16 @@
  * measured times, so a run with a deterministic measure_hook repeats
  * exactly; with real timings the sequence follows the measurements.
  *
+ * GPU mode (cuda_sm > 0): candidates are the GPU knobs of every
+ * statement (nf_gpu_knobs, nf_lower.h: block sizes, shared-memory tile
+ * shapes, outputs per thread, reduction staging), drawn at random or
+ * mutated one knob at a time from the best so far (half each), kept when
+ * they lower and their CUDA C is within the limits of threads and shared
+ * memory, compiled by NVRTC into bundles and measured on the GPU by a
+ * worker that owns the CUDA context (nf_measure.h).  The learned cost
+ * model does not rank GPU candidates yet (its features describe CPU
+ * loops); records still carry features.  Budgets, the default's first
+ * measurement and the confirmation of the best are as above.
  * Not thread-safe per run; runs on different graphs may go concurrently. */
 #ifndef NF_SEARCH_H
 #define NF_SEARCH_H
@@ -78,6 +88,8 @@ typedef struct nf_search_opts {
                            keep the fallback); 0: 150; < 0: never */
   uint64_t seed;        /* 0 counts as 1 */
   nf_cpu_target target; /* code generation target (host when empty) */
+  int cuda_sm;          /* > 0: tune for this GPU architecture instead (the
+                           GPU mode below); measure.gpu is then implied */
   nf_measure_opts measure;
   /* resume: records of an earlier run on the same graph */
   const nf_search_record *prior;

@@ -10,6 +10,7 @@
 #include "nf_autodiff.h"
 #include "nf_cost_model.h"
 #include "nf_interp.h"
+#include "nf_cuda.h"
 #include "nf_search.h"
 #include "nf_sketch.h"
 #include "nf_status.h"
@@ -91,6 +92,7 @@ typedef struct run {
   int last_gain_trial;
   int measuring_default;
   int consec_failures; /* failed trials in a row */
+  nf_gpu_knobs *kbest; /* GPU mode: the knobs of the best so far */
   nf_buf *err;
   nf_buf tmp;
 } run;
@@ -156,7 +158,14 @@ static int measure_schedule(run *R, const nf_schedule *s, nf_search_record *rec)
     rc = R->o->measure_hook(R->o->user, s, p, rec);
   } else {
     nf_blob so = NF_BLOB_INIT;
-    rc = nf_cpu_compile(p, &R->o->target, &so, NULL, &e);
+    if (R->o->cuda_sm > 0) {
+      nf_buf b = NF_BUF_INIT;
+      rc = nf_cuda_compile_bundle(p, R->o->cuda_sm, &b, NULL, &e);
+      so.data = (uint8_t *)b.data; /* taken over (freed with the blob) */
+      so.len = b.len;
+    } else {
+      rc = nf_cpu_compile(p, &R->o->target, &so, NULL, &e);
+    }
     if (rc != NF_OK) {
       rec->status = NF_MEAS_LOAD;
       snprintf(rec->reason, sizeof rec->reason, "does not compile: %s", nf_buf_str(&e));
@@ -615,6 +624,155 @@ static double check_rtol(const nf_graph *g) {
   return t > 1e-4 ? t : 1e-4;
 }
 
+/* ---- GPU mode ---- */
+
+static int pick(run *R, const int *v, int n) { return v[nf_sk_rand(&R->rng) % (uint64_t)n]; }
+
+/* Draws one statement's knobs (all of them: random; one of them: mutate). */
+static void gpu_knob(run *R, uint32_t si, nf_gpu_knobs *k, int all) {
+  static const int blocks[] = {64, 128, 256, 512, 1024}, tiles[] = {16, 32, 64, 128},
+                   thr[] = {1, 2, 4, 8}, kts[] = {4, 8, 16, 32};
+  int form = nf_schedule_gpu_tileable(R->g, si);
+  int which = all ? -1 : (int)(nf_sk_rand(&R->rng) % (form == 1 ? 7u : 1u));
+  if (which < 0 || which == 0) k->block = pick(R, blocks, 5);
+  if (form != 1) return;
+  if (which < 0 || which == 1) k->tiled = nf_sk_rand(&R->rng) % 4 == 0 ? -1 : 1;
+  if (which < 0 || which == 2) k->tile_i = pick(R, tiles, 4);
+  if (which < 0 || which == 3) k->tile_j = pick(R, tiles, 4);
+  if (which < 0 || which == 4) k->thr_i = pick(R, thr, 4);
+  if (which < 0 || which == 5) k->thr_j = pick(R, thr, 4);
+  if (which < 0 || which == 6) {
+    k->kt = pick(R, kts, 4);
+    k->stage = nf_sk_rand(&R->rng) % 5 == 0 ? -1 : 0;
+  }
+  /* a tile smaller than a thread's share is the thread's share */
+  if (k->tile_i && k->thr_i > k->tile_i) k->thr_i = k->tile_i;
+  if (k->tile_j && k->thr_j > k->tile_j) k->thr_j = k->tile_j;
+}
+
+/* Whether the GPU schedule s lowers and its CUDA C is within the limits;
+ * its features into feat.  1 legal, 0 not, < 0 out of memory. */
+static int gpu_legal(run *R, const nf_schedule *s, float *feat) {
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  if (!ctx) return NF_ENOMEM;
+  nf_lprog *p;
+  nf_buf e = NF_BUF_INIT, src = NF_BUF_INIT;
+  int lr = nf_lower(R->g, s, ctx, &p, &e);
+  int legal = lr == NF_OK;
+  if (legal) {
+    nf_cuda_plan plan;
+    memset(&plan, 0, sizeof plan);
+    legal = nf_cuda_emit(p, &src, &plan, &e) == NF_OK;
+    nf_cuda_plan_free(&plan);
+    if (legal) nf_features(p, feat);
+  }
+  nf_buf_free(&e);
+  nf_buf_free(&src);
+  nf_ir_ctx_free(ctx);
+  return lr == NF_ENOMEM ? NF_ENOMEM : legal;
+}
+
+/* One GPU candidate measured as the next trial (or none found: *found 0). */
+static int gpu_trial(run *R, nf_gpu_knobs *k, int *found) {
+  uint32_t n = R->g->n_stmts;
+  *found = 0;
+  for (int tries = 0; tries < 64; tries++) {
+    int fresh = !R->kbest || R->res->best_ms <= 0 || nf_sk_rand(&R->rng) % 2 == 0;
+    if (fresh) {
+      memset(k, 0, n * sizeof *k);
+      for (uint32_t si = 0; si < n; si++) gpu_knob(R, si, &k[si], 1);
+    } else {
+      memcpy(k, R->kbest, n * sizeof *k);
+      uint32_t si = (uint32_t)(nf_sk_rand(&R->rng) % n);
+      gpu_knob(R, si, &k[si], 0);
+    }
+    nf_schedule *s = NULL;
+    int rc = nf_schedule_gpu(R->g, k, &s);
+    if (rc == NF_ENOMEM) return rc;
+    if (rc != NF_OK) continue;
+    nf_buf_reset(&R->tmp);
+    nf_schedule_print(s, &R->tmp);
+    uint64_t h = fnv(nf_buf_str(&R->tmp), R->tmp.len);
+    nf_search_record rec;
+    memset(&rec, 0, sizeof rec);
+    int lg = hset_has(&R->seen, h) ? 0 : gpu_legal(R, s, rec.feat);
+    if (lg <= 0) {
+      nf_schedule_free(s);
+      if (lg < 0) return lg;
+      if (hset_add(&R->seen, h) != NF_OK) return NF_ENOMEM; /* illegal: never again */
+      continue;
+    }
+    rec.schedule = strdup(nf_buf_str(&R->tmp));
+    rc = rec.schedule ? hset_add(&R->seen, h) : NF_ENOMEM;
+    if (R->meas) nf_measurer_set_cutoff(R->meas, R->res->best_ms > 0 ? 2 * R->res->best_ms : 0);
+    if (rc == NF_OK) rc = measure_schedule(R, s, &rec);
+    nf_schedule_free(s);
+    if (rc != NF_OK) {
+      free(rec.schedule);
+      return rc;
+    }
+    *found = 1;
+    nf_search_result *r = R->res;
+    rec.trial = ++r->trials;
+    rec.at_s = now_s() - R->t0;
+    if (rec.status != NF_MEAS_OK) {
+      r->failures++;
+      R->consec_failures++;
+    } else {
+      R->consec_failures = 0;
+      if (r->best_ms <= 0 || rec.time_ms < r->best_ms) {
+        if (r->best_ms <= 0 || rec.time_ms < r->best_ms * 0.99) R->last_gain_trial = r->trials;
+        r->best_ms = rec.time_ms;
+        free(r->best_schedule);
+        r->best_schedule = strdup(rec.schedule);
+        if (!r->best_schedule) rc = NF_ENOMEM;
+        memcpy(R->kbest, k, n * sizeof *k);
+      }
+    }
+    double last = rec.time_ms;
+    if (push_record(R, &rec) != NF_OK) {
+      free(rec.schedule);
+      return NF_ENOMEM;
+    }
+    report(R, last);
+    return rc;
+  }
+  return NF_OK;
+}
+
+/* Whether a worker can open the GPU, before the reference (which can take
+ * a minute on a large subgraph) is computed for nothing: a measurer on a
+ * one-element problem.  NF_OK, or NF_EIO with the worker's reason. */
+static int gpu_probe(const nf_measure_opts *mo, nf_buf *err) {
+  static const float one = 1;
+  static const double ref = 1;
+  const void *in[1] = {&one};
+  const double *ex[1] = {&ref};
+  nf_measure_tensor t[2] = {{NF_F32, 1, {1}}, {NF_F32, 1, {1}}};
+  nf_measure_problem pb = {.n_inputs = 1, .n_outputs = 1, .tensors = t, .check_inputs = in,
+                           .expected = ex};
+  nf_measurer *m = NULL;
+  int rc = nf_measurer_new(mo, &pb, &m, err);
+  nf_measurer_free(m);
+  return rc;
+}
+
+static int gpu_rounds(run *R) {
+  uint32_t n = R->g->n_stmts ? R->g->n_stmts : 1;
+  nf_gpu_knobs *k = calloc(n, sizeof *k);
+  R->kbest = calloc(n, sizeof *R->kbest); /* the default's knobs: all 0 */
+  int rc = k && R->kbest ? NF_OK : NF_ENOMEM;
+  while (rc == NF_OK && budget_left(R)) {
+    int found = 0;
+    rc = gpu_trial(R, k, &found);
+    if (!found) break; /* 64 draws in a row seen or illegal: the space is exhausted */
+  }
+  free(k);
+  free(R->kbest);
+  R->kbest = NULL;
+  return rc;
+}
+
 int nf_search_run(const nf_graph *g, const nf_search_opts *o, nf_search_result *res,
                   nf_buf *err) {
   run R;
@@ -630,7 +788,11 @@ int nf_search_run(const nf_graph *g, const nf_search_opts *o, nf_search_result *
   R.rng = (o->seed ? o->seed : 1) * 0x2545f4914f6cdd1dull | 1;
   R.tmp = (nf_buf)NF_BUF_INIT;
   for (uint32_t i = 0; i < g->n_stmts; i++) res->flops += (double)nf_stmt_flops(g, i);
-  rc = problem_make(g, o->seed ? o->seed : 1, &P, err);
+  nf_measure_opts mo = o->measure;
+  if (o->cuda_sm > 0) mo.gpu = 1;
+  memset(&P, 0, sizeof P);
+  rc = o->cuda_sm > 0 && !o->measure_hook ? gpu_probe(&mo, err) : NF_OK;
+  if (rc == NF_OK) rc = problem_make(g, o->seed ? o->seed : 1, &P, err);
   if (rc == NF_OK) rc = nf_sk_space_new(g, &R.sp);
   if (rc == NF_OK) {
     R.model = nf_cost_model_new(o->seed ? o->seed : 1, 1);
@@ -643,12 +805,13 @@ int nf_search_run(const nf_graph *g, const nf_search_opts *o, nf_search_result *
                              .check_inputs = (const void *const *)P.in_ptr,
                              .expected = (const double *const *)P.exp,
                              .rtol = check_rtol(g)};
-    rc = nf_measurer_new(&o->measure, &mp, &R.meas, err);
+    rc = nf_measurer_new(&mo, &mp, &R.meas, err);
   }
   /* the default schedule, measured first */
   if (rc == NF_OK) {
     nf_schedule *s;
-    rc = nf_schedule_default(g, &s);
+    rc = o->cuda_sm > 0 ? nf_schedule_default_gpu(g, NF_GPU_DEFAULT_THREADS, &s)
+                        : nf_schedule_default(g, &s);
     if (rc == NF_OK) {
       nf_search_record rec;
       memset(&rec, 0, sizeof rec);
@@ -680,11 +843,12 @@ int nf_search_run(const nf_graph *g, const nf_search_opts *o, nf_search_result *
     nf_cost_model_train(R.model, &e); /* too few successes is fine: random */
     nf_buf_free(&e);
   }
-  int batch = o->batch > 0 ? o->batch : 16;
-  cand *round = calloc((size_t)batch, sizeof *round);
-  if (!round) rc = NF_ENOMEM;
+  if (rc == NF_OK && o->cuda_sm > 0) rc = gpu_rounds(&R);
+  int batch = o->cuda_sm > 0 ? 0 : o->batch > 0 ? o->batch : 16;
+  cand *round = batch ? calloc((size_t)batch, sizeof *round) : NULL;
+  if (batch && !round) rc = NF_ENOMEM;
   for (int i = 0; rc == NF_OK && i < batch; i++) rc = nf_sk_point_init(R.sp, &round[i].pt);
-  while (rc == NF_OK && nf_sk_space_n_tunable(R.sp) > 0 && budget_left(&R)) {
+  while (rc == NF_OK && batch && nf_sk_space_n_tunable(R.sp) > 0 && budget_left(&R)) {
     int n = 0;
     rc = pick_round(&R, round, batch, &n);
     if (rc != NF_OK || n == 0) break; /* the space is exhausted */
