@@ -1400,8 +1400,21 @@ static int cmd_tune(opts *o) {
                    .csv = o->csv,
                    .svg = o->svg,
                    .out = o->output};
-  if (!ctx || instantiate(m, o, ctx, &g) || parse_target(o, &t.target, tbuf, sizeof tbuf))
+  int gpu = cuda_target(o, &t.cuda_sm);
+  if (gpu < 0) {
+    rc = 2;
     goto done;
+  }
+  if (gpu == 1 && t.cuda_sm == 0) {
+    rc = usage_error("tune on a GPU needs an architecture: --target %s:sm_XX", "cuda");
+    goto done;
+  }
+  if (!ctx || instantiate(m, o, ctx, &g) || (!gpu && parse_target(o, &t.target, tbuf, sizeof tbuf)))
+    goto done;
+  if (gpu && (o->daemon || o->random_search || o->compare_random)) {
+    rc = usage_error("%s", "tune --target cuda: not with --daemon, --random or --compare-random");
+    goto done;
+  }
   if (!o->daemon && (o->socket || o->key)) {
     rc = usage_error("%s: --socket and --key go with --daemon", "tune");
     goto done;

@@ -166,6 +166,7 @@ static int run_one(const nf_graph *g, const nf_tune_cli *t, int random_search,
   o.seed = t->seed;
   o.random_search = random_search;
   o.target = t->target;
+  o.cuda_sm = t->cuda_sm;
   o.measure.n_threads = t->threads > 0 ? t->threads : 1;
   bar b = {.tty = !t->json && isatty(2), .label = random_search ? "random" : "tune"};
   o.progress = progress;

@@ -24,6 +24,7 @@ typedef struct nf_tune_cli {
   const char *svg;      /* --svg FILE */
   const char *out;      /* -o FILE: the best schedule */
   nf_cpu_target target; /* --target (empty: the host) */
+  int cuda_sm;          /* --target cuda:sm_XX: tune on the GPU (docs/gpu.md) */
 } nf_tune_cli;
 
 /* Returns the tool's exit status (0, or 1 with a message on stderr). */
