@@ -237,6 +237,9 @@ static void run(job *J, const Neoflow__JobRequest *rq) {
   o.seed = rq->seed;
   o.target = J->target;
   o.cuda_sm = J->cuda_sm; /* GPU mode: candidates measured on the GPU by workers */
+  /* ... on a device of the client's model only (the key names it) */
+  o.measure.gpu_sm = J->cuda_sm;
+  o.measure.gpu_name = rq->cuda_name && *rq->cuda_name ? rq->cuda_name : NULL;
   o.measure.timeout_ms = rq->measure_timeout_ms;
   o.measure.n_threads = (int)rq->threads;
   o.prior = prior;

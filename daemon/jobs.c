@@ -467,6 +467,7 @@ static int start_job(nfd_job *j) {
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
   rq.threads = ncpu > 0 ? (uint32_t)ncpu : 1;
   rq.cuda_sm = (uint32_t)j->target.cuda_sm;
+  rq.cuda_name = j->target.cuda_name;
   nf_cache_record *prior = NULL;
   size_t n_prior = 0;
   if (tune) add_prior(j, &rq, &prior, &n_prior);

@@ -81,6 +81,7 @@ typedef struct nfd_target {
   uint8_t fingerprint[32];  /* in the cache key */
   char description[256];
   char codegen[128];        /* the code generator's version, in the key */
+  char cuda_name[256];      /* the GPU's name as the client's driver says */
 } nfd_target;
 
 /* ---- requests ---- */

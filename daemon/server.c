@@ -633,6 +633,7 @@ static int hello_target(nfd_server *S, const Neoflow__Target *t, nfd_target *out
   }
   nf_buf_free(&w);
   out->cuda_sm = (int)t->cuda_sm;
+  snprintf(out->cuda_name, sizeof out->cuda_name, "%s", t->description ? t->description : "");
   memcpy(out->fingerprint, ct.fingerprint, 32);
   snprintf(out->description, sizeof out->description, "%s", ct.description);
   snprintf(out->codegen, sizeof out->codegen, "%s", S->cuda_codegen);

@@ -533,7 +533,8 @@ int nf_wire_validate_job_request(const Neoflow__JobRequest *m, nf_wire_err *e) {
   vinit(&v, e);
   int rc;
   if ((rc = check_enum(&v, "mode", &neoflow__mode__descriptor, (int)m->mode)) ||
-      (rc = check_count(&v, "prior", m->n_prior, NF_WIRE_MAX_PRIOR)))
+      (rc = check_count(&v, "prior", m->n_prior, NF_WIRE_MAX_PRIOR)) ||
+      (rc = check_text(&v, "cuda_name", m->cuda_name, NF_WIRE_DESCRIPTION_MAX, 0)))
     return rc;
   if (m->n_prior && !m->prior) return missing(&v, "prior");
   SUB(&v, "graph", m->graph, v_graph);

@@ -753,6 +753,16 @@ START_TEST(measure_gpu_emulated) {
   ck_assert_msg(strstr(nf_buf_str(&err), "no CUDA driver"), "%s", nf_buf_str(&err));
   ck_assert_ptr_null(m);
   setenv("NEOFLOW_LIBCUDA", drv, 1);
+  /* another GPU model than the kernels are keyed for: refused */
+  nf_buf_reset(&err);
+  o.gpu_name = "NVIDIA H200";
+  ck_assert_int_eq(nf_measurer_new(&o, &pb, &m, &err), NF_EIO);
+  ck_assert_msg(strstr(nf_buf_str(&err), "not the NVIDIA H200"), "%s", nf_buf_str(&err));
+  o.gpu_name = "NeoFlow CPU emulation of sm_90";
+  o.gpu_sm = 80;
+  nf_buf_reset(&err);
+  ck_assert_int_eq(nf_measurer_new(&o, &pb, &m, &err), NF_EIO);
+  o.gpu_sm = 90;
   nf_buf_reset(&err);
   ck_assert_msg(nf_measurer_new(&o, &pb, &m, &err) == NF_OK, "%s", nf_buf_str(&err));
   nf_measure_result r;

@@ -67,6 +67,8 @@ struct nf_measurer {
   /* options, defaults applied */
   char *worker_path;
   int gpu, gpu_device; /* candidates are CUDA bundles (nf_measure_opts) */
+  int gpu_sm;
+  char *gpu_name;
   int n_threads;
   unsigned timeout_ms;
   uint64_t mem_limit;
@@ -417,12 +419,21 @@ static int spawn_worker(nf_measurer *m, nf_buf *err) {
       (e = posix_spawnattr_setsigmask(&at, &none)) ||
       (e = posix_spawnattr_setsigdefault(&at, &all)) || (e = posix_spawnattr_setpgroup(&at, 0)))
     goto spawn_err;
-  char a_parent[40], a_mem[48], a_threads[32], a_cuda[32];
+  char a_parent[40], a_mem[48], a_threads[32], a_cuda[32], a_sm[32], a_name[300];
   snprintf(a_parent, sizeof a_parent, "--parent=%ld", (long)getpid());
   snprintf(a_mem, sizeof a_mem, "--mem-limit=%" PRIu64, m->mem_limit);
   snprintf(a_threads, sizeof a_threads, "--threads=%d", m->n_threads);
   snprintf(a_cuda, sizeof a_cuda, "--cuda=%d", m->gpu_device);
-  char *argv[] = {m->worker_path, a_parent, a_mem, a_threads, m->gpu ? a_cuda : NULL, NULL};
+  snprintf(a_sm, sizeof a_sm, "--cuda-sm=%d", m->gpu_sm);
+  snprintf(a_name, sizeof a_name, "--cuda-name=%s", m->gpu_name ? m->gpu_name : "");
+  char *argv[8] = {m->worker_path, a_parent, a_mem, a_threads};
+  int na = 4;
+  if (m->gpu) {
+    argv[na++] = a_cuda;
+    if (m->gpu_sm > 0) argv[na++] = a_sm;
+    if (m->gpu_name) argv[na++] = a_name;
+  }
+  argv[na] = NULL;
   pid_t pid;
   if ((e = posix_spawn(&pid, m->worker_path, &fa, &at, argv, environ))) goto spawn_err;
   m->pid = pid;
@@ -533,6 +544,7 @@ static void measurer_free_data(nf_measurer *m) {
   free(m->n_elem);
   free(m->bytes);
   free(m->worker_path);
+  free(m->gpu_name);
   free(m);
 }
 
@@ -593,6 +605,8 @@ int nf_measurer_new(const nf_measure_opts *o, const nf_measure_problem *pb, nf_m
   m->expected = calloc(m->n_out, sizeof *m->expected);
   m->gpu = o->gpu != 0;
   m->gpu_device = o->gpu_device >= 0 && o->gpu_device < 1024 ? o->gpu_device : 0;
+  m->gpu_sm = o->gpu_sm > 0 && o->gpu_sm < 10000 ? o->gpu_sm : 0;
+  if (o->gpu_name && !(m->gpu_name = strndup(o->gpu_name, 255))) goto oom;
   const char *path = o->worker_path ? o->worker_path : default_worker();
   m->worker_path = strdup(path);
   if (!m->tensors || !m->n_elem || !m->bytes || !m->inputs || !m->expected || !m->worker_path)

@@ -69,6 +69,10 @@ typedef struct nf_measure_opts {
                               context (worker.c, "GPU mode"); mem_limit is
                               then not applied */
   int gpu_device;
+  int gpu_sm;              /* > 0: the device must be of this architecture */
+  const char *gpu_name;    /* non-NULL: the device must have this name (the
+                              worker refuses to start on another: kernels
+                              tuned there would be keyed for this one) */
 } nf_measure_opts;
 
 typedef enum nf_measure_status {
@@ -130,7 +134,8 @@ const char *nf_measure_status_name(int status);
  *     (i32 status, i32 n_runs, f64 median_ms, min_ms, max_rel_err, then
  *     the reason's bytes), or FAIL (a message) when it cannot go on.
  * The worker's argv carries what it needs before reading anything:
- * --parent=PID --mem-limit=BYTES --threads=N [--cuda=DEVICE]. */
+ * --parent=PID --mem-limit=BYTES --threads=N [--cuda=DEVICE
+ * [--cuda-sm=SM] [--cuda-name=NAME]]. */
 #define NF__MEAS_PROTO_VERSION 1u
 enum {
   NF__MEAS_F_PROBLEM = 1,

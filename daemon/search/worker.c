@@ -184,6 +184,8 @@ static struct {
 
 /* GPU mode */
 static int g_cuda = -1;  /* the device, or -1: CPU kernels */
+static int g_want_sm;    /* --cuda-sm: the device must be this (0: any) */
+static const char *g_want_name; /* --cuda-name: ... and have this name */
 static nf_cuda_rt *g_rt;
 static uint64_t **g_dbufs; /* n_copies arrays of n_in + n_out device buffers */
 
@@ -208,6 +210,11 @@ static void take(cursor *c, void *out, size_t n) {
 static void gpu_setup(void) {
   nf_buf why = NF_BUF_INIT;
   if (nf_cuda_rt_open(g_cuda, &g_rt, &why) != NF_OK) fail("GPU %d: %s", g_cuda, nf_buf_str(&why));
+  int sm = nf_cuda_rt_sm(g_rt);
+  const char *name = nf_cuda_rt_name(g_rt);
+  if ((g_want_sm && sm != g_want_sm) || (g_want_name && strcmp(name, g_want_name) != 0))
+    fail("GPU %d is %s (sm_%d), not the %s (sm_%d) the kernels are tuned for", g_cuda, name, sm,
+         g_want_name ? g_want_name : "device", g_want_sm ? g_want_sm : sm);
   uint32_t n_t = P.n_in + P.n_out;
   g_dbufs = calloc(P.n_copies, sizeof *g_dbufs);
   if (!g_dbufs) fail("out of memory");
@@ -668,6 +675,10 @@ int main(int argc, char **argv) {
       mem_limit = parse_u64(argv[i] + 12, "--mem-limit");
     else if (!strncmp(argv[i], "--threads=", 10))
       threads = parse_u64(argv[i] + 10, "--threads");
+    else if (!strncmp(argv[i], "--cuda-sm=", 10))
+      g_want_sm = (int)parse_u64(argv[i] + 10, "--cuda-sm");
+    else if (!strncmp(argv[i], "--cuda-name=", 12))
+      g_want_name = argv[i] + 12;
     else if (!strncmp(argv[i], "--cuda=", 7)) {
       uint64_t d = parse_u64(argv[i] + 7, "--cuda");
       if (d > 1023) die(2, "bad --cuda '%s'", argv[i] + 7);
