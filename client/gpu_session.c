@@ -42,7 +42,13 @@ struct nf__gpu {
   uint64_t **dargs;   /* per op: the device address of each buffer */
   uint64_t scratch;   /* device scratch for the modules (scratch_bytes) */
   uint64_t scratch_bytes;
+  int timed;          /* this step synchronises after each entry (its
+                         per-entry times are real, not launch times) */
 };
+
+/* Every this many steps (and the first), entries are timed for real: the
+ * daemon's tuning order and --profile use those times. */
+#define GPU_TIMED_EVERY 16
 
 static int region_add(struct nf__gpu *G, const void *host, size_t bytes) {
   if (!host || !bytes) return NF_OK;
@@ -264,9 +270,12 @@ static void take_bundle(nf_session *s, nf__kent *k, uint8_t *bin, size_t len) {
   free(bin);
 }
 
+int nf__gpu_timed(const nf_session *s) { return !s->gpu || s->gpu->timed; }
+
 int nf__gpu_begin(nf_session *s) {
   struct nf__gpu *G = s->gpu;
   if (!G) return NF_OK;
+  G->timed = s->step % GPU_TIMED_EVERY == 0;
   for (int i = 0; i < s->n_kents; i++) {
     nf__kent *k = &s->kents[i];
     pthread_mutex_lock(&s->mu);
@@ -420,9 +429,10 @@ int nf__gpu_run_op(nf_session *s, nf__op *op) {
   if (k->gcand) rc = run_canary(s, k, op, op_index);
   else if (k->gcur) rc = run_module(s, k->gcur, G->dargs[op_index], op->n_in + op->n_out, &s->err);
   else rc = run_host(s, k, op);
-  /* the step's time per entry: launches are asynchronous, so a GPU step
-   * is timed as a whole; per-entry times are measured (synchronised) only
-   * for entries on the host */
+  /* launches are asynchronous: on a timed step each entry waits for its
+   * kernels, so its time is the device's; on others only the step as a
+   * whole is timed (and per-entry times keep the last timed step's) */
+  if (rc == NF_OK && G->timed) rc = nf_cuda_rt_sync(G->rt, &s->err);
   k->run_ms += nf__now_ms() - t0;
   return rc;
 }

@@ -1360,9 +1360,11 @@ int nf_session_step(nf_session *s, double *loss) {
   s->ms_hist[(s->step - 1) % 10] = s->last_ms;
   if (s->step == 1) s->first_step_ms = now - s->t_start;
   pthread_mutex_lock(&s->mu);
-  for (int i = 0; i < s->n_kents; i++) s->kents[i].share_ms = s->kents[i].run_ms;
-  for (int i = 0; i < s->n_kents; i++) s->kents[i].prof_ms += s->kents[i].run_ms;
-  s->prof_steps++;
+  if (nf__gpu_timed(s)) {
+    for (int i = 0; i < s->n_kents; i++) s->kents[i].share_ms = s->kents[i].run_ms;
+    for (int i = 0; i < s->n_kents; i++) s->kents[i].prof_ms += s->kents[i].run_ms;
+    s->prof_steps++;
+  }
   pthread_mutex_unlock(&s->mu);
   return NF_OK;
 }

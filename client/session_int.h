@@ -227,6 +227,9 @@ void nf__gpu_close(nf_session *s);
 /* The start of a step or evaluation: takes the bundles the link handed
  * over (loading them), uploads the optimizer's hyper-parameters. */
 int nf__gpu_begin(nf_session *s);
+/* Whether this step's per-entry times are real (always on the CPU; on a
+ * GPU, every 16th step, which synchronises after each entry). */
+int nf__gpu_timed(const nf_session *s);
 int nf__gpu_run_op(nf_session *s, nf__op *op);
 /* Copies n bytes at host (inside a buffer of the program) from the device
  * to the host (pull) or back (push). */
