@@ -968,23 +968,26 @@ static int run_cuda(const opts *o, const nf_graph *g, nf_array *ins, nf_array *o
   nf_cuda_rt *rt = NULL;
   nf_ir_ctx *ctx = NULL;
   nf_lprog *p = NULL;
-  nf_blob img = {NULL, 0};
-  nf_cuda_plan plan;
+  nf_buf bun = NF_BUF_INIT;
+  nf_cuda_bundle b;
   nf_cuda_stats st;
   nf_cuda_module *m = NULL;
   uint32_t nb = g->n_inputs + g->n_outputs;
   uint64_t *dev = calloc(nb + 1, sizeof *dev), scratch = 0;
   nf_array *conv = calloc(g->n_inputs + 1, sizeof(nf_array));
   int rc = 1;
-  memset(&plan, 0, sizeof plan);
+  memset(&b, 0, sizeof b);
   if (!dev || !conv) goto done;
   if (!nf_cuda_available(&err) || nf_cuda_rt_open(0, &rt, &err)) {
     fprintf(stderr, "neoflow: error: no GPU to run on: %s\n", nf_buf_str(&err));
     goto done;
   }
   if (!(ctx = nf_ir_ctx_new()) || lower_graph_for(o, g, ctx, &p, 1)) goto done;
-  if (nf_cuda_compile(p, nf_cuda_rt_sm(rt), &img, &plan, NULL, &st, &err) ||
-      nf_cuda_module_load(rt, img.data, img.len, &plan, &m, &err)) {
+  /* a bundle, as the daemon sends: the emulated driver of the tests runs
+   * its source */
+  if (nf_cuda_compile_bundle(p, nf_cuda_rt_sm(rt), &bun, &st, &err) ||
+      nf_cuda_bundle_decode(bun.data, bun.len, &b, &err) ||
+      nf_cuda_module_load_bundle(rt, &b, &m, &err)) {
     fprintf(stderr, "%s: error: cannot compile %s for %s (sm_%d): %s\n", o->file, o->def,
             nf_cuda_rt_name(rt), nf_cuda_rt_sm(rt), nf_buf_str(&err));
     goto done;
@@ -1009,7 +1012,7 @@ static int run_cuda(const opts *o, const nf_graph *g, nf_array *ins, nf_array *o
       goto done;
     }
   }
-  if (nf_cuda_rt_alloc(rt, plan.scratch_bytes, &scratch, &err) ||
+  if (nf_cuda_rt_alloc(rt, b.plan.scratch_bytes, &scratch, &err) ||
       nf_cuda_module_run(m, dev, nb, scratch, &err) || nf_cuda_rt_sync(rt, &err)) {
     fprintf(stderr, "neoflow: error: the GPU kernel failed: %s\n", nf_buf_str(&err));
     goto done;
@@ -1021,7 +1024,7 @@ static int run_cuda(const opts *o, const nf_graph *g, nf_array *ins, nf_array *o
       goto done;
     }
   fprintf(stderr, "neoflow: GPU kernel on %s (sm_%d): %d launches, %zu bytes of %s, NVRTC %.1f ms\n",
-          nf_cuda_rt_name(rt), nf_cuda_rt_sm(rt), plan.n_launches, img.len,
+          nf_cuda_rt_name(rt), nf_cuda_rt_sm(rt), b.plan.n_launches, b.image_len,
           st.ptx ? "PTX" : "cubin", st.nvrtc_ms);
   rc = 0;
 done:
@@ -1035,8 +1038,8 @@ done:
   }
   nf_cuda_module_free(m);
   nf_cuda_rt_close(rt);
-  nf_cuda_plan_free(&plan);
-  free(img.data);
+  nf_cuda_bundle_free(&b);
+  nf_buf_free(&bun);
   free(dev);
   free(conv);
   nf_ir_ctx_free(ctx);

@@ -724,6 +724,70 @@ START_TEST(cuda_rt_emulated) {
 }
 END_TEST
 
+/* Reductions across the threads of a block: few outputs, each a long sum
+ * (a row norm, a column max, a 4 x 4 product over 1024 terms).  The GPU
+ * default gives each output a block whose threads share its terms
+ * (partial results in shared memory, rfactor), and the search's knob
+ * tiled = 2 asks for the same on a product; both run on the emulated
+ * driver against the interpreter. */
+static const char *xred_src =
+    "def rowsq(X: f32[R, K]) -> (Y: f32[R]) {\n"
+    "  Y(i) +=! X(i, k) * X(i, k)\n"
+    "}\n"
+    "def colmax(X: f32[K, C]) -> (Y: f32[C]) {\n"
+    "  Y(j) max=! X(k, j)\n"
+    "}\n"
+    "def mm(A: f32[M, K], B: f32[K, N]) -> (C: f32[M, N]) {\n"
+    "  C(i, j) +=! A(i, k) * B(k, j)\n"
+    "}\n";
+
+START_TEST(cuda_reduce_across_threads) {
+  nf_module *mod = nf_module_new();
+  nf_diag *d = nf_diag_new();
+  ck_assert_msg(nf_module_load_source(mod, "xred.nf", xred_src, d) == NF_OK, "%s", nf_diag_text(d));
+  nf_diag_free(d);
+  static const libcase cases[] = {
+      {"rowsq 8x4096", "rowsq", P0, 1, {NZ(1, 2, 8, 4096)}, NULL, 0, 0},
+      {"colmax 2048x16", "colmax", P0, 1, {NZ(1, 2, 2048, 16)}, NULL, 0, 0},
+      {"mm 4x1024x4", "mm", P0, 2, {NZ(1, 2, 4, 1024), NZ(1, 2, 1024, 4)}, NULL, 0, 0},
+  };
+  nf_cuda_rt *rt = emu_rt_open();
+  nf_buf err = NF_BUF_INIT, text = NF_BUF_INIT;
+  for (int c = 0; c < 4; c++) {
+    inst I;
+    inst_make(&I, mod, &cases[c < 3 ? c : 2], 0x51 + (uint64_t)c);
+    nf_schedule *sch = NULL;
+    if (c < 3) {
+      ck_assert_int_eq(nf_schedule_default_gpu(I.g, NF_GPU_DEFAULT_THREADS, &sch), NF_OK);
+    } else {
+      nf_gpu_knobs kn = {.tiled = 2, .block = 128};
+      ck_assert_int_eq(nf_schedule_gpu(I.g, &kn, &sch), NF_OK);
+    }
+    nf_buf_reset(&text);
+    nf_schedule_print(sch, &text);
+    ck_assert_msg(strstr(nf_buf_str(&text), "rfactor") && strstr(nf_buf_str(&text), "bind_block"),
+                  "%s: not a reduction across threads:\n%s", cases[c < 3 ? c : 2].label,
+                  nf_buf_str(&text));
+    nf_lprog *p = NULL;
+    ck_assert_msg(nf_lower(I.g, sch, I.ctx, &p, &err) == NF_OK, "%s", nf_buf_str(&err));
+    nf_array got[MAX_OUT];
+    int rc = emu_run(rt, p, I.g, I.in, got, &err);
+    ck_assert_msg(rc == NF_OK, "%s", nf_buf_str(&err));
+    char msg[512] = "";
+    int bad;
+    double e = rel_l2(&got[0], &I.want[0], &bad, msg, sizeof msg);
+    ck_assert_msg(!bad && e < 1e-5, "%s: %s (relative L2 %.3g)", cases[c < 3 ? c : 2].label, msg, e);
+    nf_array_free(&got[0]);
+    nf_schedule_free(sch);
+    inst_free(&I);
+  }
+  nf_cuda_rt_close(rt);
+  nf_buf_free(&err);
+  nf_buf_free(&text);
+  nf_module_free(mod);
+}
+END_TEST
+
 /* ---- on a GPU ---- */
 
 static nf_cuda_rt *g_rt;
@@ -970,6 +1034,7 @@ int main(int argc, char **argv) {
   if (!strcmp(part, "emu")) {
     tcase_add_test(tc, cuda_emulated);
     tcase_add_test(tc, cuda_rt_emulated);
+    tcase_add_test(tc, cuda_reduce_across_threads);
   } else if (!strcmp(part, "nvrtc")) {
     tcase_add_test(tc, cuda_nvrtc);
     tcase_add_test(tc, cuda_nvrtc_archs);

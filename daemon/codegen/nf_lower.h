@@ -100,8 +100,10 @@ int nf_schedule_default_gpu(const nf_graph *g, int block, nf_schedule **out);
  * nf_search.h); 0 everywhere is the tier-1 choice:
  *  - block: threads per block of a one-thread-per-output nest, and of a
  *    block reduction to a scalar (32..1024; else 256);
- *  - tiled: a 2-d reduction's form: 0 or 1 shared-memory tiles where the
- *    default takes them, -1 one thread per output instead;
+ *  - tiled: a reduction's form: 0 the default's, 1 shared-memory tiles
+ *    (where the default takes them), 2 one block per output whose
+ *    threads share the terms (a reduction across threads), -1 one thread
+ *    per output;
  *  - tile_i, tile_j: outputs per block along the last two output
  *    dimensions (default 32, or 16 for an extent under 32);
  *  - thr_i, thr_j: outputs per thread along them (default 2, 2): the
@@ -119,7 +121,9 @@ typedef struct nf_gpu_knobs {
 int nf_schedule_gpu(const nf_graph *g, const nf_gpu_knobs *kn, nf_schedule **out);
 /* Which GPU form the default gives statement si: 1 shared-memory tiles (a
  * reduction over 2-d outputs of at least 16 x 16), 2 a block reduction
- * (to a scalar, at least 512 terms), 0 one thread per output (or
+ * (to a scalar, at least 512 terms), 3 one block per output with its
+ * threads sharing the terms (at least 512 terms, at most 65536 outputs
+ * and 8 terms per output or more), 0 one thread per output (or
  * inlined). */
 int nf_schedule_gpu_tileable(const nf_graph *g, uint32_t si);
 /* A random legal schedule of g from seed (for tests and search): every

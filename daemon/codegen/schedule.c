@@ -1293,12 +1293,28 @@ static int gpu_default(const nf_graph *g, int block, int tiled, const nf_gpu_kno
  * iteration), the slots folded in order at the end. */
 static int gpu_block_reduce(nf_schedule *s, const nf_graph *g, uint32_t si, int threads) {
   const nf_stmt *st = &g->stmts[si];
-  int st_i = (int)si, rc = NF_OK;
+  const nf_tensor *t = &g->tensors[st->out];
+  int st_i = (int)si, rc = NF_OK, rank = t->rank;
   char cur[NF_SCHED_NAME], nm[NF_SCHED_NAME], a[NF_SCHED_NAME], b[NF_SCHED_NAME];
-  nf__sched_var_name(st, 0, cur);
+  char out[NF_SCHED_NAME] = "";
+  /* outputs (rank > 0: a reduction across threads per output): fused,
+   * one block each */
+  for (int k = 0; k < rank && rc >= 0; k++) {
+    nf__sched_var_name(st, k, nm);
+    if (k == 0) {
+      memcpy(out, nm, sizeof nm);
+      continue;
+    }
+    char fn[3 * NF_SCHED_NAME];
+    snprintf(fn, sizeof fn, "%s.%s.fused", out, nm);
+    if (strlen(fn) >= NF_SCHED_NAME) return NF_ELIMIT;
+    rc = add2(s, st_i, NF_SCH_FUSE, out, nm);
+    memcpy(out, fn, strlen(fn) + 1);
+  }
+  nf__sched_var_name(st, rank, cur);
   int64_t ext = st->red_ext[0];
   for (int k = 1; k < st->n_red && rc >= 0; k++) {
-    nf__sched_var_name(st, k, nm);
+    nf__sched_var_name(st, rank + k, nm);
     char fn[3 * NF_SCHED_NAME];
     snprintf(fn, sizeof fn, "%s.%s.fused", cur, nm);
     if (strlen(fn) >= NF_SCHED_NAME) return NF_ELIMIT;
@@ -1319,12 +1335,14 @@ static int gpu_block_reduce(nf_schedule *s, const nf_graph *g, uint32_t si, int 
   memset(&it, 0, sizeof it);
   it.kind = NF_SCH_REORDER;
   it.stmt = st_i;
+  if (rank > 0) nf__sched_cat(it.names[it.n_names++], out, "");
   nf__sched_cat(it.names[it.n_names++], a, "");
   nf__sched_cat(it.names[it.n_names++], i, "");
   nf__sched_cat(it.names[it.n_names++], b, "");
   if ((rc = nf_schedule_add(s, &it)) < 0 || (rc = add1(s, st_i, NF_SCH_CACHE_WRITE, a, 0)) < 0 ||
       (rc = add1(s, st_i, NF_SCH_RFACTOR, i, 0)) < 0)
     return rc;
+  if (rank > 0 && (rc = add1(s, st_i, NF_SCH_BIND_BLOCK, out, 0)) < 0) return rc;
   return add1(s, st_i, NF_SCH_BIND_THREAD, i, 0);
 }
 
@@ -1393,14 +1411,15 @@ int nf_schedule_gpu_tileable(const nf_graph *g, uint32_t si) {
   const nf_stmt *st = &g->stmts[si];
   const nf_tensor *t = &g->tensors[st->out];
   if (nf__sched_inlined_by_default(g, si)) return 0;
-  if (st->red != NF_RED_NONE && st->n_red > 0 && t->rank >= 2 && t->shape[t->rank - 2] >= 16 &&
-      t->shape[t->rank - 1] >= 16)
-    return 1;
-  if (st->red != NF_RED_NONE && st->n_red > 0 && t->rank == 0) {
-    int64_t terms = 1;
-    for (int k = 0; k < st->n_red; k++) terms = sat_mul(terms, st->red_ext[k]);
-    if (terms >= 512) return 2;
-  }
+  if (st->red == NF_RED_NONE || st->n_red == 0) return 0;
+  int64_t terms = 1, outs = 1;
+  for (int k = 0; k < st->n_red; k++) terms = sat_mul(terms, st->red_ext[k]);
+  for (int k = 0; k < t->rank; k++) outs = sat_mul(outs, t->shape[k]);
+  if (t->rank >= 2 && t->shape[t->rank - 2] >= 16 && t->shape[t->rank - 1] >= 16) return 1;
+  if (t->rank == 0 && terms >= 512) return 2;
+  /* few outputs, each a long sum: one block per output, its threads
+   * sharing the terms (else a handful of threads would do all the work) */
+  if (t->rank >= 1 && terms >= 512 && outs <= 65536 && outs * 8 <= terms) return 3;
   return 0;
 }
 
@@ -1425,6 +1444,14 @@ static int gpu_default(const nf_graph *g, int block0, int tiled, const nf_gpu_kn
       continue;
     }
     int form = tiled && kn->tiled >= 0 ? nf_schedule_gpu_tileable(g, si) : 0;
+    /* the search may ask for a reduction across threads (tiled 2) for any
+     * reduction with outputs */
+    if (tiled && kn->tiled == 2 && st->red != NF_RED_NONE && st->n_red > 0 && rank >= 1) form = 3;
+    if (form == 3) {
+      rc = gpu_block_reduce(s, g, si, kn->block >= 32 && kn->block <= 1024 ? kn->block : 256);
+      ++*n_tiled;
+      continue;
+    }
     if (form == 1) {
       rc = gpu_tiled(s, g, si, kn);
       ++*n_tiled;

@@ -633,10 +633,23 @@ static void gpu_knob(run *R, uint32_t si, nf_gpu_knobs *k, int all) {
   static const int blocks[] = {64, 128, 256, 512, 1024}, tiles[] = {16, 32, 64, 128},
                    thr[] = {1, 2, 4, 8}, kts[] = {4, 8, 16, 32};
   int form = nf_schedule_gpu_tileable(R->g, si);
-  int which = all ? -1 : (int)(nf_sk_rand(&R->rng) % (form == 1 ? 7u : 1u));
+  const nf_stmt *st = &R->g->stmts[si];
+  int reduces = st->red != NF_RED_NONE && st->n_red > 0 && R->g->tensors[st->out].rank >= 1 &&
+                !nf__sched_inlined_by_default(R->g, si);
+  int which = all ? -1 : (int)(nf_sk_rand(&R->rng) % (form == 1 ? 7u : reduces ? 2u : 1u));
   if (which < 0 || which == 0) k->block = pick(R, blocks, 5);
-  if (form != 1) return;
-  if (which < 0 || which == 1) k->tiled = nf_sk_rand(&R->rng) % 4 == 0 ? -1 : 1;
+  if (form != 1) {
+    /* a reduction with outputs: one thread per output, or across threads */
+    if (reduces && (which < 0 || which == 1)) {
+      static const int forms[] = {-1, 2};
+      k->tiled = form == 3 ? forms[nf_sk_rand(&R->rng) % 2] : (nf_sk_rand(&R->rng) % 2 ? 2 : 0);
+    }
+    return;
+  }
+  if (which < 0 || which == 1) {
+    static const int forms[] = {1, 1, -1, 2};
+    k->tiled = pick(R, forms, 4);
+  }
   if (which < 0 || which == 2) k->tile_i = pick(R, tiles, 4);
   if (which < 0 || which == 3) k->tile_j = pick(R, tiles, 4);
   if (which < 0 || which == 4) k->thr_i = pick(R, thr, 4);
