@@ -12,10 +12,14 @@
  * it writes (feeding, setting parameters).
  *
  * Kernels: an entry runs its CUDA module (a bundle from the daemon,
- * loaded at a step boundary on the program thread), or tier 0 on the
- * host: its inputs downloaded, the CPU's tier 0 (OpenBLAS, the
- * interpreter) run, its outputs uploaded.  Correct and slow; cuBLAS and
- * cuDNN tier-0 fallbacks are not done yet.  A new module runs a canary
+ * loaded at a step boundary on the program thread), or tier 0: cuBLAS's
+ * sgemm on the device for a plain product (nf_gemm_plain: no prologue or
+ * epilogue), else on the host: its inputs downloaded, the CPU's tier 0
+ * (OpenBLAS, the interpreter) run, its outputs uploaded (correct and
+ * slow; cuDNN for convolutions is not done yet).  After a module is
+ * swapped in for an entry that cuBLAS runs, the next NF_RACE_RUNS runs
+ * alternate between the two, synchronised and timed, and the faster by
+ * median is kept, as OpenBLAS races compiled kernels on the CPU.  A new module runs a canary
  * against tier 0 (or the verified module it would replace) on the step's
  * real inputs before it is used, as on the CPU.
  *
@@ -25,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "nf_cublas.h"
 #include "nf_cuda_plan.h"
 #include "nf_cuda_rt.h"
 #include "session_int.h"
@@ -44,6 +49,9 @@ struct nf__gpu {
   uint64_t scratch_bytes;
   int timed;          /* this step synchronises after each entry (its
                          per-entry times are real, not launch times) */
+  nf_cublas *blas;    /* NULL: no cuBLAS (tier 0 on the host) */
+  nf_gemm_desc *desc; /* per entry: its plain product ... */
+  uint8_t *plain;     /* ... when 1 */
 };
 
 /* Every this many steps (and the first), entries are timed for real: the
@@ -107,6 +115,12 @@ int nf__gpu_sm(const nf_session *s, const char **name) {
   return s->gpu ? nf_cuda_rt_sm(s->gpu->rt) : 0;
 }
 
+int nf__gpu_blas_entries(const nf_session *s) {
+  int n = 0;
+  for (int k = 0; s->gpu && s->gpu->blas && k < s->n_kents; k++) n += s->gpu->plain[k];
+  return n;
+}
+
 int nf__gpu_has_kernel(const nf_session *s, const nf__kent *k) {
   (void)s;
   return k->gcur || k->gcand || k->in_bun;
@@ -133,6 +147,9 @@ void nf__gpu_close(nf_session *s) {
     nf_cuda_module_free(s->kents[i].gcand);
     s->kents[i].gcur = s->kents[i].gcand = NULL;
   }
+  nf_cublas_close(G->blas);
+  free(G->desc);
+  free(G->plain);
   for (int i = 0; i < G->n_regions; i++) nf_cuda_rt_free(G->rt, G->regions[i].dev);
   nf_cuda_rt_free(G->rt, G->scratch);
   if (G->dargs)
@@ -196,17 +213,34 @@ int nf__gpu_open(nf_session *s) {
       if (!G->dargs[i][j]) rc = NF_EINTERNAL;
     }
   }
+  /* plain products: cuBLAS when it can be loaded */
+  if (rc == NF_OK && (!(G->desc = calloc((size_t)s->n_kents + 1, sizeof *G->desc)) ||
+                      !(G->plain = calloc((size_t)s->n_kents + 1, 1))))
+    rc = NF_ENOMEM;
+  int n_plain = 0;
+  for (int k = 0; rc == NF_OK && k < s->n_kents; k++)
+    n_plain += G->plain[k] = (uint8_t)nf_gemm_plain(s->kents[k].gemm, &G->desc[k]);
+  const char *blas_note = "";
+  nf_buf bwhy = NF_BUF_INIT;
+  if (rc == NF_OK && n_plain && nf_cublas_open(rt, &G->blas, &bwhy) != NF_OK) {
+    G->blas = NULL;
+    blas_note = nf_buf_str(&bwhy);
+  }
   if (rc == NF_OK) rc = nf_cuda_rt_sync(rt, &s->err);
   if (rc != NF_OK) {
+    nf_buf_free(&bwhy);
     nf_buf_printf(&s->err, "%sdevice %s (%s): setting up device memory failed",
                   s->err.len ? "; " : "", want, nf_cuda_rt_name(rt));
     nf__gpu_close(s);
     return rc;
   }
   if (!s->quiet)
-    fprintf(stderr, "neoflow: training on %s (sm_%d%s), %d device buffers\n",
+    fprintf(stderr,
+            "neoflow: training on %s (sm_%d%s), %d device buffers; %d plain products on %s%s%s\n",
             nf_cuda_rt_name(rt), nf_cuda_rt_sm(rt),
-            nf_cuda_rt_emulated(rt) ? ", emulated on the CPU" : "", G->n_regions);
+            nf_cuda_rt_emulated(rt) ? ", emulated on the CPU" : "", G->n_regions, n_plain,
+            G->blas ? "cuBLAS" : "the host", *blas_note ? ": " : "", blas_note);
+  nf_buf_free(&bwhy);
   return NF_OK;
 }
 
@@ -298,8 +332,15 @@ static size_t buf_bytes(const nf_session *s, const nf__op *op, uint32_t j) {
   return (size_t)s->slots[op->slots[j]].bytes;
 }
 
-/* Tier 0 on the host: inputs down, the CPU's tier 0, outputs up. */
+/* Tier 0: cuBLAS for a plain product; else on the host: inputs down,
+ * the CPU's tier 0, outputs up. */
 static int run_host(nf_session *s, nf__kent *k, nf__op *op) {
+  struct nf__gpu *G = s->gpu;
+  int ki = (int)(k - s->kents);
+  if (G->blas && G->plain[ki]) {
+    int brc = nf_cublas_run(G->blas, &G->desc[ki], G->dargs[op - s->ops], &s->err);
+    if (brc != NF_EUNSUPPORTED) return brc;
+  }
   int rc = NF_OK;
   for (uint32_t j = 0; rc == NF_OK && j < op->n_in; j++)
     rc = nf__gpu_pull(s, op->bufs[j], buf_bytes(s, op, j));
@@ -386,6 +427,8 @@ static int run_canary(nf_session *s, nf__kent *k, nf__op *op, int op_index) {
       k->cur_tier = k->cand_tier;
       k->cur_ms = k->cand_ms;
       k->verified = 1;
+      k->race_left = G->blas && G->plain[k - s->kents] ? NF_RACE_RUNS : 0;
+      k->prefer_blas = 0;
       s->swaps++;
       nf__verified_add(s, k->key, k->cand_sha);
     } else {
@@ -409,6 +452,11 @@ static int run_canary(nf_session *s, nf__kent *k, nf__op *op, int op_index) {
   return rc;
 }
 
+static int cmp_ms(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
 int nf__gpu_run_op(nf_session *s, nf__op *op) {
   struct nf__gpu *G = s->gpu;
   nf__kent *k = &s->kents[op->kent];
@@ -421,14 +469,33 @@ int nf__gpu_run_op(nf_session *s, nf__op *op) {
     k->cur_ms = k->cand_ms;
     k->gcand = NULL;
     k->verified = 1;
+    k->race_left = G->blas && G->plain[k - s->kents] ? NF_RACE_RUNS : 0;
+    k->prefer_blas = 0;
     s->swaps++;
     s->trusted++;
   }
   double t0 = nf__now_ms();
   int rc;
-  if (k->gcand) rc = run_canary(s, k, op, op_index);
-  else if (k->gcur) rc = run_module(s, k->gcur, G->dargs[op_index], op->n_in + op->n_out, &s->err);
-  else rc = run_host(s, k, op);
+  if (k->gcand) {
+    rc = run_canary(s, k, op, op_index);
+  } else if (k->gcur && k->race_left > 0) {
+    /* cuBLAS against the module, alternating, each synchronised */
+    int blas = k->race_left % 2, i = (k->race_left - 1) / 2;
+    rc = blas ? run_host(s, k, op)
+              : run_module(s, k->gcur, G->dargs[op_index], op->n_in + op->n_out, &s->err);
+    if (rc == NF_OK) rc = nf_cuda_rt_sync(G->rt, &s->err);
+    k->race_ms[blas][i] = nf__now_ms() - t0;
+    if (--k->race_left == 0) {
+      double *b = k->race_ms[1], *c = k->race_ms[0];
+      qsort(b, NF_RACE_RUNS / 2, sizeof *b, cmp_ms);
+      qsort(c, NF_RACE_RUNS / 2, sizeof *c, cmp_ms);
+      k->prefer_blas = b[NF_RACE_RUNS / 4] < 0.97 * c[NF_RACE_RUNS / 4];
+    }
+  } else if (k->gcur && !k->prefer_blas) {
+    rc = run_module(s, k->gcur, G->dargs[op_index], op->n_in + op->n_out, &s->err);
+  } else {
+    rc = run_host(s, k, op);
+  }
   /* launches are asynchronous: on a timed step each entry waits for its
    * kernels, so its time is the device's; on others only the step as a
    * whole is timed (and per-entry times keep the last timed step's) */

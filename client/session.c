@@ -1612,7 +1612,7 @@ int nf_session_stats_get(const nf_session *s, nf_session_stats *st) {
   for (int i = 0; i < s->n_kents; i++) {
     const nf__kent *k = &s->kents[i];
     int cur = k->cur || k->gcur;
-    if (k->cur && k->prefer_blas) {
+    if (cur && k->prefer_blas) {
       st->blas++;
       st->blas_kept++;
     } else {

@@ -1369,6 +1369,8 @@ START_TEST(session_gpu_emulated) {
     return;
   }
   if (!real) setenv("NEOFLOW_LIBCUDA", drv, 1);
+  const char *blas = getenv("NF_TEST_CUBLAS");
+  if (!real && blas && *blas) setenv("NEOFLOW_LIBCUBLAS", blas, 1);
   dm d;
   dm_init(&d);
   dm_config(&d, NULL);
@@ -1385,13 +1387,24 @@ START_TEST(session_gpu_emulated) {
   nf_session *b = open_def(m, "mlp", &o);
   ck_assert_ptr_nonnull(b->gpu);
   int n_k = b->n_kents;
+  /* the same on the GPU without a daemon: tier 0 throughout, plain
+   * products on cuBLAS (the emulated one here), the rest on the host */
+  nf_session_opts oc = o;
+  oc.daemon = "none";
+  nf_session *c0 = open_def(m, "mlp", &oc);
+  ck_assert_ptr_nonnull(c0->gpu);
+  if (!real && blas && *blas) ck_assert_int_gt(nf__gpu_blas_entries(c0), 0);
   ck_assert_int_eq(nf_session_wait_kernels(b, 120000, 1), NF_OK);
   double la[3], lb[3];
   for (int i = 0; i < 3; i++) {
     mlp_feed(a, data, 0);
     mlp_feed(b, data, 0);
+    mlp_feed(c0, data, 0);
     la[i] = step(a);
     lb[i] = step(b);
+    double lc = step(c0);
+    ck_assert_msg(fabs(la[i] - lc) <= 1e-5 * fabs(la[i]), "step %d: loss %.9g on the CPU, %.9g "
+                  "at tier 0 on the GPU", i + 1, la[i], lc);
     if (i == 0) {
       nf_session_stats st = stats(b);
       ck_assert_msg(st.swaps == n_k && st.rejected == 0 && st.tier1 == n_k,
@@ -1432,6 +1445,8 @@ START_TEST(session_gpu_emulated) {
 done:
   nf_session_free(a);
   nf_session_free(b);
+  nf_session_free(c0);
+  unsetenv("NEOFLOW_LIBCUBLAS");
   nf_model_free(m);
   free(data);
   ck_assert_int_eq(dm_stop(&d, SIGTERM), 0);

@@ -99,7 +99,7 @@ static int check(nf_cuda_rt *rt, CUresult r, const char *what, nf_buf *err) {
 
 static int usable(nf_cuda_rt *rt, nf_buf *err) {
   if (!rt->broken) return rt->d.CtxSetCurrent(rt->ctx) == CUDA_SUCCESS ? NF_OK : NF_EIO;
-  nf_buf_printf(err, "the CUDA context broke earlier (%s)", rt->broken_msg);
+  if (err) nf_buf_printf(err, "the CUDA context broke earlier (%s)", rt->broken_msg);
   return NF_EIO;
 }
 
@@ -201,6 +201,10 @@ void nf_cuda_rt_close(nf_cuda_rt *rt) {
 int nf_cuda_rt_sm(const nf_cuda_rt *rt) { return rt->sm; }
 
 const char *nf_cuda_rt_name(const nf_cuda_rt *rt) { return rt->name; }
+
+void *nf_cuda_rt_stream(const nf_cuda_rt *rt) { return rt->stream; }
+
+int nf_cuda_rt_current(nf_cuda_rt *rt, nf_buf *err) { return usable(rt, err); }
 
 int nf_cuda_rt_alloc(nf_cuda_rt *rt, size_t n, uint64_t *dptr, nf_buf *err) {
   *dptr = 0;

@@ -953,6 +953,46 @@ static int stage_run(nf_gemm_sub *s, stage *S, const char *what, nf_buf *err) {
   return rc;
 }
 
+/* The index of subgraph tensor t among sub's buffers (inputs then
+ * outputs), or -1. */
+static int buffer_index(const nf_graph *sub, uint32_t t) {
+  for (uint32_t i = 0; i < sub->n_inputs; i++)
+    if (sub->inputs[i] == t) return (int)i;
+  for (uint32_t i = 0; i < sub->n_outputs; i++)
+    if (sub->outputs[i] == t) return (int)(sub->n_inputs + i);
+  return -1;
+}
+
+int nf_gemm_plain(const nf_gemm_sub *s, nf_gemm_desc *d) {
+  memset(d, 0, sizeof *d);
+  if (!s || s->pro.present || s->epi.present || s->n_gather) return 0;
+  int a = buffer_index(s->sub, s->t_a), b = buffer_index(s->sub, s->t_b),
+      c = buffer_index(s->sub, s->t_c);
+  if (a < 0 || b < 0 || c < (int)s->sub->n_inputs) return 0;
+  d->a = (uint32_t)a;
+  d->b = (uint32_t)b;
+  d->c = (uint32_t)c;
+  d->trans_a = s->trans_a;
+  d->trans_b = s->trans_b;
+  d->m = s->m;
+  d->n = s->n;
+  d->k = s->k;
+  d->lda = s->lda;
+  d->ldb = s->ldb;
+  d->ldc = s->ldc;
+  d->off_a = s->off_a;
+  d->off_b = s->off_b;
+  d->c_numel = s->c_numel;
+  d->n_batch = s->n_batch;
+  for (int i = 0; i < s->n_batch; i++) {
+    d->batch[i].e = s->batch[i].e;
+    d->batch[i].st = s->batch[i].st;
+    d->batch[i].sp = s->batch[i].sp;
+    d->batch[i].sq = s->batch[i].sq;
+  }
+  return 1;
+}
+
 /* ---- the product: calls of sgemm (sdot, sgemv where a side is 1) ---- */
 
 /* Below this many multiply-adds a run stays on the calling thread. */

@@ -37,6 +37,12 @@ void nf_cuda_rt_close(nf_cuda_rt *rt);
 /* The device's compute capability as one number (9.0 -> 90) and name. */
 int nf_cuda_rt_sm(const nf_cuda_rt *rt);
 const char *nf_cuda_rt_name(const nf_cuda_rt *rt);
+/* The runtime's stream (a CUstream), for libraries that queue work on it
+ * (cuBLAS, nf_cublas.h). */
+void *nf_cuda_rt_stream(const nf_cuda_rt *rt);
+/* Makes the context current on the calling thread (before a library
+ * call); NF_EIO when it broke earlier. */
+int nf_cuda_rt_current(nf_cuda_rt *rt, nf_buf *err);
 
 /* Device memory.  n == 0 allocates nothing and yields 0. */
 int nf_cuda_rt_alloc(nf_cuda_rt *rt, size_t n, uint64_t *dptr, nf_buf *err);

@@ -84,6 +84,28 @@ int nf_gemm_gather_same(const nf_gemm_sub *a, const nf_gemm_sub *b);
 int nf_gemm_run_shared(nf_gemm_sub *s, void *const *buffers, nf_pool *pool,
                        const nf_gemm_sub *from, nf_buf *err);
 
+/* A plain product for other BLAS libraries (cuBLAS on a GPU): when s
+ * needs no prologue, epilogue or gather and its product reads and writes
+ * the subgraph's own buffers, fills *d and returns 1 (else 0).  A run is
+ * then, for every combination q of the batch loops with a C stride (st
+ * != 0) and every combination r of those without (st == 0: the calls
+ * after the first accumulate, beta 1), one row-major product
+ *   C[c + oc] (m x n, ldc) = op(A[a + off_a + oa]) (m x k, lda)
+ *                            . op(B[b + off_b + ob]) (k x n, ldb)
+ * where oc, oa, ob sum e-index times st, sp, sq over the loops; a, b, c
+ * index the run's buffers (inputs then outputs).  A run with k == 0
+ * zeroes C (c_numel elements). */
+typedef struct nf_gemm_desc {
+  uint32_t a, b, c;
+  int trans_a, trans_b;
+  int64_t m, n, k, lda, ldb, ldc, off_a, off_b, c_numel;
+  int n_batch;
+  struct {
+    int64_t e, st, sp, sq;
+  } batch[NF_MAX_VARS];
+} nf_gemm_desc;
+int nf_gemm_plain(const nf_gemm_sub *s, nf_gemm_desc *d);
+
 /* Frees s (not the graphs in sub->ctx).  NULL is a no-op. */
 void nf_gemm_free(nf_gemm_sub *s);
 

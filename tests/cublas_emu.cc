@@ -1,0 +1,46 @@
+/* cublas_emu.cc - the few cuBLAS entry points client/executor/cublas_rt.c
+ * loads (NEOFLOW_LIBCUBLAS=<this library>), for tests with the emulated
+ * CUDA driver (cuda_emu_driver.cc), whose device pointers are host
+ * pointers: sgemm in column-major order as cuBLAS defines it, on the
+ * CPU, accumulating in double.  Test code, not shipped. */
+#include <stdint.h>
+
+typedef int cublasStatus_t;
+
+static int g_token, g_stream_set;
+
+extern "C" {
+
+cublasStatus_t cublasCreate_v2(void **h) {
+  *h = &g_token;
+  return 0;
+}
+
+cublasStatus_t cublasDestroy_v2(void *h) { return h == &g_token ? 0 : 1; }
+
+cublasStatus_t cublasSetStream_v2(void *h, void *stream) {
+  if (h != &g_token || !stream) return 7; /* CUBLAS_STATUS_INVALID_VALUE */
+  g_stream_set = 1;
+  return 0;
+}
+
+/* C (m x n, ldc) = alpha op(A) op(B) + beta C, column-major. */
+cublasStatus_t cublasSgemm_v2(void *h, int ta, int tb, int m, int n, int k, const float *alpha,
+                              const float *A, int lda, const float *B, int ldb, const float *beta,
+                              float *C, int ldc) {
+  if (h != &g_token || !g_stream_set || m < 0 || n < 0 || k < 0) return 7;
+  for (int j = 0; j < n; j++)
+    for (int i = 0; i < m; i++) {
+      double acc = 0;
+      for (int p = 0; p < k; p++) {
+        float a = ta ? A[p + (int64_t)i * lda] : A[i + (int64_t)p * lda];
+        float b = tb ? B[j + (int64_t)p * ldb] : B[p + (int64_t)j * ldb];
+        acc += (double)a * b;
+      }
+      float *c = &C[i + (int64_t)j * ldc];
+      *c = (float)(*alpha * acc + (*beta != 0.0f ? *beta * *c : 0.0f));
+    }
+  return 0;
+}
+
+} /* extern "C" */
