@@ -456,6 +456,7 @@ START_TEST(daemon_cuda_target) {
     Neoflow__StatusReply *st = status_of(c, &hold);
     ck_assert_uint_eq(st->cache_hits, 1);
     nf_wire_free_server(hold);
+    nf_dkernel_free(&k3);
     nf_dconn_close(c);
     /* sm_80 gets its own cubin */
     c = open_gpu_client(&d, 80, "NVIDIA A100-SXM4-80GB");
