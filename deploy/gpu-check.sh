@@ -12,8 +12,9 @@
 #   3. `neoflow train --device cuda` against `--device cpu` on the MLP:
 #      the losses after 30 steps agree;
 #   4. the benchmark against PyTorch CUDA in one run (bench/run --device
-#      cuda, the default kernels: GPU tuning is not done yet), written to
-#      ${NF_GPU_OUT:-gpu-check-out}/gpu_bench.json.
+#      cuda), written to ${NF_GPU_OUT:-gpu-check-out}/gpu_bench.json: the
+#      default GPU kernels, or with NF_GPU_TUNE_TRIALS=N (and
+#      NF_GPU_TUNE_SECONDS=S, default 20) kernels tuned on the GPU first.
 # Exit status: 0 when every step passed; the first failing step's status
 # otherwise.  Every step's output goes to the terminal and to
 # ${NF_GPU_OUT:-gpu-check-out}/gpu-check.log.
@@ -65,6 +66,11 @@ sys.exit(0 if ok else 1)
 PY
 
 echo "== 4. benchmark against PyTorch CUDA"
-python3 bench/run --device cuda --threads 1 --rounds 1 --compile-only --no-plot \
+if [ "${NF_GPU_TUNE_TRIALS:-0}" -gt 0 ]; then
+  budget=(--tune-trials "$NF_GPU_TUNE_TRIALS" --tune-seconds "${NF_GPU_TUNE_SECONDS:-20}")
+else
+  budget=(--compile-only)
+fi
+python3 bench/run --device cuda --threads 1 --rounds 1 "${budget[@]}" --no-plot \
   --python "$(command -v python3)" --out "$out/bench" --json "$out/gpu_bench.json"
 echo "gpu-check: all steps passed; results in $out"
