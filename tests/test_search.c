@@ -404,7 +404,7 @@ START_TEST(tune_gpu_emulated) {
   }
   nf_module *m = load("nn.nf");
   static const tcase cases[] = {
-      {"matmul 64x48x40", "matmul", P0, 2, {NZ(1, 2, 64, 48), NZ(1, 2, 48, 40)}, NULL, 0, 0},
+      {"matmul 32x24x20", "matmul", P0, 2, {NZ(1, 2, 32, 24), NZ(1, 2, 24, 20)}, NULL, 0, 0},
       {"mse 40x40", "mse", P0, 2, {NZ(1, 2, 40, 40), NZ(1, 2, 40, 40)}, NULL, 0, 0},
   };
   for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
@@ -412,6 +412,9 @@ START_TEST(tune_gpu_emulated) {
     nf_graph *g = inst_graph(m, &cases[c], ctx);
     nf_search_opts o = quick_opts(6, 3);
     o.cuda_sm = 90;
+    /* the emulation runs a block's threads as coroutines: a candidate of
+     * many large blocks is slow there (a timeout is a fair outcome) */
+    o.measure.timeout_ms = 60000;
     nf_search_result r;
     nf_buf err = NF_BUF_INIT;
     /* no driver: the probe says why, before any reference is computed */
@@ -425,12 +428,16 @@ START_TEST(tune_gpu_emulated) {
     ck_assert_int_ge(r.trials, 1);
     ck_assert_int_le(r.trials, 6);
     ck_assert_int_eq((int)r.n_records, r.trials + 1);
+    int n_ok = 0;
     for (size_t i = 0; i < r.n_records; i++) {
-      ck_assert_msg(r.records[i].status == NF_MEAS_OK, "%s: trial %d %s: %s\n%s", cases[c].label,
-                    r.records[i].trial, nf_measure_status_name(r.records[i].status),
+      int st = r.records[i].status;
+      ck_assert_msg(st == NF_MEAS_OK || (i > 0 && st == NF_MEAS_TIMEOUT), "%s: trial %d %s: %s\n%s",
+                    cases[c].label, r.records[i].trial, nf_measure_status_name(st),
                     r.records[i].reason, r.records[i].schedule);
+      n_ok += i > 0 && st == NF_MEAS_OK;
       ck_assert_msg(strstr(r.records[i].schedule, "bind_thread"), "%s", r.records[i].schedule);
     }
+    ck_assert_int_ge(n_ok, 1);
     /* distinct schedules */
     for (size_t i = 0; i < r.n_records; i++)
       for (size_t j = i + 1; j < r.n_records; j++)

@@ -200,6 +200,40 @@ static void report(run *R, double last_ms) {
   R->o->progress(R->o->user, &pg);
 }
 
+/* Counts measured rec as the next trial: its number and time, the
+ * failure counts, and the best so far (*new_best 1 when it is).  NF_OK
+ * or NF_ENOMEM. */
+static int count_trial(run *R, nf_search_record *rec, int *new_best) {
+  nf_search_result *r = R->res;
+  *new_best = 0;
+  rec->trial = ++r->trials;
+  rec->at_s = now_s() - R->t0;
+  if (rec->status != NF_MEAS_OK) {
+    r->failures++;
+    R->consec_failures++;
+    return NF_OK;
+  }
+  R->consec_failures = 0;
+  if (r->best_ms > 0 && rec->time_ms >= r->best_ms) return NF_OK;
+  if (r->best_ms <= 0 || rec->time_ms < r->best_ms * 0.99) R->last_gain_trial = r->trials;
+  r->best_ms = rec->time_ms;
+  free(r->best_schedule);
+  r->best_schedule = strdup(rec->schedule);
+  *new_best = 1;
+  return r->best_schedule ? NF_OK : NF_ENOMEM;
+}
+
+/* Records rec (taken over) and reports progress; rc passes through. */
+static int finish_trial(run *R, nf_search_record *rec, int rc) {
+  double last = rec->time_ms;
+  if (push_record(R, rec) != NF_OK) {
+    free(rec->schedule);
+    return NF_ENOMEM;
+  }
+  report(R, last);
+  return rc;
+}
+
 /* Measures candidate c (legal, unseen) as the next trial. */
 static int trial(run *R, cand *c) {
   nf_search_record rec;
@@ -219,25 +253,11 @@ static int trial(run *R, cand *c) {
     free(rec.schedule);
     return rc;
   }
-  nf_search_result *r = R->res;
-  rec.trial = ++r->trials;
-  rec.at_s = now_s() - R->t0;
-  if (rec.status != NF_MEAS_OK) {
-    r->failures++;
-    R->consec_failures++;
-  } else {
-    R->consec_failures = 0;
-  }
+  int best = 0;
+  rc = count_trial(R, &rec, &best);
   if (nf_cost_model_add(R->model, rec.feat, rec.status == NF_MEAS_OK ? rec.time_ms : 0) != NF_OK)
     rc = NF_ENOMEM;
   if (rec.status == NF_MEAS_OK) {
-    if (r->best_ms <= 0 || rec.time_ms < r->best_ms) {
-      if (r->best_ms <= 0 || rec.time_ms < r->best_ms * 0.99) R->last_gain_trial = r->trials;
-      r->best_ms = rec.time_ms;
-      free(r->best_schedule);
-      r->best_schedule = strdup(rec.schedule);
-      if (!r->best_schedule) rc = NF_ENOMEM;
-    }
     if (R->n_measured == R->cap_measured) {
       size_t nc = R->cap_measured ? R->cap_measured * 2 : 64;
       cand *nm = realloc(R->measured, nc * sizeof *nm);
@@ -255,13 +275,7 @@ static int trial(run *R, cand *c) {
       m->time_ms = rec.time_ms;
     }
   }
-  double last = rec.time_ms;
-  if (push_record(R, &rec) != NF_OK) {
-    free(rec.schedule);
-    return NF_ENOMEM;
-  }
-  report(R, last);
-  return rc;
+  return finish_trial(R, &rec, rc);
 }
 
 static int budget_left(run *R) {
@@ -725,30 +739,10 @@ static int gpu_trial(run *R, nf_gpu_knobs *k, int *found) {
       return rc;
     }
     *found = 1;
-    nf_search_result *r = R->res;
-    rec.trial = ++r->trials;
-    rec.at_s = now_s() - R->t0;
-    if (rec.status != NF_MEAS_OK) {
-      r->failures++;
-      R->consec_failures++;
-    } else {
-      R->consec_failures = 0;
-      if (r->best_ms <= 0 || rec.time_ms < r->best_ms) {
-        if (r->best_ms <= 0 || rec.time_ms < r->best_ms * 0.99) R->last_gain_trial = r->trials;
-        r->best_ms = rec.time_ms;
-        free(r->best_schedule);
-        r->best_schedule = strdup(rec.schedule);
-        if (!r->best_schedule) rc = NF_ENOMEM;
-        memcpy(R->kbest, k, n * sizeof *k);
-      }
-    }
-    double last = rec.time_ms;
-    if (push_record(R, &rec) != NF_OK) {
-      free(rec.schedule);
-      return NF_ENOMEM;
-    }
-    report(R, last);
-    return rc;
+    int best = 0;
+    rc = count_trial(R, &rec, &best);
+    if (best) memcpy(R->kbest, k, n * sizeof *k);
+    return finish_trial(R, &rec, rc);
   }
   return NF_OK;
 }
