@@ -59,7 +59,8 @@ struct nf__gpu {
 #define GPU_TIMED_EVERY 16
 
 static int region_add(struct nf__gpu *G, const void *host, size_t bytes) {
-  if (!host || !bytes) return NF_OK;
+  if (!host) return NF_OK;
+  if (!bytes) bytes = 1; /* an empty tensor still needs an address */
   for (int i = 0; i < G->n_regions; i++)
     if (G->regions[i].host == host) return NF_OK;
   region *r = realloc(G->regions, sizeof *r * (size_t)(G->n_regions + 1));
