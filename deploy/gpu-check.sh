@@ -15,6 +15,10 @@
 #      cuda), written to ${NF_GPU_OUT:-gpu-check-out}/gpu_bench.json: the
 #      default GPU kernels, or with NF_GPU_TUNE_TRIALS=N (and
 #      NF_GPU_TUNE_SECONDS=S, default 20) kernels tuned on the GPU first.
+# On a GPU machine that cannot build (no package registry, as the
+# development device tool's): run deploy/gpu-pack.sh on a machine that
+# built, bring .gpu along, and run NF_GPU_PACKED=1 deploy/gpu-check.sh:
+# step 1 then unpacks the prebuilt programs and their libraries instead.
 # Exit status: 0 when every step passed; the first failing step's status
 # otherwise.  Every step's output goes to the terminal and to
 # ${NF_GPU_OUT:-gpu-check-out}/gpu-check.log.
@@ -28,10 +32,19 @@ echo "== 0. the machine"
 command -v nvidia-smi >/dev/null && nvidia-smi -L || echo "(no nvidia-smi)"
 
 export NEOFLOW_LIB="$PWD/lib"
-echo "== 1. set-up and build"
-if [ "${NF_GPU_SKIP_SETUP:-0}" != 1 ]; then ./deploy/setup.sh python3-torch; fi
-[ -f build/build.ninja ] || meson setup build >/dev/null
-ninja -C build
+if [ "${NF_GPU_PACKED:-0}" = 1 ]; then
+  echo "== 1. the packed build (.gpu/pack.tar.xz)"
+  tar -xJf .gpu/pack.tar.xz
+  cuda_lib=""
+  if command -v nvcc >/dev/null; then cuda_lib="$(dirname "$(command -v nvcc)")/../lib64:"; fi
+  export LD_LIBRARY_PATH="$PWD/.gpu/lib:$cuda_lib/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+  export NF_NEOFLOWD="$PWD/build/daemon/neoflowd" NEOFLOW_WORKER="$PWD/build/daemon/search/neoflow-worker"
+else
+  echo "== 1. set-up and build"
+  if [ "${NF_GPU_SKIP_SETUP:-0}" != 1 ]; then ./deploy/setup.sh python3-torch; fi
+  [ -f build/build.ninja ] || meson setup build >/dev/null
+  ninja -C build
+fi
 build/client/neoflow compile --target cuda:sm_90 lib/nn.nf relu --shape X=64,64 -o "$out/relu.cubin" \
   || { echo "gpu-check: NVRTC is missing from this build (meson option gpu_toolkit)"; exit 1; }
 
@@ -41,7 +54,7 @@ NF_TEST_CUDA_EMU="$PWD/tests/cuda_emu.h" build/tests/test_cuda gpu || st=$?
 [ "$st" -eq 77 ] && { echo "gpu-check: no usable GPU (test_cuda gpu skipped)"; exit 77; }
 [ "$st" -eq 0 ] || exit "$st"
 NF_TEST_GPU_REAL=1 CK_RUN_CASE=gpu NEOFLOW_VERIFIED=none \
-  NF_NEOFLOWD="$PWD/build/daemon/neoflowd" build/tests/test_session
+  NF_NEOFLOWD="${NF_NEOFLOWD:-$PWD/build/daemon/neoflowd}" build/tests/test_session
 
 echo "== 3. training on the GPU against the CPU"
 run_train() {
