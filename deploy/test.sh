@@ -27,9 +27,10 @@ if [ "${NF_ASAN:-1}" = 1 ]; then
   fi
   ninja -C build-asan
   # the compiled suite spends its time inside LLVM (not instrumented):
-  # a few random schedules per case are enough to check our side
+  # a few random schedules per case are enough to check our side (and of
+  # the lowering suite's random schedules, 10 per case instead of 50)
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-    NF_COMPILED_ITERS=${NF_COMPILED_ITERS_ASAN:-4} NF_COMPILED_GRAD_ITERS=1 \
+    NF_COMPILED_ITERS=${NF_COMPILED_ITERS_ASAN:-4} NF_COMPILED_GRAD_ITERS=1 NF_LOWER_ITERS=10 \
     meson test -C build-asan --num-processes 2 --no-suite numpy --no-suite torch --no-suite nvrtc \
     --print-errorlogs 2>&1 | tail -n 15
   [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "test.sh: ASan/UBSan tests failed" >&2; exit 1; }
