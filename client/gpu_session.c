@@ -14,10 +14,12 @@
  * Kernels: an entry runs its CUDA module (a bundle from the daemon,
  * loaded at a step boundary on the program thread), or tier 0: cuBLAS's
  * sgemm on the device for a plain product (nf_gemm_plain: no prologue or
- * epilogue), else on the host: its inputs downloaded, the CPU's tier 0
- * (OpenBLAS, the interpreter) run, its outputs uploaded (correct and
- * slow; cuDNN for convolutions is not done yet).  After a module is
- * swapped in for an entry that cuBLAS runs, the next NF_RACE_RUNS runs
+ * epilogue); cuDNN on the device for a convolution, its forward or either
+ * gradient (nf_conv_prepare), with a fused epilogue (bias, ReLU, ...) run
+ * on the host from the downloaded result; else on the host: its inputs
+ * downloaded, the CPU's tier 0 (OpenBLAS, the interpreter) run, its
+ * outputs uploaded (correct and slow).  After a module is swapped in for
+ * an entry that cuBLAS or cuDNN runs, the next NF_RACE_RUNS runs
  * alternate between the two, synchronised and timed, and the faster by
  * median is kept, as OpenBLAS races compiled kernels on the CPU.  A new module runs a canary
  * against tier 0 (or the verified module it would replace) on the step's
@@ -29,9 +31,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "nf_conv.h"
 #include "nf_cublas.h"
 #include "nf_cuda_plan.h"
 #include "nf_cuda_rt.h"
+#include "nf_cudnn.h"
 #include "session_int.h"
 
 typedef struct region {
@@ -52,6 +56,10 @@ struct nf__gpu {
   nf_cublas *blas;    /* NULL: no cuBLAS (tier 0 on the host) */
   nf_gemm_desc *desc; /* per entry: its plain product ... */
   uint8_t *plain;     /* ... when 1 */
+  nf_cudnn *dnn;      /* NULL: no cuDNN (tier 0 on the host) */
+  nf_conv_sub **conv; /* per entry: its convolution for cuDNN, or NULL */
+  uint64_t *conv_dev; /* per entry: device storage of a local result */
+  void **conv_host;   /* per entry: its host copy, where an epilogue reads it */
 };
 
 /* Every this many steps (and the first), entries are timed for real: the
@@ -122,6 +130,17 @@ int nf__gpu_blas_entries(const nf_session *s) {
   return n;
 }
 
+int nf__gpu_dnn_entries(const nf_session *s) {
+  int n = 0;
+  for (int k = 0; s->gpu && s->gpu->dnn && k < s->n_kents; k++) n += s->gpu->conv[k] != NULL;
+  return n;
+}
+
+/* 1 when entry k's tier 0 runs on the device through a library. */
+static int lib_tier0(const struct nf__gpu *G, int k) {
+  return (G->blas && G->plain[k]) || (G->dnn && G->conv[k]);
+}
+
 int nf__gpu_has_kernel(const nf_session *s, const nf__kent *k) {
   (void)s;
   return k->gcur || k->gcand || k->in_bun;
@@ -151,6 +170,15 @@ void nf__gpu_close(nf_session *s) {
   nf_cublas_close(G->blas);
   free(G->desc);
   free(G->plain);
+  for (int i = 0; G->conv && i < s->n_kents; i++) {
+    nf_conv_free(G->conv[i]);
+    if (G->conv_dev) nf_cuda_rt_free(G->rt, G->conv_dev[i]);
+    if (G->conv_host) free(G->conv_host[i]);
+  }
+  nf_cudnn_close(G->dnn);
+  free(G->conv);
+  free(G->conv_dev);
+  free(G->conv_host);
   for (int i = 0; i < G->n_regions; i++) nf_cuda_rt_free(G->rt, G->regions[i].dev);
   nf_cuda_rt_free(G->rt, G->scratch);
   if (G->dargs)
@@ -160,6 +188,12 @@ void nf__gpu_close(nf_session *s) {
   nf_cuda_rt_close(G->rt);
   free(G);
   s->gpu = NULL;
+}
+
+/* The role (nf_conv_sub_buffer) of the tensor a convolution writes. */
+static int conv_result_role(const nf_conv_sub *cs) {
+  nf_conv_kind k = nf_conv_sub_desc(cs)->kind;
+  return k == NF_CONV_FWD ? 2 : k == NF_CONV_BWD_DATA ? 0 : 1;
 }
 
 int nf__gpu_open(nf_session *s) {
@@ -227,9 +261,36 @@ int nf__gpu_open(nf_session *s) {
     G->blas = NULL;
     blas_note = nf_buf_str(&bwhy);
   }
+  /* convolutions: cuDNN when it can be loaded */
+  int n_conv = 0;
+  if (rc == NF_OK && (!(G->conv = calloc((size_t)s->n_kents + 1, sizeof *G->conv)) ||
+                      !(G->conv_dev = calloc((size_t)s->n_kents + 1, sizeof *G->conv_dev)) ||
+                      !(G->conv_host = calloc((size_t)s->n_kents + 1, sizeof *G->conv_host))))
+    rc = NF_ENOMEM;
+  for (int k = 0; rc == NF_OK && k < s->n_kents; k++) {
+    if (s->kents[k].alias || G->plain[k]) continue;
+    rc = nf_conv_prepare(s->kents[k].g, &G->conv[k], &s->err);
+    n_conv += G->conv[k] != NULL;
+  }
+  const char *dnn_note = "";
+  nf_buf dwhy = NF_BUF_INIT;
+  if (rc == NF_OK && n_conv && nf_cudnn_open(rt, &G->dnn, &dwhy) != NF_OK) {
+    G->dnn = NULL;
+    dnn_note = nf_buf_str(&dwhy);
+  }
+  /* a local result's storage, once */
+  for (int k = 0; rc == NF_OK && G->dnn && k < s->n_kents; k++) {
+    nf_conv_sub *cs = G->conv[k];
+    if (!cs || nf_conv_sub_buffer(cs, conv_result_role(cs)) >= 0) continue;
+    size_t b = (size_t)nf_conv_sub_result_bytes(cs);
+    rc = nf_cuda_rt_alloc(rt, b, &G->conv_dev[k], &s->err);
+    if (rc == NF_OK && nf_conv_sub_has_epilogue(cs) && !(G->conv_host[k] = malloc(b ? b : 1)))
+      rc = NF_ENOMEM;
+  }
   if (rc == NF_OK) rc = nf_cuda_rt_sync(rt, &s->err);
   if (rc != NF_OK) {
     nf_buf_free(&bwhy);
+    nf_buf_free(&dwhy);
     nf_buf_printf(&s->err, "%sdevice %s (%s): setting up device memory failed",
                   s->err.len ? "; " : "", want, nf_cuda_rt_name(rt));
     nf__gpu_close(s);
@@ -237,11 +298,14 @@ int nf__gpu_open(nf_session *s) {
   }
   if (!s->quiet)
     fprintf(stderr,
-            "neoflow: training on %s (sm_%d%s), %d device buffers; %d plain products on %s%s%s\n",
+            "neoflow: training on %s (sm_%d%s), %d device buffers; %d plain products on %s%s%s; "
+            "%d convolutions on %s%s%s\n",
             nf_cuda_rt_name(rt), nf_cuda_rt_sm(rt),
             nf_cuda_rt_emulated(rt) ? ", emulated on the CPU" : "", G->n_regions, n_plain,
-            G->blas ? "cuBLAS" : "the host", *blas_note ? ": " : "", blas_note);
+            G->blas ? "cuBLAS" : "the host", *blas_note ? ": " : "", blas_note, n_conv,
+            G->dnn ? nf_cudnn_version(G->dnn) : "the host", *dnn_note ? ": " : "", dnn_note);
   nf_buf_free(&bwhy);
+  nf_buf_free(&dwhy);
   return NF_OK;
 }
 
@@ -333,14 +397,60 @@ static size_t buf_bytes(const nf_session *s, const nf__op *op, uint32_t j) {
   return (size_t)s->slots[op->slots[j]].bytes;
 }
 
-/* Tier 0: cuBLAS for a plain product; else on the host: inputs down,
- * the CPU's tier 0, outputs up. */
+/* cuDNN for entry ki's convolution on the device; its epilogue on the
+ * host (the result and the inputs it reads downloaded, what it writes
+ * uploaded).  NF_EUNSUPPORTED (cuDNN refuses the shape: said once, the
+ * entry goes to the host from then on) or another status. */
+static int run_conv(nf_session *s, nf__kent *k, nf__op *op, int ki) {
+  struct nf__gpu *G = s->gpu;
+  nf_conv_sub *cs = G->conv[ki];
+  const uint64_t *a = G->dargs[op - s->ops];
+  uint64_t dev[3];
+  for (int r = 0; r < 3; r++) {
+    int b = nf_conv_sub_buffer(cs, r);
+    dev[r] = b >= 0 ? a[b] : G->conv_dev[ki];
+  }
+  nf_buf why = NF_BUF_INIT;
+  int rc = nf_cudnn_run(G->dnn, nf_conv_sub_desc(cs), dev[0], dev[1], dev[2], &why);
+  if (rc == NF_EUNSUPPORTED) {
+    char hex[65];
+    nf_hash_hex(k->key, hex);
+    hex[16] = 0;
+    nf__session_warn(s, "kernel %s: %s: %s; its tier 0 runs on the host", hex,
+                     nf_conv_sub_describe(cs), nf_buf_str(&why));
+    nf_conv_free(cs);
+    G->conv[ki] = NULL;
+  } else if (rc != NF_OK) {
+    nf_buf_printf(&s->err, "%s", nf_buf_str(&why));
+  }
+  nf_buf_free(&why);
+  if (rc != NF_OK || !nf_conv_sub_has_epilogue(cs)) return rc;
+  int rb = nf_conv_sub_buffer(cs, conv_result_role(cs));
+  size_t bytes = (size_t)nf_conv_sub_result_bytes(cs);
+  void *res = rb >= 0 ? op->bufs[rb] : G->conv_host[ki];
+  rc = rb >= 0 ? nf__gpu_pull(s, res, bytes)
+               : nf_cuda_rt_download(G->rt, res, G->conv_dev[ki], bytes, &s->err);
+  for (uint32_t j = 0; rc == NF_OK && j < op->n_in; j++)
+    if (nf_conv_sub_epilogue_reads(cs, j)) rc = nf__gpu_pull(s, op->bufs[j], buf_bytes(s, op, j));
+  if (rc == NF_OK) rc = nf_conv_sub_epilogue(cs, op->bufs, res, &s->err);
+  for (uint32_t j = op->n_in; rc == NF_OK && j < op->n_in + op->n_out; j++)
+    if ((int)j != rb) rc = nf__gpu_push(s, op->bufs[j], buf_bytes(s, op, j));
+  return rc;
+}
+
+/* Tier 0: cuBLAS for a plain product, cuDNN for a convolution; else on
+ * the host: inputs down, the CPU's tier 0, outputs up. */
 static int run_host(nf_session *s, nf__kent *k, nf__op *op) {
   struct nf__gpu *G = s->gpu;
   int ki = (int)(k - s->kents);
   if (G->blas && G->plain[ki]) {
     int brc = nf_cublas_run(G->blas, &G->desc[ki], G->dargs[op - s->ops], &s->err);
     if (brc != NF_EUNSUPPORTED) return brc;
+  }
+  /* (an op whose output shares an input's memory stays on the host) */
+  if (G->dnn && G->conv[ki] && !op->alias) {
+    int crc = run_conv(s, k, op, ki);
+    if (crc != NF_EUNSUPPORTED) return crc;
   }
   int rc = NF_OK;
   for (uint32_t j = 0; rc == NF_OK && j < op->n_in; j++)
@@ -428,7 +538,7 @@ static int run_canary(nf_session *s, nf__kent *k, nf__op *op, int op_index) {
       k->cur_tier = k->cand_tier;
       k->cur_ms = k->cand_ms;
       k->verified = 1;
-      k->race_left = G->blas && G->plain[k - s->kents] ? NF_RACE_RUNS : 0;
+      k->race_left = lib_tier0(G, (int)(k - s->kents)) ? NF_RACE_RUNS : 0;
       k->prefer_blas = 0;
       s->swaps++;
       nf__verified_add(s, k->key, k->cand_sha);
@@ -470,7 +580,7 @@ int nf__gpu_run_op(nf_session *s, nf__op *op) {
     k->cur_ms = k->cand_ms;
     k->gcand = NULL;
     k->verified = 1;
-    k->race_left = G->blas && G->plain[k - s->kents] ? NF_RACE_RUNS : 0;
+    k->race_left = lib_tier0(G, (int)(k - s->kents)) ? NF_RACE_RUNS : 0;
     k->prefer_blas = 0;
     s->swaps++;
     s->trusted++;
@@ -480,7 +590,7 @@ int nf__gpu_run_op(nf_session *s, nf__op *op) {
   if (k->gcand) {
     rc = run_canary(s, k, op, op_index);
   } else if (k->gcur && k->race_left > 0) {
-    /* cuBLAS against the module, alternating, each synchronised */
+    /* cuBLAS or cuDNN against the module, alternating, each synchronised */
     int blas = k->race_left % 2, i = (k->race_left - 1) / 2;
     rc = blas ? run_host(s, k, op)
               : run_module(s, k->gcur, G->dargs[op_index], op->n_in + op->n_out, &s->err);

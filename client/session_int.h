@@ -242,6 +242,8 @@ int nf__gpu_check_bundle(const nf_session *s, int k, const void *bin, size_t len
 int nf__gpu_sm(const nf_session *s, const char **name);
 /* The entries cuBLAS runs at tier 0 (0 without cuBLAS). */
 int nf__gpu_blas_entries(const nf_session *s);
+/* The entries cuDNN runs at tier 0 (0 without cuDNN). */
+int nf__gpu_dnn_entries(const nf_session *s);
 /* Whether kent k has a GPU kernel running or waiting. */
 int nf__gpu_has_kernel(const nf_session *s, const nf__kent *k);
 

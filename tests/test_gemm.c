@@ -25,6 +25,9 @@
 #include <string.h>
 
 #include "nf_autodiff.h"
+#include "nf_conv.h"
+#include "nf_cuda_rt.h"
+#include "nf_cudnn.h"
 #include "nf_diag.h"
 #include "nf_gemm.h"
 #include "nf_interp.h"
@@ -98,7 +101,22 @@ static const char *const kSrc =
     "def mm_max(A: f32[M, K], B: f32[K, N]) -> (C: f32[M, N]) {\n"
     "  C(i, j) max=! A(i, k) * B(k, j)\n}\n"
     "def mm_f64(A: f64[M, K], B: f64[K, N]) -> (C: f64[M, N]) {\n"
-    "  C(i, j) +=! A(i, k) * B(k, j)\n}\n";
+    "  C(i, j) +=! A(i, k) * B(k, j)\n}\n"
+    /* convolutions written by hand, for cuDNN (nf_conv.h) */
+    "def cv_swapped(I: f32[N, C, H, W], F: f32[K, C, 3, 3]) -> (O: f32[N, K, H, W]) {\n"
+    "  O(n, k, y, x) +=! F(k, c, r, s) * (y + r - 1 >= 0 && y + r - 1 < H && x + s - 1 >= 0 &&\n"
+    "                    x + s - 1 < W && k >= 0 ? I(n, c, y + r - 1, x + s - 1) : 0.0)\n}\n"
+    "def cv_bias_relu(I: f32[N, C, H, W], F: f32[K, C, 2, 3], b: f32[K])\n"
+    "    -> (O: f32[N, K, H - 1, W - 2]) {\n"
+    "  T(n, k, y, x) +=! I(n, c, y + r, x + s) * F(k, c, r, s) where y in 0:H - 1, x in 0:W - 2\n"
+    "  O(n, k, y, x) = max(T(n, k, y, x) + b(k), 0.0)\n}\n"
+    "def cv_crop(I: f32[N, C, H, W], F: f32[K, C, 3, 3]) -> (O: f32[N, K, H - 3, W - 3]) {\n"
+    "  O(n, k, y, x) +=! I(n, c, y + r, x + s) * F(k, c, r, s)\n}\n"
+    "def cv_narrow(I: f32[N, C, H, W], F: f32[K, C, 3, 3]) -> (O: f32[N, K, H, W]) {\n"
+    "  O(n, k, y, x) +=! (y + r - 1 >= 0 && y + r - 1 < H - 1 && x + s - 1 >= 0 &&\n"
+    "                    x + s - 1 < W) ? I(n, c, y + r - 1, x + s - 1) * F(k, c, r, s) : 0.0\n}\n"
+    "def cv_scaled(I: f32[N, C, H, W], F: f32[K, C, 3, 3]) -> (O: f32[N, K, H - 2, W - 2]) {\n"
+    "  O(n, k, y, x) +=! 2.0 * I(n, c, y + r, x + s) * F(k, c, r, s)\n}\n";
 
 /* ---- instantiation ---- */
 
@@ -721,6 +739,208 @@ START_TEST(gemm_epilogue_error) {
 }
 END_TEST
 
+/* ---- tier 0 on a GPU: cuDNN's convolutions (nf_conv.h, nf_cudnn.h) ---- */
+
+typedef struct dnn_result {
+  int n_conv, kinds[3];
+  char desc[MAX_DESC][160];
+} dnn_result;
+
+/* Runs conv subgraph cs as a GPU session does: operands uploaded, cuDNN
+ * on device buffers, the result downloaded for the epilogue on the host;
+ * the outputs (NaN before) compared with the interpreter's. */
+static void dnn_compare(nf_cuda_rt *rt, nf_cudnn *dnn, const nf_graph *sub, nf_conv_sub *cs) {
+  uint32_t ni = sub->n_inputs, no = sub->n_outputs, nb = ni + no;
+  nf_array *in = calloc(ni + 1, sizeof *in), *want = calloc(no + 1, sizeof *want);
+  void **host = calloc(nb + 1, sizeof *host);
+  uint64_t *dev = calloc(nb + 1, sizeof *dev);
+  size_t *bytes = calloc(nb + 1, sizeof *bytes);
+  nf_buf err = NF_BUF_INIT;
+  for (uint32_t k = 0; k < nb; k++) {
+    const nf_tensor *t = &sub->tensors[k < ni ? sub->inputs[k] : sub->outputs[k - ni]];
+    bytes[k] = (size_t)nf_tensor_numel(t) * nf_dtype_size((nf_dtype)t->dtype);
+    if (k < ni) {
+      ck_assert_int_eq(nf_array_alloc(&in[k], (nf_dtype)t->dtype, t->rank, t->shape), NF_OK);
+      fill(&in[k], 0);
+      host[k] = in[k].data;
+    } else {
+      host[k] = malloc(bytes[k]);
+      memset(host[k], 0xff, bytes[k]);
+    }
+    ck_assert_int_eq(nf_cuda_rt_alloc(rt, bytes[k], &dev[k], &err), NF_OK);
+    ck_assert_int_eq(nf_cuda_rt_upload(rt, dev[k], host[k], bytes[k], &err), NF_OK);
+  }
+  /* the convolution's result: an output's buffers or the caller's */
+  size_t rb = (size_t)nf_conv_sub_result_bytes(cs);
+  int res_role = nf_conv_sub_desc(cs)->kind == NF_CONV_FWD ? 2
+                 : nf_conv_sub_desc(cs)->kind == NF_CONV_BWD_DATA ? 0 : 1;
+  int rbuf = nf_conv_sub_buffer(cs, res_role);
+  uint64_t rdev = 0;
+  void *rhost = NULL;
+  if (rbuf < 0) {
+    ck_assert_int_eq(nf_cuda_rt_alloc(rt, rb, &rdev, &err), NF_OK);
+    rhost = malloc(rb);
+  } else {
+    rdev = dev[rbuf];
+    rhost = host[rbuf];
+  }
+  uint64_t role[3];
+  for (int r = 0; r < 3; r++) {
+    int b = nf_conv_sub_buffer(cs, r);
+    role[r] = b >= 0 ? dev[b] : rdev;
+  }
+  int rc = nf_cudnn_run(dnn, nf_conv_sub_desc(cs), role[0], role[1], role[2], &err);
+  ck_assert_msg(rc == NF_OK, "%s: %s", nf_conv_sub_describe(cs), nf_buf_str(&err));
+  ck_assert_int_eq(nf_cuda_rt_download(rt, rhost, rdev, rb, &err), NF_OK);
+  ck_assert_msg(nf_conv_sub_epilogue(cs, host, rhost, &err) == NF_OK, "%s", nf_buf_str(&err));
+  ck_assert_msg(nf_interp_run(sub, in, NF_INTERP_F32, want, &err) == NF_OK, "%s",
+                nf_buf_str(&err));
+  for (uint32_t k = 0; k < no; k++) {
+    const float *w = want[k].data, *got = host[ni + k];
+    double max_abs = 0, max_diff = 0;
+    for (int64_t i = 0; i < want[k].numel; i++) {
+      ck_assert_msg(!isnan(got[i]), "%s: output %u [%lld] not written", nf_conv_sub_describe(cs),
+                    k, (long long)i);
+      if (fabs(w[i]) > max_abs) max_abs = fabs(w[i]);
+      if (fabs((double)w[i] - got[i]) > max_diff) max_diff = fabs((double)w[i] - got[i]);
+    }
+    ck_assert_msg(max_diff <= 1e-5 * max_abs, "%s: output %u differs by %g (max %g)",
+                  nf_conv_sub_describe(cs), k, max_diff, max_abs);
+    nf_array_free(&want[k]);
+  }
+  for (uint32_t k = 0; k < nb; k++) {
+    nf_cuda_rt_free(rt, dev[k]);
+    if (k < ni) nf_array_free(&in[k]);
+    else free(host[k]);
+  }
+  if (rbuf < 0) {
+    nf_cuda_rt_free(rt, rdev);
+    free(rhost);
+  }
+  free(in);
+  free(want);
+  free(host);
+  free(dev);
+  free(bytes);
+  nf_buf_free(&err);
+}
+
+/* Partitions g and runs every convolution subgraph through cuDNN. */
+static void dnn_graph(nf_cuda_rt *rt, nf_cudnn *dnn, const nf_graph *g, dnn_result *r) {
+  memset(r, 0, sizeof *r);
+  nf_partition *p = NULL;
+  nf_buf err = NF_BUF_INIT;
+  ck_assert_msg(nf_partition_graph(g, &p, &err) == NF_OK, "%s", nf_buf_str(&err));
+  for (uint32_t i = 0; i < p->n; i++) {
+    nf_conv_sub *cs = NULL;
+    ck_assert_msg(nf_conv_prepare(p->sub[i].g, &cs, &err) == NF_OK, "%s", nf_buf_str(&err));
+    if (!cs) continue;
+    if (r->n_conv < MAX_DESC)
+      snprintf(r->desc[r->n_conv], sizeof r->desc[0], "%s", nf_conv_sub_describe(cs));
+    r->n_conv++;
+    r->kinds[nf_conv_sub_desc(cs)->kind]++;
+    dnn_compare(rt, dnn, p->sub[i].g, cs);
+    nf_conv_free(cs);
+  }
+  nf_partition_free(p);
+  nf_buf_free(&err);
+}
+
+static nf_graph *conv_dil(int stride, int pad, int dil, const nf_arg_shape *sh, nf_ir_ctx *ctx) {
+  const char *lib = getenv("NEOFLOW_LIB");
+  char path[4096];
+  snprintf(path, sizeof path, "%s/nn.nf", lib);
+  nf_module *m = nf_module_new();
+  nf_diag *d = nf_diag_new();
+  ck_assert_msg(nf_module_load_file(m, path, d) == NF_OK, "%s", nf_diag_text(d));
+  const char *names[3] = {"stride", "pad", "dilation"};
+  int64_t vals[3] = {stride, pad, dil};
+  nf_inst_opts o = {.n_shapes = 2, .shapes = sh, .n_params = 3, .param_names = names,
+                    .param_values = vals};
+  nf_graph *g = NULL;
+  ck_assert_msg(nf_module_instantiate(m, "conv2d", &o, ctx, &g, d) == NF_OK, "%s",
+                nf_diag_text(d));
+  nf_diag_free(d);
+  nf_module_free(m);
+  return g;
+}
+
+/* The convolutions cuDNN takes, forward and both gradients, with every
+ * stride, padding and dilation lib/nn.nf's conv2d allows (the data
+ * gradient at stride 1 only: at stride 2 the autodiff reads dO at floor
+ * divisions), hand-written forms (factors swapped, the guard on one
+ * factor with a comparison that always holds, no padding with a bias and
+ * ReLU epilogue), conv2d_relu_loss's training graph (all three, with
+ * epilogues), and what cuDNN does not compute (a cropped output, a guard narrower
+ * than the bounds, a scaled product, groups): each run with the emulated
+ * cuDNN on the emulated driver's buffers and compared with the
+ * interpreter. */
+START_TEST(gemm_cudnn) {
+  const char *drv = getenv("NF_TEST_CUDA_DRIVER"), *lib = getenv("NF_TEST_CUDNN");
+  if (!drv || !*drv || !lib || !*lib) {
+    fprintf(stderr, "gemm_cudnn: skipped: NF_TEST_CUDA_DRIVER or NF_TEST_CUDNN not set\n");
+    return;
+  }
+  setenv("NEOFLOW_LIBCUDA", drv, 1);
+  setenv("NEOFLOW_LIBCUDNN", lib, 1);
+  nf_buf why = NF_BUF_INIT;
+  nf_cuda_rt *rt = NULL;
+  nf_cudnn *dnn = NULL;
+  ck_assert_msg(nf_cuda_rt_open(0, &rt, &why) == NF_OK, "%s", nf_buf_str(&why));
+  ck_assert_msg(nf_cudnn_open(rt, &dnn, &why) == NF_OK, "%s", nf_buf_str(&why));
+  ck_assert_str_eq(nf_cudnn_version(dnn), "cuDNN 9.0.0");
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  dnn_result r;
+  nf_arg_shape cv[2] = {SH(2, 3, 9, 7), SH(4, 3, 3, 3)};
+  static const int v[][3] = {{1, 0, 1}, {1, 1, 1}, {2, 1, 1}, {1, 2, 2}, {3, 0, 1}, {2, 2, 2}};
+  for (size_t i = 0; i < sizeof v / sizeof *v; i++) {
+    nf_graph *g = conv_dil(v[i][0], v[i][1], v[i][2], cv, ctx);
+    dnn_graph(rt, dnn, g, &r);
+    ck_assert_msg(r.n_conv == 1 && r.kinds[NF_CONV_FWD] == 1, "stride %d pad %d dilation %d: %d",
+                  v[i][0], v[i][1], v[i][2], r.n_conv);
+    char want[96];
+    snprintf(want, sizeof want, "pad %d,%d stride %d,%d dilation %d,%d", v[i][1], v[i][1],
+             v[i][0], v[i][0], v[i][2], v[i][2]);
+    ck_assert_msg(strstr(r.desc[0], want), "%s: want %s", r.desc[0], want);
+    const char *wrt[2] = {"I", "W"};
+    dnn_graph(rt, dnn, grad(g, 2, wrt, ctx), &r);
+    ck_assert_msg(r.kinds[NF_CONV_BWD_FILTER] == 1, "stride %d pad %d dilation %d: %d filter "
+                  "gradients (%s)", v[i][0], v[i][1], v[i][2], r.kinds[2], r.desc[0]);
+    ck_assert_int_eq(r.kinds[NF_CONV_BWD_DATA], v[i][0] == 1);
+  }
+  nf_arg_shape sw[2] = {SH(2, 3, 6, 5), SH(4, 3, 3, 3)};
+  dnn_graph(rt, dnn, inst(NULL, "cv_swapped", 2, sw, ctx), &r);
+  ck_assert_int_eq(r.kinds[NF_CONV_FWD], 1);
+  ck_assert_msg(strstr(r.desc[0], "pad 1,1 stride 1,1"), "%s", r.desc[0]);
+  nf_arg_shape br[3] = {SH(2, 3, 6, 5), SH(4, 3, 2, 3), SH(4)};
+  dnn_graph(rt, dnn, inst(NULL, "cv_bias_relu", 3, br, ctx), &r);
+  ck_assert_int_eq(r.kinds[NF_CONV_FWD], 1);
+  ck_assert_msg(strstr(r.desc[0], "epilogue 1 stmt"), "%s", r.desc[0]);
+  static const char *no[] = {"cv_crop", "cv_narrow", "cv_scaled"};
+  for (size_t i = 0; i < sizeof no / sizeof *no; i++) {
+    dnn_graph(rt, dnn, inst(NULL, no[i], 2, sw, ctx), &r);
+    ck_assert_msg(r.n_conv == 0, "%s matched: %s", no[i], r.desc[0]);
+  }
+  nf_arg_shape gr[2] = {SH(2, 6, 9, 7), SH(6, 2, 3, 3)};
+  dnn_graph(rt, dnn, conv(1, 1, 3, gr, ctx), &r);
+  ck_assert_msg(r.n_conv == 0, "groups matched: %s", r.desc[0]);
+  /* training: the forward with its ReLU (and the loss's square) as
+   * epilogue, dI and dWt from the ReLU's gradient (an input of theirs:
+   * the partition cuts it off), each with an epilogue */
+  nf_graph *g = inst("../examples/workloads.nf", "conv2d_relu_loss", 2, cv, ctx);
+  const char *wi[2] = {"Wt", "I"};
+  dnn_graph(rt, dnn, grad(g, 2, wi, ctx), &r);
+  ck_assert_msg(r.n_conv == 3 && r.kinds[0] == 1 && r.kinds[1] == 1 && r.kinds[2] == 1,
+                "%d convolutions: %s; %s", r.n_conv, r.desc[0], r.desc[1]);
+  nf_ir_ctx_free(ctx);
+  nf_cudnn_close(dnn);
+  nf_cuda_rt_close(rt);
+  nf_buf_free(&why);
+  unsetenv("NEOFLOW_LIBCUDNN");
+  unsetenv("NEOFLOW_LIBCUDA");
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("gemm");
   TCase *tc = tcase_create("gemm");
@@ -737,6 +957,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, gemm_conv_training);
   tcase_add_test(tc, gemm_gather_shared);
   tcase_add_test(tc, gemm_epilogue_error);
+  tcase_add_test(tc, gemm_cudnn);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -20,6 +20,7 @@
  *    changes nothing;
  *  - bad input is an error with a message, never a crash. */
 #include <check.h>
+#include <dlfcn.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -1454,6 +1455,80 @@ done:
 }
 END_TEST
 
+/* The convolutions of the CNN example on cuDNN (tests/cudnn_emu.cc on
+ * the emulated driver) at tier 0: its forward convolutions (with their
+ * bias and ReLU epilogues on the host), the filter gradients and the
+ * second convolution's data gradient; the losses and parameters after
+ * three SGD steps those of the CPU.  Without cuDNN (a library that does
+ * not load) the same session runs those entries on the host and says
+ * why at the start. */
+START_TEST(session_gpu_cudnn) {
+  const char *drv = getenv("NF_TEST_CUDA_DRIVER"), *lib = getenv("NF_TEST_CUDNN");
+  if (!drv || !*drv || !lib || !*lib) {
+    fprintf(stderr, "session_gpu_cudnn: skipped: NF_TEST_CUDA_DRIVER or NF_TEST_CUDNN not set\n");
+    return;
+  }
+  setenv("NEOFLOW_LIBCUDA", drv, 1);
+  setenv("NEOFLOW_LIBCUDNN", lib, 1);
+  enum { B = 4, PIX = 28 * 28 };
+  nf_model *m = load_example("cnn.nf");
+  static float X[B * PIX];
+  int64_t labels[B];
+  rng_seed(29);
+  fill_gauss(X, B * PIX);
+  for (int i = 0; i < B; i++) labels[i] = i % 10;
+  const char *inames[] = {"batch"};
+  const int64_t ivalues[] = {B};
+  nf_session_opts o = {.optim = {.kind = NF_OPTIM_SGD, .lr = 0.01}, .seed = 3, .daemon = "none",
+                       .n_iparams = 1, .inames = inames, .ivalues = ivalues};
+  nf_session *a = open_def(m, "cnn", &o);
+  o.device = "cuda";
+  nf_session *c = open_def(m, "cnn", &o);
+  ck_assert_ptr_nonnull(c->gpu);
+  int n_dnn = nf__gpu_dnn_entries(c);
+  ck_assert_msg(n_dnn >= 5, "%d entries on cuDNN", n_dnn);
+  void *h = dlopen(lib, RTLD_NOW | RTLD_NOLOAD);
+  ck_assert_ptr_nonnull(h);
+  long (*calls)(void) = NULL;
+  *(void **)&calls = dlsym(h, "cudnn_emu_calls");
+  ck_assert_ptr_nonnull(calls);
+  long before = calls();
+  for (int i = 0; i < 3; i++) {
+    feed(a, "X", X, sizeof X);
+    feed(a, "labels", labels, sizeof labels);
+    feed(c, "X", X, sizeof X);
+    feed(c, "labels", labels, sizeof labels);
+    double la = step(a), lc = step(c);
+    ck_assert_msg(fabs(la - lc) <= 1e-5 * fabs(la), "step %d: loss %.9g on the CPU, %.9g with "
+                  "cuDNN", i + 1, la, lc);
+  }
+  ck_assert_int_eq(calls() - before, 3 * n_dnn);
+  dlclose(h);
+  int64_t na = 0, nc = 0;
+  float *pa = all_params(a, &na), *pc = all_params(c, &nc);
+  ck_assert_int_eq(na, nc);
+  double r = rel_diff(pc, pa, na);
+  ck_assert_msg(r < 1e-4, "parameters after 3 steps differ by %g (relative)", r);
+  free(pa);
+  free(pc);
+  nf_session_free(c);
+  /* no cuDNN: the host */
+  setenv("NEOFLOW_LIBCUDNN", "/nonexistent/libcudnn.so", 1);
+  c = open_def(m, "cnn", &o);
+  ck_assert_ptr_nonnull(c->gpu);
+  ck_assert_int_eq(nf__gpu_dnn_entries(c), 0);
+  feed(c, "X", X, sizeof X);
+  feed(c, "labels", labels, sizeof labels);
+  double l0 = step(c);
+  ck_assert(isfinite(l0) && l0 > 0);
+  nf_session_free(c);
+  nf_session_free(a);
+  nf_model_free(m);
+  unsetenv("NEOFLOW_LIBCUDNN");
+  unsetenv("NEOFLOW_LIBCUDA");
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("session");
   TCase *tc = tcase_create("session");
@@ -1479,6 +1554,10 @@ static Suite *suite(void) {
     tcase_add_test(gpu, session_gpu_emulated);
     suite_add_tcase(s, gpu);
   }
+  TCase *dnn = tcase_create("cudnn"); /* CK_RUN_CASE=cudnn */
+  tcase_set_timeout(dnn, 300);
+  tcase_add_test(dnn, session_gpu_cudnn);
+  suite_add_tcase(s, dnn);
   return s;
 }
 

@@ -44,6 +44,7 @@
 #include "nf_interp.h"
 #include "nf_npy.h"
 #include "nf_partition.h"
+#include "nf_stage.h"
 
 #define ALIGN 64
 
@@ -82,15 +83,9 @@ typedef struct ngather {
 
 /* A prologue or epilogue: its graph (tensor ids of the subgraph in
  * sg.in/sg.out) and the interpreter's argument arrays. */
-typedef struct stage {
-  int present;
-  nf_subgraph sg;
-  nf_array *in, *out;
-} stage;
-
 struct nf_gemm_sub {
   const nf_graph *sub;
-  stage pro, epi;
+  nf_stage pro, epi;
   void **ptr;   /* subgraph tensor -> its storage during a run */
   void *locals; /* the intermediates' block */
   uint32_t t_c, t_a, t_b;
@@ -759,31 +754,6 @@ static int ng_run(const nf_gemm_sub *s, nf_pool *pool, nf_buf *err) {
   return NF_OK;
 }
 
-static int stage_init(stage *S, const nf_graph *sub, const uint32_t *stmts, uint32_t n,
-                      const uint8_t *is_out) {
-  if (n == 0) return NF_OK;
-  int rc = nf_graph_extract(sub, stmts, n, is_out, &S->sg);
-  if (rc != NF_OK) return rc;
-  S->present = 1;
-  S->in = calloc(S->sg.n_in ? S->sg.n_in : 1, sizeof *S->in);
-  S->out = calloc(S->sg.n_out ? S->sg.n_out : 1, sizeof *S->out);
-  if (!S->in || !S->out) return NF_ENOMEM;
-  for (uint32_t k = 0; k < S->sg.n_in; k++) {
-    const nf_tensor *t = &sub->tensors[S->sg.in[k]];
-    S->in[k].dtype = (nf_dtype)t->dtype;
-    S->in[k].rank = t->rank;
-    memcpy(S->in[k].shape, t->shape, sizeof t->shape);
-    S->in[k].numel = nf_tensor_numel(t);
-  }
-  return NF_OK;
-}
-
-static void stage_clear(stage *S) {
-  nf_subgraph_clear(&S->sg);
-  free(S->in);
-  free(S->out);
-}
-
 static int64_t tensor_bytes(const nf_tensor *t) {
   return nf_tensor_numel(t) * (int64_t)nf_dtype_size((nf_dtype)t->dtype);
 }
@@ -910,11 +880,11 @@ int nf_gemm_prepare(const nf_graph *sub, nf_gemm_sub **out, nf_buf *err) {
   uint32_t n_pro = a;
   if (s->n_gather && ng_init(sub, a - 1, &s->ng)) n_pro = a - 1;
   for (uint32_t i = n_pro; i < n && rc == NF_OK; i++) rc = nf_stmt_reads(sub, i, is_out);
-  if (rc == NF_OK) rc = stage_init(&s->pro, sub, order, n_pro, is_out);
+  if (rc == NF_OK) rc = nf_stage_init(&s->pro, sub, order, n_pro, is_out);
   if (rc == NF_OK) {
     memset(is_out, 0, sub->n_tensors);
     for (uint32_t k = 0; k < sub->n_outputs; k++) is_out[sub->outputs[k]] = 1;
-    rc = stage_init(&s->epi, sub, order + a + 1, n - a - 1, is_out);
+    rc = nf_stage_init(&s->epi, sub, order + a + 1, n - a - 1, is_out);
   }
   if (rc == NF_OK) rc = alloc_locals(s);
 done:
@@ -928,29 +898,6 @@ done:
   describe(s);
   *out = s;
   return NF_OK;
-}
-
-static int stage_run(nf_gemm_sub *s, stage *S, const char *what, nf_buf *err) {
-  const nf_graph *sub = s->sub;
-  for (uint32_t k = 0; k < S->sg.n_in; k++) S->in[k].data = s->ptr[S->sg.in[k]];
-  int rc = nf_interp_run(S->sg.g, S->in, NF_INTERP_F32, S->out, err);
-  if (rc != NF_OK) {
-    nf_buf_printf(err, " (in the %s of a GEMM subgraph)", what);
-    return rc;
-  }
-  for (uint32_t k = 0; k < S->sg.n_out; k++) {
-    const nf_tensor *t = &sub->tensors[S->sg.out[k]];
-    if (rc == NF_OK &&
-        (S->out[k].dtype != (nf_dtype)t->dtype || S->out[k].numel != nf_tensor_numel(t))) {
-      nf_buf_printf(err, "gemm: the %s's output %s came back as %s", what, t->name,
-                    nf_dtype_name(S->out[k].dtype));
-      rc = NF_EINTERNAL;
-    }
-    if (rc == NF_OK && S->out[k].numel)
-      memcpy(s->ptr[S->sg.out[k]], S->out[k].data, (size_t)tensor_bytes(t));
-    nf_array_free(&S->out[k]);
-  }
-  return rc;
 }
 
 /* The index of subgraph tensor t among sub's buffers (inputs then
@@ -1145,7 +1092,7 @@ int nf_gemm_run_shared(nf_gemm_sub *s, void *const *buffers, nf_pool *pool,
   for (uint32_t k = 0; k < sub->n_outputs; k++)
     s->ptr[sub->outputs[k]] = buffers[sub->n_inputs + k];
   int rc = NF_OK;
-  if (s->pro.present && (rc = stage_run(s, &s->pro, "prologue", err)) != NF_OK) return rc;
+  if (s->pro.present && (rc = nf_stage_run(&s->pro, s->sub, s->ptr, "prologue of a GEMM subgraph", err)) != NF_OK) return rc;
   void *own = s->ng.present ? s->ptr[s->ng.t_dst] : NULL;
   if (from && nf_gemm_gather_same(s, from))
     s->ptr[s->ng.t_dst] = from->ptr[from->ng.t_dst];
@@ -1153,7 +1100,7 @@ int nf_gemm_run_shared(nf_gemm_sub *s, void *const *buffers, nf_pool *pool,
     rc = ng_run(s, pool, err);
   if (rc == NF_OK) gemm_exec(s, pool);
   if (own) s->ptr[s->ng.t_dst] = own;
-  if (rc == NF_OK && s->epi.present) rc = stage_run(s, &s->epi, "epilogue", err);
+  if (rc == NF_OK && s->epi.present) rc = nf_stage_run(&s->epi, s->sub, s->ptr, "epilogue of a GEMM subgraph", err);
   return rc;
 }
 
@@ -1179,8 +1126,8 @@ int nf_gemm_gather_same(const nf_gemm_sub *a, const nf_gemm_sub *b) {
 
 void nf_gemm_free(nf_gemm_sub *s) {
   if (!s) return;
-  stage_clear(&s->pro);
-  stage_clear(&s->epi);
+  nf_stage_clear(&s->pro);
+  nf_stage_clear(&s->epi);
   free(s->ptr);
   free(s->locals);
   free(s);
