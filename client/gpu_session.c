@@ -13,8 +13,9 @@
  *
  * Kernels: an entry runs its CUDA module (a bundle from the daemon,
  * loaded at a step boundary on the program thread), or tier 0: cuBLAS's
- * sgemm on the device for a plain product (nf_gemm_plain: no prologue or
- * epilogue); cuDNN on the device for a convolution, its forward or either
+ * sgemm on the device for a product without a prologue (nf_gemm_device;
+ * a fused epilogue runs on the host from the downloaded product); cuDNN
+ * on the device for a convolution, its forward or either
  * gradient (nf_conv_prepare), with a fused epilogue (bias, ReLU, ...) run
  * on the host from the downloaded result; else on the host: its inputs
  * downloaded, the CPU's tier 0 (OpenBLAS, the interpreter) run, its
@@ -54,8 +55,10 @@ struct nf__gpu {
   int timed;          /* this step synchronises after each entry (its
                          per-entry times are real, not launch times) */
   nf_cublas *blas;    /* NULL: no cuBLAS (tier 0 on the host) */
-  nf_gemm_desc *desc; /* per entry: its plain product ... */
-  uint8_t *plain;     /* ... when 1 */
+  nf_gemm_desc *desc; /* per entry: its product for cuBLAS ... */
+  uint8_t *plain;     /* ... when 1 (nf_gemm_device) */
+  uint64_t *c_dev;    /* per entry: device storage of a local product */
+  void **c_host;      /* per entry: its host copy, for the epilogue */
   nf_cudnn *dnn;      /* NULL: no cuDNN (tier 0 on the host) */
   nf_conv_sub **conv; /* per entry: its convolution for cuDNN, or NULL */
   uint64_t *conv_dev; /* per entry: device storage of a local result */
@@ -168,6 +171,12 @@ void nf__gpu_close(nf_session *s) {
     s->kents[i].gcur = s->kents[i].gcand = NULL;
   }
   nf_cublas_close(G->blas);
+  for (int i = 0; G->c_dev && i < s->n_kents; i++) {
+    nf_cuda_rt_free(G->rt, G->c_dev[i]);
+    free(G->c_host[i]);
+  }
+  free(G->c_dev);
+  free(G->c_host);
   free(G->desc);
   free(G->plain);
   for (int i = 0; G->conv && i < s->n_kents; i++) {
@@ -248,18 +257,29 @@ int nf__gpu_open(nf_session *s) {
       if (!G->dargs[i][j]) rc = NF_EINTERNAL;
     }
   }
-  /* plain products: cuBLAS when it can be loaded */
+  /* products (without a prologue): cuBLAS when it can be loaded */
   if (rc == NF_OK && (!(G->desc = calloc((size_t)s->n_kents + 1, sizeof *G->desc)) ||
                       !(G->plain = calloc((size_t)s->n_kents + 1, 1))))
     rc = NF_ENOMEM;
   int n_plain = 0;
   for (int k = 0; rc == NF_OK && k < s->n_kents; k++)
-    n_plain += G->plain[k] = (uint8_t)nf_gemm_plain(s->kents[k].gemm, &G->desc[k]);
+    n_plain += G->plain[k] = (uint8_t)nf_gemm_device(s->kents[k].gemm, &G->desc[k]);
   const char *blas_note = "";
   nf_buf bwhy = NF_BUF_INIT;
   if (rc == NF_OK && n_plain && nf_cublas_open(rt, &G->blas, &bwhy) != NF_OK) {
     G->blas = NULL;
     blas_note = nf_buf_str(&bwhy);
+  }
+  /* a local product's storage, once */
+  if (rc == NF_OK && (!(G->c_dev = calloc((size_t)s->n_kents + 1, sizeof *G->c_dev)) ||
+                      !(G->c_host = calloc((size_t)s->n_kents + 1, sizeof *G->c_host))))
+    rc = NF_ENOMEM;
+  for (int k = 0; rc == NF_OK && G->blas && k < s->n_kents; k++) {
+    const nf__kent *e = &s->kents[k];
+    if (!G->plain[k] || G->desc[k].c != e->g->n_inputs + e->g->n_outputs) continue;
+    size_t b = (size_t)nf_gemm_c_bytes(e->gemm);
+    rc = nf_cuda_rt_alloc(rt, b, &G->c_dev[k], &s->err);
+    if (rc == NF_OK && !(G->c_host[k] = malloc(b ? b : 1))) rc = NF_ENOMEM;
   }
   /* convolutions: cuDNN when it can be loaded */
   int n_conv = 0;
@@ -298,7 +318,7 @@ int nf__gpu_open(nf_session *s) {
   }
   if (!s->quiet)
     fprintf(stderr,
-            "neoflow: training on %s (sm_%d%s), %d device buffers; %d plain products on %s%s%s; "
+            "neoflow: training on %s (sm_%d%s), %d device buffers; %d products on %s%s%s; "
             "%d convolutions on %s%s%s\n",
             nf_cuda_rt_name(rt), nf_cuda_rt_sm(rt),
             nf_cuda_rt_emulated(rt) ? ", emulated on the CPU" : "", G->n_regions, n_plain,
@@ -438,13 +458,36 @@ static int run_conv(nf_session *s, nf__kent *k, nf__op *op, int ki) {
   return rc;
 }
 
+/* cuBLAS for entry ki's product on the device; its epilogue on the host
+ * (the product and the inputs it reads downloaded, what it writes
+ * uploaded).  NF_EUNSUPPORTED for a product cuBLAS does not take. */
+static int run_blas(nf_session *s, nf__kent *k, nf__op *op, int ki) {
+  struct nf__gpu *G = s->gpu;
+  uint64_t *a = G->dargs[op - s->ops];
+  uint32_t nb = op->n_in + op->n_out;
+  a[nb] = G->c_dev[ki]; /* the spare slot: a local product */
+  int rc = nf_cublas_run(G->blas, &G->desc[ki], a, &s->err);
+  if (rc != NF_OK || !nf_gemm_has_epilogue(k->gemm)) return rc;
+  uint32_t c = G->desc[ki].c;
+  size_t bytes = (size_t)nf_gemm_c_bytes(k->gemm);
+  void *res = c < nb ? op->bufs[c] : G->c_host[ki];
+  rc = c < nb ? nf__gpu_pull(s, res, bytes)
+              : nf_cuda_rt_download(G->rt, res, G->c_dev[ki], bytes, &s->err);
+  for (uint32_t j = 0; rc == NF_OK && j < op->n_in; j++)
+    if (nf_gemm_epilogue_reads(k->gemm, j)) rc = nf__gpu_pull(s, op->bufs[j], buf_bytes(s, op, j));
+  if (rc == NF_OK) rc = nf_gemm_epilogue(k->gemm, op->bufs, res, &s->err);
+  for (uint32_t j = op->n_in; rc == NF_OK && j < nb; j++)
+    if (j != c) rc = nf__gpu_push(s, op->bufs[j], buf_bytes(s, op, j));
+  return rc;
+}
+
 /* Tier 0: cuBLAS for a plain product, cuDNN for a convolution; else on
  * the host: inputs down, the CPU's tier 0, outputs up. */
 static int run_host(nf_session *s, nf__kent *k, nf__op *op) {
   struct nf__gpu *G = s->gpu;
   int ki = (int)(k - s->kents);
-  if (G->blas && G->plain[ki]) {
-    int brc = nf_cublas_run(G->blas, &G->desc[ki], G->dargs[op - s->ops], &s->err);
+  if (G->blas && G->plain[ki] && !op->alias) {
+    int brc = run_blas(s, k, op, ki);
     if (brc != NF_EUNSUPPORTED) return brc;
   }
   /* (an op whose output shares an input's memory stays on the host) */

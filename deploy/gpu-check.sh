@@ -55,6 +55,10 @@ NF_TEST_CUDA_EMU="$PWD/tests/cuda_emu.h" build/tests/test_cuda gpu || st=$?
 [ "$st" -eq 0 ] || exit "$st"
 NF_TEST_GPU_REAL=1 CK_RUN_CASE=gpu NEOFLOW_VERIFIED=none \
   NF_NEOFLOWD="${NF_NEOFLOWD:-$PWD/build/daemon/neoflowd}" build/tests/test_session
+# cuDNN at tier 0: every convolution form against the interpreter, and
+# the CNN example's session against the CPU's
+NF_TEST_GPU_REAL=1 NEOFLOW_LIB="$PWD/lib" CK_RUN_CASE=gemm build/tests/test_gemm
+NF_TEST_GPU_REAL=1 CK_RUN_CASE=cudnn NEOFLOW_VERIFIED=none build/tests/test_session
 
 echo "== 3. training on the GPU against the CPU"
 run_train() {

@@ -13,7 +13,7 @@ stage=.gpu/stage
 rm -rf "$stage"
 mkdir -p "$stage/.gpu/lib"
 bins=(build/client/neoflow build/daemon/neoflowd build/daemon/search/neoflow-worker
-      build/tests/test_cuda build/tests/test_session build/bench/nf_bench)
+      build/tests/test_cuda build/tests/test_session build/tests/test_gemm build/bench/nf_bench)
 for b in "${bins[@]}"; do
   mkdir -p "$stage/$(dirname "$b")"
   cp "$b" "$stage/$b"

@@ -26,6 +26,7 @@
 
 #include "nf_autodiff.h"
 #include "nf_conv.h"
+#include "nf_cublas.h"
 #include "nf_cuda_rt.h"
 #include "nf_cudnn.h"
 #include "nf_diag.h"
@@ -746,35 +747,54 @@ typedef struct dnn_result {
   char desc[MAX_DESC][160];
 } dnn_result;
 
-/* Runs conv subgraph cs as a GPU session does: operands uploaded, cuDNN
- * on device buffers, the result downloaded for the epilogue on the host;
- * the outputs (NaN before) compared with the interpreter's. */
-static void dnn_compare(nf_cuda_rt *rt, nf_cudnn *dnn, const nf_graph *sub, nf_conv_sub *cs) {
+/* A subgraph's tier 0 on a GPU: a convolution on cuDNN or a product on
+ * cuBLAS, each with its epilogue on the host. */
+typedef struct dev_sub {
+  nf_conv_sub *cs;
+  nf_cudnn *dnn;
+  nf_gemm_sub *gs;
+  nf_cublas *blas;
+  nf_gemm_desc desc;
+} dev_sub;
+
+static const char *dev_describe(const dev_sub *x) {
+  return x->cs ? nf_conv_sub_describe(x->cs) : nf_gemm_describe(x->gs);
+}
+
+/* Runs x as a GPU session does: operands uploaded, the library on device
+ * buffers, the result downloaded for the epilogue on the host; the
+ * outputs (NaN before) compared with the interpreter's. */
+static void dev_compare(nf_cuda_rt *rt, const nf_graph *sub, dev_sub *x) {
   uint32_t ni = sub->n_inputs, no = sub->n_outputs, nb = ni + no;
   nf_array *in = calloc(ni + 1, sizeof *in), *want = calloc(no + 1, sizeof *want);
   void **host = calloc(nb + 1, sizeof *host);
   uint64_t *dev = calloc(nb + 1, sizeof *dev);
-  size_t *bytes = calloc(nb + 1, sizeof *bytes);
   nf_buf err = NF_BUF_INIT;
   for (uint32_t k = 0; k < nb; k++) {
     const nf_tensor *t = &sub->tensors[k < ni ? sub->inputs[k] : sub->outputs[k - ni]];
-    bytes[k] = (size_t)nf_tensor_numel(t) * nf_dtype_size((nf_dtype)t->dtype);
+    size_t bytes = (size_t)nf_tensor_numel(t) * nf_dtype_size((nf_dtype)t->dtype);
     if (k < ni) {
       ck_assert_int_eq(nf_array_alloc(&in[k], (nf_dtype)t->dtype, t->rank, t->shape), NF_OK);
       fill(&in[k], 0);
       host[k] = in[k].data;
     } else {
-      host[k] = malloc(bytes[k]);
-      memset(host[k], 0xff, bytes[k]);
+      host[k] = malloc(bytes ? bytes : 1);
+      memset(host[k], 0xff, bytes);
     }
-    ck_assert_int_eq(nf_cuda_rt_alloc(rt, bytes[k], &dev[k], &err), NF_OK);
-    ck_assert_int_eq(nf_cuda_rt_upload(rt, dev[k], host[k], bytes[k], &err), NF_OK);
+    ck_assert_int_eq(nf_cuda_rt_alloc(rt, bytes ? bytes : 1, &dev[k], &err), NF_OK);
+    ck_assert_int_eq(nf_cuda_rt_upload(rt, dev[k], host[k], bytes, &err), NF_OK);
   }
-  /* the convolution's result: an output's buffers or the caller's */
-  size_t rb = (size_t)nf_conv_sub_result_bytes(cs);
-  int res_role = nf_conv_sub_desc(cs)->kind == NF_CONV_FWD ? 2
-                 : nf_conv_sub_desc(cs)->kind == NF_CONV_BWD_DATA ? 0 : 1;
-  int rbuf = nf_conv_sub_buffer(cs, res_role);
+  /* the library's result: an output's buffers or the caller's */
+  int rbuf;
+  size_t rb;
+  if (x->cs) {
+    nf_conv_kind kind = nf_conv_sub_desc(x->cs)->kind;
+    rbuf = nf_conv_sub_buffer(x->cs, kind == NF_CONV_FWD ? 2 : kind == NF_CONV_BWD_DATA ? 0 : 1);
+    rb = (size_t)nf_conv_sub_result_bytes(x->cs);
+  } else {
+    rbuf = x->desc.c < nb ? (int)x->desc.c : -1;
+    rb = (size_t)nf_gemm_c_bytes(x->gs);
+  }
   uint64_t rdev = 0;
   void *rhost = NULL;
   if (rbuf < 0) {
@@ -784,28 +804,36 @@ static void dnn_compare(nf_cuda_rt *rt, nf_cudnn *dnn, const nf_graph *sub, nf_c
     rdev = dev[rbuf];
     rhost = host[rbuf];
   }
-  uint64_t role[3];
-  for (int r = 0; r < 3; r++) {
-    int b = nf_conv_sub_buffer(cs, r);
-    role[r] = b >= 0 ? dev[b] : rdev;
+  int rc;
+  if (x->cs) {
+    uint64_t role[3];
+    for (int r = 0; r < 3; r++) {
+      int b = nf_conv_sub_buffer(x->cs, r);
+      role[r] = b >= 0 ? dev[b] : rdev;
+    }
+    rc = nf_cudnn_run(x->dnn, nf_conv_sub_desc(x->cs), role[0], role[1], role[2], &err);
+  } else {
+    dev[nb] = rdev; /* a local product: the slot after the buffers */
+    rc = nf_cublas_run(x->blas, &x->desc, dev, &err);
   }
-  int rc = nf_cudnn_run(dnn, nf_conv_sub_desc(cs), role[0], role[1], role[2], &err);
-  ck_assert_msg(rc == NF_OK, "%s: %s", nf_conv_sub_describe(cs), nf_buf_str(&err));
+  ck_assert_msg(rc == NF_OK, "%s: %s", dev_describe(x), nf_buf_str(&err));
   ck_assert_int_eq(nf_cuda_rt_download(rt, rhost, rdev, rb, &err), NF_OK);
-  ck_assert_msg(nf_conv_sub_epilogue(cs, host, rhost, &err) == NF_OK, "%s", nf_buf_str(&err));
+  rc = x->cs ? nf_conv_sub_epilogue(x->cs, host, rhost, &err)
+             : nf_gemm_epilogue(x->gs, host, rhost, &err);
+  ck_assert_msg(rc == NF_OK, "%s", nf_buf_str(&err));
   ck_assert_msg(nf_interp_run(sub, in, NF_INTERP_F32, want, &err) == NF_OK, "%s",
                 nf_buf_str(&err));
   for (uint32_t k = 0; k < no; k++) {
     const float *w = want[k].data, *got = host[ni + k];
     double max_abs = 0, max_diff = 0;
     for (int64_t i = 0; i < want[k].numel; i++) {
-      ck_assert_msg(!isnan(got[i]), "%s: output %u [%lld] not written", nf_conv_sub_describe(cs),
-                    k, (long long)i);
+      ck_assert_msg(!isnan(got[i]), "%s: output %u [%lld] not written", dev_describe(x), k,
+                    (long long)i);
       if (fabs(w[i]) > max_abs) max_abs = fabs(w[i]);
       if (fabs((double)w[i] - got[i]) > max_diff) max_diff = fabs((double)w[i] - got[i]);
     }
     ck_assert_msg(max_diff <= 1e-5 * max_abs, "%s: output %u differs by %g (max %g)",
-                  nf_conv_sub_describe(cs), k, max_diff, max_abs);
+                  dev_describe(x), k, max_diff, max_abs);
     nf_array_free(&want[k]);
   }
   for (uint32_t k = 0; k < nb; k++) {
@@ -821,7 +849,6 @@ static void dnn_compare(nf_cuda_rt *rt, nf_cudnn *dnn, const nf_graph *sub, nf_c
   free(want);
   free(host);
   free(dev);
-  free(bytes);
   nf_buf_free(&err);
 }
 
@@ -839,7 +866,8 @@ static void dnn_graph(nf_cuda_rt *rt, nf_cudnn *dnn, const nf_graph *g, dnn_resu
       snprintf(r->desc[r->n_conv], sizeof r->desc[0], "%s", nf_conv_sub_describe(cs));
     r->n_conv++;
     r->kinds[nf_conv_sub_desc(cs)->kind]++;
-    dnn_compare(rt, dnn, p->sub[i].g, cs);
+    dev_sub x = {.cs = cs, .dnn = dnn};
+    dev_compare(rt, p->sub[i].g, &x);
     nf_conv_free(cs);
   }
   nf_partition_free(p);
@@ -876,7 +904,11 @@ static nf_graph *conv_dil(int stride, int pad, int dil, const nf_arg_shape *sh, 
  * cuDNN on the emulated driver's buffers and compared with the
  * interpreter. */
 START_TEST(gemm_cudnn) {
-  const char *drv = getenv("NF_TEST_CUDA_DRIVER"), *lib = getenv("NF_TEST_CUDNN");
+  /* NF_TEST_GPU_REAL=1 (deploy/gpu-check.sh): the machine's driver and
+   * cuDNN */
+  int real = getenv("NF_TEST_GPU_REAL") && !strcmp(getenv("NF_TEST_GPU_REAL"), "1");
+  const char *drv = real ? "libcuda.so.1" : getenv("NF_TEST_CUDA_DRIVER");
+  const char *lib = real ? "libcudnn.so.9" : getenv("NF_TEST_CUDNN");
   if (!drv || !*drv || !lib || !*lib) {
     fprintf(stderr, "gemm_cudnn: skipped: NF_TEST_CUDA_DRIVER or NF_TEST_CUDNN not set\n");
     return;
@@ -887,8 +919,15 @@ START_TEST(gemm_cudnn) {
   nf_cuda_rt *rt = NULL;
   nf_cudnn *dnn = NULL;
   ck_assert_msg(nf_cuda_rt_open(0, &rt, &why) == NF_OK, "%s", nf_buf_str(&why));
-  ck_assert_msg(nf_cudnn_open(rt, &dnn, &why) == NF_OK, "%s", nf_buf_str(&why));
-  ck_assert_str_eq(nf_cudnn_version(dnn), "cuDNN 9.0.0");
+  int orc = nf_cudnn_open(rt, &dnn, &why);
+  if (real && orc == NF_EUNSUPPORTED && strstr(nf_buf_str(&why), "cannot load")) {
+    fprintf(stderr, "gemm_cudnn: skipped: %s\n", nf_buf_str(&why));
+    nf_cuda_rt_close(rt);
+    nf_buf_free(&why);
+    return;
+  }
+  ck_assert_msg(orc == NF_OK, "%s", nf_buf_str(&why));
+  if (!real) ck_assert_str_eq(nf_cudnn_version(dnn), "cuDNN 9.0.0");
   nf_ir_ctx *ctx = nf_ir_ctx_new();
   dnn_result r;
   nf_arg_shape cv[2] = {SH(2, 3, 9, 7), SH(4, 3, 3, 3)};
@@ -941,6 +980,69 @@ START_TEST(gemm_cudnn) {
 }
 END_TEST
 
+/* cuBLAS at tier 0 with an epilogue on the host (nf_gemm_device): a
+ * linear layer with ReLU (the product a local), the MLP's and
+ * matmul_loss's gradient graphs (plain products, products whose result
+ * is an output that the epilogue reads too), each on the emulated cuBLAS
+ * and compared with the interpreter; a prologue keeps the host. */
+START_TEST(gemm_cublas_epilogue) {
+  const char *drv = getenv("NF_TEST_CUDA_DRIVER"), *lib = getenv("NF_TEST_CUBLAS");
+  if (!drv || !*drv || !lib || !*lib) {
+    fprintf(stderr, "gemm_cublas_epilogue: skipped: NF_TEST_CUDA_DRIVER or NF_TEST_CUBLAS not set\n");
+    return;
+  }
+  setenv("NEOFLOW_LIBCUDA", drv, 1);
+  setenv("NEOFLOW_LIBCUBLAS", lib, 1);
+  nf_buf why = NF_BUF_INIT;
+  nf_cuda_rt *rt = NULL;
+  nf_cublas *blas = NULL;
+  ck_assert_msg(nf_cuda_rt_open(0, &rt, &why) == NF_OK, "%s", nf_buf_str(&why));
+  ck_assert_msg(nf_cublas_open(rt, &blas, &why) == NF_OK, "%s", nf_buf_str(&why));
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  static const char *src =
+      "import nn\n"
+      "def lin_relu(X: f32[N, I], W: f32[O, I], b: f32[O]) -> (Y: f32[N, O]) {\n"
+      "  Z = linear(X, W, b)\n  Y = relu(Z)\n}\n"
+      "def both(A: f32[M, K], B: f32[K, N]) -> (C: f32[M, N], D: f32[M, N]) {\n"
+      "  C(i, j) +=! A(i, k) * B(k, j)\n  D(i, j) = C(i, j) * C(i, j)\n}\n"
+      "def pro(A: f32[M, K], B: f32[K, N]) -> (C: f32[M, N]) {\n"
+      "  E(i, k) = exp(A(i, k))\n  C(i, j) +=! E(i, k) * B(k, j)\n}\n";
+  nf_module *m = nf_module_new();
+  nf_diag *d = nf_diag_new();
+  ck_assert_int_eq(nf_module_set_lib_dir(m, getenv("NEOFLOW_LIB")), NF_OK);
+  ck_assert_msg(nf_module_load_source(m, "dev.nf", src, d) == NF_OK, "%s", nf_diag_text(d));
+  static const char *defs[] = {"lin_relu", "both", "pro"};
+  nf_arg_shape sh[3][3] = {{SH(11, 17), SH(6, 17), SH(6)}, {SH(13, 7), SH(7, 9)},
+                           {SH(13, 7), SH(7, 9)}};
+  int n_args[3] = {3, 2, 2}, want_epi[3] = {1, 1, -1};
+  for (int i = 0; i < 3; i++) {
+    nf_graph *g = NULL;
+    nf_inst_opts o = {.n_shapes = n_args[i], .shapes = sh[i]};
+    ck_assert_msg(nf_module_instantiate(m, defs[i], &o, ctx, &g, d) == NF_OK, "%s",
+                  nf_diag_text(d));
+    dev_sub x = {.blas = blas};
+    ck_assert_int_eq(nf_gemm_prepare(g, &x.gs, &why), NF_OK);
+    ck_assert_ptr_nonnull(x.gs);
+    int dev = nf_gemm_device(x.gs, &x.desc);
+    ck_assert_int_eq(dev, want_epi[i] >= 0);
+    if (dev) {
+      ck_assert_int_eq(nf_gemm_has_epilogue(x.gs), want_epi[i]);
+      ck_assert_int_eq(x.desc.c == g->n_inputs + g->n_outputs, i == 0); /* lin_relu: local */
+      dev_compare(rt, g, &x);
+    }
+    nf_gemm_free(x.gs);
+  }
+  nf_diag_free(d);
+  nf_module_free(m);
+  nf_ir_ctx_free(ctx);
+  nf_cublas_close(blas);
+  nf_cuda_rt_close(rt);
+  nf_buf_free(&why);
+  unsetenv("NEOFLOW_LIBCUBLAS");
+  unsetenv("NEOFLOW_LIBCUDA");
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("gemm");
   TCase *tc = tcase_create("gemm");
@@ -958,6 +1060,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, gemm_gather_shared);
   tcase_add_test(tc, gemm_epilogue_error);
   tcase_add_test(tc, gemm_cudnn);
+  tcase_add_test(tc, gemm_cublas_epilogue);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -910,15 +910,14 @@ static int buffer_index(const nf_graph *sub, uint32_t t) {
   return -1;
 }
 
-int nf_gemm_plain(const nf_gemm_sub *s, nf_gemm_desc *d) {
+/* The product's description with C at buffer c (see nf_gemm_plain). */
+static int fill_desc(const nf_gemm_sub *s, nf_gemm_desc *d, uint32_t c) {
   memset(d, 0, sizeof *d);
-  if (!s || s->pro.present || s->epi.present || s->n_gather) return 0;
-  int a = buffer_index(s->sub, s->t_a), b = buffer_index(s->sub, s->t_b),
-      c = buffer_index(s->sub, s->t_c);
-  if (a < 0 || b < 0 || c < (int)s->sub->n_inputs) return 0;
+  int a = buffer_index(s->sub, s->t_a), b = buffer_index(s->sub, s->t_b);
+  if (a < 0 || b < 0) return 0;
   d->a = (uint32_t)a;
   d->b = (uint32_t)b;
-  d->c = (uint32_t)c;
+  d->c = c;
   d->trans_a = s->trans_a;
   d->trans_b = s->trans_b;
   d->m = s->m;
@@ -938,6 +937,47 @@ int nf_gemm_plain(const nf_gemm_sub *s, nf_gemm_desc *d) {
     d->batch[i].sq = s->batch[i].sq;
   }
   return 1;
+}
+
+int nf_gemm_plain(const nf_gemm_sub *s, nf_gemm_desc *d) {
+  memset(d, 0, sizeof *d);
+  if (!s || s->pro.present || s->epi.present || s->n_gather) return 0;
+  int c = buffer_index(s->sub, s->t_c);
+  if (c < (int)s->sub->n_inputs) return 0;
+  return fill_desc(s, d, (uint32_t)c);
+}
+
+int nf_gemm_device(const nf_gemm_sub *s, nf_gemm_desc *d) {
+  memset(d, 0, sizeof *d);
+  if (!s || s->pro.present || s->n_gather) return 0;
+  int c = buffer_index(s->sub, s->t_c);
+  uint32_t nb = s->sub->n_inputs + s->sub->n_outputs;
+  if (c >= 0 && c < (int)s->sub->n_inputs) return 0;
+  if (c < 0 && s->sub->tensors[s->t_c].kind != NF_T_LOCAL) return 0;
+  return fill_desc(s, d, c < 0 ? nb : (uint32_t)c);
+}
+
+int nf_gemm_has_epilogue(const nf_gemm_sub *s) { return s->epi.present; }
+
+int64_t nf_gemm_c_bytes(const nf_gemm_sub *s) { return tensor_bytes(&s->sub->tensors[s->t_c]); }
+
+int nf_gemm_epilogue_reads(const nf_gemm_sub *s, uint32_t i) {
+  for (uint32_t k = 0; s->epi.present && k < s->epi.sg.n_in; k++)
+    if (buffer_index(s->sub, s->epi.sg.in[k]) == (int)i) return 1;
+  return 0;
+}
+
+int nf_gemm_epilogue(nf_gemm_sub *s, void *const *buffers, void *c, nf_buf *err) {
+  if (!s->epi.present) return NF_OK;
+  const nf_graph *sub = s->sub;
+  void *own = s->ptr[s->t_c];
+  for (uint32_t k = 0; k < sub->n_inputs; k++) s->ptr[sub->inputs[k]] = buffers[k];
+  for (uint32_t k = 0; k < sub->n_outputs; k++)
+    s->ptr[sub->outputs[k]] = buffers[sub->n_inputs + k];
+  s->ptr[s->t_c] = c;
+  int rc = nf_stage_run(&s->epi, sub, s->ptr, "epilogue of a GEMM subgraph", err);
+  if (sub->tensors[s->t_c].kind == NF_T_LOCAL) s->ptr[s->t_c] = own;
+  return rc;
 }
 
 /* ---- the product: calls of sgemm (sdot, sgemv where a side is 1) ---- */

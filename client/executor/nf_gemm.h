@@ -105,6 +105,19 @@ typedef struct nf_gemm_desc {
   } batch[NF_MAX_VARS];
 } nf_gemm_desc;
 int nf_gemm_plain(const nf_gemm_sub *s, nf_gemm_desc *d);
+/* The same for a product computed elsewhere (cuBLAS) and followed by s's
+ * epilogue run here: s has no prologue or gather; *d is filled as above,
+ * except that C is a local of the subgraph where d->c is the number of
+ * its buffers (the caller gives that storage: nf_gemm_c_bytes).  Then
+ * nf_gemm_epilogue runs the epilogue on host buffers (inputs then
+ * outputs) with c the product's result on the host, reading the buffers
+ * for which nf_gemm_epilogue_reads (i: a buffer index) says 1.  An
+ * epilogue's error is the interpreter's, in err. */
+int nf_gemm_device(const nf_gemm_sub *s, nf_gemm_desc *d);
+int nf_gemm_has_epilogue(const nf_gemm_sub *s);
+int64_t nf_gemm_c_bytes(const nf_gemm_sub *s);
+int nf_gemm_epilogue_reads(const nf_gemm_sub *s, uint32_t i);
+int nf_gemm_epilogue(nf_gemm_sub *s, void *const *buffers, void *c, nf_buf *err);
 
 /* Frees s (not the graphs in sub->ctx).  NULL is a no-op. */
 void nf_gemm_free(nf_gemm_sub *s);
