@@ -28,6 +28,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <mutex>
@@ -151,6 +152,61 @@ CUresult cuStreamDestroy_v2(void *s) { return s == &g_stream_token ? OK : E_INVA
 CUresult cuStreamSynchronize(void *s) {
   if (s != &g_stream_token) return E_INVALID_HANDLE;
   return g_broken ? g_broken : OK;
+}
+
+/* Events: the stream is synchronous, so recording one stamps the host's
+ * clock. */
+struct emu_event {
+  int magic;
+  double ms;
+};
+enum { EVENT_MAGIC = 0x45564e54 };
+
+static double clock_ms() {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+CUresult cuEventCreate(void **e, unsigned flags) {
+  (void)flags;
+  if (g_broken) return g_broken;
+  emu_event *v = (emu_event *)calloc(1, sizeof *v);
+  if (!v) return E_OUT_OF_MEMORY;
+  v->magic = EVENT_MAGIC;
+  v->ms = -1;
+  *e = v;
+  return OK;
+}
+
+CUresult cuEventDestroy_v2(void *e) {
+  emu_event *v = (emu_event *)e;
+  if (!v || v->magic != EVENT_MAGIC) return E_INVALID_HANDLE;
+  v->magic = 0;
+  free(v);
+  return OK;
+}
+
+CUresult cuEventRecord(void *e, void *s) {
+  emu_event *v = (emu_event *)e;
+  if (!v || v->magic != EVENT_MAGIC || s != &g_stream_token) return E_INVALID_HANDLE;
+  if (g_broken) return g_broken;
+  v->ms = clock_ms();
+  return OK;
+}
+
+CUresult cuEventSynchronize(void *e) {
+  emu_event *v = (emu_event *)e;
+  if (!v || v->magic != EVENT_MAGIC) return E_INVALID_HANDLE;
+  return g_broken ? g_broken : OK;
+}
+
+CUresult cuEventElapsedTime(float *ms, void *a, void *b) {
+  emu_event *x = (emu_event *)a, *y = (emu_event *)b;
+  if (!x || !y || x->magic != EVENT_MAGIC || y->magic != EVENT_MAGIC) return E_INVALID_HANDLE;
+  if (x->ms < 0 || y->ms < 0) return E_INVALID_VALUE; /* CUDA_ERROR_NOT_READY in the driver */
+  *ms = (float)(y->ms - x->ms);
+  return OK;
 }
 
 CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {

@@ -13,7 +13,7 @@
 
 typedef int CUresult;
 typedef int CUdevice;
-typedef void *CUcontext, *CUmodule, *CUfunction, *CUstream;
+typedef void *CUcontext, *CUmodule, *CUfunction, *CUstream, *CUevent;
 typedef unsigned long long CUdeviceptr;
 
 enum {
@@ -50,6 +50,11 @@ typedef struct drv {
   CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                            unsigned, CUstream, void **, void **);
   CUresult (*GetErrorName)(CUresult, const char **);
+  CUresult (*EventCreate)(CUevent *, unsigned);
+  CUresult (*EventDestroy)(CUevent);
+  CUresult (*EventRecord)(CUevent, CUstream);
+  CUresult (*EventSynchronize)(CUevent);
+  CUresult (*EventElapsedTime)(float *, CUevent, CUevent);
   /* only tests/cuda_emu_driver.cc has it: a module from its CUDA C */
   CUresult (*EmuLoadSource)(CUmodule *, const char *, size_t);
 } drv;
@@ -63,6 +68,7 @@ struct nf_cuda_rt {
   char name[128];
   int broken; /* a sticky error happened: the context is unusable */
   char broken_msg[256];
+  CUevent ev[2]; /* nf_cuda_module_time's, made on first use */
 };
 
 struct nf_cuda_module {
@@ -139,6 +145,11 @@ static int load_driver(drv *d, nf_buf *why) {
   SYM(ModuleGetFunction, "cuModuleGetFunction");
   SYM(LaunchKernel, "cuLaunchKernel");
   SYM(GetErrorName, "cuGetErrorName");
+  SYM(EventCreate, "cuEventCreate");
+  SYM(EventDestroy, "cuEventDestroy_v2");
+  SYM(EventRecord, "cuEventRecord");
+  SYM(EventSynchronize, "cuEventSynchronize");
+  SYM(EventElapsedTime, "cuEventElapsedTime");
 #undef SYM
   *(void **)&d->EmuLoadSource = dlsym(d->lib, "nfemuModuleLoadSource");
   return NF_OK;
@@ -192,6 +203,8 @@ int nf_cuda_rt_open(int device, nf_cuda_rt **out, nf_buf *why) {
 
 void nf_cuda_rt_close(nf_cuda_rt *rt) {
   if (!rt) return;
+  for (int i = 0; i < 2 && !rt->broken; i++)
+    if (rt->ev[i]) rt->d.EventDestroy(rt->ev[i]);
   if (rt->stream && !rt->broken) rt->d.StreamDestroy(rt->stream);
   if (rt->ctx) rt->d.PrimaryCtxRelease(rt->dev);
   if (rt->d.lib) dlclose(rt->d.lib);
@@ -358,4 +371,22 @@ void nf_cuda_module_free(nf_cuda_module *m) {
   free(m->plan.launches);
   free(m->fn);
   free(m);
+}
+
+int nf_cuda_module_time(nf_cuda_module *m, const uint64_t *args, uint32_t n_args, uint64_t scratch,
+                        double *ms, nf_buf *err) {
+  nf_cuda_rt *rt = m->rt;
+  *ms = 0;
+  int rc = usable(rt, err);
+  for (int i = 0; rc == NF_OK && i < 2; i++)
+    if (!rt->ev[i]) rc = check(rt, rt->d.EventCreate(&rt->ev[i], 0), "cuEventCreate", err);
+  if (rc == NF_OK) rc = check(rt, rt->d.EventRecord(rt->ev[0], rt->stream), "cuEventRecord", err);
+  if (rc == NF_OK) rc = nf_cuda_module_run(m, args, n_args, scratch, err);
+  if (rc == NF_OK) rc = check(rt, rt->d.EventRecord(rt->ev[1], rt->stream), "cuEventRecord", err);
+  if (rc == NF_OK) rc = check(rt, rt->d.EventSynchronize(rt->ev[1]), "cuEventSynchronize", err);
+  float f = 0;
+  if (rc == NF_OK)
+    rc = check(rt, rt->d.EventElapsedTime(&f, rt->ev[0], rt->ev[1]), "cuEventElapsedTime", err);
+  if (rc == NF_OK) *ms = f;
+  return rc;
 }

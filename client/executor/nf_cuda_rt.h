@@ -65,6 +65,12 @@ int nf_cuda_rt_emulated(const nf_cuda_rt *rt);
  * buffers args[] and a scratch buffer of at least plan.scratch_bytes. */
 int nf_cuda_module_run(nf_cuda_module *m, const uint64_t *args, uint32_t n_args, uint64_t scratch,
                        nf_buf *err);
+/* nf_cuda_module_run between two CUDA events on the stream, waiting for
+ * the second: *ms is the device's time for the launches (the events'
+ * resolution is about half a microsecond), without the host's launch
+ * and synchronisation overhead.  Events are made once per runtime. */
+int nf_cuda_module_time(nf_cuda_module *m, const uint64_t *args, uint32_t n_args, uint64_t scratch,
+                        double *ms, nf_buf *err);
 void nf_cuda_module_free(nf_cuda_module *m);
 
 #endif
