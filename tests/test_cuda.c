@@ -425,12 +425,30 @@ typedef struct sched_case {
   "stmt 0 bind_thread i.i.o\nstmt 0 bind_thread j.i.o\n"                                   \
   "stmt 0 cache_read A k.o\nstmt 0 cache_read B k.o\nstmt 0 cache_write j.i.o\n"
 
+/* virtual threads (nf_gpu_knobs.vthread 2): 32 x 32 outputs per block,
+ * 4 x 4 per thread in two interleaved chunks of 2 x 2 per dimension,
+ * each thread's register tile compact (4 x 4) */
+#define VTHREAD_MM                                                                         \
+  "neoflow-schedule 1\n"                                                                   \
+  "stmt 0 split i 32\nstmt 0 split i.i 16\nstmt 0 split i.i.i 2\n"                         \
+  "stmt 0 split j 32\nstmt 0 split j.i 16\nstmt 0 split j.i.i 2\nstmt 0 split k 8\n"       \
+  "stmt 0 reorder i.o j.o k.o i.i.i.o j.i.i.o k.i i.i.o j.i.o i.i.i.i j.i.i.i\n"             \
+  "stmt 0 bind_block i.o\nstmt 0 bind_block j.o\n"                                         \
+  "stmt 0 bind_thread i.i.i.o\nstmt 0 bind_thread j.i.i.o\n"                               \
+  "stmt 0 cache_read A k.o\nstmt 0 cache_read B k.o\nstmt 0 cache_write j.i.i.o\n"
+
 static const sched_case sched_cases[] = {
     {"tiled matmul 64x40x48", {"mm", "mm", P0, 2, {NZ(1, 2, 64, 40), NZ(1, 2, 40, 48)}, NULL, 0, 0},
      TILED_MM},
     /* nothing divides: guarded tiles and copies */
     {"tiled matmul 50x37x45", {"mm", "mm", P0, 2, {NZ(1, 2, 50, 37), NZ(1, 2, 37, 45)}, NULL, 0, 0},
      TILED_MM},
+    {"vthread matmul 64x40x48", {"mm", "mm", P0, 2, {NZ(1, 2, 64, 40), NZ(1, 2, 40, 48)}, NULL,
+                                 0, 0},
+     VTHREAD_MM},
+    {"vthread matmul 50x37x45", {"mm", "mm", P0, 2, {NZ(1, 2, 50, 37), NZ(1, 2, 37, 45)}, NULL,
+                                 0, 0},
+     VTHREAD_MM},
     /* one thread tile per block, the reduction unsplit, A staged per block */
     {"matmul rows staged 24x70x33", {"mm", "mm", P0, 2, {NZ(1, 2, 24, 70), NZ(1, 2, 70, 33)}, NULL,
                                      0, 0},
@@ -788,6 +806,123 @@ START_TEST(cuda_reduce_across_threads) {
 }
 END_TEST
 
+/* Virtual threads (nf_gpu_knobs.vthread): a block's tile is dealt to its
+ * threads in vt interleaved chunks per dimension.  Matmuls (one with
+ * tiles that do not divide the output) and a padded convolution (tiles
+ * over its rows and columns, the batch and channels as block loops) run
+ * on the emulated driver against the interpreter, and each thread's
+ * register tile is compact: thr_i x thr_j elements, where the bounding
+ * box of its outputs' offsets would be (vt - 1) * tile / vt + thr / vt
+ * per side.  A vthread that does not divide the thread's outputs is
+ * lowered to one that does (4 with 2 per thread: 2; 3: none). */
+static const char *vt_src =
+    "import nn\n"
+    "def mm(A: f32[M, K], B: f32[K, N]) -> (C: f32[M, N]) {\n"
+    "  C(i, j) +=! A(i, k) * B(k, j)\n"
+    "}\n"
+    "def cv(I: f32[N, C, H, Wd], W: f32[K, C, 3, 3]) -> (O: f32[N, K, H, Wd]) {\n"
+    "  O = conv2d<pad = 1>(I, W)\n"
+    "}\n";
+
+START_TEST(cuda_vthreads) {
+  nf_module *mod = nf_module_new();
+  nf_diag *d = nf_diag_new();
+  ck_assert_msg(nf_module_load_source(mod, "vt.nf", vt_src, d) == NF_OK, "%s", nf_diag_text(d));
+  nf_diag_free(d);
+  static const libcase mm64 = {"mm 64x40x48", "mm", P0, 2, {NZ(1, 2, 64, 40), NZ(1, 2, 40, 48)},
+                               NULL, 0, 0};
+  static const libcase mm50 = {"mm 50x37x45", "mm", P0, 2, {NZ(1, 2, 50, 37), NZ(1, 2, 37, 45)},
+                               NULL, 0, 0};
+  static const libcase cv = {"conv 2x3x20x34 to 4", "cv", P0, 2,
+                             {NZ(1, 4, 2, 3, 20, 34), NZ(1, 4, 4, 3, 3, 3)}, NULL, 0, 0};
+  static const struct {
+    const libcase *c;
+    nf_gpu_knobs kn;
+    int vt; /* the virtual threads lowered (after clamping) */
+    const char *split; /* the schedule's virtual-thread split, NULL: none */
+  } cases[] = {
+      {&mm64, {.tiled = 1, .tile_i = 32, .tile_j = 32, .thr_i = 2, .thr_j = 2, .vthread = 2}, 2,
+       "stmt 0 split i.i 16\nstmt 0 split i.i.i 1\n"},
+      {&mm64, {.tiled = 1, .tile_i = 32, .tile_j = 16, .thr_i = 4, .thr_j = 4, .vthread = 4}, 4,
+       "stmt 0 split j.i 4\nstmt 0 split j.i.i 1\n"},
+      {&mm64, {.tiled = 1, .tile_i = 16, .tile_j = 32, .thr_i = 4, .thr_j = 8, .kt = 8,
+               .vthread = 2}, 2, "stmt 0 split j.i 16\nstmt 0 split j.i.i 4\n"},
+      {&mm50, {.tiled = 1, .tile_i = 16, .tile_j = 32, .thr_i = 4, .thr_j = 2, .vthread = 2}, 2,
+       "stmt 0 split i 16\nstmt 0 split i.i 8\nstmt 0 split i.i.i 2\n"},
+      {&mm50, {.tiled = 1, .tile_i = 32, .tile_j = 16, .thr_i = 4, .thr_j = 4, .vthread = 4}, 4,
+       "stmt 0 split i.i 8\nstmt 0 split i.i.i 1\n"},
+      {&cv, {.tiled = 1, .tile_i = 16, .tile_j = 32, .thr_i = 2, .thr_j = 4, .vthread = 2}, 2,
+       "stmt 0 split h.i 8\nstmt 0 split h.i.i 1\n"},
+      {&cv, {.tiled = 1, .tile_i = 16, .tile_j = 16, .thr_i = 4, .thr_j = 4, .vthread = 4}, 4,
+       "stmt 0 split w.i 4\nstmt 0 split w.i.i 1\n"},
+      /* clamped: 4 does not divide 2 outputs per thread; 3 divides nothing */
+      {&mm64, {.tiled = 1, .tile_i = 32, .tile_j = 32, .thr_i = 2, .thr_j = 2, .vthread = 4}, 2,
+       "stmt 0 split i.i 16\nstmt 0 split i.i.i 1\n"},
+      {&mm64, {.tiled = 1, .tile_i = 32, .tile_j = 32, .thr_i = 3, .thr_j = 2, .vthread = 3}, 1,
+       NULL},
+  };
+  nf_cuda_rt *rt = emu_rt_open();
+  nf_buf err = NF_BUF_INIT, text = NF_BUF_INIT;
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    const char *label = cases[c].c->label;
+    const nf_gpu_knobs *kn = &cases[c].kn;
+    inst I;
+    inst_make(&I, mod, cases[c].c, 0x77 + (uint64_t)c);
+    ck_assert_int_eq(I.g->n_stmts, 1);
+    nf_schedule *sch = NULL;
+    ck_assert_int_eq(nf_schedule_gpu(I.g, kn, &sch), NF_OK);
+    nf_buf_reset(&text);
+    nf_schedule_print(sch, &text);
+    const char *tx = nf_buf_str(&text);
+    if (cases[c].split)
+      ck_assert_msg(strstr(tx, cases[c].split), "%s case %zu: no '%s' in\n%s", label, c,
+                    cases[c].split, tx);
+    else
+      ck_assert_msg(!strstr(tx, ".i.i.o"), "%s case %zu: virtual threads in\n%s", label, c, tx);
+    nf_lprog *p = NULL;
+    ck_assert_msg(nf_lower(I.g, sch, I.ctx, &p, &err) == NF_OK, "%s case %zu: %s\n%s", label, c,
+                  nf_buf_str(&err), tx);
+    ck_assert_msg(nf__loop_validate(p, &err) == NF_OK, "%s: %s", label, nf_buf_str(&err));
+    /* the register tile: thr_i x thr_j, nothing of the bounding box */
+    const nf_lbuf *tile = NULL;
+    for (uint32_t b = 0; b < p->n_bufs; b++)
+      if (p->bufs[b].name && strstr(p->bufs[b].name, "_tile")) tile = &p->bufs[b];
+    ck_assert_msg(tile != NULL, "%s: no register tile", label);
+    int64_t elems = 1;
+    for (int k = 0; k < tile->rank; k++) elems *= tile->shape[k];
+    ck_assert_int_ge(tile->rank, 2);
+    ck_assert_int_eq(tile->shape[tile->rank - 2], kn->thr_i);
+    ck_assert_int_eq(tile->shape[tile->rank - 1], kn->thr_j);
+    ck_assert_int_eq(elems, (int64_t)kn->thr_i * kn->thr_j);
+    /* the block's threads: tile / thr per side (rounded up) */
+    nf_cuda_plan plan;
+    nf_buf src = NF_BUF_INIT;
+    memset(&plan, 0, sizeof plan);
+    ck_assert_int_eq(nf_cuda_emit(p, &src, &plan, &err), NF_OK);
+    ck_assert_uint_eq(plan.launches[plan.n_launches - 1].block,
+                      (unsigned)(((kn->tile_i + kn->thr_i - 1) / kn->thr_i) *
+                                 ((kn->tile_j + kn->thr_j - 1) / kn->thr_j)));
+    nf_cuda_plan_free(&plan);
+    nf_buf_free(&src);
+    nf_array got[MAX_OUT];
+    int rc = emu_run(rt, p, I.g, I.in, got, &err);
+    ck_assert_msg(rc == NF_OK, "%s: %s", label, nf_buf_str(&err));
+    char msg[512] = "";
+    int bad;
+    double e = rel_l2(&got[0], &I.want[0], &bad, msg, sizeof msg);
+    ck_assert_msg(!bad && e < 1e-5, "%s case %zu (vthread %d): %s (relative L2 %.3g)\n%s", label,
+                  c, cases[c].vt, msg, e, tx);
+    nf_array_free(&got[0]);
+    nf_schedule_free(sch);
+    inst_free(&I);
+  }
+  nf_cuda_rt_close(rt);
+  nf_buf_free(&err);
+  nf_buf_free(&text);
+  nf_module_free(mod);
+}
+END_TEST
+
 /* ---- on a GPU ---- */
 
 static nf_cuda_rt *g_rt;
@@ -1035,6 +1170,7 @@ int main(int argc, char **argv) {
     tcase_add_test(tc, cuda_emulated);
     tcase_add_test(tc, cuda_rt_emulated);
     tcase_add_test(tc, cuda_reduce_across_threads);
+    tcase_add_test(tc, cuda_vthreads);
   } else if (!strcmp(part, "nvrtc")) {
     tcase_add_test(tc, cuda_nvrtc);
     tcase_add_test(tc, cuda_nvrtc_archs);

@@ -507,7 +507,8 @@ static int count_substr(const result *r, const char *sub) {
 }
 
 /* lib/nn.nf's conv2d with template parameters. */
-static nf_graph *conv(int stride, int pad, int groups, const nf_arg_shape *sh, nf_ir_ctx *ctx) {
+static nf_graph *conv_d(int stride, int pad, int dilation, int groups, const nf_arg_shape *sh,
+                        nf_ir_ctx *ctx) {
   const char *lib = getenv("NEOFLOW_LIB");
   ck_assert_ptr_nonnull(lib);
   char path[4096];
@@ -515,9 +516,9 @@ static nf_graph *conv(int stride, int pad, int groups, const nf_arg_shape *sh, n
   nf_module *m = nf_module_new();
   nf_diag *d = nf_diag_new();
   ck_assert_msg(nf_module_load_file(m, path, d) == NF_OK, "%s", nf_diag_text(d));
-  const char *names[3] = {"stride", "pad", "groups"};
-  int64_t vals[3] = {stride, pad, groups};
-  nf_inst_opts o = {.n_shapes = 2, .shapes = sh, .n_params = 3, .param_names = names,
+  const char *names[4] = {"stride", "pad", "dilation", "groups"};
+  int64_t vals[4] = {stride, pad, dilation, groups};
+  nf_inst_opts o = {.n_shapes = 2, .shapes = sh, .n_params = 4, .param_names = names,
                     .param_values = vals};
   nf_graph *g = NULL;
   ck_assert_msg(nf_module_instantiate(m, "conv2d", &o, ctx, &g, d) == NF_OK, "%s",
@@ -525,6 +526,10 @@ static nf_graph *conv(int stride, int pad, int groups, const nf_arg_shape *sh, n
   nf_diag_free(d);
   nf_module_free(m);
   return g;
+}
+
+static nf_graph *conv(int stride, int pad, int groups, const nf_arg_shape *sh, nf_ir_ctx *ctx) {
+  return conv_d(stride, pad, 1, groups, sh, ctx);
 }
 
 /* The forward convolution and its weight gradient gather the same cells
@@ -874,25 +879,6 @@ static void dnn_graph(nf_cuda_rt *rt, nf_cudnn *dnn, const nf_graph *g, dnn_resu
   nf_buf_free(&err);
 }
 
-static nf_graph *conv_dil(int stride, int pad, int dil, const nf_arg_shape *sh, nf_ir_ctx *ctx) {
-  const char *lib = getenv("NEOFLOW_LIB");
-  char path[4096];
-  snprintf(path, sizeof path, "%s/nn.nf", lib);
-  nf_module *m = nf_module_new();
-  nf_diag *d = nf_diag_new();
-  ck_assert_msg(nf_module_load_file(m, path, d) == NF_OK, "%s", nf_diag_text(d));
-  const char *names[3] = {"stride", "pad", "dilation"};
-  int64_t vals[3] = {stride, pad, dil};
-  nf_inst_opts o = {.n_shapes = 2, .shapes = sh, .n_params = 3, .param_names = names,
-                    .param_values = vals};
-  nf_graph *g = NULL;
-  ck_assert_msg(nf_module_instantiate(m, "conv2d", &o, ctx, &g, d) == NF_OK, "%s",
-                nf_diag_text(d));
-  nf_diag_free(d);
-  nf_module_free(m);
-  return g;
-}
-
 /* The convolutions cuDNN takes, forward and both gradients, with every
  * stride, padding and dilation lib/nn.nf's conv2d allows (the data
  * gradient at stride 1 only: at stride 2 the autodiff reads dO at floor
@@ -933,7 +919,7 @@ START_TEST(gemm_cudnn) {
   nf_arg_shape cv[2] = {SH(2, 3, 9, 7), SH(4, 3, 3, 3)};
   static const int v[][3] = {{1, 0, 1}, {1, 1, 1}, {2, 1, 1}, {1, 2, 2}, {3, 0, 1}, {2, 2, 2}};
   for (size_t i = 0; i < sizeof v / sizeof *v; i++) {
-    nf_graph *g = conv_dil(v[i][0], v[i][1], v[i][2], cv, ctx);
+    nf_graph *g = conv_d(v[i][0], v[i][1], v[i][2], 1, cv, ctx);
     dnn_graph(rt, dnn, g, &r);
     ck_assert_msg(r.n_conv == 1 && r.kinds[NF_CONV_FWD] == 1, "stride %d pad %d dilation %d: %d",
                   v[i][0], v[i][1], v[i][2], r.n_conv);

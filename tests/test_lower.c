@@ -352,6 +352,63 @@ START_TEST(lower_explicit) {
 }
 END_TEST
 
+/* A cache_write tile whose loops leave gaps in the output's rows (the
+ * split's middle loop outside the tile, as with a GPU's virtual threads:
+ * rows i.i.o * 4 + i.i.i.i) is compact: one cell per point of its loops,
+ * not the bounding box (4 rows, not 6; 2 rows of h.i.o * 2, not 3), with
+ * rows outside the output (13 rows by 8), an rfactor slot dimension and
+ * a convolution; every program agrees with the interpreter. */
+START_TEST(lower_compact_tile) {
+  if (!g_nn) g_nn = load("nn.nf");
+  static const struct {
+    int big; /* big_cases[] */
+    const char *text, *tile;
+  } cases[] = {
+      {0,
+       "neoflow-schedule 1\nstmt 0 split i 8\nstmt 0 split i.i 4\nstmt 0 split i.i.i 2\n"
+       "stmt 0 split j 8\nstmt 0 reorder i.o j.o i.i.i.o k i.i.o i.i.i.i j.i\n"
+       "stmt 0 cache_write i.i.i.o\nstmt 0 vectorize j.i\nstmt 0 parallel i.o\n",
+       "alloc f32 C_tile[4][8]"},
+      {0,
+       "neoflow-schedule 1\nstmt 0 split i 8\nstmt 0 split i.i 4\nstmt 0 split j 4\n"
+       "stmt 0 reorder i.o j.o i.i.i k i.i.o j.i\nstmt 0 cache_write i.i.i\n"
+       "stmt 0 unroll i.i.o\nstmt 0 vectorize j.i\n",
+       "alloc f32 C_tile[2][4]"},
+      {0,
+       "neoflow-schedule 1\nstmt 0 split k 4\nstmt 0 split i 4\nstmt 0 split i.i 2\n"
+       "stmt 0 reorder i.o i.i.i j k.o i.i.o k.i\nstmt 0 cache_write i.i.i\n"
+       "stmt 0 rfactor k.i\nstmt 0 vectorize k.i\n",
+       "alloc f32 C_tile[2][21][4]"},
+      {3,
+       "neoflow-schedule 1\nstmt 0 split h 4\nstmt 0 split h.i 2\n"
+       "stmt 0 reorder n k h.o h.i.i c r s h.i.o w\nstmt 0 cache_write h.i.i\n"
+       "stmt 0 vectorize w\n",
+       "alloc f32 O_tile[1][1][2][11]"},
+  };
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    inst I;
+    char msg[3000] = "";
+    inst_make(&I, g_nn, &big_cases[cases[k].big], 40 + (uint64_t)k);
+    nf_buf err = NF_BUF_INIT, out = NF_BUF_INIT;
+    nf_schedule *s = NULL;
+    ck_assert_msg(nf_schedule_parse(cases[k].text, "x", &s, &err) == NF_OK, "%s",
+                  nf_buf_str(&err));
+    ck_assert_msg(!run_one(&I, s, msg, sizeof msg), "schedule %zu: %s", k, msg);
+    nf_ir_ctx *pctx = nf_ir_ctx_new();
+    nf_lprog *p = NULL;
+    ck_assert_int_eq(nf_lower(I.g, s, pctx, &p, &err), NF_OK);
+    nf__loop_print(p, &out);
+    ck_assert_msg(strstr(nf_buf_str(&out), cases[k].tile), "schedule %zu: no '%s' in\n%s", k,
+                  cases[k].tile, nf_buf_str(&out));
+    nf_schedule_free(s);
+    nf_buf_free(&err);
+    nf_buf_free(&out);
+    nf_ir_ctx_free(pctx);
+    inst_free(&I);
+  }
+}
+END_TEST
+
 /* ---- parsing ---- */
 
 START_TEST(lower_parse_errors) {
@@ -758,6 +815,7 @@ int main(void) {
   tcase_add_test(tc, lower_default_channels);
   tcase_add_test(tc, lower_illegal);
   tcase_add_test(tc, lower_explicit);
+  tcase_add_test(tc, lower_compact_tile);
   tcase_add_loop_test(tc, lower_big, 0, N_BIG);
   tcase_add_loop_test(tc, lower_library, 0, N_LIB);
   tcase_add_loop_test(tc, lower_workloads, 0, N_WL);

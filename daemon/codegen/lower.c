@@ -18,7 +18,11 @@
  * set to the identity, accumulated and written back with plain stores;
  * when some reduction loops are outside L (a blocked reduction: k.o
  * outside the register tile) the output is set to the identity first and
- * each tile starts from the output's partial sums instead.
+ * each tile starts from the output's partial sums instead.  A tile
+ * dimension is the bounding box of the output index's part over the
+ * loops inside L, or compact (one cell per point, mixed-radix) where
+ * that part is a sum of loops that leaves gaps in the box (GPU virtual
+ * threads: tile_dim).
  * Each element's accumulation order is the IR's unless a reorder swaps
  * reduction loops (reported in nf_lower_info).
  *
@@ -493,6 +497,90 @@ static int split_at(lw *L, const nest *n, int px, const nf_expr *e, const nf_exp
   return *inner && *outer;
 }
 
+/* Adds mul * e to the linear form coef[] (by loop position, loops inside
+ * px only) + *k; 0 when e is not such a form (another variable, a
+ * division, a product of loops, an overflow). */
+static int lin_form(const nest *n, int px, const nf_expr *e, int64_t mul, int64_t *coef,
+                    int64_t *k) {
+  switch (e->op) {
+  case NF_OP_CONST: {
+    if (!nf_dtype_is_int((nf_dtype)e->dtype)) return 0;
+    int64_t v;
+    return !__builtin_mul_overflow(mul, e->u.i, &v) && !__builtin_add_overflow(*k, v, k);
+  }
+  case NF_OP_VAR:
+    for (int i = px + 1; i < n->n; i++)
+      if (n->l[i].var == e->u.var) return !__builtin_add_overflow(coef[i], mul, &coef[i]);
+    return 0;
+  case NF_OP_ADD:
+  case NF_OP_SUB:
+    if (mul == INT64_MIN) return 0;
+    return lin_form(n, px, e->args[0], mul, coef, k) &&
+           lin_form(n, px, e->args[1], e->op == NF_OP_SUB ? -mul : mul, coef, k);
+  case NF_OP_MUL:
+    for (int s = 0; s < 2; s++) {
+      const nf_expr *a = e->args[s];
+      int64_t m;
+      if (a->op == NF_OP_CONST && nf_dtype_is_int((nf_dtype)a->dtype) &&
+          !__builtin_mul_overflow(mul, a->u.i, &m))
+        return lin_form(n, px, e->args[1 - s], m, coef, k);
+    }
+    return 0;
+  default: return 0;
+  }
+}
+
+/* One dimension of a cache_write tile at loop px, from the part `in` of
+ * the output index over loops inside px (split_at): its extent *ext and
+ * (idx not NULL) the tile's index *idx.  Normally the bounding box of
+ * `in`, indexed by in - lo.  When `in` is a sum of coef * loop (loops
+ * inside px) plus a constant whose terms, sorted by coefficient, do not
+ * overlap (each coefficient at least the previous one times its loop's
+ * extent) and leave gaps (virtual threads: v * (bi / vt) + e, with the
+ * thread's own loop outside px), the box is mostly cells no point maps
+ * to; the tile is then compact: the mixed-radix index of those loops
+ * (the first sorted loop fastest), of the product of their extents.
+ * Every user of the tile goes through this index.  0 when `in` cannot
+ * be bounded. */
+static int tile_dim(lw *L, const nest *n, int px, const nf_expr *in, int64_t *ext,
+                    const nf_expr **idx) {
+  nf_range r;
+  if (!nf_expr_bounds(in, L->vr, (int)L->nv, &r)) return 0;
+  *ext = r.hi - r.lo + 1;
+  if (idx && !(*idx = simp(L, bin(L, NF_OP_SUB, in, ci(L, r.lo))))) return 0;
+  int64_t coef[MAX_LOOPS] = {0}, k = 0;
+  if (!lin_form(n, px, in, 1, coef, &k)) return 1;
+  int ord[MAX_LOOPS], nt = 0;
+  for (int i = px + 1; i < n->n; i++) {
+    if (coef[i] < 0) return 1;
+    if (coef[i] == 0 || n->l[i].ext <= 1) continue; /* constant 0 */
+    int at = nt++;
+    while (at > 0 && coef[ord[at - 1]] > coef[i]) { /* insertion sort */
+      ord[at] = ord[at - 1];
+      at--;
+    }
+    ord[at] = i;
+  }
+  int64_t size = 1, reach = 1; /* the coefficient the next term must reach */
+  for (int t = 0; t < nt; t++) {
+    int i = ord[t];
+    if (coef[i] < reach) return 1; /* overlapping terms: keep the box */
+    if (__builtin_mul_overflow(coef[i], n->l[i].ext, &reach)) return 1;
+    size *= n->l[i].ext; /* <= the box's extent: no overflow */
+  }
+  if (size >= *ext) return 1; /* no gap: the box */
+  *ext = size;
+  if (!idx) return 1;
+  const nf_expr *x = ci(L, 0);
+  int64_t stride = 1;
+  for (int t = 0; t < nt; t++) {
+    int i = ord[t];
+    x = bin(L, NF_OP_ADD, x, bin(L, NF_OP_MUL, var(L, n->l[i].var), ci(L, stride)));
+    stride *= n->l[i].ext;
+  }
+  return (*idx = simp(L, x)) != NULL;
+}
+
 /* Checks the annotations and cache_write of a finished nest. */
 static int nest_finish(lw *L, int si, nest *n) {
   for (int i = 0; i < n->n; i++) {
@@ -584,14 +672,14 @@ static int nest_finish(lw *L, int si, nest *n) {
     int64_t elems = rf >= 0 ? n->l[rf].ext : 1;
     for (int d = 0; d < t->rank; d++) {
       const nf_expr *in, *out_part;
-      nf_range r;
+      int64_t ext;
       if (!split_at(L, n, c, n->orig[d], &out_part, &in))
         return lerr(L, NF_EINVAL, si,
                     "cache_write: output index %d mixes loops inside and outside '%s'", d,
                     n->cw_name);
-      if (!nf_expr_bounds(in, L->vr, (int)L->nv, &r))
+      if (!tile_dim(L, n, c, in, &ext, NULL))
         return lerr(L, NF_EINVAL, si, "cache_write: cannot bound the tile");
-      elems *= r.hi - r.lo + 1;
+      elems *= ext;
       if (elems > TILE_MAX_ELEMS)
         return lerr(L, NF_ELIMIT, si, "cache_write: tile over %d elements", TILE_MAX_ELEMS);
     }
@@ -1504,9 +1592,8 @@ static int lower_stmt(lw *L, const nf_schedule *s, int si, const region *R, nf_l
         !nf_expr_bounds(tin[d], L->vr, (int)L->nv, &r))
       return lerr(L, NF_EINVAL, si, "cache_write: output index %d mixes loops inside and outside '%s'",
                   d, n.cw_name);
-    tshape[d] = r.hi - r.lo + 1;
-    tidx[d] = simp(L, bin(L, NF_OP_SUB, tin[d], ci(L, r.lo)));
-    if (!tidx[d]) return NF_ENOMEM;
+    /* the bounding box, or a compact tile where the box has gaps */
+    if (!tile_dim(L, &n, c, tin[d], &tshape[d], &tidx[d])) return NF_ENOMEM;
   }
   /* rfactor: one more dimension, a slot per iteration of the rfactor
    * loop (checked by nest_finish: inside c, rank < NF_MAX_RANK) */

@@ -110,9 +110,18 @@ int nf_schedule_default_gpu(const nf_graph *g, int block, nf_schedule **out);
  *    block has (tile_i / thr_i) x (tile_j / thr_j) threads;
  *  - kt: reduction terms per shared-memory stage (default 16);
  *  - stage: 0 stages the operands in shared memory, -1 reads them from
- *    global memory. */
+ *    global memory;
+ *  - vthread: virtual threads (0 or 1: none): along each of the two
+ *    dimensions the block's tile is dealt to its threads in vthread
+ *    interleaved chunks, each thread taking thr / vthread consecutive
+ *    outputs in each chunk of tile / vthread (neighbouring threads read
+ *    neighbouring rows of the staged operands); still thr_i x thr_j
+ *    outputs per thread in a compact register tile.  Along a dimension
+ *    where vthread does not divide thr and tile (or thr does not divide
+ *    tile) the largest of vthread / 2, vthread / 4, ... that does is
+ *    taken, down to none. */
 typedef struct nf_gpu_knobs {
-  int block, tiled, tile_i, tile_j, thr_i, thr_j, kt, stage;
+  int block, tiled, tile_i, tile_j, thr_i, thr_j, kt, stage, vthread;
 } nf_gpu_knobs;
 
 /* The GPU schedule of g with knobs kn (g->n_stmts entries; NULL: all 0).

@@ -1217,70 +1217,105 @@ static int stored_reads(const nf_graph *g, uint32_t si, uint32_t *ids, int cap) 
   return n;
 }
 
+/* The virtual threads along one axis of a shared-memory tile of b
+ * outputs, t per thread: the largest of vt, vt / 2, vt / 4, ... (at least
+ * 1) that divides t and b, where t divides b (the thread's outputs are
+ * then vt chunks of t / vt, one in each b / vt part of the tile). */
+static int64_t gpu_vthreads(int64_t vt, int64_t b, int64_t t) {
+  if (vt < 1 || t < 1 || b % t != 0) return 1;
+  while (vt > 1 && (t % vt != 0 || b % vt != 0)) vt /= 2;
+  return vt;
+}
+
 /* A reduction over a 2-d (or batched) output of at least 16 x 16: blocks
  * of 32 x 32 outputs (or 16 where the extent is under 32), 16 x 16
  * threads of 2 x 2 outputs each, accumulated in registers; the first
  * reduction loop split by 16, its outer part at the block level, where
  * the block stages the operands it reads in shared memory (cache_read,
  * the copies shared by the block's threads).  Loops keep the IR's order
- * of summation. */
+ * of summation.
+ *
+ * With virtual threads (kn->vthread = v > 1 along an axis, see
+ * gpu_vthreads) the block's b outputs along the axis are dealt in v
+ * interleaved chunks: split i.i by b / v (i.i.o, the v loop, and i.i.i),
+ * i.i.i by t / v (i.i.i.o, the thread loop, and i.i.i.i), so that thread
+ * u computes i = w * (b / v) + u * (t / v) + e for w < v, e < t / v:
+ * neighbouring threads read neighbouring rows of the staged tile.  The v
+ * loops go inside the reduction loops, just outside the thread's own
+ * outputs; its register tile (cache_write at the thread loop) is compact,
+ * thr_i x thr_j cells, not the bounding box of the chunks (lower.c,
+ * tile_dim). */
 static int gpu_tiled(nf_schedule *s, const nf_graph *g, uint32_t si, const nf_gpu_knobs *kn) {
   const nf_stmt *st = &g->stmts[si];
   const nf_tensor *t = &g->tensors[st->out];
   int rank = t->rank, st_i = (int)si, rc;
   int64_t ei = t->shape[rank - 2], ej = t->shape[rank - 1];
-  char nm[NF_MAX_VARS][NF_SCHED_NAME], x[8][NF_SCHED_NAME];
+  char nm[NF_MAX_VARS][NF_SCHED_NAME];
   for (int k = 0; k < rank + st->n_red; k++) nf__sched_var_name(st, k, nm[k]);
-  const char *i = nm[rank - 2], *j = nm[rank - 1], *r = nm[rank];
+  const char *r = nm[rank];
   int64_t bi = kn->tile_i > 0 ? kn->tile_i : ei >= 32 ? 32 : 16;
   int64_t bj = kn->tile_j > 0 ? kn->tile_j : ej >= 32 ? 32 : 16;
   int64_t ti = kn->thr_i > 0 ? kn->thr_i : 2, tj = kn->thr_j > 0 ? kn->thr_j : 2;
   int64_t kt0 = kn->kt > 0 ? kn->kt : 16;
   int64_t kt = st->red_ext[0] < kt0 ? st->red_ext[0] : kt0;
-  nf__sched_cat(x[0], i, ".o");   /* block */
-  nf__sched_cat(x[1], i, ".i");
-  nf__sched_cat(x[2], x[1], ".o"); /* thread */
-  nf__sched_cat(x[3], x[1], ".i"); /* in the thread */
-  nf__sched_cat(x[4], j, ".o");
-  nf__sched_cat(x[5], j, ".i");
-  nf__sched_cat(x[6], x[5], ".o");
-  nf__sched_cat(x[7], x[5], ".i");
-  char ro[NF_SCHED_NAME], ri[NF_SCHED_NAME], jio[NF_SCHED_NAME], jii[NF_SCHED_NAME];
+  int64_t b[2] = {bi, bj}, th[2] = {ti, tj}, v[2];
+  for (int a = 0; a < 2; a++) v[a] = gpu_vthreads(kn->vthread, b[a], th[a]);
+  /* the reorder names every loop: keep within a primitive's names */
+  if (rank + st->n_red + 5 + (v[0] > 1) + (v[1] > 1) > NF_SCHED_MAX_NAMES) v[0] = v[1] = 1;
+  /* per axis: the block loop, the thread loop, the v loop (or ""), the
+   * thread's own outputs */
+  char blk[2][NF_SCHED_NAME], thr[2][NF_SCHED_NAME], vl[2][NF_SCHED_NAME], own[2][NF_SCHED_NAME];
+  for (int a = 0; a < 2; a++) {
+    const char *x = nm[rank - 2 + a];
+    char in[NF_SCHED_NAME], rest[NF_SCHED_NAME];
+    nf__sched_cat(blk[a], x, ".o");
+    nf__sched_cat(in, x, ".i");
+    if ((rc = add1(s, st_i, NF_SCH_SPLIT, x, b[a])) < 0) return rc;
+    vl[a][0] = '\0';
+    if (v[a] > 1) {
+      nf__sched_cat(vl[a], in, ".o");
+      nf__sched_cat(rest, in, ".i");
+      if ((rc = add1(s, st_i, NF_SCH_SPLIT, in, b[a] / v[a])) < 0) return rc;
+    } else {
+      memcpy(rest, in, NF_SCHED_NAME);
+    }
+    nf__sched_cat(thr[a], rest, ".o");
+    nf__sched_cat(own[a], rest, ".i");
+    if ((rc = add1(s, st_i, NF_SCH_SPLIT, rest, th[a] / v[a])) < 0) return rc;
+  }
+  char ro[NF_SCHED_NAME], ri[NF_SCHED_NAME];
   nf__sched_cat(ro, r, ".o");
   nf__sched_cat(ri, r, ".i");
-  memcpy(jio, x[6], NF_SCHED_NAME);
-  memcpy(jii, x[7], NF_SCHED_NAME);
-  if ((rc = add1(s, st_i, NF_SCH_SPLIT, i, bi)) < 0 || (rc = add1(s, st_i, NF_SCH_SPLIT, x[1], ti)) < 0 ||
-      (rc = add1(s, st_i, NF_SCH_SPLIT, j, bj)) < 0 || (rc = add1(s, st_i, NF_SCH_SPLIT, x[5], tj)) < 0 ||
-      (rc = add1(s, st_i, NF_SCH_SPLIT, r, kt)) < 0)
-    return rc;
+  if ((rc = add1(s, st_i, NF_SCH_SPLIT, r, kt)) < 0) return rc;
   nf_sched_item it;
   memset(&it, 0, sizeof it);
   it.kind = NF_SCH_REORDER;
   it.stmt = st_i;
-  for (int v = 0; v < rank - 2; v++) nf__sched_cat(it.names[it.n_names++], nm[v], "");
-  nf__sched_cat(it.names[it.n_names++], x[0], "");
-  nf__sched_cat(it.names[it.n_names++], x[4], "");
+  for (int k = 0; k < rank - 2; k++) nf__sched_cat(it.names[it.n_names++], nm[k], "");
+  nf__sched_cat(it.names[it.n_names++], blk[0], "");
+  nf__sched_cat(it.names[it.n_names++], blk[1], "");
   nf__sched_cat(it.names[it.n_names++], ro, "");
-  nf__sched_cat(it.names[it.n_names++], x[2], "");
-  nf__sched_cat(it.names[it.n_names++], jio, "");
+  nf__sched_cat(it.names[it.n_names++], thr[0], "");
+  nf__sched_cat(it.names[it.n_names++], thr[1], "");
   nf__sched_cat(it.names[it.n_names++], ri, "");
   for (int q = 1; q < st->n_red; q++) nf__sched_cat(it.names[it.n_names++], nm[rank + q], "");
-  nf__sched_cat(it.names[it.n_names++], x[3], "");
-  nf__sched_cat(it.names[it.n_names++], jii, "");
+  for (int a = 0; a < 2; a++)
+    if (v[a] > 1) nf__sched_cat(it.names[it.n_names++], vl[a], "");
+  nf__sched_cat(it.names[it.n_names++], own[0], "");
+  nf__sched_cat(it.names[it.n_names++], own[1], "");
   if ((rc = nf_schedule_add(s, &it)) < 0) return rc;
-  for (int v = 0; v < rank - 2; v++)
-    if ((rc = add1(s, st_i, NF_SCH_BIND_BLOCK, nm[v], 0)) < 0) return rc;
-  if ((rc = add1(s, st_i, NF_SCH_BIND_BLOCK, x[0], 0)) < 0 ||
-      (rc = add1(s, st_i, NF_SCH_BIND_BLOCK, x[4], 0)) < 0 ||
-      (rc = add1(s, st_i, NF_SCH_BIND_THREAD, x[2], 0)) < 0 ||
-      (rc = add1(s, st_i, NF_SCH_BIND_THREAD, jio, 0)) < 0)
+  for (int k = 0; k < rank - 2; k++)
+    if ((rc = add1(s, st_i, NF_SCH_BIND_BLOCK, nm[k], 0)) < 0) return rc;
+  if ((rc = add1(s, st_i, NF_SCH_BIND_BLOCK, blk[0], 0)) < 0 ||
+      (rc = add1(s, st_i, NF_SCH_BIND_BLOCK, blk[1], 0)) < 0 ||
+      (rc = add1(s, st_i, NF_SCH_BIND_THREAD, thr[0], 0)) < 0 ||
+      (rc = add1(s, st_i, NF_SCH_BIND_THREAD, thr[1], 0)) < 0)
     return rc;
   uint32_t ids[8];
   int n = kn->stage < 0 ? 0 : stored_reads(g, si, ids, 8);
   for (int k = 0; k < n; k++)
     if ((rc = add2(s, st_i, NF_SCH_CACHE_READ, ro, g->tensors[ids[k]].name)) < 0) return rc;
-  return add1(s, st_i, NF_SCH_CACHE_WRITE, jio, 0);
+  return add1(s, st_i, NF_SCH_CACHE_WRITE, thr[1], 0);
 }
 
 static int gpu_default(const nf_graph *g, int block, int tiled, const nf_gpu_knobs *kn,

@@ -30,8 +30,9 @@
  *
  * GPU mode (cuda_sm > 0): candidates are the GPU knobs of every
  * statement (nf_gpu_knobs, nf_lower.h: block sizes, shared-memory tile
- * shapes, outputs per thread, reduction staging), drawn at random or
- * mutated one knob at a time from the best so far (half each), kept when
+ * shapes, outputs per thread, virtual threads, reduction staging), drawn
+ * at random or mutated one knob at a time from the best so far (half
+ * each), kept when
  * they lower and their CUDA C is within the limits of threads and shared
  * memory, compiled by NVRTC into bundles and measured on the GPU by a
  * worker that owns the CUDA context (nf_measure.h).  The learned cost

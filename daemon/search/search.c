@@ -645,12 +645,12 @@ static int pick(run *R, const int *v, int n) { return v[nf_sk_rand(&R->rng) % (u
 /* Draws one statement's knobs (all of them: random; one of them: mutate). */
 static void gpu_knob(run *R, uint32_t si, nf_gpu_knobs *k, int all) {
   static const int blocks[] = {64, 128, 256, 512, 1024}, tiles[] = {16, 32, 64, 128},
-                   thr[] = {1, 2, 4, 8}, kts[] = {4, 8, 16, 32};
+                   thr[] = {1, 2, 4, 8}, kts[] = {4, 8, 16, 32}, vts[] = {1, 2, 4};
   int form = nf_schedule_gpu_tileable(R->g, si);
   const nf_stmt *st = &R->g->stmts[si];
   int reduces = st->red != NF_RED_NONE && st->n_red > 0 && R->g->tensors[st->out].rank >= 1 &&
                 !nf__sched_inlined_by_default(R->g, si);
-  int which = all ? -1 : (int)(nf_sk_rand(&R->rng) % (form == 1 ? 7u : reduces ? 2u : 1u));
+  int which = all ? -1 : (int)(nf_sk_rand(&R->rng) % (form == 1 ? 8u : reduces ? 2u : 1u));
   if (which < 0 || which == 0) k->block = pick(R, blocks, 5);
   if (form != 1) {
     /* a reduction with outputs: one thread per output, or across threads */
@@ -672,9 +672,15 @@ static void gpu_knob(run *R, uint32_t si, nf_gpu_knobs *k, int all) {
     k->kt = pick(R, kts, 4);
     k->stage = nf_sk_rand(&R->rng) % 5 == 0 ? -1 : 0;
   }
+  if (which < 0 || which == 7) k->vthread = pick(R, vts, 3);
   /* a tile smaller than a thread's share is the thread's share */
   if (k->tile_i && k->thr_i > k->tile_i) k->thr_i = k->tile_i;
   if (k->tile_j && k->thr_j > k->tile_j) k->thr_j = k->tile_j;
+  /* virtual threads divide the thread's outputs along both dimensions
+   * (the tiles, powers of two no smaller than the thread's share, are
+   * then divided too): 4 with 2 outputs per thread is 2 */
+  int ti = k->thr_i > 0 ? k->thr_i : 2, tj = k->thr_j > 0 ? k->thr_j : 2;
+  while (k->vthread > 1 && (ti % k->vthread != 0 || tj % k->vthread != 0)) k->vthread /= 2;
 }
 
 /* Whether the GPU schedule s lowers and its CUDA C is within the limits;
