@@ -2,8 +2,11 @@
 # deploy/test.sh - set up, build and run every test, showing Check's
 # summary lines.  Also runs the suite under ASan/UBSan (NF_ASAN=0 skips it)
 # and the libFuzzer targets (the parser; frame and message decoding)
-# briefly when clang can build them (NF_FUZZ_SECONDS each, default 30; 0
-# skips).
+# briefly when clang can build them (NF_FUZZ_SECONDS each, default 20; 0
+# skips).  The compiled-kernel suite checks 30 random schedules per library
+# op and 6 per workload gradient here (NF_COMPILED_ITERS,
+# NF_COMPILED_GRAD_ITERS; `meson test` alone: 50 and 10), which keeps the
+# whole run, set-up included, well inside CI's 30 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export NF_WERROR=${NF_WERROR:-1}
@@ -11,7 +14,8 @@ export NF_WERROR=${NF_WERROR:-1}
 # the independent autograd that tests/torch_check.py compares against.
 ./deploy/setup.sh clang libclang-rt-14-dev python3-torch
 ninja -C build
-meson test -C build -v --num-processes 2 2>&1 | tee build/test-output.log | \
+NF_COMPILED_ITERS=${NF_COMPILED_ITERS:-30} NF_COMPILED_GRAD_ITERS=${NF_COMPILED_GRAD_ITERS:-6} \
+  meson test -C build -v --num-processes 2 2>&1 | tee build/test-output.log | \
   grep -E '^[0-9]+%: Checks|^ *[0-9]+/[0-9]+ |^(Ok|Fail|Expected Fail|Unexpected Pass|Skipped|Timeout):|^numpy|FAIL|ERROR|error:' || true
 status=${PIPESTATUS[0]}
 if [ "$status" -ne 0 ]; then
@@ -27,16 +31,17 @@ if [ "${NF_ASAN:-1}" = 1 ]; then
   fi
   ninja -C build-asan
   # the compiled suite spends its time inside LLVM (not instrumented):
-  # a few random schedules per case are enough to check our side (and of
-  # the lowering suite's random schedules, 10 per case instead of 50)
+  # a few random schedules per library op, and the default schedule of
+  # each workload gradient, are enough to check our side (and of the
+  # lowering suite's random schedules, 10 per case instead of 50)
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-    NF_COMPILED_ITERS=${NF_COMPILED_ITERS_ASAN:-4} NF_COMPILED_GRAD_ITERS=1 NF_LOWER_ITERS=10 \
+    NF_COMPILED_ITERS=${NF_COMPILED_ITERS_ASAN:-4} NF_COMPILED_GRAD_ITERS=0 NF_LOWER_ITERS=10 \
     meson test -C build-asan --num-processes 2 --no-suite numpy --no-suite torch --no-suite nvrtc \
     --print-errorlogs 2>&1 | tail -n 15
   [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "test.sh: ASan/UBSan tests failed" >&2; exit 1; }
 fi
 
-secs=${NF_FUZZ_SECONDS:-30}
+secs=${NF_FUZZ_SECONDS:-20}
 if [ "$secs" != 0 ] && command -v clang >/dev/null 2>&1; then
   if [ ! -f build-fuzz/build.ninja ]; then
     CC=clang CXX=clang++ meson setup build-fuzz -Dfuzz=true -Dtests=false >/dev/null 2>&1 || true
