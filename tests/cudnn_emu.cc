@@ -2,7 +2,7 @@
  * (NEOFLOW_LIBCUDNN=<this library>), for tests with the emulated CUDA
  * driver (cuda_emu_driver.cc), whose device pointers are host pointers:
  * the three convolution operations as cuDNN defines them (NCHW, KCRS,
- * cross-correlation, zero padding, strides and dilations, y = alpha op +
+ * cross-correlation, zero padding, strides, dilations and groups, y = alpha op +
  * beta y) computed directly on the CPU, accumulating in double.  The
  * descriptors check what they are given as cuDNN does; the heuristics
  * offer a nondeterministic algorithm (2) first and a deterministic one
@@ -21,7 +21,7 @@ struct tdesc {
   int set, n, c, h, w;
 };
 struct cdesc {
-  int set, ph, pw, u, v, dh, dw, math;
+  int set, ph, pw, u, v, dh, dw, math, groups;
 };
 struct perf {
   int algo;
@@ -55,7 +55,8 @@ static int out_size(int in, int pad, int dil, int k, int str) {
 
 /* The shapes agree with cuDNN's output formula. */
 static int consistent(const tdesc *x, const tdesc *f, const cdesc *c, const tdesc *y) {
-  return x->set && f->set && c->set && y->set && x->c == f->c && y->n == x->n && y->c == f->n &&
+  return x->set && f->set && c->set && y->set && x->c == f->c * c->groups && y->n == x->n &&
+         y->c == f->n && f->n % c->groups == 0 &&
          y->h == out_size(x->h, c->ph, c->dh, f->h, c->u) &&
          y->w == out_size(x->w, c->pw, c->dw, f->w, c->v);
 }
@@ -67,12 +68,14 @@ template <typename F> static void each(const tdesc *x, const tdesc *f, const cde
     for (int k = 0; k < f->n; k++)
       for (int oy = 0; oy < y->h; oy++)
         for (int ox = 0; ox < y->w; ox++)
-          for (int ch = 0; ch < x->c; ch++)
+          for (int ch = 0; ch < f->c; ch++)
             for (int r = 0; r < f->h; r++)
               for (int s = 0; s < f->w; s++) {
                 int iy = oy * c->u + r * c->dh - c->ph, ix = ox * c->v + s * c->dw - c->pw;
                 if (iy < 0 || iy >= x->h || ix < 0 || ix >= x->w) continue;
-                int64_t xi = (((int64_t)n * x->c + ch) * x->h + iy) * x->w + ix;
+                /* the image channel: channel ch of output channel k's group */
+                int xc = k / (f->n / c->groups) * f->c + ch;
+                int64_t xi = (((int64_t)n * x->c + xc) * x->h + iy) * x->w + ix;
                 int64_t fi = (((int64_t)k * f->c + ch) * f->h + r) * f->w + s;
                 int64_t yi = (((int64_t)n * y->c + k) * y->h + oy) * y->w + ox;
                 fn(xi, fi, yi);
@@ -129,7 +132,12 @@ st_t cudnnSetConvolution2dDescriptor(cdesc *d, int ph, int pw, int u, int v, int
                                      int mode, int dt) {
   if (ph < 0 || pw < 0 || u < 1 || v < 1 || dh < 1 || dw < 1 || mode != 1 || dt != 0)
     return BAD_PARAM;
-  *d = cdesc{1, ph, pw, u, v, dh, dw, 0};
+  *d = cdesc{1, ph, pw, u, v, dh, dw, 0, 1};
+  return OK;
+}
+st_t cudnnSetConvolutionGroupCount(cdesc *d, int g) {
+  if (!d->set || g < 1) return BAD_PARAM;
+  d->groups = g;
   return OK;
 }
 st_t cudnnSetConvolutionMathType(cdesc *d, int m) {

@@ -885,8 +885,10 @@ static void dnn_graph(nf_cuda_rt *rt, nf_cudnn *dnn, const nf_graph *g, dnn_resu
  * divisions), hand-written forms (factors swapped, the guard on one
  * factor with a comparison that always holds, no padding with a bias and
  * ReLU epilogue), conv2d_relu_loss's training graph (all three, with
- * epilogues), and what cuDNN does not compute (a cropped output, a guard narrower
- * than the bounds, a scaled product, groups): each run with the emulated
+ * epilogues), depthwise convolutions (groups = C = K) with their
+ * gradients and a MobileNet block's training graph, and what cuDNN does
+ * not compute (a cropped output, a guard narrower than the bounds, a
+ * scaled product, other groups): each run with the emulated
  * cuDNN on the emulated driver's buffers and compared with the
  * interpreter. */
 START_TEST(gemm_cudnn) {
@@ -949,6 +951,30 @@ START_TEST(gemm_cudnn) {
   nf_arg_shape gr[2] = {SH(2, 6, 9, 7), SH(6, 2, 3, 3)};
   dnn_graph(rt, dnn, conv(1, 1, 3, gr, ctx), &r);
   ck_assert_msg(r.n_conv == 0, "groups matched: %s", r.desc[0]);
+  /* depthwise (groups = C = K): forward, filter gradient and, at stride
+   * 1, data gradient */
+  nf_arg_shape dw[2] = {SH(2, 6, 9, 7), SH(6, 1, 3, 3)};
+  static const int w[][3] = {{1, 1, 1}, {2, 1, 1}, {1, 2, 2}, {2, 0, 1}};
+  for (size_t i = 0; i < sizeof w / sizeof *w; i++) {
+    nf_graph *g = conv_d(w[i][0], w[i][1], w[i][2], 6, dw, ctx);
+    dnn_graph(rt, dnn, g, &r);
+    ck_assert_msg(r.n_conv == 1 && strstr(r.desc[0], "groups 6"), "depthwise %d %d %d: %s",
+                  w[i][0], w[i][1], w[i][2], r.desc[0]);
+    const char *wrt[2] = {"I", "W"};
+    dnn_graph(rt, dnn, grad(g, 2, wrt, ctx), &r);
+    ck_assert_msg(r.kinds[NF_CONV_BWD_FILTER] == 1 && r.kinds[NF_CONV_BWD_DATA] == (w[i][0] == 1),
+                  "depthwise %d %d %d: %d filter, %d data gradients", w[i][0], w[i][1], w[i][2],
+                  r.kinds[2], r.kinds[1]);
+  }
+  /* a MobileNet block: depthwise 3x3 (all three) and pointwise 1x1 (its
+   * forward and both gradients too) */
+  nf_arg_shape mb[3] = {SH(2, 3, 9, 7), SH(3, 1, 3, 3), SH(4, 3, 1, 1)};
+  nf_graph *gm = inst("../examples/workloads.nf", "mobilenet_dws_loss", 3, mb, ctx);
+  const char *ww[3] = {"Wdw", "Wpw", "X"};
+  dnn_graph(rt, dnn, grad(gm, 3, ww, ctx), &r);
+  int n_dw = 0;
+  for (int i = 0; i < r.n_conv && i < MAX_DESC; i++) n_dw += strstr(r.desc[i], "groups 3") != NULL;
+  ck_assert_msg(n_dw == 3 && r.n_conv == 6, "%d convolutions, %d depthwise", r.n_conv, n_dw);
   /* training: the forward with its ReLU (and the loss's square) as
    * epilogue, dI and dWt from the ReLU's gradient (an input of theirs:
    * the partition cuts it off), each with an epilogue */

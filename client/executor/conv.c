@@ -176,6 +176,7 @@ static int spatial(const ctx *C, nf_conv_desc *d, const form *e, const int *o, c
 }
 
 static int sizes_ok(const nf_conv_desc *d) {
+  if (d->groups != 1 && (d->groups != d->c || d->groups != d->k)) return 0;
   return d->n > 0 && d->c > 0 && d->h > 0 && d->w > 0 && d->k > 0 && d->r > 0 && d->s > 0 &&
          d->oh == out_size(d->h, d->pad_h, d->dil_h, d->r, d->str_h) &&
          d->ow == out_size(d->w, d->pad_w, d->dil_w, d->s, d->str_w);
@@ -189,6 +190,14 @@ static void shape_f(nf_conv_desc *d, const nf_tensor *t) {
 }
 static void shape_y(nf_conv_desc *d, const nf_tensor *t) { d->oh = t->shape[2], d->ow = t->shape[3]; }
 
+/* Whether the tensors have a depthwise convolution's shapes: C = K > 1
+ * image and result channels, filters of one channel, and the output
+ * variable that stands for the channel of that extent. */
+static int depthwise(const nf_tensor *tx, const nf_tensor *tf, const nf_tensor *ty, int64_t ext) {
+  return tx->shape[1] > 1 && tx->shape[1] == ty->shape[1] && tf->shape[0] == ty->shape[1] &&
+         tf->shape[1] == 1 && ext == tx->shape[1];
+}
+
 /* Y(n, k, y, x) = X(n, c, ..) * F(k, c, r, s): output variables 0..3. */
 static int match_fwd(const ctx *C, nf_conv_desc *d) {
   for (int fi = 0; fi < 2; fi++) {
@@ -197,20 +206,25 @@ static int match_fwd(const ctx *C, nf_conv_desc *d) {
     int c, r, s, vk, vn;
     if (!role(&F[0], ty->shape[1], &vk) || vk != (vk < 0 ? -1 : 1) ||
         !role(&X[0], ty->shape[0], &vn) || vn != (vn < 0 ? -1 : 0) ||
-        !role(&F[1], tf->shape[1], &c) || bare(&X[1]) != c || !role(&F[2], tf->shape[2], &r) ||
+        !role(&F[1], tf->shape[1], &c) || !role(&F[2], tf->shape[2], &r) ||
         !role(&F[3], tf->shape[3], &s))
       continue;
+    /* depthwise: the image's channel is the output channel's */
+    int dw = depthwise(tx, tf, ty, C->ext[1]) && vk == 1 && bare(&X[1]) == 1;
+    if (!dw && bare(&X[1]) != c) continue;
     if (vk < 0 && C->ext[1] != 1) continue;
     if (vn < 0 && C->ext[0] != 1) continue;
     int used[3] = {c, r, s};
     if (!reductions_are(C, used, 3)) continue;
+    d->groups = dw ? tx->shape[1] : 1;
     int o[2] = {2, 3}, q[2] = {r, s};
     if (!spatial(C, d, &X[2], o, q, tf->shape[2], tf->shape[3])) continue;
     shape_x(d, tx);
     shape_f(d, tf);
     shape_y(d, ty);
-    if (ty->shape[0] != d->n || tf->shape[1] != d->c || ty->shape[1] != d->k ||
-        ext_of(C, c) != d->c || ext_of(C, r) != d->r || ext_of(C, s) != d->s || !sizes_ok(d))
+    if (ty->shape[0] != d->n || tf->shape[1] * d->groups != d->c || ty->shape[1] != d->k ||
+        ext_of(C, c) != tf->shape[1] || ext_of(C, r) != d->r || ext_of(C, s) != d->s ||
+        !sizes_ok(d))
       continue;
     int64_t hi[2] = {d->h - 1, d->w - 1};
     if (!guard_is_bounds(C, &X[2], hi)) continue;
@@ -228,12 +242,16 @@ static int match_bwd_filter(const ctx *C, nf_conv_desc *d) {
   for (int yi = 0; yi < 2; yi++) {
     const form *Y = C->idx[yi], *X = C->idx[1 - yi];
     const nf_tensor *ty = T(C, yi), *tx = T(C, 1 - yi), *tf = &C->g->tensors[C->st->out];
-    int n, vk, vc, y, x;
+    int n, vk, vc = -1, y, x;
     if (!role(&Y[0], ty->shape[0], &n) || bare(&X[0]) != n || !role(&Y[1], tf->shape[0], &vk) ||
-        vk != (vk < 0 ? -1 : 0) || !role(&X[1], tf->shape[1], &vc) || vc != (vc < 0 ? -1 : 1) ||
-        !role(&Y[2], ty->shape[2], &y) || !role(&Y[3], ty->shape[3], &x))
+        vk != (vk < 0 ? -1 : 0) || !role(&Y[2], ty->shape[2], &y) ||
+        !role(&Y[3], ty->shape[3], &x))
       continue;
-    if ((vk < 0 && C->ext[0] != 1) || (vc < 0 && C->ext[1] != 1)) continue;
+    /* depthwise: the image's channel is the filter's output channel */
+    int dw = depthwise(tx, tf, ty, tf->shape[0]) && vk == 0 && bare(&X[1]) == 0;
+    if (!dw && (!role(&X[1], tf->shape[1], &vc) || vc != (vc < 0 ? -1 : 1))) continue;
+    if ((vk < 0 && C->ext[0] != 1) || (!dw && vc < 0 && C->ext[1] != 1)) continue;
+    d->groups = dw ? tx->shape[1] : 1;
     int used[3] = {n, y, x};
     if (!reductions_are(C, used, 3)) continue;
     int o[2] = {y, x}, q[2] = {2, 3};
@@ -241,7 +259,7 @@ static int match_bwd_filter(const ctx *C, nf_conv_desc *d) {
     shape_x(d, tx);
     shape_f(d, tf);
     shape_y(d, ty);
-    if (ty->shape[0] != d->n || ty->shape[1] != d->k || tf->shape[1] != d->c ||
+    if (ty->shape[0] != d->n || ty->shape[1] != d->k || tf->shape[1] * d->groups != d->c ||
         ext_of(C, n) != d->n || ext_of(C, y) != d->oh || ext_of(C, x) != d->ow || !sizes_ok(d))
       continue;
     int64_t hi[2] = {d->h - 1, d->w - 1};
@@ -262,13 +280,20 @@ static int match_bwd_data(const ctx *C, nf_conv_desc *d) {
     const form *F = C->idx[fi], *Y = C->idx[1 - fi];
     const nf_tensor *tf = T(C, fi), *ty = T(C, 1 - fi), *tx = &C->g->tensors[C->st->out];
     int k, vc, vn, r, s;
-    if (!role(&F[0], tf->shape[0], &k) || bare(&Y[1]) != k || !role(&F[1], tx->shape[1], &vc) ||
-        vc != (vc < 0 ? -1 : 1) || !role(&Y[0], tx->shape[0], &vn) || vn != (vn < 0 ? -1 : 0) ||
-        !role(&F[2], tf->shape[2], &r) || !role(&F[3], tf->shape[3], &s))
+    if (!role(&F[0], tf->shape[0], &k) || bare(&Y[1]) != k || !role(&Y[0], tx->shape[0], &vn) ||
+        vn != (vn < 0 ? -1 : 0) || !role(&F[2], tf->shape[2], &r) ||
+        !role(&F[3], tf->shape[3], &s))
       continue;
-    if ((vc < 0 && C->ext[1] != 1) || (vn < 0 && C->ext[0] != 1)) continue;
-    int used[3] = {k, r, s};
+    /* depthwise: the filter's (and the gradient's) channel is the image's;
+     * F's second index a constant 0 or a variable of extent 1 */
+    int dw = depthwise(tx, tf, ty, C->ext[1]) && k == 1;
+    if (dw && !role(&F[1], 1, &vc)) continue;
+    if (!dw && (!role(&F[1], tx->shape[1], &vc) || vc != (vc < 0 ? -1 : 1))) continue;
+    if (!dw && vc < 0 && C->ext[1] != 1) continue;
+    if (vn < 0 && C->ext[0] != 1) continue;
+    int used[3] = {dw ? vc : k, r, s};
     if (!reductions_are(C, used, 3)) continue;
+    d->groups = dw ? tx->shape[1] : 1;
     /* Y's spatial index h + ph - dh r: stride 1 */
     int ok = 1;
     for (int i = 0; i < 2 && ok; i++) {
@@ -286,8 +311,9 @@ static int match_bwd_data(const ctx *C, nf_conv_desc *d) {
     shape_x(d, tx);
     shape_f(d, tf);
     shape_y(d, ty);
-    if (ty->shape[0] != d->n || ty->shape[1] != d->k || tf->shape[1] != d->c ||
-        ext_of(C, k) != d->k || ext_of(C, r) != d->r || ext_of(C, s) != d->s || !sizes_ok(d))
+    if (ty->shape[0] != d->n || ty->shape[1] != d->k || tf->shape[1] * d->groups != d->c ||
+        (!dw && ext_of(C, k) != d->k) || ext_of(C, r) != d->r || ext_of(C, s) != d->s ||
+        !sizes_ok(d))
       continue;
     int64_t hi[2] = {d->oh - 1, d->ow - 1};
     if (!guard_is_bounds(C, &Y[2], hi)) continue;
@@ -429,13 +455,16 @@ int nf_conv_prepare(const nf_graph *sub, nf_conv_sub **out, nf_buf *err) {
     return NF_OK; /* an epilogue the extraction refuses: not this form */
   }
   uint32_t ne = s->epi.present ? s->epi.sg.n_stmts : 0;
+  char grp[32] = "";
+  if (d.groups > 1) snprintf(grp, sizeof grp, " groups %lld", (long long)d.groups);
   snprintf(s->desc, sizeof s->desc,
            "cuDNN %s %lldx%lldx%lldx%lld * %lldx%lldx%lldx%lld pad %lld,%lld stride %lld,%lld "
-           "dilation %lld,%lld, epilogue %u stmt%s",
+           "dilation %lld,%lld%s, epilogue %u stmt%s",
            nf_conv_kind_name(d.kind), (long long)d.n, (long long)d.c, (long long)d.h,
-           (long long)d.w, (long long)d.k, (long long)d.c, (long long)d.r, (long long)d.s,
-           (long long)d.pad_h, (long long)d.pad_w, (long long)d.str_h, (long long)d.str_w,
-           (long long)d.dil_h, (long long)d.dil_w, ne, ne == 1 ? "" : "s");
+           (long long)d.w, (long long)d.k, (long long)(d.c / d.groups), (long long)d.r,
+           (long long)d.s, (long long)d.pad_h, (long long)d.pad_w, (long long)d.str_h,
+           (long long)d.str_w, (long long)d.dil_h, (long long)d.dil_w, grp, ne,
+           ne == 1 ? "" : "s");
   *out = s;
   return NF_OK;
 oom:

@@ -81,6 +81,7 @@ struct nf_cudnn {
   cudnnStatus_t (*CreateConv)(cudnnDesc *);
   cudnnStatus_t (*SetConv2d)(cudnnDesc, int, int, int, int, int, int, int, int);
   cudnnStatus_t (*SetMathType)(cudnnDesc, int);
+  cudnnStatus_t (*SetGroupCount)(cudnnDesc, int);
   cudnnStatus_t (*DestroyConv)(cudnnDesc);
   get_algo_fn GetAlgo[3];
   ws_fn Workspace[3];
@@ -147,6 +148,7 @@ int nf_cudnn_open(nf_cuda_rt *rt, nf_cudnn **out, nf_buf *why) {
       {offsetof(nf_cudnn, CreateConv), "cudnnCreateConvolutionDescriptor"},
       {offsetof(nf_cudnn, SetConv2d), "cudnnSetConvolution2dDescriptor"},
       {offsetof(nf_cudnn, SetMathType), "cudnnSetConvolutionMathType"},
+      {offsetof(nf_cudnn, SetGroupCount), "cudnnSetConvolutionGroupCount"},
       {offsetof(nf_cudnn, DestroyConv), "cudnnDestroyConvolutionDescriptor"},
       {offsetof(nf_cudnn, GetAlgo[NF_CONV_FWD]), "cudnnGetConvolutionForwardAlgorithm_v7"},
       {offsetof(nf_cudnn, GetAlgo[NF_CONV_BWD_DATA]), "cudnnGetConvolutionBackwardDataAlgorithm_v7"},
@@ -193,11 +195,12 @@ int nf_cudnn_open(nf_cuda_rt *rt, nf_cudnn **out, nf_buf *why) {
 }
 
 static int fits(const nf_conv_desc *d) {
-  const int64_t lim = 0x7fffffff, v[] = {d->n,     d->c,     d->h,     d->w,     d->k,
-                                         d->r,     d->s,     d->oh,    d->ow,    d->pad_h,
-                                         d->pad_w, d->str_h, d->str_w, d->dil_h, d->dil_w};
+  const int64_t lim = 0x7fffffff,
+                v[] = {d->n,     d->c,     d->h,     d->w,     d->k,     d->r,     d->s,     d->oh,
+                       d->ow,    d->pad_h, d->pad_w, d->str_h, d->str_w, d->dil_h, d->dil_w, d->groups};
   for (size_t i = 0; i < sizeof v / sizeof *v; i++)
     if (v[i] < 0 || v[i] > lim) return 0;
+  if (d->groups < 1 || d->c % d->groups || d->k % d->groups) return 0;
   /* cuDNN's 4-d descriptors take int strides: the largest is c h w */
   return d->c * d->h * d->w <= lim && d->k * d->oh * d->ow <= lim && d->c * d->r * d->s <= lim;
 }
@@ -224,13 +227,14 @@ static int plan_make(nf_cudnn *c, plan *p, const nf_conv_desc *d, nf_buf *err) {
   TRY(c->SetTensor4d(p->y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, (int)d->n, (int)d->k, (int)d->oh,
                      (int)d->ow),
       "cudnnSetTensor4dDescriptor (the result)");
-  TRY(c->SetFilter4d(p->f, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, (int)d->k, (int)d->c, (int)d->r,
-                     (int)d->s),
+  TRY(c->SetFilter4d(p->f, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, (int)d->k,
+                     (int)(d->c / d->groups), (int)d->r, (int)d->s),
       "cudnnSetFilter4dDescriptor");
   TRY(c->SetConv2d(p->conv, (int)d->pad_h, (int)d->pad_w, (int)d->str_h, (int)d->str_w,
                    (int)d->dil_h, (int)d->dil_w, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
       "cudnnSetConvolution2dDescriptor");
   TRY(c->SetMathType(p->conv, CUDNN_FMA_MATH), "cudnnSetConvolutionMathType");
+  if (d->groups > 1) TRY(c->SetGroupCount(p->conv, (int)d->groups), "cudnnSetConvolutionGroupCount");
   algo_perf perf[N_ALGOS];
   int n = 0;
   memset(perf, 0, sizeof perf);

@@ -4,7 +4,7 @@
  *
  * With X an image batch (N x C x H x W), F a filter bank (K x C x R x S)
  * and Y the result (N x K x OH x OW), all f32, dense, in those layouts
- * (NCHW, KCRS; no groups), a statement matches when it is one of
+ * (NCHW, KCRS), a statement matches when it is one of
  *
  *   forward      Y(n, k, y, x) +=! [g ?] X(n, c, sh y + dh r - ph,
  *                                            sw x + dw s - pw) * F(k, c, r, s)
@@ -22,7 +22,14 @@
  * the sizes are cuDNN's: OH = (H + 2 ph - dh (R - 1) - 1) / sh + 1 (and
  * OW).  A dimension of extent 1 may be indexed by the constant 0 instead
  * of a variable.  Every reduction variable starts at 0 and plays one of
- * the roles.  (Where the plain operand holds an infinity or NaN, cuDNN's
+ * the roles.
+ *
+ * A depthwise convolution (groups = C = K, F of K x 1 x R x S: output
+ * channel k reads image channel k only, as lib/nn.nf's conv2d<groups = C>
+ * with as many outputs as inputs) matches the same three forms with the
+ * image's channel index the output channel's variable instead of c; its
+ * data gradient at stride 1 only, as above.  Other grouped convolutions
+ * (channel k // (K / G) * (C / G) + c) are not matched.  (Where the plain operand holds an infinity or NaN, cuDNN's
  * zero padding gives NaN where the guard gives 0.) */
 #ifndef NF_CONV_H
 #define NF_CONV_H
@@ -44,6 +51,7 @@ typedef struct nf_conv_desc {
   int64_t k, r, s;     /* F: k x c x r x s */
   int64_t oh, ow;      /* Y: n x k x oh x ow */
   int64_t pad_h, pad_w, str_h, str_w, dil_h, dil_w;
+  int64_t groups; /* 1, or c (= k) for a depthwise convolution */
   uint32_t t_x, t_f, t_y; /* the graph's tensors in those roles (the
                              statement's output is one of them) */
 } nf_conv_desc;

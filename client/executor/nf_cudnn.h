@@ -30,7 +30,8 @@ typedef struct nf_cudnn nf_cudnn;
 /* Loads cuDNN and makes a handle on rt's stream.  NF_OK; NF_EUNSUPPORTED
  * with why (no library, an entry point missing, no handle); NF_ENOMEM. */
 int nf_cudnn_open(nf_cuda_rt *rt, nf_cudnn **out, nf_buf *why);
-/* Queues d's operation on device buffers x (n c h w), f (k c r s) and
+/* Queues d's operation on device buffers x (n c h w), f (k, c / groups,
+ * r, s) and
  * y (n k oh ow): it writes y (forward), x (data gradient) or f (filter
  * gradient), overwriting it.  NF_OK; NF_EUNSUPPORTED for what this does
  * not run (an extent over 2^31 - 1, a shape cuDNN refuses, no algorithm
