@@ -8,14 +8,15 @@
  * offer a nondeterministic algorithm (2) first and a deterministic one
  * (1) that wants workspace after, so the caller's choice and its
  * workspace are exercised: algorithm 1 fails without a large enough
- * workspace.  cudnn_emu_calls() counts the convolutions run.  Test code,
+ * workspace.  NF_EMU_CUDNN_REFUSE=1: the heuristics refuse every shape
+ * (CUDNN_STATUS_NOT_SUPPORTED).  cudnn_emu_calls() counts the convolutions run.  Test code,
  * not shipped. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 typedef int st_t;
-enum { OK = 0, BAD_PARAM = 3, NOT_SUPPORTED = 9 };
+enum { OK = 0, BAD_PARAM = 2000, NOT_SUPPORTED = 3000 }; /* cuDNN 9's codes */
 
 struct tdesc {
   int set, n, c, h, w;
@@ -42,6 +43,7 @@ static st_t bad(void *h) { return h != &g_handle || !g_stream_set ? BAD_PARAM : 
 /* algorithm 2 (nondeterministic) first, then 1 (wants workspace) */
 static st_t heuristics(void *h, int req, int *ret, perf *p) {
   if (bad(h) || req < 2) return BAD_PARAM;
+  if (getenv("NF_EMU_CUDNN_REFUSE")) return NOT_SUPPORTED; /* a shape it does not take */
   memset(p, 0, 2 * sizeof *p);
   p[0].algo = 2, p[0].memory = 0, p[0].determinism = 0, p[0].math_type = 3;
   p[1].algo = 1, p[1].memory = kWorkspace, p[1].determinism = 1, p[1].math_type = 3;

@@ -1509,12 +1509,14 @@ START_TEST(session_gpu_cudnn) {
     ck_assert_ptr_nonnull(calls);
   }
   long before = calls ? calls() : 0;
+  double l_first = 0;
   for (int i = 0; i < 3; i++) {
     feed(a, "X", X, sizeof X);
     feed(a, "labels", labels, sizeof labels);
     feed(c, "X", X, sizeof X);
     feed(c, "labels", labels, sizeof labels);
     double la = step(a), lc = step(c);
+    if (i == 0) l_first = la;
     ck_assert_msg(fabs(la - lc) <= 1e-5 * fabs(la), "step %d: loss %.9g on the CPU, %.9g with "
                   "cuDNN", i + 1, la, lc);
   }
@@ -1528,6 +1530,21 @@ START_TEST(session_gpu_cudnn) {
   free(pa);
   free(pc);
   nf_session_free(c);
+  /* cuDNN refuses every shape: each entry says so once and goes to the
+   * host; the step's loss is the CPU's first */
+  if (!real) {
+    setenv("NF_EMU_CUDNN_REFUSE", "1", 1);
+    nf_session *b = open_def(m, "cnn", &o);
+    ck_assert_int_eq(nf__gpu_dnn_entries(b), n_dnn);
+    feed(b, "X", X, sizeof X);
+    feed(b, "labels", labels, sizeof labels);
+    double lb = step(b);
+    ck_assert_int_eq(nf__gpu_dnn_entries(b), 0);
+    ck_assert_msg(fabs(lb - l_first) <= 1e-5 * fabs(l_first), "loss %.9g, the CPU's %.9g", lb,
+                  l_first);
+    nf_session_free(b);
+    unsetenv("NF_EMU_CUDNN_REFUSE");
+  }
   /* no cuDNN: the host */
   setenv("NEOFLOW_LIBCUDNN", "/nonexistent/libcudnn.so", 1);
   c = open_def(m, "cnn", &o);

@@ -24,9 +24,14 @@ enum {
   CUDNN_TENSOR_OP_MATH = 1,
   CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION = 2,
   CUDNN_DETERMINISTIC = 1,
-  CUDNN_STATUS_NOT_SUPPORTED = 9,
-  CUDNN_STATUS_BAD_PARAM = 3,
 };
+
+/* A status that refuses the problem rather than failing: cuDNN 8's
+ * BAD_PARAM (3) and NOT_SUPPORTED (9), cuDNN 9's families of them (2000
+ * to 2999, 3000 to 3999). */
+static int refused(cudnnStatus_t st) {
+  return st == 3 || st == 9 || (st >= 2000 && st < 4000);
+}
 
 /* cudnnConvolution{Fwd,BwdData,BwdFilter}AlgoPerf_t: the same layout */
 typedef struct algo_perf {
@@ -267,8 +272,7 @@ static int plan_make(nf_cudnn *c, plan *p, const nf_conv_desc *d, nf_buf *err) {
   return NF_OK;
 fail:
   nf_buf_printf(err, "%s: %s", what, status_str(c, st));
-  return st == CUDNN_STATUS_NOT_SUPPORTED || st == CUDNN_STATUS_BAD_PARAM ? NF_EUNSUPPORTED
-                                                                           : NF_EIO;
+  return refused(st) ? NF_EUNSUPPORTED : NF_EIO;
 #undef TRY
 }
 
