@@ -35,9 +35,10 @@
  * each), kept when
  * they lower and their CUDA C is within the limits of threads and shared
  * memory, compiled by NVRTC into bundles and measured on the GPU by a
- * worker that owns the CUDA context (nf_measure.h).  The learned cost
- * model does not rank GPU candidates yet (its features describe CPU
- * loops); records still carry features.  Budgets, the default's first
+ * worker that owns the CUDA context (nf_measure.h).  Once the cost
+ * model is trained (retrained every 8 trials), 4 trials in 5 measure the
+ * best-scored of up to 16 fresh candidates (docs/search.md).  Budgets,
+ * the default's first
  * measurement and the confirmation of the best are as above.
  * Not thread-safe per run; runs on different graphs may go concurrently. */
 #ifndef NF_SEARCH_H

@@ -705,52 +705,121 @@ static int gpu_legal(run *R, const nf_schedule *s, float *feat) {
   return lr == NF_ENOMEM ? NF_ENOMEM : legal;
 }
 
-/* One GPU candidate measured as the next trial (or none found: *found 0). */
-static int gpu_trial(run *R, nf_gpu_knobs *k, int *found) {
-  uint32_t n = R->g->n_stmts;
-  *found = 0;
+/* A drawn GPU candidate: its knobs, schedule, text and features. */
+typedef struct gcand {
+  nf_gpu_knobs *k;
+  nf_schedule *s;
+  char *text;
+  uint64_t hash;
+  float feat[NF_FEAT_N];
+} gcand;
+
+/* Candidates the model ranks per GPU trial (when it is trained). */
+#define GPU_POOL 16
+
+/* Draws one legal GPU candidate not seen before (and not in pool[0..n))
+ * into *c (its knobs array: n_stmts entries, owned by the caller).
+ * 1 found, 0 none in 64 draws, < 0 out of memory. */
+static int gpu_draw(run *R, gcand *c, const gcand *pool, int n) {
+  uint32_t ns = R->g->n_stmts;
   for (int tries = 0; tries < 64; tries++) {
     int fresh = !R->kbest || R->res->best_ms <= 0 || nf_sk_rand(&R->rng) % 2 == 0;
     if (fresh) {
-      memset(k, 0, n * sizeof *k);
-      for (uint32_t si = 0; si < n; si++) gpu_knob(R, si, &k[si], 1);
+      memset(c->k, 0, ns * sizeof *c->k);
+      for (uint32_t si = 0; si < ns; si++) gpu_knob(R, si, &c->k[si], 1);
     } else {
-      memcpy(k, R->kbest, n * sizeof *k);
-      uint32_t si = (uint32_t)(nf_sk_rand(&R->rng) % n);
-      gpu_knob(R, si, &k[si], 0);
+      memcpy(c->k, R->kbest, ns * sizeof *c->k);
+      uint32_t si = (uint32_t)(nf_sk_rand(&R->rng) % ns);
+      gpu_knob(R, si, &c->k[si], 0);
     }
     nf_schedule *s = NULL;
-    int rc = nf_schedule_gpu(R->g, k, &s);
+    int rc = nf_schedule_gpu(R->g, c->k, &s);
     if (rc == NF_ENOMEM) return rc;
     if (rc != NF_OK) continue;
     nf_buf_reset(&R->tmp);
     nf_schedule_print(s, &R->tmp);
     uint64_t h = fnv(nf_buf_str(&R->tmp), R->tmp.len);
-    nf_search_record rec;
-    memset(&rec, 0, sizeof rec);
-    int lg = hset_has(&R->seen, h) ? 0 : gpu_legal(R, s, rec.feat);
+    int dup = hset_has(&R->seen, h);
+    for (int i = 0; i < n && !dup; i++) dup = pool[i].hash == h;
+    int lg = dup ? 0 : gpu_legal(R, s, c->feat);
     if (lg <= 0) {
       nf_schedule_free(s);
       if (lg < 0) return lg;
-      if (hset_add(&R->seen, h) != NF_OK) return NF_ENOMEM; /* illegal: never again */
+      if (!dup && hset_add(&R->seen, h) != NF_OK) return NF_ENOMEM; /* illegal: never again */
       continue;
     }
-    rec.schedule = strdup(nf_buf_str(&R->tmp));
-    rc = rec.schedule ? hset_add(&R->seen, h) : NF_ENOMEM;
-    if (R->meas) nf_measurer_set_cutoff(R->meas, R->res->best_ms > 0 ? 2 * R->res->best_ms : 0);
-    if (rc == NF_OK) rc = measure_schedule(R, s, &rec);
-    nf_schedule_free(s);
-    if (rc != NF_OK) {
-      free(rec.schedule);
-      return rc;
+    if (!(c->text = strdup(nf_buf_str(&R->tmp)))) {
+      nf_schedule_free(s);
+      return NF_ENOMEM;
     }
-    *found = 1;
-    int best = 0;
-    rc = count_trial(R, &rec, &best);
-    if (best) memcpy(R->kbest, k, n * sizeof *k);
-    return finish_trial(R, &rec, rc);
+    c->s = s;
+    c->hash = h;
+    return 1;
   }
-  return NF_OK;
+  return 0;
+}
+
+/* One GPU candidate measured as the next trial (or none found: *found
+ * 0).  Once the cost model is trained (on this run's measurements and
+ * the prior records), 4 trials in 5 measure the best-scored of up to
+ * GPU_POOL fresh candidates, the fifth a random one (exploration); the
+ * candidates not measured stay unseen. */
+static int gpu_trial(run *R, nf_gpu_knobs *k, int *found) {
+  uint32_t n = R->g->n_stmts ? R->g->n_stmts : 1;
+  *found = 0;
+  int use_model = !R->o->random_search && nf_cost_model_trained(R->model);
+  int want = use_model && nf_sk_rand(&R->rng) % 5 != 0 ? GPU_POOL : 1;
+  gcand pool[GPU_POOL];
+  memset(pool, 0, sizeof pool);
+  nf_gpu_knobs *kn = calloc((size_t)want * n, sizeof *kn);
+  int rc = kn ? NF_OK : NF_ENOMEM, got = 0;
+  for (int i = 0; rc == NF_OK && i < want; i++) {
+    pool[got].k = kn + (size_t)got * n;
+    int r = gpu_draw(R, &pool[got], pool, got);
+    if (r < 0) rc = r;
+    else if (r == 0) break;
+    else got++;
+  }
+  int pick = 0;
+  if (rc == NF_OK && got > 1) {
+    float *f = calloc((size_t)got * NF_FEAT_N, sizeof *f), *sc = calloc((size_t)got, sizeof *sc);
+    rc = f && sc ? NF_OK : NF_ENOMEM;
+    for (int i = 0; rc == NF_OK && i < got; i++)
+      memcpy(f + (size_t)i * NF_FEAT_N, pool[i].feat, NF_FEAT_N * sizeof *f);
+    if (rc == NF_OK && nf_cost_model_predict(R->model, f, (size_t)got, sc) == NF_OK)
+      for (int i = 1; i < got; i++)
+        if (sc[i] > sc[pick]) pick = i;
+    free(f);
+    free(sc);
+  }
+  nf_search_record rec;
+  memset(&rec, 0, sizeof rec);
+  if (rc == NF_OK && got > 0) {
+    gcand *c = &pool[pick];
+    memcpy(k, c->k, n * sizeof *k);
+    rec.schedule = c->text;
+    c->text = NULL;
+    memcpy(rec.feat, c->feat, sizeof rec.feat);
+    rc = hset_add(&R->seen, c->hash);
+    if (R->meas) nf_measurer_set_cutoff(R->meas, R->res->best_ms > 0 ? 2 * R->res->best_ms : 0);
+    if (rc == NF_OK) rc = measure_schedule(R, c->s, &rec);
+  }
+  for (int i = 0; i < got; i++) {
+    nf_schedule_free(pool[i].s);
+    free(pool[i].text);
+  }
+  free(kn);
+  if (rc != NF_OK || got == 0) {
+    free(rec.schedule);
+    return rc;
+  }
+  *found = 1;
+  int best = 0;
+  rc = count_trial(R, &rec, &best);
+  if (nf_cost_model_add(R->model, rec.feat, rec.status == NF_MEAS_OK ? rec.time_ms : 0) != NF_OK)
+    rc = NF_ENOMEM;
+  if (best) memcpy(R->kbest, k, n * sizeof *k);
+  return finish_trial(R, &rec, rc);
 }
 
 /* Whether a worker can open the GPU, before the reference (which can take
@@ -779,6 +848,12 @@ static int gpu_rounds(run *R) {
     int found = 0;
     rc = gpu_trial(R, k, &found);
     if (!found) break; /* 64 draws in a row seen or illegal: the space is exhausted */
+    /* the model learns from every 8 measurements */
+    if (rc == NF_OK && !R->o->random_search && R->res->trials % 8 == 0) {
+      nf_buf e = NF_BUF_INIT;
+      nf_cost_model_train(R->model, &e); /* too few successes is fine: random */
+      nf_buf_free(&e);
+    }
   }
   free(k);
   free(R->kbest);
