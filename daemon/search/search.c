@@ -234,6 +234,14 @@ static int finish_trial(run *R, nf_search_record *rec, int rc) {
   return rc;
 }
 
+/* count_trial, and the record added to the cost model's data. */
+static int count_learnt(run *R, nf_search_record *rec, int *best) {
+  int rc = count_trial(R, rec, best);
+  if (nf_cost_model_add(R->model, rec->feat, rec->status == NF_MEAS_OK ? rec->time_ms : 0) != NF_OK)
+    rc = NF_ENOMEM;
+  return rc;
+}
+
 /* Measures candidate c (legal, unseen) as the next trial. */
 static int trial(run *R, cand *c) {
   nf_search_record rec;
@@ -254,9 +262,7 @@ static int trial(run *R, cand *c) {
     return rc;
   }
   int best = 0;
-  rc = count_trial(R, &rec, &best);
-  if (nf_cost_model_add(R->model, rec.feat, rec.status == NF_MEAS_OK ? rec.time_ms : 0) != NF_OK)
-    rc = NF_ENOMEM;
+  rc = count_learnt(R, &rec, &best);
   if (rec.status == NF_MEAS_OK) {
     if (R->n_measured == R->cap_measured) {
       size_t nc = R->cap_measured ? R->cap_measured * 2 : 64;
@@ -815,9 +821,7 @@ static int gpu_trial(run *R, nf_gpu_knobs *k, int *found) {
   }
   *found = 1;
   int best = 0;
-  rc = count_trial(R, &rec, &best);
-  if (nf_cost_model_add(R->model, rec.feat, rec.status == NF_MEAS_OK ? rec.time_ms : 0) != NF_OK)
-    rc = NF_ENOMEM;
+  rc = count_learnt(R, &rec, &best);
   if (best) memcpy(R->kbest, k, n * sizeof *k);
   return finish_trial(R, &rec, rc);
 }
