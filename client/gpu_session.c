@@ -57,12 +57,11 @@ struct nf__gpu {
   nf_cublas *blas;    /* NULL: no cuBLAS (tier 0 on the host) */
   nf_gemm_desc *desc; /* per entry: its product for cuBLAS ... */
   uint8_t *plain;     /* ... when 1 (nf_gemm_device) */
-  uint64_t *c_dev;    /* per entry: device storage of a local product */
-  void **c_host;      /* per entry: its host copy, for the epilogue */
   nf_cudnn *dnn;      /* NULL: no cuDNN (tier 0 on the host) */
   nf_conv_sub **conv; /* per entry: its convolution for cuDNN, or NULL */
-  uint64_t *conv_dev; /* per entry: device storage of a local result */
-  void **conv_host;   /* per entry: its host copy, where an epilogue reads it */
+  uint64_t *res_dev;  /* per entry: device storage of a library's result
+                         that is a local of the subgraph (cuBLAS, cuDNN) */
+  void **res_host;    /* per entry: its host copy, where an epilogue reads it */
 };
 
 /* Every this many steps (and the first), entries are timed for real: the
@@ -171,23 +170,19 @@ void nf__gpu_close(nf_session *s) {
     s->kents[i].gcur = s->kents[i].gcand = NULL;
   }
   nf_cublas_close(G->blas);
-  for (int i = 0; G->c_dev && i < s->n_kents; i++) {
-    nf_cuda_rt_free(G->rt, G->c_dev[i]);
-    free(G->c_host[i]);
+  for (int i = 0; G->res_dev && i < s->n_kents; i++) {
+    nf_cuda_rt_free(G->rt, G->res_dev[i]);
+    free(G->res_host[i]);
   }
-  free(G->c_dev);
-  free(G->c_host);
+  free(G->res_dev);
+  free(G->res_host);
   free(G->desc);
   free(G->plain);
   for (int i = 0; G->conv && i < s->n_kents; i++) {
     nf_conv_free(G->conv[i]);
-    if (G->conv_dev) nf_cuda_rt_free(G->rt, G->conv_dev[i]);
-    if (G->conv_host) free(G->conv_host[i]);
   }
   nf_cudnn_close(G->dnn);
   free(G->conv);
-  free(G->conv_dev);
-  free(G->conv_host);
   for (int i = 0; i < G->n_regions; i++) nf_cuda_rt_free(G->rt, G->regions[i].dev);
   nf_cuda_rt_free(G->rt, G->scratch);
   if (G->dargs)
@@ -270,23 +265,9 @@ int nf__gpu_open(nf_session *s) {
     G->blas = NULL;
     blas_note = nf_buf_str(&bwhy);
   }
-  /* a local product's storage, once */
-  if (rc == NF_OK && (!(G->c_dev = calloc((size_t)s->n_kents + 1, sizeof *G->c_dev)) ||
-                      !(G->c_host = calloc((size_t)s->n_kents + 1, sizeof *G->c_host))))
-    rc = NF_ENOMEM;
-  for (int k = 0; rc == NF_OK && G->blas && k < s->n_kents; k++) {
-    const nf__kent *e = &s->kents[k];
-    if (!G->plain[k] || G->desc[k].c != e->g->n_inputs + e->g->n_outputs) continue;
-    size_t b = (size_t)nf_gemm_c_bytes(e->gemm);
-    rc = nf_cuda_rt_alloc(rt, b, &G->c_dev[k], &s->err);
-    if (rc == NF_OK && !(G->c_host[k] = malloc(b ? b : 1))) rc = NF_ENOMEM;
-  }
   /* convolutions: cuDNN when it can be loaded */
   int n_conv = 0;
-  if (rc == NF_OK && (!(G->conv = calloc((size_t)s->n_kents + 1, sizeof *G->conv)) ||
-                      !(G->conv_dev = calloc((size_t)s->n_kents + 1, sizeof *G->conv_dev)) ||
-                      !(G->conv_host = calloc((size_t)s->n_kents + 1, sizeof *G->conv_host))))
-    rc = NF_ENOMEM;
+  if (rc == NF_OK && !(G->conv = calloc((size_t)s->n_kents + 1, sizeof *G->conv))) rc = NF_ENOMEM;
   for (int k = 0; rc == NF_OK && k < s->n_kents; k++) {
     if (s->kents[k].alias || G->plain[k]) continue;
     rc = nf_conv_prepare(s->kents[k].g, &G->conv[k], &s->err);
@@ -298,14 +279,21 @@ int nf__gpu_open(nf_session *s) {
     G->dnn = NULL;
     dnn_note = nf_buf_str(&dwhy);
   }
-  /* a local result's storage, once */
-  for (int k = 0; rc == NF_OK && G->dnn && k < s->n_kents; k++) {
+  /* a library result that is a local: its storage, once */
+  if (rc == NF_OK && (!(G->res_dev = calloc((size_t)s->n_kents + 1, sizeof *G->res_dev)) ||
+                      !(G->res_host = calloc((size_t)s->n_kents + 1, sizeof *G->res_host))))
+    rc = NF_ENOMEM;
+  for (int k = 0; rc == NF_OK && k < s->n_kents; k++) {
+    const nf__kent *e = &s->kents[k];
     nf_conv_sub *cs = G->conv[k];
-    if (!cs || nf_conv_sub_buffer(cs, conv_result_role(cs)) >= 0) continue;
-    size_t b = (size_t)nf_conv_sub_result_bytes(cs);
-    rc = nf_cuda_rt_alloc(rt, b, &G->conv_dev[k], &s->err);
-    if (rc == NF_OK && nf_conv_sub_has_epilogue(cs) && !(G->conv_host[k] = malloc(b ? b : 1)))
-      rc = NF_ENOMEM;
+    int64_t b = -1;
+    if (G->blas && G->plain[k] && G->desc[k].c == e->g->n_inputs + e->g->n_outputs)
+      b = nf_gemm_c_bytes(e->gemm); /* (a local product always has an epilogue) */
+    else if (G->dnn && cs && nf_conv_sub_buffer(cs, conv_result_role(cs)) < 0)
+      b = nf_conv_sub_result_bytes(cs);
+    if (b < 0) continue;
+    rc = nf_cuda_rt_alloc(rt, (size_t)b, &G->res_dev[k], &s->err);
+    if (rc == NF_OK && !(G->res_host[k] = malloc(b ? (size_t)b : 1))) rc = NF_ENOMEM;
   }
   if (rc == NF_OK) rc = nf_cuda_rt_sync(rt, &s->err);
   if (rc != NF_OK) {
@@ -417,6 +405,28 @@ static size_t buf_bytes(const nf_session *s, const nf__op *op, uint32_t j) {
   return (size_t)s->slots[op->slots[j]].bytes;
 }
 
+/* The host half of a library's tier 0 for entry k: its result (buffer
+ * rb, or -1: the entry's local storage; bytes long) and the inputs its
+ * epilogue reads downloaded, the epilogue run (nf_conv_sub_epilogue or
+ * nf_gemm_epilogue), what it writes uploaded. */
+static int lib_epilogue(nf_session *s, nf__kent *k, nf__op *op, int rb, size_t bytes) {
+  struct nf__gpu *G = s->gpu;
+  int ki = (int)(k - s->kents);
+  nf_conv_sub *cs = G->conv[ki];
+  void *res = rb >= 0 ? op->bufs[rb] : G->res_host[ki];
+  int rc = rb >= 0 ? nf__gpu_pull(s, res, bytes)
+                   : nf_cuda_rt_download(G->rt, res, G->res_dev[ki], bytes, &s->err);
+  for (uint32_t j = 0; rc == NF_OK && j < op->n_in; j++)
+    if (cs ? nf_conv_sub_epilogue_reads(cs, j) : nf_gemm_epilogue_reads(k->gemm, j))
+      rc = nf__gpu_pull(s, op->bufs[j], buf_bytes(s, op, j));
+  if (rc == NF_OK)
+    rc = cs ? nf_conv_sub_epilogue(cs, op->bufs, res, &s->err)
+            : nf_gemm_epilogue(k->gemm, op->bufs, res, &s->err);
+  for (uint32_t j = op->n_in; rc == NF_OK && j < op->n_in + op->n_out; j++)
+    if ((int)j != rb) rc = nf__gpu_push(s, op->bufs[j], buf_bytes(s, op, j));
+  return rc;
+}
+
 /* cuDNN for entry ki's convolution on the device; its epilogue on the
  * host (the result and the inputs it reads downloaded, what it writes
  * uploaded).  NF_EUNSUPPORTED (cuDNN refuses the shape: said once, the
@@ -428,7 +438,7 @@ static int run_conv(nf_session *s, nf__kent *k, nf__op *op, int ki) {
   uint64_t dev[3];
   for (int r = 0; r < 3; r++) {
     int b = nf_conv_sub_buffer(cs, r);
-    dev[r] = b >= 0 ? a[b] : G->conv_dev[ki];
+    dev[r] = b >= 0 ? a[b] : G->res_dev[ki];
   }
   nf_buf why = NF_BUF_INIT;
   int rc = nf_cudnn_run(G->dnn, nf_conv_sub_desc(cs), dev[0], dev[1], dev[2], &why);
@@ -445,17 +455,8 @@ static int run_conv(nf_session *s, nf__kent *k, nf__op *op, int ki) {
   }
   nf_buf_free(&why);
   if (rc != NF_OK || !nf_conv_sub_has_epilogue(cs)) return rc;
-  int rb = nf_conv_sub_buffer(cs, conv_result_role(cs));
-  size_t bytes = (size_t)nf_conv_sub_result_bytes(cs);
-  void *res = rb >= 0 ? op->bufs[rb] : G->conv_host[ki];
-  rc = rb >= 0 ? nf__gpu_pull(s, res, bytes)
-               : nf_cuda_rt_download(G->rt, res, G->conv_dev[ki], bytes, &s->err);
-  for (uint32_t j = 0; rc == NF_OK && j < op->n_in; j++)
-    if (nf_conv_sub_epilogue_reads(cs, j)) rc = nf__gpu_pull(s, op->bufs[j], buf_bytes(s, op, j));
-  if (rc == NF_OK) rc = nf_conv_sub_epilogue(cs, op->bufs, res, &s->err);
-  for (uint32_t j = op->n_in; rc == NF_OK && j < op->n_in + op->n_out; j++)
-    if ((int)j != rb) rc = nf__gpu_push(s, op->bufs[j], buf_bytes(s, op, j));
-  return rc;
+  return lib_epilogue(s, k, op, nf_conv_sub_buffer(cs, conv_result_role(cs)),
+                      (size_t)nf_conv_sub_result_bytes(cs));
 }
 
 /* cuBLAS for entry ki's product on the device; its epilogue on the host
@@ -465,20 +466,11 @@ static int run_blas(nf_session *s, nf__kent *k, nf__op *op, int ki) {
   struct nf__gpu *G = s->gpu;
   uint64_t *a = G->dargs[op - s->ops];
   uint32_t nb = op->n_in + op->n_out;
-  a[nb] = G->c_dev[ki]; /* the spare slot: a local product */
+  a[nb] = G->res_dev[ki]; /* the spare slot: a local product */
   int rc = nf_cublas_run(G->blas, &G->desc[ki], a, &s->err);
   if (rc != NF_OK || !nf_gemm_has_epilogue(k->gemm)) return rc;
   uint32_t c = G->desc[ki].c;
-  size_t bytes = (size_t)nf_gemm_c_bytes(k->gemm);
-  void *res = c < nb ? op->bufs[c] : G->c_host[ki];
-  rc = c < nb ? nf__gpu_pull(s, res, bytes)
-              : nf_cuda_rt_download(G->rt, res, G->c_dev[ki], bytes, &s->err);
-  for (uint32_t j = 0; rc == NF_OK && j < op->n_in; j++)
-    if (nf_gemm_epilogue_reads(k->gemm, j)) rc = nf__gpu_pull(s, op->bufs[j], buf_bytes(s, op, j));
-  if (rc == NF_OK) rc = nf_gemm_epilogue(k->gemm, op->bufs, res, &s->err);
-  for (uint32_t j = op->n_in; rc == NF_OK && j < nb; j++)
-    if (j != c) rc = nf__gpu_push(s, op->bufs[j], buf_bytes(s, op, j));
-  return rc;
+  return lib_epilogue(s, k, op, c < nb ? (int)c : -1, (size_t)nf_gemm_c_bytes(k->gemm));
 }
 
 /* Tier 0: cuBLAS for a plain product, cuDNN for a convolution; else on

@@ -857,6 +857,43 @@ static void dev_compare(nf_cuda_rt *rt, const nf_graph *sub, dev_sub *x) {
   nf_buf_free(&err);
 }
 
+/* The GPU runtime for a test of a library: the emulated driver, and the
+ * emulated library named by $emu_var, set as $lib_env; with
+ * NF_TEST_GPU_REAL=1 (deploy/gpu-check.sh, *real set) the machine's
+ * driver and the library by its usual names.  NULL (said why) when the
+ * emulations are not given. */
+static nf_cuda_rt *gpu_open(const char *test, const char *emu_var, const char *lib_env,
+                            int *real) {
+  *real = getenv("NF_TEST_GPU_REAL") && !strcmp(getenv("NF_TEST_GPU_REAL"), "1");
+  const char *drv = *real ? "libcuda.so.1" : getenv("NF_TEST_CUDA_DRIVER");
+  const char *lib = getenv(emu_var);
+  if (!*real && (!drv || !*drv || !lib || !*lib)) {
+    fprintf(stderr, "%s: skipped: NF_TEST_CUDA_DRIVER or %s not set\n", test, emu_var);
+    return NULL;
+  }
+  setenv("NEOFLOW_LIBCUDA", drv, 1);
+  if (*real) unsetenv(lib_env);
+  else setenv(lib_env, lib, 1);
+  nf_buf why = NF_BUF_INIT;
+  nf_cuda_rt *rt = NULL;
+  ck_assert_msg(nf_cuda_rt_open(0, &rt, &why) == NF_OK, "%s", nf_buf_str(&why));
+  nf_buf_free(&why);
+  return rt;
+}
+
+/* 1 (closing rt) when the library's open (status orc) found no library
+ * on a real GPU machine: the test is skipped; else asserts it opened. */
+static int lib_missing(const char *test, int real, int orc, nf_buf *why, nf_cuda_rt *rt) {
+  if (real && orc == NF_EUNSUPPORTED && strstr(nf_buf_str(why), "cannot load")) {
+    fprintf(stderr, "%s: skipped: %s\n", test, nf_buf_str(why));
+    nf_cuda_rt_close(rt);
+    nf_buf_free(why);
+    return 1;
+  }
+  ck_assert_msg(orc == NF_OK, "%s", nf_buf_str(why));
+  return 0;
+}
+
 /* Partitions g and runs every convolution subgraph through cuDNN. */
 static void dnn_graph(nf_cuda_rt *rt, nf_cudnn *dnn, const nf_graph *g, dnn_result *r) {
   memset(r, 0, sizeof *r);
@@ -892,29 +929,12 @@ static void dnn_graph(nf_cuda_rt *rt, nf_cudnn *dnn, const nf_graph *g, dnn_resu
  * cuDNN on the emulated driver's buffers and compared with the
  * interpreter. */
 START_TEST(gemm_cudnn) {
-  /* NF_TEST_GPU_REAL=1 (deploy/gpu-check.sh): the machine's driver and
-   * cuDNN */
-  int real = getenv("NF_TEST_GPU_REAL") && !strcmp(getenv("NF_TEST_GPU_REAL"), "1");
-  const char *drv = real ? "libcuda.so.1" : getenv("NF_TEST_CUDA_DRIVER");
-  const char *lib = real ? "libcudnn.so.9" : getenv("NF_TEST_CUDNN");
-  if (!drv || !*drv || !lib || !*lib) {
-    fprintf(stderr, "gemm_cudnn: skipped: NF_TEST_CUDA_DRIVER or NF_TEST_CUDNN not set\n");
-    return;
-  }
-  setenv("NEOFLOW_LIBCUDA", drv, 1);
-  setenv("NEOFLOW_LIBCUDNN", lib, 1);
+  int real;
   nf_buf why = NF_BUF_INIT;
-  nf_cuda_rt *rt = NULL;
+  nf_cuda_rt *rt = gpu_open("gemm_cudnn", "NF_TEST_CUDNN", "NEOFLOW_LIBCUDNN", &real);
+  if (!rt) return;
   nf_cudnn *dnn = NULL;
-  ck_assert_msg(nf_cuda_rt_open(0, &rt, &why) == NF_OK, "%s", nf_buf_str(&why));
-  int orc = nf_cudnn_open(rt, &dnn, &why);
-  if (real && orc == NF_EUNSUPPORTED && strstr(nf_buf_str(&why), "cannot load")) {
-    fprintf(stderr, "gemm_cudnn: skipped: %s\n", nf_buf_str(&why));
-    nf_cuda_rt_close(rt);
-    nf_buf_free(&why);
-    return;
-  }
-  ck_assert_msg(orc == NF_OK, "%s", nf_buf_str(&why));
+  if (lib_missing("gemm_cudnn", real, nf_cudnn_open(rt, &dnn, &why), &why, rt)) return;
   if (!real) ck_assert_str_eq(nf_cudnn_version(dnn), "cuDNN 9.0.0");
   nf_ir_ctx *ctx = nf_ir_ctx_new();
   dnn_result r;
@@ -998,29 +1018,12 @@ END_TEST
  * is an output that the epilogue reads too), each on the emulated cuBLAS
  * and compared with the interpreter; a prologue keeps the host. */
 START_TEST(gemm_cublas_epilogue) {
-  /* NF_TEST_GPU_REAL=1: the machine's driver and cuBLAS (found by its
-   * usual names) */
-  int real = getenv("NF_TEST_GPU_REAL") && !strcmp(getenv("NF_TEST_GPU_REAL"), "1");
-  const char *drv = real ? "libcuda.so.1" : getenv("NF_TEST_CUDA_DRIVER");
-  const char *lib = real ? "" : getenv("NF_TEST_CUBLAS");
-  if (!drv || !*drv || !lib || (!real && !*lib)) {
-    fprintf(stderr, "gemm_cublas_epilogue: skipped: NF_TEST_CUDA_DRIVER or NF_TEST_CUBLAS not set\n");
-    return;
-  }
-  setenv("NEOFLOW_LIBCUDA", drv, 1);
-  if (*lib) setenv("NEOFLOW_LIBCUBLAS", lib, 1);
+  int real;
   nf_buf why = NF_BUF_INIT;
-  nf_cuda_rt *rt = NULL;
+  nf_cuda_rt *rt = gpu_open("gemm_cublas_epilogue", "NF_TEST_CUBLAS", "NEOFLOW_LIBCUBLAS", &real);
+  if (!rt) return;
   nf_cublas *blas = NULL;
-  ck_assert_msg(nf_cuda_rt_open(0, &rt, &why) == NF_OK, "%s", nf_buf_str(&why));
-  int orc = nf_cublas_open(rt, &blas, &why);
-  if (real && orc == NF_EUNSUPPORTED && strstr(nf_buf_str(&why), "cannot load")) {
-    fprintf(stderr, "gemm_cublas_epilogue: skipped: %s\n", nf_buf_str(&why));
-    nf_cuda_rt_close(rt);
-    nf_buf_free(&why);
-    return;
-  }
-  ck_assert_msg(orc == NF_OK, "%s", nf_buf_str(&why));
+  if (lib_missing("gemm_cublas_epilogue", real, nf_cublas_open(rt, &blas, &why), &why, rt)) return;
   nf_ir_ctx *ctx = nf_ir_ctx_new();
   static const char *src =
       "import nn\n"
