@@ -45,6 +45,10 @@
 #include "nf_codegen.h"
 #include "nf_cuda_plan.h"
 #include "nf_loop.h"
+#include "nf_nvrtc.h"
+
+/* Bump when the CUDA C made for the same program changes. */
+#define NF_CUDA_REVISION 1
 
 #define NF_CUDA_MAX_THREADS 1024     /* threads of one block */
 #define NF_CUDA_MAX_SHARED (48 << 10) /* static shared memory of one block */
@@ -91,5 +95,16 @@ int nf_cuda_sm_supported(int sm, nf_buf *why);
  * (nf_cuda_plan.h) appended to bundle.  Same statuses. */
 int nf_cuda_compile_bundle(const nf_lprog *p, int sm, nf_buf *bundle, nf_cuda_stats *stats,
                            nf_buf *err);
+
+/* The same with the NVRTC of the table api (nf_nvrtc.h; not NULL) rather
+ * than this build's (nvrtc_link.c): the client compiles its tier-0 kernels
+ * with an NVRTC it loads at run time.  nf_cuda_codegen_version_with
+ * accepts NULL (no NVRTC). */
+int nf_cuda_compile_with(const nf_nvrtc_api *api, const nf_lprog *p, int sm, nf_blob *image,
+                         nf_cuda_plan *plan, nf_buf *source, nf_cuda_stats *stats, nf_buf *err);
+int nf_cuda_sm_supported_with(const nf_nvrtc_api *api, int sm, nf_buf *why);
+int nf_cuda_compile_bundle_with(const nf_nvrtc_api *api, const nf_lprog *p, int sm,
+                                nf_buf *bundle, nf_cuda_stats *stats, nf_buf *err);
+void nf_cuda_codegen_version_with(const nf_nvrtc_api *api, char *out, size_t n);
 
 #endif

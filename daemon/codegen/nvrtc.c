@@ -1,16 +1,13 @@
 /* nvrtc.c - CUDA C -> cubin (or PTX) with NVRTC, which runs on the CPU:
- * no GPU and no driver are needed to compile.  Built against NVRTC when
- * meson found it under the toolkit directory (NF_HAVE_CUDA); otherwise
- * every call says that the CUDA target is missing from this build. */
+ * no GPU and no driver are needed to compile.  NVRTC is reached through a
+ * table of its entry points (nf_nvrtc.h): the one linked into this build
+ * (nvrtc_link.c, the daemon and the tool) or one loaded at run time (the
+ * client, client/executor/nvrtc_rt.c). */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "nf_config.h"
 #include "nf_cuda.h"
-
-/* Bump when the CUDA C made for the same program changes. */
-#define NF_CUDA_REVISION 1
 
 static double now_ms(void) {
   struct timespec ts;
@@ -18,27 +15,23 @@ static double now_ms(void) {
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-#if NF_HAVE_CUDA
-#include <nvrtc.h>
-
-int nf_cuda_available(nf_buf *why) {
-  (void)why;
-  return 1;
-}
-
-void nf_cuda_codegen_version(char *out, size_t n) {
+void nf_cuda_codegen_version_with(const nf_nvrtc_api *api, char *out, size_t n) {
   int major = 0, minor = 0;
-  if (nvrtcVersion(&major, &minor) != NVRTC_SUCCESS) major = minor = 0;
+  if (!api) {
+    snprintf(out, n, "neoflow-cuda r%d nvrtc-none", NF_CUDA_REVISION);
+    return;
+  }
+  if (api->Version(&major, &minor) != NF_NVRTC_SUCCESS) major = minor = 0;
   snprintf(out, n, "neoflow-cuda r%d nvrtc-%d.%d", NF_CUDA_REVISION, major, minor);
 }
 
 /* The architectures this NVRTC compiles for, ascending (n_out entries). */
-static int archs(int *out, int cap, int *n_out) {
+static int archs(const nf_nvrtc_api *api, int *out, int cap, int *n_out) {
   int n = 0;
-  if (nvrtcGetNumSupportedArchs(&n) != NVRTC_SUCCESS || n <= 0) return 0;
+  if (api->GetNumSupportedArchs(&n) != NF_NVRTC_SUCCESS || n <= 0) return 0;
   int *a = malloc((size_t)n * sizeof *a);
   if (!a) return 0;
-  if (nvrtcGetSupportedArchs(a) != NVRTC_SUCCESS) {
+  if (api->GetSupportedArchs(a) != NF_NVRTC_SUCCESS) {
     free(a);
     return 0;
   }
@@ -48,7 +41,7 @@ static int archs(int *out, int cap, int *n_out) {
   return 1;
 }
 
-int nf_cuda_compile(const nf_lprog *p, int sm, nf_blob *image, nf_cuda_plan *plan,
+int nf_cuda_compile_with(const nf_nvrtc_api *api, const nf_lprog *p, int sm, nf_blob *image, nf_cuda_plan *plan,
                     nf_buf *source, nf_cuda_stats *stats, nf_buf *err) {
   free(image->data);
   image->data = NULL;
@@ -56,7 +49,7 @@ int nf_cuda_compile(const nf_lprog *p, int sm, nf_blob *image, nf_cuda_plan *pla
   nf_cuda_stats st;
   memset(&st, 0, sizeof st);
   int av[128], n_av = 0;
-  if (!archs(av, 128, &n_av) || n_av == 0) {
+  if (!archs(api, av, 128, &n_av) || n_av == 0) {
     nf_buf_puts(err, "NVRTC does not list the architectures it supports");
     return NF_EINTERNAL;
   }
@@ -84,24 +77,24 @@ int nf_cuda_compile(const nf_lprog *p, int sm, nf_blob *image, nf_cuda_plan *pla
   }
   st.source_bytes = src.len;
   double t1 = now_ms();
-  nvrtcProgram prog;
-  nvrtcResult r = nvrtcCreateProgram(&prog, nf_buf_str(&src), "neoflow.cu", 0, NULL, NULL);
-  if (r != NVRTC_SUCCESS) {
-    nf_buf_printf(err, "nvrtcCreateProgram: %s", nvrtcGetErrorString(r));
+  void *prog = NULL;
+  int r = api->CreateProgram(&prog, nf_buf_str(&src), "neoflow.cu", 0, NULL, NULL);
+  if (r != NF_NVRTC_SUCCESS) {
+    nf_buf_printf(err, "nvrtcCreateProgram: %s", api->GetErrorString(r));
     nf_buf_free(&src);
     nf_cuda_plan_free(plan);
-    return r == NVRTC_ERROR_OUT_OF_MEMORY ? NF_ENOMEM : NF_EINTERNAL;
+    return r == NF_NVRTC_ERROR_OUT_OF_MEMORY ? NF_ENOMEM : NF_EINTERNAL;
   }
   char opt_arch[48];
   snprintf(opt_arch, sizeof opt_arch, "--gpu-architecture=%s_%d", ptx ? "compute" : "sm", arch);
   const char *opts[] = {opt_arch, "--std=c++17", "-w"};
-  r = nvrtcCompileProgram(prog, (int)(sizeof opts / sizeof opts[0]), opts);
-  if (r != NVRTC_SUCCESS) {
+  r = api->CompileProgram(prog, (int)(sizeof opts / sizeof opts[0]), opts);
+  if (r != NF_NVRTC_SUCCESS) {
     size_t n = 0;
-    nf_buf_printf(err, "NVRTC rejected the generated CUDA C (%s)", nvrtcGetErrorString(r));
-    if (nvrtcGetProgramLogSize(prog, &n) == NVRTC_SUCCESS && n > 1) {
+    nf_buf_printf(err, "NVRTC rejected the generated CUDA C (%s)", api->GetErrorString(r));
+    if (api->GetProgramLogSize(prog, &n) == NF_NVRTC_SUCCESS && n > 1) {
       char *log = malloc(n);
-      if (log && nvrtcGetProgramLog(prog, log) == NVRTC_SUCCESS) {
+      if (log && api->GetProgramLog(prog, log) == NF_NVRTC_SUCCESS) {
         nf_buf_puts(err, ":\n");
         nf_buf_add(err, log, n > 4096 ? 4096 : n - 1);
       }
@@ -110,22 +103,22 @@ int nf_cuda_compile(const nf_lprog *p, int sm, nf_blob *image, nf_cuda_plan *pla
     rc = NF_EINTERNAL;
   } else {
     size_t n = 0;
-    r = ptx ? nvrtcGetPTXSize(prog, &n) : nvrtcGetCUBINSize(prog, &n);
-    if (r == NVRTC_SUCCESS && n == 0) {
+    r = ptx ? api->GetPTXSize(prog, &n) : api->GetCUBINSize(prog, &n);
+    if (r == NF_NVRTC_SUCCESS && n == 0) {
       nf_buf_printf(err, "NVRTC produced an empty image for %s", opt_arch);
       rc = NF_EINTERNAL;
-    } else if (r == NVRTC_SUCCESS && !(image->data = malloc(n))) {
+    } else if (r == NF_NVRTC_SUCCESS && !(image->data = malloc(n))) {
       rc = NF_ENOMEM;
-    } else if (r != NVRTC_SUCCESS ||
-               (r = ptx ? nvrtcGetPTX(prog, (char *)image->data)
-                        : nvrtcGetCUBIN(prog, (char *)image->data)) != NVRTC_SUCCESS) {
-      nf_buf_printf(err, "NVRTC: %s", nvrtcGetErrorString(r));
+    } else if (r != NF_NVRTC_SUCCESS ||
+               (r = ptx ? api->GetPTX(prog, (char *)image->data)
+                        : api->GetCUBIN(prog, (char *)image->data)) != NF_NVRTC_SUCCESS) {
+      nf_buf_printf(err, "NVRTC: %s", api->GetErrorString(r));
       rc = NF_EINTERNAL;
     } else {
       image->len = n;
     }
   }
-  nvrtcDestroyProgram(&prog);
+  api->DestroyProgram(&prog);
   st.nvrtc_ms = now_ms() - t1;
   st.image_bytes = image->len;
   st.ptx = ptx;
@@ -142,9 +135,9 @@ int nf_cuda_compile(const nf_lprog *p, int sm, nf_blob *image, nf_cuda_plan *pla
   return rc;
 }
 
-int nf_cuda_sm_supported(int sm, nf_buf *why) {
+int nf_cuda_sm_supported_with(const nf_nvrtc_api *api, int sm, nf_buf *why) {
   int av[128], n_av = 0;
-  if (!archs(av, 128, &n_av) || n_av == 0) {
+  if (!archs(api, av, 128, &n_av) || n_av == 0) {
     if (why) nf_buf_puts(why, "NVRTC does not list the architectures it supports");
     return 0;
   }
@@ -154,52 +147,15 @@ int nf_cuda_sm_supported(int sm, nf_buf *why) {
   return 0;
 }
 
-#else /* no NVRTC in this build */
-
-static void missing(nf_buf *why) {
-  if (why)
-    nf_buf_puts(why, "this build has no CUDA target: NVRTC was not found under the CUDA toolkit "
-                     "directory when it was configured (meson option gpu_toolkit, default "
-                     "/usr/local/cuda)");
-}
-
-int nf_cuda_available(nf_buf *why) {
-  missing(why);
-  return 0;
-}
-
-void nf_cuda_codegen_version(char *out, size_t n) {
-  snprintf(out, n, "neoflow-cuda r%d nvrtc-none", NF_CUDA_REVISION);
-}
-
-int nf_cuda_compile(const nf_lprog *p, int sm, nf_blob *image, nf_cuda_plan *plan,
-                    nf_buf *source, nf_cuda_stats *stats, nf_buf *err) {
-  (void)p, (void)sm, (void)plan, (void)source, (void)now_ms;
-  free(image->data);
-  image->data = NULL;
-  image->len = 0;
-  if (stats) memset(stats, 0, sizeof *stats);
-  missing(err);
-  return NF_EUNSUPPORTED;
-}
-
-int nf_cuda_sm_supported(int sm, nf_buf *why) {
-  (void)sm;
-  missing(why);
-  return 0;
-}
-
-#endif
-
-int nf_cuda_compile_bundle(const nf_lprog *p, int sm, nf_buf *bundle, nf_cuda_stats *stats,
-                           nf_buf *err) {
+int nf_cuda_compile_bundle_with(const nf_nvrtc_api *api, const nf_lprog *p, int sm, nf_buf *bundle,
+                                nf_cuda_stats *stats, nf_buf *err) {
   nf_blob img = NF_BLOB_INIT;
   nf_cuda_plan plan;
   memset(&plan, 0, sizeof plan);
   nf_buf src = NF_BUF_INIT;
   nf_cuda_stats st;
   memset(&st, 0, sizeof st);
-  int rc = nf_cuda_compile(p, sm, &img, &plan, &src, &st, err);
+  int rc = nf_cuda_compile_with(api, p, sm, &img, &plan, &src, &st, err);
   if (rc == NF_OK) {
     rc = nf_cuda_bundle_encode(&plan, st.ptx ? NF_CUDA_IMAGE_PTX : NF_CUDA_IMAGE_CUBIN, sm,
                                img.data, img.len, src.data, src.len, bundle);
