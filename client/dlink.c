@@ -93,6 +93,8 @@ int nf__session_offer(nf_session *s, int k, const void *bin, size_t len,
   pthread_mutex_lock(&s->mu);
   if (rc != NF_OK) {
     s->link_rejected++;
+  } else if (bun && tier == 0 && e->in_bun) {
+    free(bun); /* generated here (gpu_local.c): the daemon's kernel came first */
   } else if (bun) {
     free(e->in_bun);
     e->in_bun = bun;

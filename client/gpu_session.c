@@ -144,8 +144,9 @@ static int lib_tier0(const struct nf__gpu *G, int k) {
 }
 
 int nf__gpu_has_kernel(const nf_session *s, const nf__kent *k) {
-  (void)s;
-  return k->gcur || k->gcand || k->in_bun;
+  (void)s; /* (a kernel generated here, tier 0, does not count) */
+  return (k->gcur && k->cur_tier > 0) || (k->gcand && k->cand_tier > 0) ||
+         (k->in_bun && k->in_tier > 0);
 }
 
 /* Which device the options name: -1 for the CPU, else the GPU's index;
@@ -164,6 +165,7 @@ static int device_index(const char *d) {
 void nf__gpu_close(nf_session *s) {
   struct nf__gpu *G = s->gpu;
   if (!G) return;
+  nf__gpu_gen_stop(s);
   for (int i = 0; i < s->n_kents; i++) {
     nf_cuda_module_free(s->kents[i].gcur);
     nf_cuda_module_free(s->kents[i].gcand);
@@ -304,14 +306,28 @@ int nf__gpu_open(nf_session *s) {
     nf__gpu_close(s);
     return rc;
   }
+  /* the rest: kernels generated here, from a background thread */
+  uint8_t *lib = calloc((size_t)s->n_kents + 1, 1);
+  char gen_note[512];
+  rc = lib ? NF_OK : NF_ENOMEM;
+  for (int k = 0; rc == NF_OK && k < s->n_kents; k++) lib[k] = (uint8_t)lib_tier0(G, k);
+  if (rc == NF_OK) rc = nf__gpu_gen_start(s, lib, nf_cuda_rt_sm(rt), gen_note, sizeof gen_note);
+  free(lib);
+  if (rc != NF_OK) {
+    nf_buf_free(&bwhy);
+    nf_buf_free(&dwhy);
+    nf__gpu_close(s);
+    return rc;
+  }
   if (!s->quiet)
     fprintf(stderr,
             "neoflow: training on %s (sm_%d%s), %d device buffers; %d products on %s%s%s; "
-            "%d convolutions on %s%s%s\n",
+            "%d convolutions on %s%s%s; the rest on %s\n",
             nf_cuda_rt_name(rt), nf_cuda_rt_sm(rt),
             nf_cuda_rt_emulated(rt) ? ", emulated on the CPU" : "", G->n_regions, n_plain,
             G->blas ? "cuBLAS" : "the host", *blas_note ? ": " : "", blas_note, n_conv,
-            G->dnn ? nf_cudnn_version(G->dnn) : "the host", *dnn_note ? ": " : "", dnn_note);
+            G->dnn ? nf_cudnn_version(G->dnn) : "the host", *dnn_note ? ": " : "", dnn_note,
+            gen_note);
   nf_buf_free(&bwhy);
   nf_buf_free(&dwhy);
   return NF_OK;
@@ -390,6 +406,11 @@ int nf__gpu_begin(nf_session *s) {
     size_t len = k->in_bun_len;
     k->in_bun = NULL;
     k->in_bun_len = 0;
+    if (bin && k->in_tier == 0 && (k->gcur || k->gcand)) {
+      /* a kernel generated here, late: the daemon's is in use already */
+      free(bin);
+      bin = NULL;
+    }
     if (bin) {
       k->cand_tier = k->in_tier;
       memcpy(k->cand_sha, k->in_sha, 32);

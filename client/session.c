@@ -1567,9 +1567,10 @@ void nf__session_profile(nf_session *s, FILE *f, int reset) {
       nf_hash_hex(k->key, hex);
       hex[16] = 0;
       const char *first = k->g && k->g->n_outputs ? k->g->tensors[k->g->outputs[0]].name : "?";
-      const char *on = k->cand ? "canary" : k->cur && !k->prefer_blas
-                       ? (k->cur_tier == 2 ? "tier 2" : "tier 1")
-                       : k->gemm ? "OpenBLAS" : "interp";
+      const char *on = k->cand || k->gcand ? "canary"
+                       : (k->cur || k->gcur) && !k->prefer_blas
+                       ? (k->cur_tier == 2 ? "tier 2" : k->cur_tier == 1 ? "tier 1" : "generated")
+                       : s->gpu ? "library/host" : k->gemm ? "OpenBLAS" : "interp";
       double ms = k->prof_ms / (double)n;
       double fl = (double)k->flops * k->n_ops;
       fprintf(f, "  %-16s %-24.24s %4d %-9s %10.3f %5.1f%% %9.1f %9.2f\n", hex, first, k->n_ops,
@@ -1618,6 +1619,7 @@ int nf_session_stats_get(const nf_session *s, nf_session_stats *st) {
     } else {
       if (cur && k->cur_tier == 1) st->tier1++;
       if (cur && k->cur_tier == 2) st->tier2++;
+      if (cur && k->cur_tier == 0) st->generated++;
       if (!cur && k->gemm) st->blas++;
     }
     if (k->dstate == DK_SUBMITTED || k->dstate == DK_ACCEPTED) {

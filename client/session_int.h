@@ -25,6 +25,7 @@
 #include "nf_partition.h"
 
 struct nf__gpu;
+struct nf__gen;
 struct nf_cuda_module;
 
 struct nf_model {
@@ -152,6 +153,8 @@ struct nf_session {
   uint8_t *eval_op;      /* ops nf_session_eval runs (NULL: not computed yet) */
   nf_partition *part_step, *part_upd;
   struct nf__gpu *gpu;   /* NULL: the step runs on the CPU */
+  struct nf__gen *gen;   /* GPU sessions: the thread generating tier-0 kernels
+                            (gpu_local.c), or NULL */
   nf_pool *pool;
   int threads;
   /* steps */
@@ -246,6 +249,19 @@ int nf__gpu_blas_entries(const nf_session *s);
 int nf__gpu_dnn_entries(const nf_session *s);
 /* Whether kent k has a GPU kernel running or waiting. */
 int nf__gpu_has_kernel(const nf_session *s, const nf__kent *k);
+
+/* gpu_local.c: tier-0 kernels a GPU session generates itself for the
+ * entries no library takes (lib[k] == 0), compiled for sm by an NVRTC
+ * loaded at run time and handed over as tier 0.  note gets where those
+ * entries run meanwhile, for the session's opening line.  NF_OK also
+ * when there is no NVRTC (the note says so); NF_ENOMEM. */
+int nf__gpu_gen_start(nf_session *s, const uint8_t *lib, int sm, char *note, size_t note_n);
+/* Stops the thread (at its next entry) and frees it; no-op without one. */
+void nf__gpu_gen_stop(nf_session *s);
+/* Waits until the thread has gone through every entry; how many kernels
+ * it handed over, how many subgraphs the backend refused, how many
+ * failed, and the time spent compiling.  NF_EUNSUPPORTED: no thread. */
+int nf__gpu_gen_wait(nf_session *s, int *made, int *refused, int *failed, double *ms);
 
 /* verify.c */
 void nf__verified_load(nf_session *s);

@@ -671,11 +671,13 @@ train:
   if (!json) {
     nf_session_stats stt;
     nf_session_stats_get(s, &stt);
+    char gen[48] = "";
+    if (stt.generated) snprintf(gen, sizeof gen, ", generated here %d", stt.generated);
     printf("trained %lld steps: loss %.6g -> %.6g; first step done %.0f ms after start; "
-           "%.2f ms/step (last 10); kernels %d: tier1 %d, tier2 %d, blas %d; swaps %lld, "
+           "%.2f ms/step (last 10); kernels %d: tier1 %d, tier2 %d, blas %d%s; swaps %lld, "
            "rejected %lld\n",
            (long long)stt.step, loss0, loss, stt.first_step_ms, stt.ms_avg, stt.kernels, stt.tier1,
-           stt.tier2, stt.blas, (long long)stt.swaps, (long long)stt.rejected);
+           stt.tier2, stt.blas, gen, (long long)stt.swaps, (long long)stt.rejected);
     if (steps > 1) print_phases(step_ms, step_ph, steps, bdim);
   }
   if (profile) nf__session_profile(s, stdout, 0);

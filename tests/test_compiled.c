@@ -219,6 +219,20 @@ START_TEST(compiled_workload_grads) {
 }
 END_TEST
 
+/* Every library def's gradient graph, default schedule (the floor
+ * divisions of a strided convolution's data gradient must be proven in
+ * bounds). */
+START_TEST(compiled_library_grads) {
+  inst I;
+  char msg[3000] = "";
+  g_nn = load("nn.nf");
+  grad_inst(&I, g_nn, &lib_cases[_i], 0x55 + (uint64_t)_i);
+  ck_assert_msg(!run_compiled(&I, NULL, 1, msg, sizeof msg), "%s gradient: %s",
+                lib_cases[_i].label, msg);
+  inst_free(&I);
+}
+END_TEST
+
 START_TEST(compiled_workloads) {
   g_wl = load("../examples/workloads.nf");
   check_case(g_wl, &workload_cases[_i], iters(), 1);
@@ -302,7 +316,7 @@ static void add_loop(Suite *su, const char *name, const TTest *t, int n) {
   suite_add_tcase(su, tc);
 }
 
-/* NF_COMPILED_PARTS=library,big,workloads,workload_grads,layouts (any subset)
+/* NF_COMPILED_PARTS=library,big,workloads,workload_grads,library_grads,layouts (any subset)
  * selects the parts; tests/meson.build runs the library in one test and
  * the rest in another, so that they run in parallel. */
 int main(void) {
@@ -311,6 +325,7 @@ int main(void) {
   add_loop(su, "big", compiled_big, N_BIG);
   add_loop(su, "workloads", compiled_workloads, N_WL);
   add_loop(su, "workload_grads", compiled_workload_grads, N_WL);
+  add_loop(su, "library_grads", compiled_library_grads, N_LIB);
   add_loop(su, "layouts", compiled_layouts,
            (int)(sizeof layout_cases / sizeof layout_cases[0]));
   SRunner *sr = srunner_create(su);

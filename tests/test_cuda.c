@@ -31,7 +31,7 @@
 #define N_LIB ((int)(sizeof lib_cases / sizeof lib_cases[0]))
 #define N_WL ((int)(sizeof workload_cases / sizeof workload_cases[0]))
 #define N_BIG ((int)(sizeof big_cases / sizeof big_cases[0]))
-#define N_ALL (N_LIB + N_BIG + 2 * N_WL)
+#define N_ALL (2 * N_LIB + N_BIG + 2 * N_WL)
 
 /* Case k of all: its label and instance (inputs, interpreter outputs). */
 static const char *case_make(int k, inst *I) {
@@ -53,8 +53,16 @@ static const char *case_make(int k, inst *I) {
     return workload_cases[k].label;
   }
   k -= N_WL;
-  grad_inst(I, wl, &workload_cases[k], 0x77 + (uint64_t)k);
-  return "workload gradient";
+  if (k < N_WL) {
+    grad_inst(I, wl, &workload_cases[k], 0x77 + (uint64_t)k);
+    return "workload gradient";
+  }
+  k -= N_WL; /* the library's gradients (a strided convolution's data
+                gradient indexes with floor divisions) */
+  static char glabel[N_LIB][96];
+  grad_inst(I, nn, &lib_cases[k], 0x55 + (uint64_t)k);
+  snprintf(glabel[k], sizeof glabel[k], "%s gradient", lib_cases[k].label);
+  return glabel[k];
 }
 
 /* The GPU default schedule's program of I's graph, built in I's context. */

@@ -268,6 +268,30 @@ static int lin_range(prover *p, const lin *t, nf_range *out, int depth) {
   return lin_side(p, t, 0, &out->lo, depth) && lin_side(p, t, 1, &out->hi, depth);
 }
 
+static void push_fact(prover *p, const lin *f);
+
+/* The facts that define each floor division by a constant among l's
+ * atoms, F = a // c (c > 0): a - c F >= 0 and c - 1 - a + c F >= 0.  With
+ * them, x + 2 r - 2 ((x + 1) // 2) + 1 (a strided convolution's data
+ * gradient indexes its filter so) is bounded as 2 r + (x + 1) mod 2. */
+static void div_facts(prover *p, const lin *l) {
+  for (int i = 0; i < l->n; i++) {
+    const nf_expr *F = l->atom[i];
+    if (F->op != NF_OP_FLOORDIV || F->dtype != NF_I64 || F->args[1]->op != NF_OP_CONST ||
+        F->args[1]->u.i <= 0 || F->args[1]->u.i > ((int64_t)1 << 40))
+      continue;
+    int64_t c = F->args[1]->u.i;
+    lin a, f;
+    memset(&a, 0, sizeof a);
+    if (!lin_add_expr(&a, F->args[0], 1)) continue;
+    f = a;
+    if (lin_term(&f, F, -c)) push_fact(p, &f);
+    memset(&f, 0, sizeof f);
+    if (lin_add_lin(&f, &a, -1) && lin_term(&f, F, c) && !__builtin_add_overflow(f.c, c - 1, &f.c))
+      push_fact(p, &f);
+  }
+}
+
 static int range_of(prover *p, const nf_expr *e, nf_range *out, int depth) {
   if (depth > 40) return 0;
   if (e->dtype != NF_I64) return atom_range(p, e, out, depth);
@@ -276,7 +300,11 @@ static int range_of(prover *p, const nf_expr *e, nf_range *out, int depth) {
   if (!lin_add_expr(&l, e, 1)) return 0;
   if (l.n == 1 && l.coef[0] == 1 && l.c == 0 && l.atom[0] == e)
     return p->n_facts ? lin_range(p, &l, out, depth) : atom_range(p, e, out, depth);
-  return lin_range(p, &l, out, depth);
+  int n_facts = p->n_facts;
+  div_facts(p, &l);
+  int ok = lin_range(p, &l, out, depth);
+  p->n_facts = n_facts; /* (true everywhere; only this form needs them) */
+  return ok;
 }
 
 static void push_fact(prover *p, const lin *f) {

@@ -162,7 +162,7 @@ int nf_cuda_compile_bundle_with(const nf_nvrtc_api *api, const nf_lprog *p, int 
     if (rc != NF_OK) nf_buf_printf(err, "CUDA kernel bundle: %s", nf_strerror(rc));
   }
   if (stats) *stats = st;
-  nf_blob_free(&img);
+  free(img.data); /* (nf_blob_free is the LLVM backend's) */
   nf_cuda_plan_free(&plan);
   nf_buf_free(&src);
   return rc;

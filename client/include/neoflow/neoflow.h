@@ -236,6 +236,9 @@ typedef struct nf_session_stats {
   int blas_kept;         /* of blas: entries whose daemon kernel arrived but
                             OpenBLAS ran faster (measured, alternating, after
                             each swap); not counted in tier1/tier2 */
+  int generated;         /* GPU sessions: running a kernel the session
+                            generated itself (tier 0 for subgraphs no
+                            library takes, until the daemon's arrives) */
 } nf_session_stats;
 
 NF_API int nf_session_stats_get(const nf_session *s, nf_session_stats *st);
