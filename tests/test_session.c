@@ -1563,6 +1563,134 @@ START_TEST(session_gpu_cudnn) {
 }
 END_TEST
 
+/* Tier 0 for the rest on a GPU, without a daemon: the session generates
+ * a kernel for every entry that neither cuBLAS nor cuDNN takes, with the
+ * NVRTC it loads at run time (this machine's), each verified by its
+ * canary against the host; the losses and parameters are the CPU's.  A
+ * daemon's kernel then replaces a generated one, and a generated one
+ * arriving after it is dropped.  Without NVRTC the rest runs on the
+ * host.  Skipped where the emulated driver or NVRTC is missing. */
+START_TEST(session_gpu_generated) {
+  const char *drv = getenv("NF_TEST_CUDA_DRIVER");
+  nf_buf why = NF_BUF_INIT;
+  if (!drv || !*drv || !getenv("NF_TEST_CUDA_EMU") || !nf_cuda_available(&why)) {
+    fprintf(stderr, "session_gpu_generated: skipped: %s\n",
+            why.len ? nf_buf_str(&why) : "NF_TEST_CUDA_DRIVER or NF_TEST_CUDA_EMU not set");
+    nf_buf_free(&why);
+    return;
+  }
+  setenv("NEOFLOW_LIBCUDA", drv, 1);
+  const char *blas = getenv("NF_TEST_CUBLAS");
+  if (blas && *blas) setenv("NEOFLOW_LIBCUBLAS", blas, 1);
+  unsetenv("NEOFLOW_LIBNVRTC");
+  nf_model *m = load_example("mlp.nf");
+  mlp_data *data = mlp_data_new(23);
+  nf_session_opts o = mlp_opts();
+  o.optim = (nf_optimizer){.kind = NF_OPTIM_SGD, .lr = 0.01, .momentum = 0.5};
+  o.daemon = "none";
+  nf_session *a = open_def(m, "mlp", &o);
+  o.device = "cuda";
+  nf_session *g = open_def(m, "mlp", &o);
+  ck_assert_ptr_nonnull(g->gpu);
+  int made = 0, refused = 0, failed = 0;
+  double ms = 0;
+  if (nf__gpu_gen_wait(g, &made, &refused, &failed, &ms) != NF_OK) {
+    fprintf(stderr, "session_gpu_generated: skipped: no NVRTC to load (%s)\n", session_log(g));
+    nf_session_free(g);
+    nf_session_free(a);
+    nf_model_free(m);
+    free(data);
+    return;
+  }
+  int n_lib = nf__gpu_blas_entries(g) + nf__gpu_dnn_entries(g);
+  ck_assert_msg(failed == 0 && refused == 0 && made == g->n_kents - n_lib,
+                "generated %d, refused %d, failed %d of %d entries (%d on libraries): %s", made,
+                refused, failed, g->n_kents, n_lib, session_log(g));
+  ck_assert_int_gt(made, 0);
+  fprintf(stderr, "session_gpu_generated: %d kernels generated in %.0f ms\n", made, ms);
+  double la[3];
+  for (int i = 0; i < 3; i++) {
+    mlp_feed(a, data, 0);
+    mlp_feed(g, data, 0);
+    la[i] = step(a);
+    double lg = step(g);
+    if (i == 0) { /* each canary ran the reference for real */
+      ck_assert_msg(la[0] == lg, "step 1: loss %.9g on the CPU, %.9g on the GPU", la[0], lg);
+      nf_session_stats st = stats(g);
+      ck_assert_msg(st.generated == made && st.swaps == made && st.rejected == 0 &&
+                        st.tier1 == 0,
+                    "generated %d (of %d), swaps %lld, rejected %lld, tier1 %d: %s",
+                    st.generated, made, (long long)st.swaps, (long long)st.rejected, st.tier1,
+                    session_log(g));
+    }
+    ck_assert_msg(fabs(la[i] - lg) <= 1e-5 * fabs(la[i]), "step %d: loss %.9g on the CPU, %.9g "
+                  "on generated kernels", i + 1, la[i], lg);
+  }
+  ck_assert_msg(la[2] < la[0], "loss did not fall: %g -> %g", la[0], la[2]);
+  int64_t na = 0, ng = 0;
+  float *pa = all_params(a, &na), *pg = all_params(g, &ng);
+  ck_assert_int_eq(na, ng);
+  double r = rel_diff(pg, pa, na);
+  ck_assert_msg(r < 1e-5, "parameters after 3 steps differ by %g (relative)", r);
+  free(pa);
+  free(pg);
+  /* the daemon's kernel for one of them (offered as the link would):
+   * it replaces the generated one; a generated one after it is dropped */
+  int k = 0;
+  while (k < g->n_kents && !(g->kents[k].gcur && g->kents[k].cur_tier == 0)) k++;
+  ck_assert_int_lt(k, g->n_kents);
+  nf_schedule *sch = NULL;
+  ck_assert_int_eq(nf_schedule_default_gpu(g->kents[k].g, NF_GPU_DEFAULT_THREADS, &sch), NF_OK);
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  nf_lprog *p = NULL;
+  nf_buf bun = NF_BUF_INIT, err = NF_BUF_INIT;
+  ck_assert_int_eq(nf_lower(g->kents[k].g, sch, ctx, &p, &err), NF_OK);
+  ck_assert_msg(nf_cuda_compile_bundle(p, nf__gpu_sm(g, NULL), &bun, NULL, &err) == NF_OK, "%s",
+                nf_buf_str(&err));
+  uint8_t sha[32];
+  crypto_hash_sha256(sha, (const uint8_t *)bun.data, bun.len);
+  ck_assert_int_eq(nf__session_offer(g, k, bun.data, bun.len, sha, NULL, 1, 0), NF_OK);
+  mlp_feed(g, data, 0);
+  step(g);
+  nf_session_stats st = stats(g);
+  ck_assert_msg(st.tier1 == 1 && st.generated == made - 1 && g->kents[k].cur_tier == 1,
+                "tier1 %d, generated %d: %s", st.tier1, st.generated, session_log(g));
+  ck_assert_int_eq(nf__session_offer(g, k, bun.data, bun.len, sha, NULL, 0, 0), NF_OK);
+  mlp_feed(g, data, 0);
+  step(g);
+  st = stats(g);
+  ck_assert_msg(st.tier1 == 1 && st.generated == made - 1 && g->kents[k].cur_tier == 1,
+                "after a late generated kernel: tier1 %d, generated %d", st.tier1, st.generated);
+  nf_buf_free(&bun);
+  nf_buf_free(&err);
+  nf_ir_ctx_free(ctx);
+  nf_schedule_free(sch);
+  nf_session_free(g);
+  /* no NVRTC: the rest on the host, the same loss */
+  setenv("NEOFLOW_LIBNVRTC", "/nonexistent/libnvrtc.so", 1);
+  g = open_def(m, "mlp", &o);
+  ck_assert_ptr_nonnull(g->gpu);
+  ck_assert_int_eq(nf__gpu_gen_wait(g, NULL, NULL, NULL, NULL), NF_EUNSUPPORTED);
+  mlp_feed(g, data, 0);
+  nf_session_free(a);
+  nf_session_opts oc = o;
+  oc.device = NULL;
+  a = open_def(m, "mlp", &oc);
+  mlp_feed(a, data, 0);
+  double l0 = step(a), l1 = step(g);
+  ck_assert_msg(fabs(l0 - l1) <= 1e-5 * fabs(l0), "loss %.9g on the host, %.9g on the CPU", l1,
+                l0);
+  ck_assert_int_eq(stats(g).generated, 0);
+  nf_session_free(g);
+  nf_session_free(a);
+  unsetenv("NEOFLOW_LIBNVRTC");
+  unsetenv("NEOFLOW_LIBCUBLAS");
+  unsetenv("NEOFLOW_LIBCUDA");
+  nf_model_free(m);
+  free(data);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("session");
   TCase *tc = tcase_create("session");
@@ -1592,6 +1720,10 @@ static Suite *suite(void) {
   tcase_set_timeout(dnn, 300);
   tcase_add_test(dnn, session_gpu_cudnn);
   suite_add_tcase(s, dnn);
+  TCase *gen = tcase_create("generated"); /* CK_RUN_CASE=generated */
+  tcase_set_timeout(gen, 300);
+  tcase_add_test(gen, session_gpu_generated);
+  suite_add_tcase(s, gen);
   return s;
 }
 
