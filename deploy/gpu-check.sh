@@ -9,8 +9,9 @@
 #      it against the interpreter) and test_session's `gpu` case on the
 #      real driver (a GPU session with the daemon's kernels trains with the
 #      CPU's losses, gradients and parameters);
-#   3. `neoflow train --device cuda` against `--device cpu` on the MLP:
-#      the losses after 30 steps agree;
+#   3. `neoflow train --device cuda` (with the daemon's kernels, and
+#      without a daemon: cuBLAS and kernels the session generates) against
+#      `--device cpu` on the MLP: the losses after 30 steps agree;
 #   4. the benchmark against PyTorch CUDA in one run (bench/run --device
 #      cuda), written to ${NF_GPU_OUT:-gpu-check-out}/gpu_bench.json: the
 #      default GPU kernels, or with NF_GPU_TUNE_TRIALS=N (and
@@ -59,6 +60,9 @@ NF_TEST_GPU_REAL=1 CK_RUN_CASE=gpu NEOFLOW_VERIFIED=none \
 # the CNN example's session against the CPU's
 NF_TEST_GPU_REAL=1 NEOFLOW_LIB="$PWD/lib" CK_RUN_CASE=gemm build/tests/test_gemm
 NF_TEST_GPU_REAL=1 CK_RUN_CASE=cudnn NEOFLOW_VERIFIED=none build/tests/test_session
+# the kernels a session generates itself for the rest (NVRTC loaded at run
+# time), without a daemon
+NF_TEST_GPU_REAL=1 CK_RUN_CASE=generated NEOFLOW_VERIFIED=none build/tests/test_session
 
 echo "== 3. training on the GPU against the CPU"
 run_train() {
@@ -73,12 +77,15 @@ sleep 1
 cpu=$(run_train none cpu)
 gpu=$(run_train "$sock_dir/s.sock" cuda)
 kill "$dpid"; wait "$dpid" || true; rm -rf "$sock_dir"
-echo "cpu: $cpu"; echo "gpu: $gpu"
-python3 - "$cpu" "$gpu" <<'PY'
+# without a daemon: cuBLAS and the kernels generated in the session
+gen=$(run_train none cuda)
+echo "cpu: $cpu"; echo "gpu: $gpu"; echo "gpu, no daemon: $gen"
+python3 - "$cpu" "$gpu" "$gen" <<'PY'
 import re, sys
-a, b = (float(re.search(r"-> ([0-9.eE+-]+)", s).group(1)) for s in sys.argv[1:3])
-ok = abs(a - b) <= 1e-3 * max(abs(a), 1e-6)
-print("final loss: cpu %.6g, gpu %.6g: %s" % (a, b, "agree" if ok else "DIFFER"))
+a, b, c = (float(re.search(r"-> ([0-9.eE+-]+)", s).group(1)) for s in sys.argv[1:4])
+ok = all(abs(a - x) <= 1e-3 * max(abs(a), 1e-6) for x in (b, c))
+print("final loss: cpu %.6g, gpu %.6g, gpu without a daemon %.6g: %s"
+      % (a, b, c, "agree" if ok else "DIFFER"))
 sys.exit(0 if ok else 1)
 PY
 

@@ -1571,9 +1571,12 @@ END_TEST
  * arriving after it is dropped.  Without NVRTC the rest runs on the
  * host.  Skipped where the emulated driver or NVRTC is missing. */
 START_TEST(session_gpu_generated) {
-  const char *drv = getenv("NF_TEST_CUDA_DRIVER");
+  /* NF_TEST_GPU_REAL=1 (deploy/gpu-check.sh): the machine's own driver,
+   * GPU and cuBLAS */
+  int real = getenv("NF_TEST_GPU_REAL") && !strcmp(getenv("NF_TEST_GPU_REAL"), "1");
+  const char *drv = real ? "libcuda.so.1" : getenv("NF_TEST_CUDA_DRIVER");
   nf_buf why = NF_BUF_INIT;
-  if (!drv || !*drv || !getenv("NF_TEST_CUDA_EMU") || !nf_cuda_available(&why)) {
+  if (!drv || !*drv || (!real && !getenv("NF_TEST_CUDA_EMU")) || !nf_cuda_available(&why)) {
     fprintf(stderr, "session_gpu_generated: skipped: %s\n",
             why.len ? nf_buf_str(&why) : "NF_TEST_CUDA_DRIVER or NF_TEST_CUDA_EMU not set");
     nf_buf_free(&why);
@@ -1581,7 +1584,7 @@ START_TEST(session_gpu_generated) {
   }
   setenv("NEOFLOW_LIBCUDA", drv, 1);
   const char *blas = getenv("NF_TEST_CUBLAS");
-  if (blas && *blas) setenv("NEOFLOW_LIBCUBLAS", blas, 1);
+  if (!real && blas && *blas) setenv("NEOFLOW_LIBCUBLAS", blas, 1);
   unsetenv("NEOFLOW_LIBNVRTC");
   nf_model *m = load_example("mlp.nf");
   mlp_data *data = mlp_data_new(23);
