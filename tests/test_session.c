@@ -1456,8 +1456,8 @@ done:
 END_TEST
 
 /* The convolutions of the CNN example on cuDNN (tests/cudnn_emu.cc on
- * the emulated driver) at tier 0: its forward convolutions (with their
- * bias and ReLU epilogues on the host), the filter gradients and the
+ * the emulated driver) at tier 0: its forward convolutions (their bias
+ * and ReLU are entries of their own), the filter gradients and the
  * second convolution's data gradient; its products on the emulated
  * cuBLAS; the losses and parameters after
  * three SGD steps those of the CPU.  Without cuDNN (a library that does
