@@ -5,22 +5,41 @@
  * CPU, accumulating in double.  Test code, not shipped. */
 #include <stdint.h>
 
+#include "emu_stream.h"
+
 typedef int cublasStatus_t;
 
-static int g_token, g_stream_set;
+/* a handle: the stream set on it (NULL: none yet) */
+struct emu_blas {
+  int magic;
+  void *stream;
+};
+enum { BLAS_MAGIC = 0x424c4153 };
+
+static emu_blas *handle(void *h) {
+  emu_blas *b = (emu_blas *)h;
+  return b && b->magic == BLAS_MAGIC ? b : NULL;
+}
 
 extern "C" {
 
 cublasStatus_t cublasCreate_v2(void **h) {
-  *h = &g_token;
+  emu_blas *b = new emu_blas{BLAS_MAGIC, NULL};
+  *h = b;
   return 0;
 }
 
-cublasStatus_t cublasDestroy_v2(void *h) { return h == &g_token ? 0 : 1; }
+cublasStatus_t cublasDestroy_v2(void *h) {
+  emu_blas *b = handle(h);
+  if (!b) return 1;
+  b->magic = 0;
+  delete b;
+  return 0;
+}
 
 cublasStatus_t cublasSetStream_v2(void *h, void *stream) {
-  if (h != &g_token || !stream) return 7; /* CUBLAS_STATUS_INVALID_VALUE */
-  g_stream_set = 1;
+  if (!handle(h) || !stream) return 7; /* CUBLAS_STATUS_INVALID_VALUE */
+  handle(h)->stream = stream;
   return 0;
 }
 
@@ -28,7 +47,8 @@ cublasStatus_t cublasSetStream_v2(void *h, void *stream) {
 cublasStatus_t cublasSgemm_v2(void *h, int ta, int tb, int m, int n, int k, const float *alpha,
                               const float *A, int lda, const float *B, int ldb, const float *beta,
                               float *C, int ldc) {
-  if (h != &g_token || !g_stream_set || m < 0 || n < 0 || k < 0) return 7;
+  if (!handle(h) || !handle(h)->stream || m < 0 || n < 0 || k < 0) return 7;
+  if (emu_stream_drain(handle(h)->stream) != 0) return 13; /* CUBLAS_STATUS_EXECUTION_FAILED */
   for (int j = 0; j < n; j++)
     for (int i = 0; i < m; i++) {
       double acc = 0;

@@ -13,6 +13,17 @@
  * is not).  Compiled modules are kept by the source's hash under
  * $TMPDIR/nf-cuda-emu-<uid>/ for the next load.
  *
+ * Streams are queues run lazily and adversarially: work is only queued
+ * until something waits (a stream or event synchronisation, a free, an
+ * unload), and then the queued work runs newest stream first, each
+ * stream's items in order, a stream stopping only at a wait for an event
+ * not yet recorded.  So work on another stream that the caller did not
+ * order with an event runs in the wrong order here and shows as wrong
+ * results, where a real GPU would show it only now and then.  A host to
+ * device copy takes its bytes when queued (as the driver does with
+ * pageable memory).  cuBLAS's and cuDNN's emulations run their stream's
+ * queue (cuStreamSynchronize) before they compute.
+ *
  * The device: compute capability $NF_EMU_SM (default 90), named
  * "NeoFlow CPU emulation of sm_<sm>".  $NF_EMU_FAIL_LAUNCH=N makes the
  * N-th launch (and every later one: the error is sticky) fail with CUDA_ERROR_ILLEGAL_ADDRESS (a sticky error), for
@@ -31,6 +42,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <deque>
 #include <mutex>
 #include <set>
 #include <string>
@@ -77,7 +89,7 @@ static std::mutex g_mu;
 static std::set<uintptr_t> *g_allocs;
 static std::set<emu_module *> *g_mods;
 static int g_init, g_ctx_refs, g_broken, g_launches;
-static int g_ctx_token, g_stream_token;
+static int g_ctx_token;
 
 static int env_int(const char *name, int dflt) {
   const char *v = getenv(name);
@@ -141,31 +153,127 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
 
 CUresult cuCtxSetCurrent(void *ctx) { return ctx == &g_ctx_token ? OK : E_INVALID_HANDLE; }
 
-CUresult cuStreamCreate(void **s, unsigned flags) {
-  (void)flags;
-  *s = &g_stream_token;
-  return OK;
-}
+/* ---- streams and events ---- */
 
-CUresult cuStreamDestroy_v2(void *s) { return s == &g_stream_token ? OK : E_INVALID_HANDLE; }
-
-CUresult cuStreamSynchronize(void *s) {
-  if (s != &g_stream_token) return E_INVALID_HANDLE;
-  return g_broken ? g_broken : OK;
-}
-
-/* Events: the stream is synchronous, so recording one stamps the host's
- * clock. */
 struct emu_event {
   int magic;
-  double ms;
+  long queued, done; /* records queued and run */
+  double ms;         /* the host's clock when the last record ran */
 };
-enum { EVENT_MAGIC = 0x45564e54 };
+enum { EVENT_MAGIC = 0x45564e54, STREAM_MAGIC = 0x5354524d };
+
+enum item_kind { IT_LAUNCH, IT_H2D, IT_D2H, IT_RECORD, IT_WAIT };
+
+struct emu_item {
+  item_kind kind;
+  emu_fn *f;
+  unsigned grid, block;
+  void *args[MAX_PARAMS];
+  void *dst;
+  const void *src;
+  std::vector<char> bytes; /* a host to device copy's bytes */
+  size_t n;
+  emu_event *ev;
+  long seq; /* a wait: for the event's record number seq */
+};
+
+struct emu_stream {
+  int magic;
+  std::deque<emu_item> q;
+};
+
+static std::vector<emu_stream *> *g_streams; /* in creation order */
 
 static double clock_ms() {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static int is_stream(void *s) {
+  if (!s || !g_streams) return 0;
+  for (emu_stream *x : *g_streams)
+    if (x == s) return x->magic == STREAM_MAGIC;
+  return 0;
+}
+
+/* Runs stream x's head item when it can run; 0 when blocked or empty. */
+static int step(emu_stream *x) {
+  if (x->q.empty()) return 0;
+  emu_item &it = x->q.front();
+  switch (it.kind) {
+    case IT_WAIT:
+      if (it.ev->done < it.seq) return 0;
+      break;
+    case IT_LAUNCH:
+      if (!g_broken && it.f->mod->launch(it.f->fn, it.grid, it.block, it.args) != 0)
+        g_broken = E_LAUNCH_FAILED;
+      break;
+    case IT_H2D: memcpy(it.dst, it.bytes.data(), it.n); break;
+    case IT_D2H: memcpy(it.dst, it.src, it.n); break;
+    case IT_RECORD:
+      it.ev->done++;
+      it.ev->ms = clock_ms();
+      break;
+  }
+  x->q.pop_front();
+  return 1;
+}
+
+extern "C++" {
+/* Runs queued work, newest stream first, until done() holds or nothing
+ * can run (a wait for an event never recorded: CUDA_ERROR_UNKNOWN). */
+template <class F> static CUresult drain(F done) {
+  while (!done()) {
+    int ran = 0;
+    for (size_t i = g_streams ? g_streams->size() : 0; i-- > 0 && !ran;)
+      while (step((*g_streams)[i])) ran = 1;
+    if (!ran) return done() ? OK : E_UNKNOWN;
+  }
+  return g_broken ? g_broken : OK;
+}
+
+static CUresult drain_all() {
+  return drain([] {
+    for (size_t i = 0; g_streams && i < g_streams->size(); i++)
+      if (!(*g_streams)[i]->q.empty()) return false;
+    return true;
+  });
+}
+} /* extern "C++" */
+
+CUresult cuStreamCreate(void **s, unsigned flags) {
+  (void)flags;
+  if (g_broken) return g_broken;
+  emu_stream *x = new emu_stream();
+  x->magic = STREAM_MAGIC;
+  if (!g_streams) g_streams = new std::vector<emu_stream *>();
+  g_streams->push_back(x);
+  *s = x;
+  return OK;
+}
+
+CUresult cuStreamDestroy_v2(void *s) {
+  if (!is_stream(s)) return E_INVALID_HANDLE;
+  emu_stream *x = (emu_stream *)s;
+  drain([x] { return x->q.empty(); });
+  for (size_t i = 0; i < g_streams->size(); i++)
+    if ((*g_streams)[i] == x) g_streams->erase(g_streams->begin() + (long)i);
+  x->magic = 0;
+  delete x;
+  return OK;
+}
+
+CUresult cuStreamSynchronize(void *s) {
+  if (!is_stream(s)) return E_INVALID_HANDLE;
+  emu_stream *x = (emu_stream *)s;
+  CUresult r = drain([x] { return x->q.empty(); });
+  return g_broken ? g_broken : r;
+}
+
+CUresult cuCtxSynchronize(void) {
+  CUresult r = drain_all();
+  return g_broken ? g_broken : r;
 }
 
 CUresult cuEventCreate(void **e, unsigned flags) {
@@ -182,6 +290,8 @@ CUresult cuEventCreate(void **e, unsigned flags) {
 CUresult cuEventDestroy_v2(void *e) {
   emu_event *v = (emu_event *)e;
   if (!v || v->magic != EVENT_MAGIC) return E_INVALID_HANDLE;
+  /* (queued items naming it run first) */
+  drain_all();
   v->magic = 0;
   free(v);
   return OK;
@@ -189,22 +299,41 @@ CUresult cuEventDestroy_v2(void *e) {
 
 CUresult cuEventRecord(void *e, void *s) {
   emu_event *v = (emu_event *)e;
-  if (!v || v->magic != EVENT_MAGIC || s != &g_stream_token) return E_INVALID_HANDLE;
+  if (!v || v->magic != EVENT_MAGIC || !is_stream(s)) return E_INVALID_HANDLE;
   if (g_broken) return g_broken;
-  v->ms = clock_ms();
+  emu_item it;
+  it.kind = IT_RECORD;
+  it.ev = v;
+  it.seq = ++v->queued;
+  ((emu_stream *)s)->q.push_back(std::move(it));
+  return OK;
+}
+
+CUresult cuStreamWaitEvent(void *s, void *e, unsigned flags) {
+  emu_event *v = (emu_event *)e;
+  if (!v || v->magic != EVENT_MAGIC || !is_stream(s) || flags != 0) return E_INVALID_HANDLE;
+  if (g_broken) return g_broken;
+  if (v->queued == 0) return OK; /* never recorded: no wait */
+  emu_item it;
+  it.kind = IT_WAIT;
+  it.ev = v;
+  it.seq = v->queued;
+  ((emu_stream *)s)->q.push_back(std::move(it));
   return OK;
 }
 
 CUresult cuEventSynchronize(void *e) {
   emu_event *v = (emu_event *)e;
   if (!v || v->magic != EVENT_MAGIC) return E_INVALID_HANDLE;
-  return g_broken ? g_broken : OK;
+  CUresult r = drain([v] { return v->done >= v->queued; });
+  return g_broken ? g_broken : r;
 }
 
 CUresult cuEventElapsedTime(float *ms, void *a, void *b) {
   emu_event *x = (emu_event *)a, *y = (emu_event *)b;
   if (!x || !y || x->magic != EVENT_MAGIC || y->magic != EVENT_MAGIC) return E_INVALID_HANDLE;
-  if (x->ms < 0 || y->ms < 0) return E_INVALID_VALUE; /* CUDA_ERROR_NOT_READY in the driver */
+  if (x->ms < 0 || y->ms < 0 || x->done < x->queued || y->done < y->queued)
+    return E_INVALID_VALUE; /* CUDA_ERROR_NOT_READY in the driver */
   *ms = (float)(y->ms - x->ms);
   return OK;
 }
@@ -223,6 +352,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
 }
 
 CUresult cuMemFree_v2(CUdeviceptr p) {
+  drain_all(); /* (queued work may use it) */
   std::lock_guard<std::mutex> l(g_mu);
   if (!g_allocs || !g_allocs->erase((uintptr_t)p)) return E_INVALID_VALUE;
   free((void *)(uintptr_t)p);
@@ -231,15 +361,25 @@ CUresult cuMemFree_v2(CUdeviceptr p) {
 
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, void *s) {
   if (g_broken) return g_broken;
-  if (s != &g_stream_token || !dst) return E_INVALID_VALUE;
-  memcpy((void *)(uintptr_t)dst, src, n);
+  if (!is_stream(s) || !dst) return E_INVALID_VALUE;
+  emu_item it;
+  it.kind = IT_H2D;
+  it.dst = (void *)(uintptr_t)dst;
+  it.bytes.assign((const char *)src, (const char *)src + n);
+  it.n = n;
+  ((emu_stream *)s)->q.push_back(std::move(it));
   return OK;
 }
 
 CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, void *s) {
   if (g_broken) return g_broken;
-  if (s != &g_stream_token || !src) return E_INVALID_VALUE;
-  memcpy(dst, (const void *)(uintptr_t)src, n);
+  if (!is_stream(s) || !src) return E_INVALID_VALUE;
+  emu_item it;
+  it.kind = IT_D2H;
+  it.dst = dst;
+  it.src = (const void *)(uintptr_t)src;
+  it.n = n;
+  ((emu_stream *)s)->q.push_back(std::move(it));
   return OK;
 }
 
@@ -360,6 +500,10 @@ static void module_free(emu_module *m) {
 }
 
 __attribute__((destructor)) static void unload_all(void) {
+  if (g_streams)
+    for (emu_stream *x : *g_streams) delete x;
+  delete g_streams;
+  g_streams = NULL;
   if (g_mods)
     for (emu_module *m : *g_mods) module_free(m);
   if (g_allocs)
@@ -371,6 +515,7 @@ __attribute__((destructor)) static void unload_all(void) {
 }
 
 CUresult cuModuleUnload(void *mod) {
+  drain_all(); /* (queued launches may use it) */
   emu_module *m = (emu_module *)mod;
   std::lock_guard<std::mutex> l(g_mu);
   if (!m || !g_mods || !g_mods->erase(m)) return E_INVALID_HANDLE;
@@ -398,7 +543,7 @@ CUresult cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigne
   (void)shared;
   if (g_broken) return g_broken;
   emu_fn *f = (emu_fn *)fn;
-  if (!f || stream != &g_stream_token || extra) return E_INVALID_VALUE;
+  if (!f || !is_stream(stream) || extra) return E_INVALID_VALUE;
   if (gy != 1 || gz != 1 || by != 1 || bz != 1 || gx == 0 || bx == 0 || bx > 1024)
     return E_INVALID_VALUE;
   int fail_at = env_int("NF_EMU_FAIL_LAUNCH", 0);
@@ -406,9 +551,14 @@ CUresult cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigne
     g_broken = E_ILLEGAL_ADDRESS;
     return g_broken;
   }
-  void *args[MAX_PARAMS] = {0};
-  for (int i = 0; i < f->n_params; i++) args[i] = *(void **)params[i];
-  return f->mod->launch(f->fn, gx, bx, args) == 0 ? OK : E_OUT_OF_MEMORY;
+  emu_item it;
+  it.kind = IT_LAUNCH;
+  it.f = f;
+  it.grid = gx;
+  it.block = bx;
+  for (int i = 0; i < MAX_PARAMS; i++) it.args[i] = i < f->n_params ? *(void **)params[i] : NULL;
+  ((emu_stream *)stream)->q.push_back(std::move(it));
+  return OK;
 }
 
 CUresult cuGetErrorName(CUresult r, const char **s) {

@@ -15,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "emu_stream.h"
+
 typedef int st_t;
 enum { OK = 0, BAD_PARAM = 2000, NOT_SUPPORTED = 3000 }; /* cuDNN 9's codes */
 
@@ -34,11 +36,25 @@ struct perf {
   int reserved[3];
 };
 
-static int g_handle, g_stream_set;
+/* a handle: the stream set on it (NULL: none yet) */
+struct emu_dnn {
+  int magic;
+  void *stream;
+};
+enum { DNN_MAGIC = 0x444e4e48 };
+
+static emu_dnn *handle(void *h) {
+  emu_dnn *d = (emu_dnn *)h;
+  return d && d->magic == DNN_MAGIC ? d : NULL;
+}
 static long g_calls;
 static const size_t kWorkspace = 4096; /* what algorithm 1 wants */
 
-static st_t bad(void *h) { return h != &g_handle || !g_stream_set ? BAD_PARAM : OK; }
+static st_t bad(void *h) { return !handle(h) || !handle(h)->stream ? BAD_PARAM : OK; }
+/* A convolution: what is queued before it on its stream runs first. */
+static st_t bad_run(void *h) {
+  return bad(h) ? BAD_PARAM : emu_stream_drain(handle(h)->stream) ? BAD_PARAM : OK;
+}
 
 /* algorithm 2 (nondeterministic) first, then 1 (wants workspace) */
 static st_t heuristics(void *h, int req, int *ret, perf *p) {
@@ -101,13 +117,19 @@ extern "C" {
 long cudnn_emu_calls(void) { return g_calls; }
 
 st_t cudnnCreate(void **h) {
-  *h = &g_handle;
+  *h = new emu_dnn{DNN_MAGIC, NULL};
   return OK;
 }
-st_t cudnnDestroy(void *h) { return h == &g_handle ? OK : BAD_PARAM; }
+st_t cudnnDestroy(void *h) {
+  emu_dnn *d = handle(h);
+  if (!d) return BAD_PARAM;
+  d->magic = 0;
+  delete d;
+  return OK;
+}
 st_t cudnnSetStream(void *h, void *stream) {
-  if (h != &g_handle || !stream) return BAD_PARAM;
-  g_stream_set = 1;
+  if (!handle(h) || !stream) return BAD_PARAM;
+  handle(h)->stream = stream;
   return OK;
 }
 const char *cudnnGetErrorString(st_t s) {
@@ -174,7 +196,7 @@ st_t cudnnGetConvolutionBackwardFilterWorkspaceSize(void *h, tdesc *, tdesc *, c
 st_t cudnnConvolutionForward(void *h, const float *alpha, tdesc *xd, const float *x, tdesc *fd,
                              const float *f, cdesc *c, int algo, void *w, size_t wb,
                              const float *beta, tdesc *yd, float *y) {
-  if (bad(h) || !consistent(xd, fd, c, yd) || check_ws(algo, w, wb)) return BAD_PARAM;
+  if (bad_run(h) || !consistent(xd, fd, c, yd) || check_ws(algo, w, wb)) return BAD_PARAM;
   double *acc = (double *)calloc((size_t)numel(yd) + 1, sizeof *acc);
   each(xd, fd, c, yd, [&](int64_t xi, int64_t fi, int64_t yi) { acc[yi] += (double)x[xi] * f[fi]; });
   finish(y, acc, numel(yd), *alpha, *beta);
@@ -184,7 +206,7 @@ st_t cudnnConvolutionForward(void *h, const float *alpha, tdesc *xd, const float
 st_t cudnnConvolutionBackwardData(void *h, const float *alpha, tdesc *fd, const float *f,
                                   tdesc *yd, const float *dy, cdesc *c, int algo, void *w,
                                   size_t wb, const float *beta, tdesc *xd, float *dx) {
-  if (bad(h) || !consistent(xd, fd, c, yd) || check_ws(algo, w, wb)) return BAD_PARAM;
+  if (bad_run(h) || !consistent(xd, fd, c, yd) || check_ws(algo, w, wb)) return BAD_PARAM;
   double *acc = (double *)calloc((size_t)numel(xd) + 1, sizeof *acc);
   each(xd, fd, c, yd, [&](int64_t xi, int64_t fi, int64_t yi) { acc[xi] += (double)dy[yi] * f[fi]; });
   finish(dx, acc, numel(xd), *alpha, *beta);
@@ -194,7 +216,7 @@ st_t cudnnConvolutionBackwardData(void *h, const float *alpha, tdesc *fd, const 
 st_t cudnnConvolutionBackwardFilter(void *h, const float *alpha, tdesc *xd, const float *x,
                                     tdesc *yd, const float *dy, cdesc *c, int algo, void *w,
                                     size_t wb, const float *beta, tdesc *fd, float *df) {
-  if (bad(h) || !consistent(xd, fd, c, yd) || check_ws(algo, w, wb)) return BAD_PARAM;
+  if (bad_run(h) || !consistent(xd, fd, c, yd) || check_ws(algo, w, wb)) return BAD_PARAM;
   double *acc = (double *)calloc((size_t)numel(fd) + 1, sizeof *acc);
   each(xd, fd, c, yd, [&](int64_t xi, int64_t fi, int64_t yi) { acc[fi] += (double)dy[yi] * x[xi]; });
   finish(df, acc, numel(fd), *alpha, *beta);

@@ -24,7 +24,8 @@ enum {
   CUDA_ERROR_INVALID_DEVICE = 101,
   ATTR_CC_MAJOR = 75,
   ATTR_CC_MINOR = 76,
-  STREAM_NON_BLOCKING = 1
+  STREAM_NON_BLOCKING = 1,
+  EVENT_DISABLE_TIMING = 2
 };
 
 typedef struct drv {
@@ -40,6 +41,7 @@ typedef struct drv {
   CUresult (*StreamCreate)(CUstream *, unsigned);
   CUresult (*StreamDestroy)(CUstream);
   CUresult (*StreamSynchronize)(CUstream);
+  CUresult (*StreamWaitEvent)(CUstream, CUevent, unsigned);
   CUresult (*MemAlloc)(CUdeviceptr *, size_t);
   CUresult (*MemFree)(CUdeviceptr);
   CUresult (*MemcpyHtoDAsync)(CUdeviceptr, const void *, size_t, CUstream);
@@ -63,7 +65,11 @@ struct nf_cuda_rt {
   drv d;
   CUdevice dev;
   CUcontext ctx;
-  CUstream stream;
+  CUstream stream; /* streams[0]: the libraries' */
+  CUstream streams[NF_CUDA_MAX_STREAMS];
+  int n_streams, cur; /* cur: where launches go */
+  CUevent *evs;       /* nf_cuda_rt_events' */
+  int n_evs;
   int sm;
   char name[128];
   int broken; /* a sticky error happened: the context is unusable */
@@ -136,6 +142,7 @@ static int load_driver(drv *d, nf_buf *why) {
   SYM(StreamCreate, "cuStreamCreate");
   SYM(StreamDestroy, "cuStreamDestroy_v2");
   SYM(StreamSynchronize, "cuStreamSynchronize");
+  SYM(StreamWaitEvent, "cuStreamWaitEvent");
   SYM(MemAlloc, "cuMemAlloc_v2");
   SYM(MemFree, "cuMemFree_v2");
   SYM(MemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2");
@@ -197,6 +204,8 @@ int nf_cuda_rt_open(int device, nf_cuda_rt **out, nf_buf *why) {
     return rc;
   }
   rt->sm = major * 10 + minor;
+  rt->streams[0] = rt->stream;
+  rt->n_streams = 1;
   *out = rt;
   return NF_OK;
 }
@@ -205,6 +214,10 @@ void nf_cuda_rt_close(nf_cuda_rt *rt) {
   if (!rt) return;
   for (int i = 0; i < 2 && !rt->broken; i++)
     if (rt->ev[i]) rt->d.EventDestroy(rt->ev[i]);
+  for (int i = 0; i < rt->n_evs && !rt->broken; i++)
+    if (rt->evs[i]) rt->d.EventDestroy(rt->evs[i]);
+  free(rt->evs);
+  for (int i = 1; i < rt->n_streams && !rt->broken; i++) rt->d.StreamDestroy(rt->streams[i]);
   if (rt->stream && !rt->broken) rt->d.StreamDestroy(rt->stream);
   if (rt->ctx) rt->d.PrimaryCtxRelease(rt->dev);
   if (rt->d.lib) dlclose(rt->d.lib);
@@ -233,24 +246,84 @@ void nf_cuda_rt_free(nf_cuda_rt *rt, uint64_t dptr) {
   if (dptr && !rt->broken && rt->d.CtxSetCurrent(rt->ctx) == CUDA_SUCCESS) rt->d.MemFree(dptr);
 }
 
+int nf_cuda_rt_set_streams(nf_cuda_rt *rt, int n, nf_buf *err) {
+  int rc = usable(rt, err);
+  if (n > NF_CUDA_MAX_STREAMS) n = NF_CUDA_MAX_STREAMS;
+  while (rc == NF_OK && rt->n_streams < n) {
+    rc = check(rt, rt->d.StreamCreate(&rt->streams[rt->n_streams], STREAM_NON_BLOCKING),
+               "cuStreamCreate", err);
+    if (rc == NF_OK) rt->n_streams++;
+  }
+  return rc;
+}
+
+int nf_cuda_rt_n_streams(const nf_cuda_rt *rt) { return rt->n_streams; }
+
+void nf_cuda_rt_select(nf_cuda_rt *rt, int i) { rt->cur = i >= 0 && i < rt->n_streams ? i : 0; }
+
+int nf_cuda_rt_events(nf_cuda_rt *rt, int n, nf_buf *err) {
+  int rc = usable(rt, err);
+  if (rc || n <= rt->n_evs) return rc;
+  CUevent *e = realloc(rt->evs, (size_t)n * sizeof *e);
+  if (!e) return NF_ENOMEM;
+  rt->evs = e;
+  while (rc == NF_OK && rt->n_evs < n) {
+    rc = check(rt, rt->d.EventCreate(&rt->evs[rt->n_evs], EVENT_DISABLE_TIMING), "cuEventCreate",
+               err);
+    if (rc == NF_OK) rt->n_evs++;
+  }
+  return rc;
+}
+
+int nf_cuda_rt_record(nf_cuda_rt *rt, int ev, nf_buf *err) {
+  int rc = usable(rt, err);
+  if (rc) return rc;
+  if (ev < 0 || ev >= rt->n_evs) return NF_EINVAL;
+  return check(rt, rt->d.EventRecord(rt->evs[ev], rt->streams[rt->cur]), "cuEventRecord", err);
+}
+
+int nf_cuda_rt_wait(nf_cuda_rt *rt, int ev, nf_buf *err) {
+  int rc = usable(rt, err);
+  if (rc) return rc;
+  if (ev < 0 || ev >= rt->n_evs) return NF_EINVAL;
+  return check(rt, rt->d.StreamWaitEvent(rt->streams[rt->cur], rt->evs[ev], 0),
+               "cuStreamWaitEvent", err);
+}
+
+/* Waits for every stream but the libraries' (streams[0]). */
+static int sync_others(nf_cuda_rt *rt, nf_buf *err) {
+  int rc = NF_OK;
+  for (int i = 1; rc == NF_OK && i < rt->n_streams; i++)
+    rc = check(rt, rt->d.StreamSynchronize(rt->streams[i]), "cuStreamSynchronize", err);
+  return rc;
+}
+
 int nf_cuda_rt_upload(nf_cuda_rt *rt, uint64_t dst, const void *src, size_t n, nf_buf *err) {
   int rc = usable(rt, err);
   if (rc || n == 0) return rc;
-  return check(rt, rt->d.MemcpyHtoDAsync(dst, src, n, rt->stream), "cuMemcpyHtoDAsync", err);
+  /* with several streams: after everything queued (which may still read
+   * dst), and complete before anything queued later on any stream */
+  if (rt->n_streams > 1 && (rc = sync_others(rt, err)) != NF_OK) return rc;
+  rc = check(rt, rt->d.MemcpyHtoDAsync(dst, src, n, rt->stream), "cuMemcpyHtoDAsync", err);
+  if (rc == NF_OK && rt->n_streams > 1)
+    rc = check(rt, rt->d.StreamSynchronize(rt->stream), "cuStreamSynchronize", err);
+  return rc;
 }
 
 int nf_cuda_rt_download(nf_cuda_rt *rt, void *dst, uint64_t src, size_t n, nf_buf *err) {
   int rc = usable(rt, err);
   if (rc || n == 0) return rc;
+  if (rt->n_streams > 1 && (rc = sync_others(rt, err)) != NF_OK) return rc;
   if ((rc = check(rt, rt->d.MemcpyDtoHAsync(dst, src, n, rt->stream), "cuMemcpyDtoHAsync", err)))
     return rc;
-  return nf_cuda_rt_sync(rt, err);
+  return check(rt, rt->d.StreamSynchronize(rt->stream), "cuStreamSynchronize", err);
 }
 
 int nf_cuda_rt_sync(nf_cuda_rt *rt, nf_buf *err) {
   int rc = usable(rt, err);
   if (rc) return rc;
-  return check(rt, rt->d.StreamSynchronize(rt->stream), "cuStreamSynchronize", err);
+  rc = check(rt, rt->d.StreamSynchronize(rt->stream), "cuStreamSynchronize", err);
+  return rc == NF_OK ? sync_others(rt, err) : rc;
 }
 
 /* Loads a module from image (n bytes), or, with the emulated driver,
@@ -356,7 +429,7 @@ int nf_cuda_module_run(nf_cuda_module *m, const uint64_t *args, uint32_t n_args,
     const nf_cuda_launch *l = &m->plan.launches[i];
     if (l->grid == 0) continue;
     rc = check(rt, rt->d.LaunchKernel(m->fn[i], l->grid, 1, 1, l->block ? l->block : 1, 1, 1, 0,
-                                      rt->stream, params, NULL),
+                                      rt->streams[rt->cur], params, NULL),
                "cuLaunchKernel", err);
   }
   free(params);
@@ -380,9 +453,10 @@ int nf_cuda_module_time(nf_cuda_module *m, const uint64_t *args, uint32_t n_args
   int rc = usable(rt, err);
   for (int i = 0; rc == NF_OK && i < 2; i++)
     if (!rt->ev[i]) rc = check(rt, rt->d.EventCreate(&rt->ev[i], 0), "cuEventCreate", err);
-  if (rc == NF_OK) rc = check(rt, rt->d.EventRecord(rt->ev[0], rt->stream), "cuEventRecord", err);
+  CUstream st = rt->streams[rt->cur];
+  if (rc == NF_OK) rc = check(rt, rt->d.EventRecord(rt->ev[0], st), "cuEventRecord", err);
   if (rc == NF_OK) rc = nf_cuda_module_run(m, args, n_args, scratch, err);
-  if (rc == NF_OK) rc = check(rt, rt->d.EventRecord(rt->ev[1], rt->stream), "cuEventRecord", err);
+  if (rc == NF_OK) rc = check(rt, rt->d.EventRecord(rt->ev[1], st), "cuEventRecord", err);
   if (rc == NF_OK) rc = check(rt, rt->d.EventSynchronize(rt->ev[1]), "cuEventSynchronize", err);
   float f = 0;
   if (rc == NF_OK)

@@ -2,7 +2,8 @@
  * (dlopen of libcuda.so.1, or $NEOFLOW_LIBCUDA), never linked, so that
  * every binary starts on machines without a driver.
  *
- * One nf_cuda_rt is one device's primary context and one stream; kernel
+ * One nf_cuda_rt is one device's primary context and its streams (one,
+ * the libraries', unless nf_cuda_rt_set_streams adds more); kernel
  * images (cubin, or PTX that the driver compiles) are loaded with
  * cuModuleLoadData and run in the order of their launch plan
  * (nf_cuda_plan.h).  A sticky CUDA error (an illegal address, a launch
@@ -49,8 +50,25 @@ int nf_cuda_rt_alloc(nf_cuda_rt *rt, size_t n, uint64_t *dptr, nf_buf *err);
 void nf_cuda_rt_free(nf_cuda_rt *rt, uint64_t dptr);
 int nf_cuda_rt_upload(nf_cuda_rt *rt, uint64_t dst, const void *src, size_t n, nf_buf *err);
 int nf_cuda_rt_download(nf_cuda_rt *rt, void *dst, uint64_t src, size_t n, nf_buf *err);
-/* Waits for everything queued on the runtime's stream. */
+/* Waits for everything queued on the runtime's streams. */
 int nf_cuda_rt_sync(nf_cuda_rt *rt, nf_buf *err);
+
+/* Several streams.  nf_cuda_rt_set_streams makes n in all (at most
+ * NF_CUDA_MAX_STREAMS; stream 0 is the one libraries use);
+ * nf_cuda_rt_select(i) sends later launches (nf_cuda_module_run, _time)
+ * to stream i.  Ordering across streams is the caller's: events
+ * (nf_cuda_rt_events makes n of them, numbered from 0) recorded on the
+ * selected stream (nf_cuda_rt_record) and waited for by it
+ * (nf_cuda_rt_wait; a never-recorded event is no wait).  With more than
+ * one stream, an upload waits for every stream first and is complete when
+ * it returns, and a download waits for every stream. */
+#define NF_CUDA_MAX_STREAMS 8
+int nf_cuda_rt_set_streams(nf_cuda_rt *rt, int n, nf_buf *err);
+int nf_cuda_rt_n_streams(const nf_cuda_rt *rt);
+void nf_cuda_rt_select(nf_cuda_rt *rt, int i);
+int nf_cuda_rt_events(nf_cuda_rt *rt, int n, nf_buf *err);
+int nf_cuda_rt_record(nf_cuda_rt *rt, int ev, nf_buf *err);
+int nf_cuda_rt_wait(nf_cuda_rt *rt, int ev, nf_buf *err);
 
 /* Loads an image and finds every launch's function (the plan is copied). */
 int nf_cuda_module_load(nf_cuda_rt *rt, const void *image, size_t n, const nf_cuda_plan *plan,
@@ -61,7 +79,7 @@ int nf_cuda_module_load_bundle(nf_cuda_rt *rt, const nf_cuda_bundle *b, nf_cuda_
                                nf_buf *err);
 /* 1 when the driver loaded is the tests' CPU emulation. */
 int nf_cuda_rt_emulated(const nf_cuda_rt *rt);
-/* Queues the plan's launches on the stream with the n_args device
+/* Queues the plan's launches on the selected stream with the n_args device
  * buffers args[] and a scratch buffer of at least plan.scratch_bytes. */
 int nf_cuda_module_run(nf_cuda_module *m, const uint64_t *args, uint32_t n_args, uint64_t scratch,
                        nf_buf *err);
