@@ -50,8 +50,20 @@ struct nf__gpu {
   int n_regions;
   region *regions;
   uint64_t **dargs;   /* per op: the device address of each buffer */
-  uint64_t scratch;   /* device scratch for the modules (scratch_bytes) */
+  uint64_t scratch[NF_CUDA_MAX_STREAMS]; /* per stream: device scratch for the
+                                           modules (scratch_bytes each) */
   uint64_t scratch_bytes;
+  /* streams: a module runs on its op's stream (op_stream), after waiting
+   * for the events of the ops it depends on (deps: earlier ops whose
+   * device bytes overlap its own, one of them writing) that last ran on
+   * another stream; a library call, a canary, a race run and the host
+   * run on stream 0; every op records its event when it is queued */
+  int n_streams, cur;
+  int *op_stream;
+  int **deps, *n_deps; /* descending op indices */
+  int *ran_stream;     /* per op: where it last ran (-1: never) */
+  uint64_t *ran_seq, seq; /* per op: when (a count of op runs) */
+  uint8_t used[NF_CUDA_MAX_STREAMS]; /* streams modules ran on, this step */
   int timed;          /* this step synchronises after each entry (its
                          per-entry times are real, not launch times) */
   nf_cublas *blas;    /* NULL: no cuBLAS (tier 0 on the host) */
@@ -186,7 +198,13 @@ void nf__gpu_close(nf_session *s) {
   nf_cudnn_close(G->dnn);
   free(G->conv);
   for (int i = 0; i < G->n_regions; i++) nf_cuda_rt_free(G->rt, G->regions[i].dev);
-  nf_cuda_rt_free(G->rt, G->scratch);
+  for (int i = 0; i < NF_CUDA_MAX_STREAMS; i++) nf_cuda_rt_free(G->rt, G->scratch[i]);
+  for (int i = 0; G->deps && i < s->n_ops; i++) free(G->deps[i]);
+  free(G->deps);
+  free(G->n_deps);
+  free(G->op_stream);
+  free(G->ran_stream);
+  free(G->ran_seq);
   if (G->dargs)
     for (int i = 0; i < s->n_ops; i++) free(G->dargs[i]);
   free(G->dargs);
@@ -200,6 +218,75 @@ void nf__gpu_close(nf_session *s) {
 static int conv_result_role(const nf_conv_sub *cs) {
   nf_conv_kind k = nf_conv_sub_desc(cs)->kind;
   return k == NF_CONV_FWD ? 2 : k == NF_CONV_BWD_DATA ? 0 : 1;
+}
+
+/* Whether ops i and j touch overlapping device bytes, one of them
+ * writing (a local library result of one entry counts as written). */
+static int ops_conflict(const nf_session *s, int i, int j) {
+  const struct nf__gpu *G = s->gpu;
+  const nf__op *a = &s->ops[i], *b = &s->ops[j];
+  if (a->kent == b->kent && G->res_dev[a->kent]) return 1;
+  for (uint32_t x = 0; x < a->n_in + a->n_out; x++) {
+    uint64_t ax = G->dargs[i][x], an = (uint64_t)s->slots[a->slots[x]].bytes;
+    for (uint32_t y = 0; y < b->n_in + b->n_out; y++) {
+      if (x < a->n_in && y < b->n_in) continue; /* two reads */
+      uint64_t by = G->dargs[j][y], bn = (uint64_t)s->slots[b->slots[y]].bytes;
+      if (an && bn && ax < by + bn && by < ax + an) return 1;
+    }
+  }
+  return 0;
+}
+
+/* The streams ($NEOFLOW_GPU_STREAMS, 1 to NF_CUDA_MAX_STREAMS, default
+ * 4), each op's dependencies and the stream its module runs on: the
+ * stream of a dependency that was the last op there (a chain stays on
+ * one stream, without events), else the stream whose last op is oldest. */
+static int plan_streams(nf_session *s) {
+  struct nf__gpu *G = s->gpu;
+  const char *e = getenv("NEOFLOW_GPU_STREAMS");
+  int want = e && *e ? atoi(e) : 4;
+  if (want < 1) want = 1;
+  int rc = nf_cuda_rt_set_streams(G->rt, want, &s->err);
+  G->n_streams = nf_cuda_rt_n_streams(G->rt);
+  if (rc != NF_OK || G->n_streams == 1) return rc;
+  if ((rc = nf_cuda_rt_events(G->rt, s->n_ops, &s->err)) != NF_OK) return rc;
+  int n = s->n_ops;
+  G->op_stream = calloc((size_t)n + 1, sizeof *G->op_stream);
+  G->ran_stream = malloc(((size_t)n + 1) * sizeof *G->ran_stream);
+  G->ran_seq = calloc((size_t)n + 1, sizeof *G->ran_seq);
+  G->deps = calloc((size_t)n + 1, sizeof *G->deps);
+  G->n_deps = calloc((size_t)n + 1, sizeof *G->n_deps);
+  int *tmp = malloc(((size_t)n + 1) * sizeof *tmp);
+  if (!G->op_stream || !G->ran_stream || !G->ran_seq || !G->deps || !G->n_deps || !tmp) {
+    free(tmp);
+    return NF_ENOMEM;
+  }
+  int last[NF_CUDA_MAX_STREAMS];
+  for (int t = 0; t < NF_CUDA_MAX_STREAMS; t++) last[t] = -1;
+  for (int j = 0; j < n; j++) {
+    G->ran_stream[j] = -1;
+    int nd = 0;
+    for (int i = j - 1; i >= 0; i--)
+      if (ops_conflict(s, i, j)) tmp[nd++] = i;
+    if (nd && !(G->deps[j] = malloc((size_t)nd * sizeof *G->deps[j]))) {
+      free(tmp);
+      return NF_ENOMEM;
+    }
+    memcpy(G->deps[j], tmp, (size_t)nd * sizeof *tmp);
+    G->n_deps[j] = nd;
+    int st = -1;
+    for (int q = 0; q < nd && st < 0; q++)
+      if (last[G->op_stream[tmp[q]]] == tmp[q]) st = G->op_stream[tmp[q]];
+    if (st < 0) {
+      st = 0;
+      for (int t = 1; t < G->n_streams; t++)
+        if (last[t] < last[st]) st = t;
+    }
+    G->op_stream[j] = st;
+    last[st] = j;
+  }
+  free(tmp);
+  return NF_OK;
 }
 
 int nf__gpu_open(nf_session *s) {
@@ -297,6 +384,7 @@ int nf__gpu_open(nf_session *s) {
     rc = nf_cuda_rt_alloc(rt, (size_t)b, &G->res_dev[k], &s->err);
     if (rc == NF_OK && !(G->res_host[k] = malloc(b ? (size_t)b : 1))) rc = NF_ENOMEM;
   }
+  if (rc == NF_OK) rc = plan_streams(s);
   if (rc == NF_OK) rc = nf_cuda_rt_sync(rt, &s->err);
   if (rc != NF_OK) {
     nf_buf_free(&bwhy);
@@ -321,10 +409,10 @@ int nf__gpu_open(nf_session *s) {
   }
   if (!s->quiet)
     fprintf(stderr,
-            "neoflow: training on %s (sm_%d%s), %d device buffers; %d products on %s%s%s; "
+            "neoflow: training on %s (sm_%d%s), %d device buffers, %d streams; %d products on %s%s%s; "
             "%d convolutions on %s%s%s; the rest on %s\n",
             nf_cuda_rt_name(rt), nf_cuda_rt_sm(rt),
-            nf_cuda_rt_emulated(rt) ? ", emulated on the CPU" : "", G->n_regions, n_plain,
+            nf_cuda_rt_emulated(rt) ? ", emulated on the CPU" : "", G->n_regions, G->n_streams, n_plain,
             G->blas ? "cuBLAS" : "the host", *blas_note ? ": " : "", blas_note, n_conv,
             G->dnn ? nf_cudnn_version(G->dnn) : "the host", *dnn_note ? ": " : "", dnn_note,
             gen_note);
@@ -366,17 +454,19 @@ static void take_bundle(nf_session *s, nf__kent *k, uint8_t *bin, size_t len) {
   int rc = nf_cuda_bundle_decode(bin, len, &b, &err);
   if (rc == NF_OK) {
     rc = nf_cuda_module_load_bundle(G->rt, &b, &m, &err);
-    /* every module runs with the one scratch buffer: grow it (nothing is
-     * running at a step boundary once the stream is idle) */
+    /* every module runs with its stream's scratch buffer: grow them
+     * (nothing is running at a step boundary once the streams are idle) */
     if (rc == NF_OK && b.plan.scratch_bytes > G->scratch_bytes) {
-      uint64_t d = 0;
       rc = nf_cuda_rt_sync(G->rt, &err);
-      if (rc == NF_OK) rc = nf_cuda_rt_alloc(G->rt, (size_t)b.plan.scratch_bytes, &d, &err);
-      if (rc == NF_OK) {
-        nf_cuda_rt_free(G->rt, G->scratch);
-        G->scratch = d;
-        G->scratch_bytes = b.plan.scratch_bytes;
+      for (int i = 0; rc == NF_OK && i < G->n_streams; i++) {
+        uint64_t d = 0;
+        rc = nf_cuda_rt_alloc(G->rt, (size_t)b.plan.scratch_bytes, &d, &err);
+        if (rc == NF_OK) {
+          nf_cuda_rt_free(G->rt, G->scratch[i]);
+          G->scratch[i] = d;
+        }
       }
+      if (rc == NF_OK) G->scratch_bytes = b.plan.scratch_bytes;
     }
     nf_cuda_bundle_free(&b);
   }
@@ -399,6 +489,7 @@ int nf__gpu_begin(nf_session *s) {
   struct nf__gpu *G = s->gpu;
   if (!G) return NF_OK;
   G->timed = s->step % GPU_TIMED_EVERY == 0;
+  memset(G->used, 0, sizeof G->used);
   for (int i = 0; i < s->n_kents; i++) {
     nf__kent *k = &s->kents[i];
     pthread_mutex_lock(&s->mu);
@@ -519,7 +610,7 @@ static int run_host(nf_session *s, nf__kent *k, nf__op *op) {
 
 static int run_module(nf_session *s, nf_cuda_module *m, const uint64_t *args, uint32_t n,
                       nf_buf *err) {
-  return nf_cuda_module_run(m, args, n, s->gpu->scratch, err);
+  return nf_cuda_module_run(m, args, n, s->gpu->scratch[s->gpu->cur], err);
 }
 
 /* The canary: the candidate on copies, then the reference for real, the
@@ -619,6 +710,24 @@ static int run_canary(nf_session *s, nf__kent *k, nf__op *op, int op_index) {
   return rc;
 }
 
+/* Makes stream st wait for op j's dependencies that last ran on other
+ * streams: on each such stream, the one that ran last. */
+static int wait_deps(nf_session *s, int j, int st) {
+  struct nf__gpu *G = s->gpu;
+  uint64_t best[NF_CUDA_MAX_STREAMS] = {0};
+  int who[NF_CUDA_MAX_STREAMS] = {0};
+  for (int q = 0; q < G->n_deps[j]; q++) {
+    int d = G->deps[j][q], t = G->ran_stream[d];
+    if (t < 0 || t == st || G->ran_seq[d] <= best[t]) continue;
+    best[t] = G->ran_seq[d];
+    who[t] = d;
+  }
+  int rc = NF_OK;
+  for (int t = 0; rc == NF_OK && t < G->n_streams; t++)
+    if (best[t]) rc = nf_cuda_rt_wait(G->rt, who[t], &s->err);
+  return rc;
+}
+
 static int cmp_ms(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return x < y ? -1 : x > y;
@@ -642,8 +751,17 @@ int nf__gpu_run_op(nf_session *s, nf__op *op) {
     s->trusted++;
   }
   double t0 = nf__now_ms();
-  int rc;
-  if (k->gcand) {
+  int rc = NF_OK;
+  /* a module runs on its op's stream; the rest on stream 0 */
+  int module = !k->gcand && k->gcur && k->race_left <= 0 && !k->prefer_blas;
+  int st = G->n_streams > 1 && module ? G->op_stream[op_index] : 0;
+  if (G->n_streams > 1) {
+    nf_cuda_rt_select(G->rt, st);
+    G->cur = st;
+    rc = wait_deps(s, op_index, st);
+  }
+  if (rc != NF_OK) {
+  } else if (k->gcand) {
     rc = run_canary(s, k, op, op_index);
   } else if (k->gcur && k->race_left > 0) {
     /* cuBLAS or cuDNN against the module, alternating, each synchronised */
@@ -666,7 +784,21 @@ int nf__gpu_run_op(nf_session *s, nf__op *op) {
   /* launches are asynchronous: on a timed step each entry waits for its
    * kernels, so its time is the device's; on others only the step as a
    * whole is timed (and per-entry times keep the last timed step's) */
+  if (G->n_streams > 1) {
+    if (rc == NF_OK) rc = nf_cuda_rt_record(G->rt, op_index, &s->err);
+    G->ran_stream[op_index] = st;
+    G->ran_seq[op_index] = ++G->seq;
+    G->used[st] |= module;
+    nf_cuda_rt_select(G->rt, 0);
+    G->cur = 0;
+  }
   if (rc == NF_OK && G->timed) rc = nf_cuda_rt_sync(G->rt, &s->err);
   k->run_ms += nf__now_ms() - t0;
   return rc;
+}
+
+int nf__gpu_streams_used(const nf_session *s) {
+  int n = 0;
+  for (int t = 0; s->gpu && t < NF_CUDA_MAX_STREAMS; t++) n += s->gpu->used[t];
+  return n;
 }

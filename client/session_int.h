@@ -247,6 +247,8 @@ int nf__gpu_sm(const nf_session *s, const char **name);
 int nf__gpu_blas_entries(const nf_session *s);
 /* The entries cuDNN runs at tier 0 (0 without cuDNN). */
 int nf__gpu_dnn_entries(const nf_session *s);
+/* How many streams modules ran on during the last step (or evaluation). */
+int nf__gpu_streams_used(const nf_session *s);
 /* Whether kent k has a GPU kernel running or waiting. */
 int nf__gpu_has_kernel(const nf_session *s, const nf__kent *k);
 
