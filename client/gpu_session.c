@@ -272,7 +272,7 @@ static int plan_streams(nf_session *s) {
       free(tmp);
       return NF_ENOMEM;
     }
-    memcpy(G->deps[j], tmp, (size_t)nd * sizeof *tmp);
+    if (nd) memcpy(G->deps[j], tmp, (size_t)nd * sizeof *tmp);
     G->n_deps[j] = nd;
     int st = -1;
     for (int q = 0; q < nd && st < 0; q++)

@@ -16,6 +16,20 @@ struct emu_blas {
 };
 enum { BLAS_MAGIC = 0x424c4153 };
 
+/* handles come from a fixed pool (a broken context's owner never
+ * destroys its handle: nothing leaks) */
+static emu_blas g_pool[64];
+
+static emu_blas *pool_new() {
+  for (emu_blas &x : g_pool)
+    if (x.magic != BLAS_MAGIC) {
+      x.magic = BLAS_MAGIC;
+      x.stream = NULL;
+      return &x;
+    }
+  return NULL;
+}
+
 static emu_blas *handle(void *h) {
   emu_blas *b = (emu_blas *)h;
   return b && b->magic == BLAS_MAGIC ? b : NULL;
@@ -24,16 +38,14 @@ static emu_blas *handle(void *h) {
 extern "C" {
 
 cublasStatus_t cublasCreate_v2(void **h) {
-  emu_blas *b = new emu_blas{BLAS_MAGIC, NULL};
-  *h = b;
-  return 0;
+  *h = pool_new();
+  return *h ? 0 : 3; /* CUBLAS_STATUS_ALLOC_FAILED */
 }
 
 cublasStatus_t cublasDestroy_v2(void *h) {
   emu_blas *b = handle(h);
   if (!b) return 1;
   b->magic = 0;
-  delete b;
   return 0;
 }
 

@@ -183,6 +183,9 @@ struct emu_stream {
 };
 
 static std::vector<emu_stream *> *g_streams; /* in creation order */
+/* events alive: freed on unloading with what a broken context's owner
+ * could not destroy */
+static std::set<emu_event *> *g_events;
 
 static double clock_ms() {
   struct timespec ts;
@@ -283,6 +286,8 @@ CUresult cuEventCreate(void **e, unsigned flags) {
   if (!v) return E_OUT_OF_MEMORY;
   v->magic = EVENT_MAGIC;
   v->ms = -1;
+  if (!g_events) g_events = new std::set<emu_event *>();
+  g_events->insert(v);
   *e = v;
   return OK;
 }
@@ -292,6 +297,7 @@ CUresult cuEventDestroy_v2(void *e) {
   if (!v || v->magic != EVENT_MAGIC) return E_INVALID_HANDLE;
   /* (queued items naming it run first) */
   drain_all();
+  if (g_events) g_events->erase(v);
   v->magic = 0;
   free(v);
   return OK;
@@ -504,6 +510,10 @@ __attribute__((destructor)) static void unload_all(void) {
     for (emu_stream *x : *g_streams) delete x;
   delete g_streams;
   g_streams = NULL;
+  if (g_events)
+    for (emu_event *v : *g_events) free(v);
+  delete g_events;
+  g_events = NULL;
   if (g_mods)
     for (emu_module *m : *g_mods) module_free(m);
   if (g_allocs)

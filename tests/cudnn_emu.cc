@@ -43,6 +43,20 @@ struct emu_dnn {
 };
 enum { DNN_MAGIC = 0x444e4e48 };
 
+/* handles come from a fixed pool (a broken context's owner never
+ * destroys its handle: nothing leaks) */
+static emu_dnn g_pool[64];
+
+static emu_dnn *pool_new() {
+  for (emu_dnn &x : g_pool)
+    if (x.magic != DNN_MAGIC) {
+      x.magic = DNN_MAGIC;
+      x.stream = NULL;
+      return &x;
+    }
+  return NULL;
+}
+
 static emu_dnn *handle(void *h) {
   emu_dnn *d = (emu_dnn *)h;
   return d && d->magic == DNN_MAGIC ? d : NULL;
@@ -117,14 +131,13 @@ extern "C" {
 long cudnn_emu_calls(void) { return g_calls; }
 
 st_t cudnnCreate(void **h) {
-  *h = new emu_dnn{DNN_MAGIC, NULL};
-  return OK;
+  *h = pool_new();
+  return *h ? OK : BAD_PARAM;
 }
 st_t cudnnDestroy(void *h) {
   emu_dnn *d = handle(h);
   if (!d) return BAD_PARAM;
   d->magic = 0;
-  delete d;
   return OK;
 }
 st_t cudnnSetStream(void *h, void *stream) {
