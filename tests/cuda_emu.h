@@ -30,6 +30,25 @@ static nf_emu_dim3 threadIdx, blockIdx, blockDim, gridDim;
 #define __forceinline__ inline
 #define __launch_bounds__(n)
 #define __shared__ static
+#define __align__(n) alignas(n)
+
+/* CUDA's vector types, for the backend's vector loads and stores
+ * (NF_VMOVE), which must be aligned to their size: a misaligned one is
+ * reported and aborts (the backend checks alignment before each). */
+struct alignas(8) float2 { float x, y; };
+struct alignas(16) float4 { float x, y, z, w; };
+struct alignas(8) int2 { int x, y; };
+struct alignas(16) int4 { int x, y, z, w; };
+struct alignas(16) double2 { double x, y; };
+struct alignas(16) longlong2 { long long x, y; };
+static inline void nf_emu_vmove(void *dst, const void *src, size_t n) {
+  if (((uintptr_t)dst | (uintptr_t)src) & (n - 1)) {
+    fprintf(stderr, "cuda_emu: a misaligned %zu-byte vector access (%p <- %p)\n", n, dst, src);
+    abort();
+  }
+  memcpy(dst, src, n);
+}
+#define NF_VMOVE(VT, dst, src) nf_emu_vmove((dst), (src), sizeof(VT))
 
 static inline float __int_as_float(int32_t v) {
   float f;

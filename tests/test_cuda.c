@@ -91,6 +91,9 @@ static const char *mm_src =
     "}\n"
     "def mx(A: f32[M, K]) -> (L: f32[]) {\n"
     "  L() max=! A(i, k)\n"
+    "}\n"
+    "def sh(A: f32[M, K]) -> (B: f32[M, K - 1]) {\n"
+    "  B(i, j) = A(i, j + 1) * 2.0\n"
     "}\n";
 
 static nf_graph *mm_graph(nf_ir_ctx *ctx, int m, int k, int n) {
@@ -132,12 +135,14 @@ START_TEST(cuda_default_tiled) {
                    "stmt 0 bind_block i.o\nstmt 0 bind_block j.o\n"
                    "stmt 0 bind_thread i.i.o\nstmt 0 bind_thread j.i.o\n"
                    "stmt 0 cache_read A k.o\nstmt 0 cache_read B k.o\n"
-                   "stmt 0 cache_write j.i.o\n");
+                   "stmt 0 vectorize j.i.i\nstmt 0 cache_write j.i.o\n");
   nf_lprog *p = NULL;
   ck_assert_int_eq(nf_lower(g, s, ctx, &p, &err), NF_OK);
   nf_cuda_plan plan;
   memset(&plan, 0, sizeof plan);
   ck_assert_int_eq(nf_cuda_emit(p, &src, &plan, &err), NF_OK);
+  /* j does not divide into the tiles: guarded, no vector accesses */
+  ck_assert_ptr_null(strstr(nf_buf_str(&src), "NF_VMOVE(float2"));
   /* the output's identity fill over the grid, then 4 x 3 blocks of 256 */
   ck_assert_int_eq(plan.n_launches, 2);
   ck_assert_uint_eq(plan.launches[1].grid, 12);
@@ -473,6 +478,19 @@ static const sched_case sched_cases[] = {
     /* the GPU default's block reductions to a scalar (one block of 256
      * threads, a partial result each in shared memory) */
     {"default block sum 37x41", {"sq", "sq", P0, 1, {NZ(1, 2, 37, 41)}, NULL, 0, 0}, NULL},
+    /* vector loops: the thread's 4 (or 2) outputs along j read the staged
+     * row of B with one vector load and add into the register tile with
+     * one vector store */
+    {"vector tiled matmul 64x40x48", {"mm", "mm", P0, 2, {NZ(1, 2, 64, 40), NZ(1, 2, 40, 48)},
+                                      NULL, 0, 0},
+     TILED_MM "stmt 0 vectorize j.i.i\n"},
+    {"vector vthread matmul 64x40x64", {"mm", "mm", P0, 2, {NZ(1, 2, 64, 40),
+                                                            NZ(1, 2, 40, 64)}, NULL, 0, 0},
+     VTHREAD_MM "stmt 0 vectorize j.i.i.i\n"},
+    /* ... and from a global buffer, at offsets of which 3 in 4 are not
+     * aligned (the scalar path) */
+    {"vector shifted rows 6x9", {"sh", "sh", P0, 1, {NZ(1, 2, 6, 9)}, NULL, 0, 0},
+     "neoflow-schedule 1\nstmt 0 split j 4\nstmt 0 vectorize j.i\n"},
     {"default block max 64x64", {"mx", "mx", P0, 1, {NZ(1, 2, 64, 64)}, NULL, 0, 0}, NULL},
     {"default tiles conv2d pad 1 3ch 18x20", {"conv", "conv2d", P1("pad", 1), 2,
                                               {NZ(1, 4, 1, 3, 18, 20), NZ(1, 4, 4, 3, 3, 3)}, NULL,
@@ -493,7 +511,8 @@ static const char *sched_make(int k, inst *I, nf_lprog **p) {
   static nf_module *nn;
   if (!nn) nn = load("nn.nf");
   const sched_case *sc = &sched_cases[k];
-  int own = !strcmp(sc->c.def, "mm") || !strcmp(sc->c.def, "sq") || !strcmp(sc->c.def, "mx");
+  int own = !strcmp(sc->c.def, "mm") || !strcmp(sc->c.def, "sq") || !strcmp(sc->c.def, "mx") ||
+            !strcmp(sc->c.def, "sh");
   inst_make(I, own ? mod : nn, &sc->c, 0x5eed + (uint64_t)k);
   nf_schedule *s = NULL;
   nf_buf err = NF_BUF_INIT;
@@ -517,7 +536,7 @@ START_TEST(cuda_emulated) {
   static inst I[N_ALL + N_SCHED];
   static const char *label[N_ALL + N_SCHED];
   static nf_cuda_plan plan[N_ALL + N_SCHED];
-  int n_launch = 0, n_shared = 0;
+  int n_launch = 0, n_shared = 0, n_vec = 0;
   for (int k = 0; k < N_ALL + N_SCHED; k++) {
     nf_lprog *p = NULL;
     if (k < N_ALL) {
@@ -562,7 +581,9 @@ START_TEST(cuda_emulated) {
     rc = nf_cuda_emit(p, &src, &plan[k], &err);
     ck_assert_msg(rc == NF_OK, "%s: emit: %s", label[k], nf_buf_str(&err));
     n_launch += plan[k].n_launches;
-    if (k >= N_ALL) { /* staged in shared memory, copies or fills shared, barriers */
+    n_vec += strstr(nf_buf_str(&src), "== 0) NF_VMOVE(") != NULL;
+    if (k >= N_ALL && strncmp(label[k], "vector shifted", 14) != 0) {
+      /* staged in shared memory, copies or fills shared, barriers */
       const char *cs = nf_buf_str(&src);
       ck_assert_msg(strstr(cs, "__shared__") && strstr(cs, "f_ += blockDim.x") &&
                         strstr(cs, "__syncthreads();"),
@@ -623,8 +644,11 @@ START_TEST(cuda_emulated) {
     nf_cuda_plan_free(&plan[k]);
     inst_free(&I[k]);
   }
-  fprintf(stderr, "cuda_emulated: %d programs (%d staging in shared memory), %d launches, "
-          "emulated and checked\n", N_ALL + N_SCHED, n_shared, n_launch);
+  /* the vector cases, and the default tiles where they divide */
+  ck_assert_int_ge(n_vec, 4);
+  fprintf(stderr, "cuda_emulated: %d programs (%d staging in shared memory, %d with vector "
+          "accesses), %d launches, emulated and checked\n", N_ALL + N_SCHED, n_shared, n_vec,
+          n_launch);
   dlclose(h);
   unlink(so);
   unlink(cpp);

@@ -38,6 +38,14 @@ typedef struct cu {
   uint32_t block;    /* threads of the current kernel */
   uint64_t shared;   /* its static shared bytes */
   uint64_t local;    /* its local array bytes (per thread) */
+  /* inside a vectorized loop (vector_loop): its variable, the loads read
+   * from lane arrays (vld[i] from nv<vid[i]>[v]) and the store written
+   * to one (vst_buf, -1: none) */
+  uint32_t vvar;
+  const nf_expr *vld[16];
+  int vid[16], n_vld, vst;
+  int64_t vst_buf;
+  int nvec;
 } cu;
 
 static void fail(cu *c, int rc, const char *fmt, ...) {
@@ -236,6 +244,14 @@ static void val(cu *c, const nf_expr *e, char *out, size_t n) {
       snprintf(out, n, "0");
       return;
     }
+    for (int q = 0; q < c->n_vld; q++)
+      if (c->vld[q] == e) { /* a lane of a vector load */
+        k = c->ntmp++;
+        line(c, "const %s e%d = nv%d[v%u];", ty, k, c->vid[q], c->vvar);
+        memo_add(c, e, k);
+        snprintf(out, n, "e%d", k);
+        return;
+      }
     offset(c, t, e->n_args, e->args, a, sizeof a);
     k = c->ntmp++;
     if (c->p->bufs[t].dtype == NF_BOOL)
@@ -393,6 +409,9 @@ static void store(cu *c, const nf_lstmt *s) {
   offset(c, s->buf, s->n_idx, s->idx, o, sizeof o);
   val(c, s->value, v, sizeof v);
   int dt = lb->dtype, isf = nf_dtype_is_float((nf_dtype)dt);
+  char lhs[128]; /* the element: b<buf>[<o>], or its lane nv<k>[v] */
+  if (c->vst_buf == (int64_t)s->buf) snprintf(lhs, sizeof lhs, "nv%d[v%u]", c->vst, c->vvar);
+  else snprintf(lhs, sizeof lhs, "b%u[%s]", s->buf, o);
   const char *ty = vtype(dt), *ut = dt == NF_I32 ? "unsigned" : "unsigned long long";
   if (bad_dtype(c, lb)) {
     /* recorded */
@@ -410,28 +429,222 @@ static void store(cu *c, const nf_lstmt *s) {
     case NF_RED_PROD: {
       const char *op = s->op == NF_RED_SUM ? "+" : "*";
       if (isf)
-        line(c, "b%u[%s] = b%u[%s] %s %s;", s->buf, o, s->buf, o, op, v);
+        line(c, "%s = %s %s %s;", lhs, lhs, op, v);
       else
-        line(c, "b%u[%s] = (%s)((%s)b%u[%s] %s (%s)%s);", s->buf, o, ty, ut, s->buf, o, op, ut,
-             v);
+        line(c, "%s = (%s)((%s)%s %s (%s)%s);", lhs, ty, ut, lhs, op, ut, v);
       break;
     }
     case NF_RED_MAX:
     case NF_RED_MIN: {
       const char *cmp = s->op == NF_RED_MAX ? ">" : "<";
-      line(c, "const %s o_ = b%u[%s];", ty, s->buf, o);
+      line(c, "const %s o_ = %s;", ty, lhs);
       if (isf)
-        line(c, "b%u[%s] = (o_ %s %s || o_ != o_) ? o_ : %s;", s->buf, o, cmp, v, v);
+        line(c, "%s = (o_ %s %s || o_ != o_) ? o_ : %s;", lhs, cmp, v, v);
       else
-        line(c, "b%u[%s] = o_ %s %s ? o_ : %s;", s->buf, o, cmp, v, v);
+        line(c, "%s = o_ %s %s ? o_ : %s;", lhs, cmp, v, v);
       break;
     }
-    default: line(c, "b%u[%s] = %s;", s->buf, o, v); break;
+    default: line(c, "%s = %s;", lhs, v); break;
     }
   }
   c->ind--;
   line(c, "}");
   c->n_m = mark;
+}
+
+/* ---- vectorized loops ---- */
+
+/* Whether e reads loop variable var. */
+static int uses_var(const nf_expr *e, uint32_t var, int depth) {
+  if (depth > 64) return 1;
+  if (e->op == NF_OP_VAR) return e->u.var == var;
+  for (int i = 0; i < e->n_args; i++)
+    if (uses_var(e->args[i], var, depth + 1)) return 1;
+  return 0;
+}
+
+/* Whether e is var plus terms without it (through additions). */
+static int lane_term(const nf_expr *e, uint32_t var, int depth) {
+  if (e->op == NF_OP_VAR) return e->u.var == var;
+  if (e->op != NF_OP_ADD || e->dtype != NF_I64 || depth > 16) return 0;
+  for (int a = 0; a < 2; a++)
+    if (!uses_var(e->args[1 - a], var, 0)) return lane_term(e->args[a], var, depth + 1);
+  return 0;
+}
+
+/* Whether an access or store with these indices reads W consecutive
+ * elements as var runs 0..W-1: var only in the last index, as `var` or
+ * `x + var` (x any sum of terms without var). */
+static int lane_indices(const nf_expr *const *idx, int n, uint32_t var) {
+  if (n < 1) return 0;
+  for (int d = 0; d < n - 1; d++)
+    if (uses_var(idx[d], var, 0)) return 0;
+  return lane_term(idx[n - 1], var, 0);
+}
+
+/* The vector type of W elements of dtype dt, or NULL. */
+static const char *vec_type(int dt, int64_t w) {
+  if (w == 4) return dt == NF_F32 ? "float4" : dt == NF_I32 ? "int4" : NULL;
+  if (w == 2)
+    return dt == NF_F32   ? "float2"
+           : dt == NF_I32 ? "int2"
+           : dt == NF_F64 ? "double2"
+           : dt == NF_I64 ? "longlong2"
+                          : NULL;
+  return NULL;
+}
+
+static int stores_buf(const nf_lstmt *s, uint32_t b) {
+  for (int i = 0; i < s->n_body; i++)
+    if (s->body[i]->buf == b) return 1;
+  return 0;
+}
+
+/* Collects into c->vld the loads of e that every lane makes (not under a
+ * select's branch) and that read W consecutive elements of a buffer the
+ * loop does not store to. */
+static void vec_loads(cu *c, const nf_lstmt *s, const nf_expr *e, const nf_expr **seen,
+                      int *n_seen, int depth) {
+  if (depth > 64 || c->n_vld == 16) return;
+  for (int i = 0; i < *n_seen; i++)
+    if (seen[i] == e) return;
+  if (*n_seen < 256) seen[(*n_seen)++] = e;
+  if (e->op == NF_OP_ACCESS) {
+    if (e->u.tensor < c->p->n_bufs && vec_type(c->p->bufs[e->u.tensor].dtype, s->extent) &&
+        !stores_buf(s, e->u.tensor) &&
+        lane_indices((const nf_expr *const *)e->args, e->n_args, s->var))
+      c->vld[c->n_vld++] = e;
+    return;
+  }
+  int n = e->op == NF_OP_SELECT ? 1 : e->n_args; /* (a branch may not run) */
+  for (int i = 0; i < n; i++) vec_loads(c, s, e->args[i], seen, n_seen, depth + 1);
+}
+
+static int reads_buf(const nf_expr *e, uint32_t b, int depth) {
+  if (depth > 64) return 1;
+  if (e->op == NF_OP_ACCESS && e->u.tensor == b) return 1;
+  for (int i = 0; i < e->n_args; i++)
+    if (reads_buf(e->args[i], b, depth + 1)) return 1;
+  return 0;
+}
+
+/* Moves W elements between buffer b at offset o and lane array nv<id>:
+ * one vector access where the address is aligned to the vector (checked
+ * when it runs: buffers and offsets need not be), else W scalar ones. */
+static void vec_move(cu *c, uint32_t b, const char *o, int id, int64_t w, int load) {
+  const nf_lbuf *lb = &c->p->bufs[b];
+  const char *vt = vec_type(lb->dtype, w);
+  unsigned mask = (unsigned)(w * (int64_t)nf_dtype_size((nf_dtype)lb->dtype)) - 1u;
+  if (load) {
+    line(c, "if ((((unsigned long long)(b%u + %s)) & %uull) == 0) NF_VMOVE(%s, nv%d, b%u + %s);",
+         b, o, mask, vt, id, b, o);
+    line(c, "else for (int l_ = 0; l_ < %d; l_++) nv%d[l_] = b%u[%s + l_];", (int)w, id, b, o);
+  } else {
+    line(c, "if ((((unsigned long long)(b%u + %s)) & %uull) == 0) NF_VMOVE(%s, b%u + %s, nv%d);",
+         b, o, mask, vt, b, o, id);
+    line(c, "else for (int l_ = 0; l_ < %d; l_++) b%u[%s + l_] = nv%d[l_];", (int)w, b, o, id);
+  }
+}
+
+/* A VECTOR loop of 2 or 4 iterations whose body is stores only: the
+ * loads that read consecutive elements become one vector load each
+ * before the loop (into a lane array), and a single store of
+ * consecutive elements (its value not reading its buffer) one vector
+ * store after it; the loop, unrolled, works on the lanes.  0 when the
+ * loop has nothing to vectorize (it is then printed as usual). */
+static int vector_loop(cu *c, const nf_lstmt *s) {
+  if (s->extent != 2 && s->extent != 4) return 0;
+  if (s->n_body == 1 && s->body[0]->kind == NF_LS_IF && !uses_var(s->body[0]->cond, s->var, 0)) {
+    /* a guard the same for every lane (a reduction split that does not
+     * divide): outside the loop, which then holds what it guards */
+    const nf_lstmt *g = s->body[0];
+    nf_lstmt in = *s;
+    in.body = g->body;
+    in.n_body = g->n_body;
+    int mark = c->n_m;
+    line(c, "{");
+    c->ind++;
+    char a[96];
+    val(c, g->cond, a, sizeof a);
+    line(c, "if (%s) {", a);
+    c->ind++;
+    serial(c, &in);
+    c->ind--;
+    line(c, "}");
+    c->ind--;
+    line(c, "}");
+    c->n_m = mark;
+    return 1;
+  }
+  for (int i = 0; i < s->n_body; i++)
+    if (s->body[i]->kind != NF_LS_STORE || s->body[i]->buf >= c->p->n_bufs) return 0;
+  c->n_vld = 0;
+  const nf_expr *seen[256];
+  int n_seen = 0;
+  for (int i = 0; i < s->n_body; i++) {
+    const nf_lstmt *st = s->body[i];
+    vec_loads(c, s, st->value, seen, &n_seen, 0);
+    for (int d = 0; d < st->n_idx; d++) vec_loads(c, s, st->idx[d], seen, &n_seen, 0);
+  }
+  const nf_lstmt *vs = s->n_body == 1 ? s->body[0] : NULL;
+  if (vs && !(vec_type(c->p->bufs[vs->buf].dtype, s->extent) &&
+              lane_indices((const nf_expr *const *)vs->idx, vs->n_idx, s->var) &&
+              !reads_buf(vs->value, vs->buf, 0)))
+    vs = NULL;
+  if (c->n_vld == 0 && !vs) return 0;
+  int64_t w = s->extent;
+  int mark = c->n_m;
+  line(c, "{ /* %s, vectorized */", s->var_name ? s->var_name : "");
+  c->ind++;
+  for (int q = 0; q < c->n_vld; q++) {
+    c->vid[q] = c->nvec++;
+    line(c, "__align__(16) %s nv%d[%d];", stype(c->p->bufs[c->vld[q]->u.tensor].dtype), c->vid[q],
+         (int)w);
+  }
+  int sid = -1;
+  if (vs) {
+    sid = c->nvec++;
+    line(c, "__align__(16) %s nv%d[%d];", stype(c->p->bufs[vs->buf].dtype), sid, (int)w);
+    line(c, "long long nb%d;", sid);
+  }
+  /* the first lane's offsets (v = 0), the loads */
+  line(c, "{");
+  c->ind++;
+  line(c, "const long long v%u = 0;", s->var);
+  char o[96];
+  for (int q = 0; q < c->n_vld && !c->rc; q++) {
+    const nf_expr *e = c->vld[q];
+    offset(c, e->u.tensor, e->n_args, e->args, o, sizeof o);
+    vec_move(c, e->u.tensor, o, c->vid[q], w, 1);
+  }
+  if (vs && !c->rc) {
+    offset(c, vs->buf, vs->n_idx, vs->idx, o, sizeof o);
+    line(c, "nb%d = %s;", sid, o);
+    if (vs->op != NF_RED_NONE) vec_move(c, vs->buf, o, sid, w, 1);
+  }
+  c->ind--;
+  line(c, "}");
+  c->n_m = mark;
+  c->vvar = s->var;
+  c->vst = sid;
+  c->vst_buf = vs ? (int64_t)vs->buf : -1;
+  line(c, "#pragma unroll");
+  line(c, "for (long long v%u = 0; v%u < %" PRId64 "LL; v%u++) {", s->var, s->var, w, s->var);
+  c->ind++;
+  for (int i = 0; i < s->n_body; i++) serial(c, s->body[i]);
+  c->ind--;
+  line(c, "}");
+  c->n_m = mark;
+  c->n_vld = 0;
+  c->vst_buf = -1;
+  if (vs) {
+    char nb[32];
+    snprintf(nb, sizeof nb, "nb%d", sid);
+    vec_move(c, vs->buf, nb, sid, w, 0);
+  }
+  c->ind--;
+  line(c, "}");
+  return 1;
 }
 
 static void serial(cu *c, const nf_lstmt *s) {
@@ -443,6 +656,8 @@ static void serial(cu *c, const nf_lstmt *s) {
   switch (s->kind) {
   case NF_LS_LOOP: {
     if (s->extent <= 0) return;
+    if (s->loop_kind == NF_LOOP_VECTOR && c->n_vld == 0 && c->vst_buf < 0 && vector_loop(c, s))
+      break;
     if (s->loop_kind == NF_LOOP_UNROLL || s->loop_kind == NF_LOOP_VECTOR) line(c, "#pragma unroll");
     line(c, "for (long long v%u = 0; v%u < %" PRId64 "LL; v%u++) { /* %s */", s->var, s->var,
          s->extent, s->var, s->var_name ? s->var_name : "");
@@ -821,6 +1036,9 @@ static void top(cu *c, const nf_lstmt *s, nf_buf *src) {
 
 static const char prelude[] =
     "/* generated by neoflow (daemon/codegen/cuda_backend.c) */\n"
+    "#ifndef NF_VMOVE\n"
+    "#define NF_VMOVE(VT, dst, src) (*(VT *)(dst) = *(const VT *)(src))\n"
+    "#endif\n"
     "static __device__ __forceinline__ long long nf_floordiv(long long a, long long b) {\n"
     "  long long q = a / b;\n"
     "  if (a % b != 0 && ((a < 0) != (b < 0))) q--;\n"
@@ -852,6 +1070,7 @@ int nf_cuda_emit(const nf_lprog *p, nf_buf *src, nf_cuda_plan *plan, nf_buf *err
   if (rc) return rc;
   cu c;
   memset(&c, 0, sizeof c);
+  c.vst_buf = -1;
   c.p = p;
   c.err = err;
   for (uint32_t b = 0; b < p->n_bufs; b++)

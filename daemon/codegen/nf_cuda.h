@@ -20,7 +20,14 @@
  *  - any other top-level statement is a grid-strided launch when its
  *    iterations write distinct elements (as above), else a launch of one
  *    block of one thread (correct, slow);
- *  - BLOCK or THREAD loops anywhere else run as ordinary serial loops.
+ *  - BLOCK or THREAD loops anywhere else run as ordinary serial loops;
+ *  - a VECTOR loop of 2 or 4 iterations whose body is stores (a guard
+ *    the same for every lane is moved out first) reads each operand of
+ *    consecutive elements not written in the loop with one vector load
+ *    (float2/float4, int2/int4, double2, longlong2) into a lane array,
+ *    and writes a single such store with one vector store, each
+ *    checking its address's alignment when it runs (scalar otherwise);
+ *    the loop itself is unrolled over the lanes.
  * Temporaries: an ALLOC at the top level lives in the global scratch
  * buffer (one allocation, plan.scratch_bytes, 256-byte aligned slices);
  * one inside a block but outside its thread nests is `__shared__`

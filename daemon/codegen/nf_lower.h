@@ -122,6 +122,7 @@ int nf_schedule_default_gpu(const nf_graph *g, int block, nf_schedule **out);
  *    taken, down to none. */
 typedef struct nf_gpu_knobs {
   int block, tiled, tile_i, tile_j, thr_i, thr_j, kt, stage, vthread;
+  int vec; /* -1: no vector loop over a thread's outputs along j */
 } nf_gpu_knobs;
 
 /* The GPU schedule of g with knobs kn (g->n_stmts entries; NULL: all 0).

@@ -1315,6 +1315,12 @@ static int gpu_tiled(nf_schedule *s, const nf_graph *g, uint32_t si, const nf_gp
   int n = kn->stage < 0 ? 0 : stored_reads(g, si, ids, 8);
   for (int k = 0; k < n; k++)
     if ((rc = add2(s, st_i, NF_SCH_CACHE_READ, ro, g->tensors[ids[k]].name)) < 0) return rc;
+  /* the thread's outputs along j, 2 or 4 of them: one vector access of
+   * each operand row they read (the backend's vector loads) */
+  int64_t oj = th[1] / v[1];
+  if (kn->vec >= 0 && (oj == 2 || oj == 4) &&
+      (rc = add1(s, st_i, NF_SCH_VECTORIZE, own[1], 0)) < 0)
+    return rc;
   return add1(s, st_i, NF_SCH_CACHE_WRITE, thr[1], 0);
 }
 

@@ -656,7 +656,7 @@ static void gpu_knob(run *R, uint32_t si, nf_gpu_knobs *k, int all) {
   const nf_stmt *st = &R->g->stmts[si];
   int reduces = st->red != NF_RED_NONE && st->n_red > 0 && R->g->tensors[st->out].rank >= 1 &&
                 !nf__sched_inlined_by_default(R->g, si);
-  int which = all ? -1 : (int)(nf_sk_rand(&R->rng) % (form == 1 ? 8u : reduces ? 2u : 1u));
+  int which = all ? -1 : (int)(nf_sk_rand(&R->rng) % (form == 1 ? 9u : reduces ? 2u : 1u));
   if (which < 0 || which == 0) k->block = pick(R, blocks, 5);
   if (form != 1) {
     /* a reduction with outputs: one thread per output, or across threads */
@@ -679,6 +679,10 @@ static void gpu_knob(run *R, uint32_t si, nf_gpu_knobs *k, int all) {
     k->stage = nf_sk_rand(&R->rng) % 5 == 0 ? -1 : 0;
   }
   if (which < 0 || which == 7) k->vthread = pick(R, vts, 3);
+  /* vector accesses over a thread's outputs along j (where 2 or 4) */
+  if (which < 0 || which == 8) k->vec = nf_sk_rand(&R->rng) % 3 == 0 ? -1 : 0;
+  /* vector accesses over a thread's outputs along j (where 2 or 4) */
+  if (which < 0 || which == 8) k->vec = nf_sk_rand(&R->rng) % 3 == 0 ? -1 : 0;
   /* a tile smaller than a thread's share is the thread's share */
   if (k->tile_i && k->thr_i > k->tile_i) k->thr_i = k->tile_i;
   if (k->tile_j && k->thr_j > k->tile_j) k->thr_j = k->tile_j;
