@@ -66,7 +66,7 @@ enum {
   E_UNKNOWN = 999
 };
 
-enum { MAX_PARAMS = 24 };
+enum { MAX_PARAMS = 96 }; /* a kernel's buffers and its scratch */
 
 struct emu_fn {
   void *fn;
@@ -446,15 +446,18 @@ CUresult nfemuModuleLoadSource(void **mod, const char *src, size_t n) {
     return E_INVALID_IMAGE;
   }
   std::string text(src, n);
+  /* the trampoline: every kernel is called through a pointer taking
+   * MAX_PARAMS pointers (the extra ones are ignored by the callee) */
+  std::string params, call;
+  for (int i = 0; i < MAX_PARAMS; i++) {
+    params += i ? ",void*" : "void*";
+    call += (i ? ",a[" : "a[") + std::to_string(i) + "]";
+  }
   std::string tu = "#include \"" + std::string(hdr) + "\"\n" + text +
                    "\nstatic void *nfemu_fn_;\nstatic void **nfemu_args_;\n"
-                   "typedef void (*nfemu_k)(void*,void*,void*,void*,void*,void*,void*,void*,"
-                   "void*,void*,void*,void*,void*,void*,void*,void*,void*,void*,void*,void*,"
-                   "void*,void*,void*,void*);\n"
+                   "typedef void (*nfemu_k)(" + params + ");\n"
                    "static void nfemu_body_(void *) {\n  void **a = nfemu_args_;\n"
-                   "  ((nfemu_k)nfemu_fn_)(a[0],a[1],a[2],a[3],a[4],a[5],a[6],a[7],a[8],a[9],"
-                   "a[10],a[11],a[12],a[13],a[14],a[15],a[16],a[17],a[18],a[19],a[20],a[21],"
-                   "a[22],a[23]);\n}\n"
+                   "  ((nfemu_k)nfemu_fn_)(" + call + ");\n}\n"
                    "extern \"C\" int nfemu_launch(void *fn, unsigned grid, unsigned block, "
                    "void **args) {\n  nfemu_fn_ = fn;\n  nfemu_args_ = args;\n"
                    "  return nf_emu::launch(grid, block, nfemu_body_, 0);\n}\n";

@@ -1505,8 +1505,24 @@ static int gpu_default(const nf_graph *g, int block0, int tiled, const nf_gpu_kn
     }
     if (rank == 0) continue;
     char cur[NF_SCHED_NAME], nm[NF_SCHED_NAME], tmp[NF_SCHED_NAME];
+    /* an elementwise statement whose rows split into fours (or twos):
+     * each thread takes 4 (2) neighbouring outputs, a vector loop (the
+     * backend's vector loads and stores); the loops below are then the
+     * outer ones and the last one's outer part (last.o, ext / w) */
+    int64_t w = 0, last = t->shape[rank - 1];
+    char lastn[NF_SCHED_NAME];
+    nf__sched_var_name(st, rank - 1, lastn);
+    if (kn->vec >= 0 && (st->red == NF_RED_NONE || st->n_red == 0) && strlen(lastn) + 2 < NF_SCHED_NAME)
+      w = last % 4 == 0 ? 4 : last % 2 == 0 ? 2 : 0;
+    if (w) {
+      if ((rc = add1(s, st_i, NF_SCH_SPLIT, lastn, w)) < 0) break;
+      nf__sched_cat(tmp, lastn, ".i");
+      if ((rc = add1(s, st_i, NF_SCH_VECTORIZE, tmp, 0)) < 0) break;
+      last /= w;
+    }
     int64_t all = 1;
-    for (int k = 0; k < rank; k++) all = sat_mul(all, t->shape[k]);
+    for (int k = 0; k < rank - 1; k++) all = sat_mul(all, t->shape[k]);
+    all = sat_mul(all, last);
     if (all <= 0) continue;
     /* blocks of tb threads that divide the outputs exactly (no guard),
      * the largest such size up to `block`, at least 32 */
@@ -1514,10 +1530,12 @@ static int gpu_default(const nf_graph *g, int block0, int tiled, const nf_gpu_kn
     for (int64_t c = block; !tb && c >= 32; c--)
       if (all % c == 0) tb = c;
     int fuse_to = tb ? rank : rank - 1; /* without: the last loop split alone */
-    nf__sched_var_name(st, 0, cur);
+    if (rank == 1 && w) nf__sched_cat(cur, lastn, ".o");
+    else nf__sched_var_name(st, 0, cur);
     int fused = 1;
     for (int k = 1; k < fuse_to && rc >= 0; k++) {
-      nf__sched_var_name(st, k, nm);
+      if (k == rank - 1 && w) nf__sched_cat(nm, lastn, ".o");
+      else nf__sched_var_name(st, k, nm);
       char fn[3 * NF_SCHED_NAME];
       snprintf(fn, sizeof fn, "%s.%s.fused", cur, nm);
       if (strlen(fn) >= NF_SCHED_NAME) break; /* the rest stay serial in the thread */
@@ -1530,11 +1548,12 @@ static int gpu_default(const nf_graph *g, int block0, int tiled, const nf_gpu_kn
       /* the outer loops' iterations are blocks; the last loop is split
        * into blocks of threads with one guard on it */
       if ((rc = add1(s, st_i, NF_SCH_BIND_BLOCK, cur, 0)) < 0) break;
-      nf__sched_var_name(st, rank - 1, cur);
-      tb = t->shape[rank - 1] < block ? t->shape[rank - 1] : block;
+      if (w) nf__sched_cat(cur, lastn, ".o");
+      else nf__sched_var_name(st, rank - 1, cur);
+      tb = last < block ? last : block;
     } else {
       int64_t ext = 1;
-      for (int k = 0; k < fused; k++) ext = sat_mul(ext, t->shape[k]);
+      for (int k = 0; k < fused; k++) ext = sat_mul(ext, k == rank - 1 ? last : t->shape[k]);
       if (!tb || ext % tb != 0) tb = ext < block ? ext : block; /* one guard */
     }
     if ((rc = add1(s, st_i, NF_SCH_SPLIT, cur, tb)) < 0) break;
