@@ -300,6 +300,11 @@ int nf__gpu_open(nf_session *s) {
   nf_buf why = NF_BUF_INIT;
   nf_cuda_rt *rt = NULL;
   int rc = nf_cuda_rt_open(dev, &rt, &why);
+  if (rc == NF_OK && (rc = nf_cuda_rt_probe(rt, &why)) != NF_OK) {
+    nf_buf_puts(&why, " (the device failed its health probe)");
+    nf_cuda_rt_close(rt);
+    rc = rc == NF_ENOMEM ? NF_EIO : rc;
+  }
   if (rc != NF_OK) {
     nf__session_warn(s, "device %s: %s; training on the CPU", want, nf_buf_str(&why));
     nf_buf_free(&why);

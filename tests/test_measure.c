@@ -778,8 +778,20 @@ START_TEST(measure_gpu_emulated) {
   ck_assert_int_eq(nf_measure(m, good.data, good.len, &r), NF_OK);
   expect_status(&r, NF_MEAS_OK, "mm after the bad ones");
   nf_measurer_free(m);
-  /* every launch breaks the context: a crash, then a fresh worker */
+  /* a device that breaks at once fails the worker's health probe: the
+   * measurer says so and starts nothing */
   setenv("NF_EMU_FAIL_LAUNCH", "1", 1);
+  m = NULL;
+  ck_assert_int_ne(nf_measurer_new(&o, &pb, &m, &err), NF_OK);
+  ck_assert_msg(strstr(nf_buf_str(&err), "failed its health probe") &&
+                    strstr(nf_buf_str(&err), "CUDA_ERROR_ILLEGAL_ADDRESS"),
+                "%s", nf_buf_str(&err));
+  ck_assert_ptr_null(m);
+  assert_no_children();
+  nf_buf_reset(&err);
+  /* every launch after the probe breaks the context: a crash, then a
+   * fresh worker (whose probe passes again) */
+  setenv("NF_EMU_FAIL_LAUNCH", "2", 1);
   ck_assert_msg(nf_measurer_new(&o, &pb, &m, &err) == NF_OK, "%s", nf_buf_str(&err));
   int pid0 = nf_measurer_worker_pid(m);
   ck_assert_int_eq(nf_measure(m, good.data, good.len, &r), NF_OK);

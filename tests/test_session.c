@@ -1690,6 +1690,19 @@ START_TEST(session_gpu_generated) {
                 l0);
   ck_assert_int_eq(stats(g).generated, 0);
   nf_session_free(g);
+  /* a device that fails the health probe (its first launch breaks the
+   * context): the session says so and trains on the CPU */
+  if (!real) {
+    setenv("NF_EMU_FAIL_LAUNCH", "1", 1);
+    g = open_def(m, "mlp", &o);
+    ck_assert_ptr_null(g->gpu);
+    ck_assert_msg(strstr(session_log(g), "health probe"), "%s", session_log(g));
+    mlp_feed(g, data, 0);
+    double l2 = step(g);
+    ck_assert_msg(fabs(l0 - l2) <= 1e-6 * fabs(l0), "loss %.9g on the fallback CPU, %.9g", l2, l0);
+    nf_session_free(g);
+    unsetenv("NF_EMU_FAIL_LAUNCH");
+  }
   nf_session_free(a);
   unsetenv("NEOFLOW_LIBNVRTC");
   unsetenv("NEOFLOW_LIBCUBLAS");

@@ -373,6 +373,60 @@ static int load_module(nf_cuda_rt *rt, const void *image, size_t n, const char *
   return NF_OK;
 }
 
+/* The health probe: y[0] = x[0] + 1 on one thread.  PTX (ISA 6.0,
+ * sm_50: any driver since CUDA 9 compiles it for its device), and the
+ * same kernel in CUDA C for the tests' emulated driver. */
+static const char probe_ptx[] =
+    ".version 6.0\n.target sm_50\n.address_size 64\n"
+    ".visible .entry nf_probe(.param .u64 nf_probe_x, .param .u64 nf_probe_y,\n"
+    "                         .param .u64 nf_probe_scratch)\n"
+    "{\n"
+    "  .reg .pred %p<2>;\n  .reg .f32 %f<3>;\n  .reg .b32 %r<4>;\n  .reg .b64 %rd<5>;\n"
+    "  ld.param.u64 %rd1, [nf_probe_x];\n"
+    "  ld.param.u64 %rd2, [nf_probe_y];\n"
+    "  mov.u32 %r1, %tid.x;\n"
+    "  mov.u32 %r2, %ctaid.x;\n"
+    "  or.b32 %r3, %r1, %r2;\n"
+    "  setp.ne.s32 %p1, %r3, 0;\n"
+    "  @%p1 bra DONE;\n"
+    "  cvta.to.global.u64 %rd3, %rd1;\n"
+    "  ld.global.f32 %f1, [%rd3];\n"
+    "  add.f32 %f2, %f1, 0f3F800000;\n"
+    "  cvta.to.global.u64 %rd4, %rd2;\n"
+    "  st.global.f32 [%rd4], %f2;\n"
+    "DONE:\n"
+    "  ret;\n"
+    "}\n";
+static const char probe_src[] =
+    "extern \"C\" __global__ void nf_probe(float *x, float *y, unsigned char *scratch) {\n"
+    "  if (threadIdx.x == 0 && blockIdx.x == 0) y[0] = x[0] + 1.0f;\n"
+    "}\n";
+
+int nf_cuda_rt_probe(nf_cuda_rt *rt, nf_buf *err) {
+  nf_cuda_launch l = {"nf_probe", 1, 32, 0};
+  nf_cuda_plan plan = {1, &l, 0, 2};
+  nf_cuda_module *m = NULL;
+  uint64_t d[2] = {0, 0};
+  const float x = 2.5f;
+  float y = 0;
+  int rc = load_module(rt, probe_ptx, sizeof probe_ptx, probe_src, sizeof probe_src - 1, &plan,
+                       &m, err);
+  for (int i = 0; rc == NF_OK && i < 2; i++) rc = nf_cuda_rt_alloc(rt, sizeof(float), &d[i], err);
+  if (rc == NF_OK) rc = nf_cuda_rt_upload(rt, d[0], &x, sizeof x, err);
+  if (rc == NF_OK) rc = nf_cuda_module_run(m, d, 2, 0, err);
+  if (rc == NF_OK) rc = nf_cuda_rt_download(rt, &y, d[1], sizeof y, err);
+  if (rc == NF_OK && y != 3.5f) {
+    nf_buf_printf(err, "the probe kernel computed %g, not 3.5", (double)y);
+    rc = NF_EIO;
+  }
+  nf_buf probe = NF_BUF_INIT;
+  if (nf_cuda_rt_sync(rt, &probe) == NF_OK)
+    for (int i = 0; i < 2; i++) nf_cuda_rt_free(rt, d[i]);
+  nf_buf_free(&probe);
+  nf_cuda_module_free(m);
+  return rc;
+}
+
 int nf_cuda_module_load(nf_cuda_rt *rt, const void *image, size_t n, const nf_cuda_plan *plan,
                         nf_cuda_module **out, nf_buf *err) {
   return load_module(rt, image, n, NULL, 0, plan, out, err);

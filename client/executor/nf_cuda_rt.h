@@ -35,6 +35,12 @@ typedef struct nf_cuda_module nf_cuda_module;
 int nf_cuda_rt_open(int device, nf_cuda_rt **out, nf_buf *why);
 void nf_cuda_rt_close(nf_cuda_rt *rt);
 
+/* The health probe: a tiny known kernel (PTX the driver compiles; CUDA C
+ * with the emulated driver) loaded, run on one element and checked.
+ * NF_OK, or the error (a sticky one leaves the runtime broken) or
+ * NF_EIO for a wrong result, with the reason in err.  A measuring worker
+ * runs it before its first candidate, a GPU session when it opens. */
+int nf_cuda_rt_probe(nf_cuda_rt *rt, nf_buf *err);
 /* The device's compute capability as one number (9.0 -> 90) and name. */
 int nf_cuda_rt_sm(const nf_cuda_rt *rt);
 const char *nf_cuda_rt_name(const nf_cuda_rt *rt);

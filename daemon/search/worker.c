@@ -34,7 +34,9 @@
  *
  * GPU mode (--cuda=N, nf_measure_opts.gpu): the candidates are CUDA
  * kernel bundles (nf_cuda_plan.h) and this process owns the CUDA context
- * of device N (the daemon's processes never create one).  Every copy's
+ * of device N (the daemon's processes never create one); before anything
+ * else it runs the health probe (nf_cuda_rt_probe), and exits if the
+ * device fails it.  Every copy's
  * buffers get device twins, uploaded once; a candidate is loaded as a
  * module, its check run's outputs and inputs are downloaded and checked
  * as above, and each timed run is the device's time between two CUDA
@@ -215,6 +217,10 @@ static void gpu_setup(void) {
   if ((g_want_sm && sm != g_want_sm) || (g_want_name && strcmp(name, g_want_name) != 0))
     fail("GPU %d is %s (sm_%d), not the %s (sm_%d) the kernels are tuned for", g_cuda, name, sm,
          g_want_name ? g_want_name : "device", g_want_sm ? g_want_sm : sm);
+  /* a fresh context must compute a known kernel right before candidates
+   * run on it (a device a sticky error left broken fails here) */
+  if (nf_cuda_rt_probe(g_rt, &why) != NF_OK)
+    fail("GPU %d failed its health probe: %s", g_cuda, nf_buf_str(&why));
   uint32_t n_t = P.n_in + P.n_out;
   g_dbufs = calloc(P.n_copies, sizeof *g_dbufs);
   if (!g_dbufs) fail("out of memory");
