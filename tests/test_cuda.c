@@ -1094,6 +1094,36 @@ START_TEST(cuda_nvrtc_archs) {
 }
 END_TEST
 
+/* The health probe's PTX (nf_cuda_rt_probe), which no test here can run:
+ * ptxas (next to NVRTC, in the toolkit's bin, or $NF_TEST_PTXAS)
+ * assembles it for sm_75, sm_80 and sm_90.  Skipped with a message where
+ * there is no ptxas. */
+START_TEST(cuda_probe_ptx) {
+  const char *ptxas = getenv("NF_TEST_PTXAS");
+  if (!ptxas || !*ptxas) ptxas = "/usr/local/cuda/bin/ptxas";
+  if (access(ptxas, X_OK) != 0) {
+    fprintf(stderr, "cuda_probe_ptx: skipped: no ptxas at %s\n", ptxas);
+    return;
+  }
+  char dir[] = "/tmp/nf-probe-XXXXXX", ptx[256], out[256];
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  snprintf(ptx, sizeof ptx, "%s/probe.ptx", dir);
+  snprintf(out, sizeof out, "%s/probe.cubin", dir);
+  FILE *f = fopen(ptx, "wb");
+  ck_assert_ptr_nonnull(f);
+  fputs(nf_cuda_rt_probe_ptx(), f);
+  ck_assert_int_eq(fclose(f), 0);
+  static const char *const archs[] = {"-arch=sm_75", "-arch=sm_80", "-arch=sm_90"};
+  for (int i = 0; i < 3; i++) {
+    char *argv[] = {(char *)ptxas, (char *)archs[i], ptx, (char *)"-o", out, NULL};
+    ck_assert_msg(run_cmd(argv) == 0, "%s %s %s failed", ptxas, archs[i], ptx);
+  }
+  unlink(out);
+  unlink(ptx);
+  rmdir(dir);
+}
+END_TEST
+
 /* The bundle from a socket peer or a cache file: a round trip keeps every
  * field; every truncation, and any byte of the header or launch table
  * changed to a value out of range, is NF_EFORMAT with a message, never a
@@ -1206,6 +1236,7 @@ int main(int argc, char **argv) {
   } else if (!strcmp(part, "nvrtc")) {
     tcase_add_test(tc, cuda_nvrtc);
     tcase_add_test(tc, cuda_nvrtc_archs);
+    tcase_add_test(tc, cuda_probe_ptx);
   } else {
     tcase_add_test(tc, cuda_gpu_run);
   }

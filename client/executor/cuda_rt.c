@@ -402,6 +402,8 @@ static const char probe_src[] =
     "  if (threadIdx.x == 0 && blockIdx.x == 0) y[0] = x[0] + 1.0f;\n"
     "}\n";
 
+const char *nf_cuda_rt_probe_ptx(void) { return probe_ptx; }
+
 int nf_cuda_rt_probe(nf_cuda_rt *rt, nf_buf *err) {
   nf_cuda_launch l = {"nf_probe", 1, 32, 0};
   nf_cuda_plan plan = {1, &l, 0, 2};

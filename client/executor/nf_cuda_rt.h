@@ -41,6 +41,8 @@ void nf_cuda_rt_close(nf_cuda_rt *rt);
  * NF_EIO for a wrong result, with the reason in err.  A measuring worker
  * runs it before its first candidate, a GPU session when it opens. */
 int nf_cuda_rt_probe(nf_cuda_rt *rt, nf_buf *err);
+/* The probe's PTX (for a test that assembles it with ptxas). */
+const char *nf_cuda_rt_probe_ptx(void);
 /* The device's compute capability as one number (9.0 -> 90) and name. */
 int nf_cuda_rt_sm(const nf_cuda_rt *rt);
 const char *nf_cuda_rt_name(const nf_cuda_rt *rt);
