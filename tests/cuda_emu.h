@@ -30,7 +30,7 @@ static nf_emu_dim3 threadIdx, blockIdx, blockDim, gridDim;
 #define __forceinline__ inline
 #define __launch_bounds__(n)
 #define __shared__ static
-#define __align__(n) alignas(n)
+#define __align__(n) __attribute__((aligned(n)))
 
 /* CUDA's vector types, for the backend's vector loads and stores
  * (NF_VMOVE), which must be aligned to their size: a misaligned one is

@@ -276,7 +276,7 @@ START_TEST(cuda_shared_and_barriers) {
   memset(&plan, 0, sizeof plan);
   ck_assert_msg(nf_cuda_emit(p, &src, &plan, &err) == NF_OK, "%s", nf_buf_str(&err));
   const char *c = nf_buf_str(&src);
-  ck_assert_ptr_nonnull(strstr(c, "__shared__ float"));
+  ck_assert_ptr_nonnull(strstr(c, "__shared__ __align__(16) float"));
   ck_assert_ptr_nonnull(strstr(c, "__syncthreads();"));
   /* the copy is shared by the block's threads */
   ck_assert_ptr_nonnull(strstr(c, "f_ += blockDim.x"));

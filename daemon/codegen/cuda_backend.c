@@ -45,6 +45,7 @@ typedef struct cu {
   const nf_expr *vld[16];
   int vid[16], n_vld, vst;
   int64_t vst_buf;
+  char vstart[32]; /* the first lane's value of vvar ("0", or "g_ * 4") */
   int nvec;
 } cu;
 
@@ -247,7 +248,7 @@ static void val(cu *c, const nf_expr *e, char *out, size_t n) {
     for (int q = 0; q < c->n_vld; q++)
       if (c->vld[q] == e) { /* a lane of a vector load */
         k = c->ntmp++;
-        line(c, "const %s e%d = nv%d[v%u];", ty, k, c->vid[q], c->vvar);
+        line(c, "const %s e%d = nv%d[v%u - %s];", ty, k, c->vid[q], c->vvar, c->vstart);
         memo_add(c, e, k);
         snprintf(out, n, "e%d", k);
         return;
@@ -382,7 +383,7 @@ static void alloc_decl(cu *c, const nf_lstmt *s) {
     if (c->shared > NF_CUDA_MAX_SHARED)
       fail(c, NF_ELIMIT, "buffer '%s': a block's shared memory would exceed %d bytes",
            lb->name ? lb->name : "?", NF_CUDA_MAX_SHARED);
-    line(c, "__shared__ %s b%u[%" PRId64 "]; /* %s */", ty, s->buf, ne > 0 ? ne : 1,
+    line(c, "__shared__ __align__(16) %s b%u[%" PRId64 "]; /* %s */", ty, s->buf, ne > 0 ? ne : 1,
          lb->name ? lb->name : "temp");
     break;
   default:
@@ -390,7 +391,7 @@ static void alloc_decl(cu *c, const nf_lstmt *s) {
     if (c->local > NF_CUDA_MAX_LOCAL)
       fail(c, NF_ELIMIT, "buffer '%s': a thread's local arrays would exceed %d bytes",
            lb->name ? lb->name : "?", NF_CUDA_MAX_LOCAL);
-    line(c, "%s b%u[%" PRId64 "]; /* %s */", ty, s->buf, ne > 0 ? ne : 1,
+    line(c, "__align__(16) %s b%u[%" PRId64 "]; /* %s */", ty, s->buf, ne > 0 ? ne : 1,
          lb->name ? lb->name : "temp");
     break;
   }
@@ -410,7 +411,8 @@ static void store(cu *c, const nf_lstmt *s) {
   val(c, s->value, v, sizeof v);
   int dt = lb->dtype, isf = nf_dtype_is_float((nf_dtype)dt);
   char lhs[128]; /* the element: b<buf>[<o>], or its lane nv<k>[v] */
-  if (c->vst_buf == (int64_t)s->buf) snprintf(lhs, sizeof lhs, "nv%d[v%u]", c->vst, c->vvar);
+  if (c->vst_buf == (int64_t)s->buf)
+    snprintf(lhs, sizeof lhs, "nv%d[v%u - %s]", c->vst, c->vvar, c->vstart);
   else snprintf(lhs, sizeof lhs, "b%u[%s]", s->buf, o);
   const char *ty = vtype(dt), *ut = dt == NF_I32 ? "unsigned" : "unsigned long long";
   if (bad_dtype(c, lb)) {
@@ -546,6 +548,8 @@ static void vec_move(cu *c, uint32_t b, const char *o, int id, int64_t w, int lo
   }
 }
 
+static int vector_lanes(cu *c, const nf_lstmt *s, const char *start);
+
 /* A VECTOR loop of 2 or 4 iterations whose body is stores only: the
  * loads that read consecutive elements become one vector load each
  * before the loop (into a lane array), and a single store of
@@ -576,6 +580,13 @@ static int vector_loop(cu *c, const nf_lstmt *s) {
     c->n_m = mark;
     return 1;
   }
+  return vector_lanes(c, s, "0");
+}
+
+/* The lanes of vector loop s (its extent: 2 or 4), from var = start:
+ * vector_loop's work, also for the copies a block shares (block_stmt).
+ * 0 when there is nothing to vectorize (nothing printed). */
+static int vector_lanes(cu *c, const nf_lstmt *s, const char *start) {
   for (int i = 0; i < s->n_body; i++)
     if (s->body[i]->kind != NF_LS_STORE || s->body[i]->buf >= c->p->n_bufs) return 0;
   c->n_vld = 0;
@@ -610,7 +621,7 @@ static int vector_loop(cu *c, const nf_lstmt *s) {
   /* the first lane's offsets (v = 0), the loads */
   line(c, "{");
   c->ind++;
-  line(c, "const long long v%u = 0;", s->var);
+  line(c, "const long long v%u = %s;", s->var, start);
   char o[96];
   for (int q = 0; q < c->n_vld && !c->rc; q++) {
     const nf_expr *e = c->vld[q];
@@ -628,8 +639,10 @@ static int vector_loop(cu *c, const nf_lstmt *s) {
   c->vvar = s->var;
   c->vst = sid;
   c->vst_buf = vs ? (int64_t)vs->buf : -1;
+  snprintf(c->vstart, sizeof c->vstart, "%s", start);
   line(c, "#pragma unroll");
-  line(c, "for (long long v%u = 0; v%u < %" PRId64 "LL; v%u++) {", s->var, s->var, w, s->var);
+  line(c, "for (long long v%u = %s; v%u < %s + %" PRId64 "LL; v%u++) {", s->var, start, s->var,
+       start, w, s->var);
   c->ind++;
   for (int i = 0; i < s->n_body; i++) serial(c, s->body[i]);
   c->ind--;
@@ -815,6 +828,50 @@ static int shareable(const nf_lstmt *s, const nf_lstmt **loops, int cap) {
   return n;
 }
 
+/* A copy the block's threads share (loops[0..n), cnt iterations) whose
+ * innermost loop runs along consecutive elements in fours (or twos):
+ * each thread takes groups of 4 (2) iterations of it as vector lanes
+ * (vector_lanes), so a staging copy reads and writes with vector
+ * accesses.  0 when it does not apply (nothing printed). */
+static int shared_vector(cu *c, const nf_lstmt *const *loops, int n, int64_t cnt) {
+  const nf_lstmt *in = loops[n - 1];
+  int64_t e = in->extent, w = e % 4 == 0 ? 4 : e % 2 == 0 ? 2 : 0;
+  if (!w || c->n_vld || c->vst_buf >= 0) return 0;
+  nf_lstmt lanes = *in;
+  lanes.extent = w;
+  /* whether the lanes would vectorize, printed nowhere */
+  nf_buf *o = c->o, scrap = NF_BUF_INIT;
+  int ntmp = c->ntmp, nvec = c->nvec, mark = c->n_m;
+  c->o = &scrap;
+  int ok = vector_lanes(c, &lanes, "0");
+  c->o = o;
+  c->ntmp = ntmp;
+  c->nvec = nvec;
+  c->n_m = mark;
+  nf_buf_free(&scrap);
+  if (!ok || c->rc) return 0;
+  line(c, "for (long long f_ = threadIdx.x; f_ < %" PRId64 "LL; f_ += blockDim.x) {", cnt / w);
+  c->ind++;
+  int ctx = c->ctx;
+  line(c, "long long r_ = f_;");
+  line(c, "const long long g_ = r_ %% %" PRId64 "LL; /* %s, by %d */", e / w,
+       in->var_name ? in->var_name : "", (int)w);
+  for (int i = n - 2; i >= 0; i--) {
+    line(c, "r_ /= %" PRId64 "LL;", i == n - 2 ? e / w : loops[i + 1]->extent);
+    line(c, "const long long v%u = r_ %% %" PRId64 "LL; /* %s */", loops[i]->var,
+         loops[i]->extent, loops[i]->var_name ? loops[i]->var_name : "");
+  }
+  c->ctx = CTX_THREAD;
+  char start[32];
+  snprintf(start, sizeof start, "g_ * %d", (int)w);
+  vector_lanes(c, &lanes, start);
+  c->ctx = ctx;
+  c->n_m = mark;
+  c->ind--;
+  line(c, "}");
+  return 1;
+}
+
 static void block_stmt(cu *c, const nf_lstmt *s, int *first) {
   if (c->rc) return;
   if (s->kind == NF_LS_SEQ) {
@@ -889,6 +946,7 @@ static void block_stmt(cu *c, const nf_lstmt *s, int *first) {
     int64_t cnt = 1;
     for (int i = 0; i < n; i++) cnt *= loops[i]->extent;
     if (cnt <= 0) return;
+    if (shared_vector(c, loops, n, cnt)) return;
     line(c, "for (long long f_ = threadIdx.x; f_ < %" PRId64 "LL; f_ += blockDim.x) {", cnt);
     c->ind++;
     int mark = c->n_m, ctx = c->ctx;
