@@ -27,7 +27,9 @@
  *    (float2/float4, int2/int4, double2, longlong2) into a lane array,
  *    and writes a single such store with one vector store, each
  *    checking its address's alignment when it runs (scalar otherwise);
- *    the loop itself is unrolled over the lanes.
+ *    the loop itself is unrolled over the lanes; a statement a block's
+ *    threads share (a staging copy, a fill) whose innermost loop
+ *    divides by 4 (or 2) is dealt in such groups of lanes.
  * Temporaries: an ALLOC at the top level lives in the global scratch
  * buffer (one allocation, plan.scratch_bytes, 256-byte aligned slices);
  * one inside a block but outside its thread nests is `__shared__`
