@@ -155,6 +155,14 @@ static int lib_tier0(const struct nf__gpu *G, int k) {
   return (G->blas && G->plain[k]) || (G->dnn && G->conv[k]);
 }
 
+const char *nf__gpu_tier0_name(const nf_session *s, const nf__kent *k) {
+  const struct nf__gpu *G = s->gpu;
+  int i = (int)(k - s->kents);
+  if (G->blas && G->plain[i]) return "cuBLAS";
+  if (G->dnn && G->conv[i]) return "cuDNN";
+  return "host";
+}
+
 int nf__gpu_has_kernel(const nf_session *s, const nf__kent *k) {
   (void)s; /* (a kernel generated here, tier 0, does not count) */
   return (k->gcur && k->cur_tier > 0) || (k->gcand && k->cand_tier > 0) ||

@@ -1570,7 +1570,7 @@ void nf__session_profile(nf_session *s, FILE *f, int reset) {
       const char *on = k->cand || k->gcand ? "canary"
                        : (k->cur || k->gcur) && !k->prefer_blas
                        ? (k->cur_tier == 2 ? "tier 2" : k->cur_tier == 1 ? "tier 1" : "generated")
-                       : s->gpu ? "library/host" : k->gemm ? "OpenBLAS" : "interp";
+                       : s->gpu ? nf__gpu_tier0_name(s, k) : k->gemm ? "OpenBLAS" : "interp";
       double ms = k->prof_ms / (double)n;
       double fl = (double)k->flops * k->n_ops;
       fprintf(f, "  %-16s %-24.24s %4d %-9s %10.3f %5.1f%% %9.1f %9.2f\n", hex, first, k->n_ops,

@@ -249,6 +249,8 @@ int nf__gpu_blas_entries(const nf_session *s);
 int nf__gpu_dnn_entries(const nf_session *s);
 /* How many streams modules ran on during the last step (or evaluation). */
 int nf__gpu_streams_used(const nf_session *s);
+/* Where entry k's tier 0 runs on the GPU: "cuBLAS", "cuDNN" or "host". */
+const char *nf__gpu_tier0_name(const nf_session *s, const nf__kent *k);
 /* Whether kent k has a GPU kernel running or waiting. */
 int nf__gpu_has_kernel(const nf_session *s, const nf__kent *k);
 
