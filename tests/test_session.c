@@ -1357,21 +1357,31 @@ END_TEST
  * gradients and parameters as a CPU session; then a sticky launch error
  * ends its steps with a clear error, never a crash.  Skipped (a message)
  * where the build has no NVRTC or no emulated driver. */
-START_TEST(session_gpu_emulated) {
-  /* NF_TEST_GPU_REAL=1 (deploy/gpu-check.sh): the machine's own driver
-   * and GPU instead, without the fault injection */
-  int real = getenv("NF_TEST_GPU_REAL") && !strcmp(getenv("NF_TEST_GPU_REAL"), "1");
-  const char *drv = real ? "libcuda.so.1" : getenv("NF_TEST_CUDA_DRIVER");
+/* The driver and cuBLAS a GPU session test uses: the emulations
+ * (NF_TEST_CUDA_DRIVER, NF_TEST_CUBLAS), or with NF_TEST_GPU_REAL=1
+ * (deploy/gpu-check.sh) the machine's own (*real = 1).  0 (and a
+ * message) when the test must be skipped: no driver, or no NVRTC in this
+ * build. */
+static int gpu_test_env(const char *test, int *real) {
+  *real = getenv("NF_TEST_GPU_REAL") && !strcmp(getenv("NF_TEST_GPU_REAL"), "1");
+  const char *drv = *real ? "libcuda.so.1" : getenv("NF_TEST_CUDA_DRIVER");
   nf_buf why = NF_BUF_INIT;
-  if (!drv || !*drv || (!real && !getenv("NF_TEST_CUDA_EMU")) || !nf_cuda_available(&why)) {
-    fprintf(stderr, "session_gpu_emulated: skipped: %s\n",
+  if (!drv || !*drv || (!*real && !getenv("NF_TEST_CUDA_EMU")) || !nf_cuda_available(&why)) {
+    fprintf(stderr, "%s: skipped: %s\n", test,
             why.len ? nf_buf_str(&why) : "NF_TEST_CUDA_DRIVER or NF_TEST_CUDA_EMU not set");
     nf_buf_free(&why);
-    return;
+    return 0;
   }
-  if (!real) setenv("NEOFLOW_LIBCUDA", drv, 1);
+  setenv("NEOFLOW_LIBCUDA", drv, 1);
   const char *blas = getenv("NF_TEST_CUBLAS");
-  if (!real && blas && *blas) setenv("NEOFLOW_LIBCUBLAS", blas, 1);
+  if (!*real && blas && *blas) setenv("NEOFLOW_LIBCUBLAS", blas, 1);
+  return 1;
+}
+
+START_TEST(session_gpu_emulated) {
+  /* (on a real GPU: without the fault injection) */
+  int real = 0;
+  if (!gpu_test_env("session_gpu_emulated", &real)) return;
   dm d;
   dm_init(&d);
   dm_config(&d, NULL);
@@ -1394,7 +1404,7 @@ START_TEST(session_gpu_emulated) {
   oc.daemon = "none";
   nf_session *c0 = open_def(m, "mlp", &oc);
   ck_assert_ptr_nonnull(c0->gpu);
-  if (!real && blas && *blas) ck_assert_int_gt(nf__gpu_blas_entries(c0), 0);
+  if (!real && getenv("NEOFLOW_LIBCUBLAS")) ck_assert_int_gt(nf__gpu_blas_entries(c0), 0);
   ck_assert_int_eq(nf_session_wait_kernels(b, 120000, 1), NF_OK);
   double la[3], lb[3];
   for (int i = 0; i < 3; i++) {
@@ -1571,20 +1581,8 @@ END_TEST
  * arriving after it is dropped.  Without NVRTC the rest runs on the
  * host.  Skipped where the emulated driver or NVRTC is missing. */
 START_TEST(session_gpu_generated) {
-  /* NF_TEST_GPU_REAL=1 (deploy/gpu-check.sh): the machine's own driver,
-   * GPU and cuBLAS */
-  int real = getenv("NF_TEST_GPU_REAL") && !strcmp(getenv("NF_TEST_GPU_REAL"), "1");
-  const char *drv = real ? "libcuda.so.1" : getenv("NF_TEST_CUDA_DRIVER");
-  nf_buf why = NF_BUF_INIT;
-  if (!drv || !*drv || (!real && !getenv("NF_TEST_CUDA_EMU")) || !nf_cuda_available(&why)) {
-    fprintf(stderr, "session_gpu_generated: skipped: %s\n",
-            why.len ? nf_buf_str(&why) : "NF_TEST_CUDA_DRIVER or NF_TEST_CUDA_EMU not set");
-    nf_buf_free(&why);
-    return;
-  }
-  setenv("NEOFLOW_LIBCUDA", drv, 1);
-  const char *blas = getenv("NF_TEST_CUBLAS");
-  if (!real && blas && *blas) setenv("NEOFLOW_LIBCUBLAS", blas, 1);
+  int real = 0;
+  if (!gpu_test_env("session_gpu_generated", &real)) return;
   unsetenv("NEOFLOW_LIBNVRTC");
   nf_model *m = load_example("mlp.nf");
   mlp_data *data = mlp_data_new(23);

@@ -561,23 +561,13 @@ static int vector_loop(cu *c, const nf_lstmt *s) {
   if (s->n_body == 1 && s->body[0]->kind == NF_LS_IF && !uses_var(s->body[0]->cond, s->var, 0)) {
     /* a guard the same for every lane (a reduction split that does not
      * divide): outside the loop, which then holds what it guards */
-    const nf_lstmt *g = s->body[0];
-    nf_lstmt in = *s;
-    in.body = g->body;
-    in.n_body = g->n_body;
-    int mark = c->n_m;
-    line(c, "{");
-    c->ind++;
-    char a[96];
-    val(c, g->cond, a, sizeof a);
-    line(c, "if (%s) {", a);
-    c->ind++;
-    serial(c, &in);
-    c->ind--;
-    line(c, "}");
-    c->ind--;
-    line(c, "}");
-    c->n_m = mark;
+    nf_lstmt in = *s, guard = *s->body[0];
+    nf_lstmt *inner[1] = {&in};
+    in.body = guard.body;
+    in.n_body = guard.n_body;
+    guard.body = inner;
+    guard.n_body = 1;
+    serial(c, &guard);
     return 1;
   }
   return vector_lanes(c, s, "0");
