@@ -168,6 +168,18 @@ static double rel_diff(const float *a, const float *b, int64_t n) {
   return md / (mx > 0 ? mx : 1);
 }
 
+/* The parameters of sessions b and a (the reference) agree within tol
+ * (relative, over all of them). */
+static void params_agree(nf_session *a, nf_session *b, double tol) {
+  int64_t na = 0, nb = 0;
+  float *pa = all_params(a, &na), *pb = all_params(b, &nb);
+  ck_assert_int_eq(na, nb);
+  double r = rel_diff(pb, pa, na);
+  ck_assert_msg(r < tol, "parameters after the steps differ by %g (relative)", r);
+  free(pa);
+  free(pb);
+}
+
 static nf_session_stats stats(const nf_session *s) {
   nf_session_stats st;
   ck_assert_int_eq(nf_session_stats(s, &st), NF_OK);
@@ -1431,13 +1443,7 @@ START_TEST(session_gpu_emulated) {
                   la[i], lb[i]);
   }
   ck_assert_msg(la[2] < la[0], "loss did not fall: %g -> %g", la[0], la[2]);
-  int64_t na = 0, nb = 0;
-  float *pa = all_params(a, &na), *pb = all_params(b, &nb);
-  ck_assert_int_eq(na, nb);
-  double r = rel_diff(pb, pa, na);
-  ck_assert_msg(r < 1e-5, "parameters after 3 steps differ by %g (relative)", r);
-  free(pa);
-  free(pb);
+  params_agree(a, b, 1e-5);
   float ga[10], gb[10];
   read_t(a, "grad_b3", ga, sizeof ga);
   read_t(b, "grad_b3", gb, sizeof gb);
@@ -1532,13 +1538,7 @@ START_TEST(session_gpu_cudnn) {
   }
   if (calls) ck_assert_int_eq(calls() - before, 3 * n_dnn);
   if (h) dlclose(h);
-  int64_t na = 0, nc = 0;
-  float *pa = all_params(a, &na), *pc = all_params(c, &nc);
-  ck_assert_int_eq(na, nc);
-  double r = rel_diff(pc, pa, na);
-  ck_assert_msg(r < 1e-4, "parameters after 3 steps differ by %g (relative)", r);
-  free(pa);
-  free(pc);
+  params_agree(a, c, 1e-4);
   nf_session_free(c);
   /* cuDNN refuses every shape: each entry says so once and goes to the
    * host; the step's loss is the CPU's first */
@@ -1633,13 +1633,7 @@ START_TEST(session_gpu_generated) {
   ck_assert_msg(real || nf__gpu_streams_used(g) >= 2, "modules ran on %d streams",
                 nf__gpu_streams_used(g));
   ck_assert_msg(la[2] < la[0], "loss did not fall: %g -> %g", la[0], la[2]);
-  int64_t na = 0, ng = 0;
-  float *pa = all_params(a, &na), *pg = all_params(g, &ng);
-  ck_assert_int_eq(na, ng);
-  double r = rel_diff(pg, pa, na);
-  ck_assert_msg(r < 1e-5, "parameters after 3 steps differ by %g (relative)", r);
-  free(pa);
-  free(pg);
+  params_agree(a, g, 1e-5);
   /* the daemon's kernel for one of them (offered as the link would):
    * it replaces the generated one; a generated one after it is dropped */
   int k = 0;
