@@ -53,11 +53,11 @@ struct nf__gpu {
   uint64_t scratch[NF_CUDA_MAX_STREAMS]; /* per stream: device scratch for the
                                            modules (scratch_bytes each) */
   uint64_t scratch_bytes;
-  /* streams: a module runs on its op's stream (op_stream), after waiting
-   * for the events of the ops it depends on (deps: earlier ops whose
-   * device bytes overlap its own, one of them writing) that last ran on
-   * another stream; a library call, a canary, a race run and the host
-   * run on stream 0; every op records its event when it is queued */
+  /* streams: an op runs on its stream (op_stream: its module, or its
+   * library call through that stream's handle), after waiting for the
+   * events of the ops it depends on (deps: earlier ops whose device bytes
+   * overlap its own, one of them writing) that last ran on another
+   * stream; every op records its event when it is queued */
   int n_streams, cur;
   int *op_stream;
   int **deps, *n_deps; /* descending op indices */
@@ -765,9 +765,11 @@ int nf__gpu_run_op(nf_session *s, nf__op *op) {
   }
   double t0 = nf__now_ms();
   int rc = NF_OK;
-  /* a module runs on its op's stream; the rest on stream 0 */
+  /* everything an op runs goes to its stream (cuBLAS and cuDNN through
+   * that stream's handle); a canary, a race run and the host's tier 0
+   * synchronise as they go */
   int module = !k->gcand && k->gcur && k->race_left <= 0 && !k->prefer_blas;
-  int st = G->n_streams > 1 && module ? G->op_stream[op_index] : 0;
+  int st = G->n_streams > 1 ? G->op_stream[op_index] : 0;
   if (G->n_streams > 1) {
     nf_cuda_rt_select(G->rt, st);
     G->cur = st;

@@ -15,7 +15,7 @@ enum { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 };
 struct nf_cublas {
   void *lib;
   nf_cuda_rt *rt;
-  cublasHandle_t h;
+  cublasHandle_t h[NF_CUDA_MAX_STREAMS]; /* per stream (h[0] made at open) */
   cublasStatus_t (*Create)(cublasHandle_t *);
   cublasStatus_t (*Destroy)(cublasHandle_t);
   cublasStatus_t (*SetStream)(cublasHandle_t, void *);
@@ -25,9 +25,29 @@ struct nf_cublas {
 
 void nf_cublas_close(nf_cublas *b) {
   if (!b) return;
-  if (b->h && nf_cuda_rt_current(b->rt, NULL) == NF_OK) b->Destroy(b->h);
+  if (nf_cuda_rt_current(b->rt, NULL) == NF_OK)
+    for (int i = 0; i < NF_CUDA_MAX_STREAMS; i++)
+      if (b->h[i]) b->Destroy(b->h[i]);
   if (b->lib) dlclose(b->lib);
   free(b);
+}
+
+/* The handle of stream i, made on first use, bound to that stream. */
+static int handle(nf_cublas *b, int i, nf_buf *err) {
+  if (b->h[i]) return NF_OK;
+  cublasStatus_t st = b->Create(&b->h[i]);
+  if (st != 0) {
+    b->h[i] = NULL;
+    nf_buf_printf(err, "cublasCreate: status %d", st);
+    return NF_EIO;
+  }
+  if ((st = b->SetStream(b->h[i], nf_cuda_rt_stream_at(b->rt, i))) != 0) {
+    nf_buf_printf(err, "cublasSetStream: status %d", st);
+    b->Destroy(b->h[i]);
+    b->h[i] = NULL;
+    return NF_EIO;
+  }
+  return NF_OK;
 }
 
 int nf_cublas_open(nf_cuda_rt *rt, nf_cublas **out, nf_buf *why) {
@@ -55,15 +75,9 @@ int nf_cublas_open(nf_cuda_rt *rt, nf_cublas **out, nf_buf *why) {
     nf_cublas_close(b);
     return NF_EUNSUPPORTED;
   }
-  cublasStatus_t st = 0;
-  if (nf_cuda_rt_current(rt, why) != NF_OK || (st = b->Create(&b->h)) != 0) {
-    if (st) nf_buf_printf(why, "cublasCreate: status %d", st);
-    b->h = NULL;
-    nf_cublas_close(b);
-    return NF_EUNSUPPORTED;
-  }
-  if ((st = b->SetStream(b->h, nf_cuda_rt_stream(rt))) != 0) {
-    nf_buf_printf(why, "cublasSetStream: status %d", st);
+  int rc = nf_cuda_rt_current(rt, why);
+  if (rc == NF_OK) rc = handle(b, 0, why);
+  if (rc != NF_OK) {
     nf_cublas_close(b);
     return NF_EUNSUPPORTED;
   }
@@ -77,6 +91,8 @@ int nf_cublas_run(nf_cublas *b, const nf_gemm_desc *d, const uint64_t *args, nf_
       d->ldc > lim)
     return NF_EUNSUPPORTED;
   int rc = nf_cuda_rt_current(b->rt, err);
+  int hs = nf_cuda_rt_selected(b->rt); /* the selected stream's handle */
+  if (rc == NF_OK) rc = handle(b, hs, err);
   if (rc != NF_OK) return rc;
   const float *a0 = (const float *)(uintptr_t)args[d->a] + d->off_a;
   const float *b0 = (const float *)(uintptr_t)args[d->b] + d->off_b;
@@ -108,7 +124,7 @@ int nf_cublas_run(nf_cublas *b, const nf_gemm_desc *d, const uint64_t *args, nf_
       }
       /* row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T */
       cublasStatus_t st =
-          b->Sgemm(b->h, d->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, d->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+          b->Sgemm(b->h[hs], d->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, d->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
                    (int)d->n, (int)d->m, (int)d->k, &one, b0 + rb, (int)d->ldb, a0 + ra, (int)d->lda,
                    r ? &one : &zero, c0 + oc, (int)d->ldc);
       if (st != 0) {

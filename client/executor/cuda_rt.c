@@ -261,6 +261,12 @@ int nf_cuda_rt_n_streams(const nf_cuda_rt *rt) { return rt->n_streams; }
 
 void nf_cuda_rt_select(nf_cuda_rt *rt, int i) { rt->cur = i >= 0 && i < rt->n_streams ? i : 0; }
 
+int nf_cuda_rt_selected(const nf_cuda_rt *rt) { return rt->cur; }
+
+void *nf_cuda_rt_stream_at(const nf_cuda_rt *rt, int i) {
+  return i >= 0 && i < rt->n_streams ? rt->streams[i] : rt->stream;
+}
+
 int nf_cuda_rt_events(nf_cuda_rt *rt, int n, nf_buf *err) {
   int rc = usable(rt, err);
   if (rc || n <= rt->n_evs) return rc;

@@ -66,12 +66,12 @@ typedef cudnnStatus_t (*conv_fn)(cudnnHandle_t, const void *, cudnnDesc, const v
 struct nf_cudnn {
   void *lib;
   nf_cuda_rt *rt;
-  cudnnHandle_t h;
+  cudnnHandle_t h[NF_CUDA_MAX_STREAMS]; /* per stream (h[0] made at open) */
   char version[32];
   plan plans[MAX_PLANS];
   int n_plans;
-  uint64_t ws;       /* device workspace ... */
-  size_t ws_bytes;   /* ... of this size */
+  uint64_t ws[NF_CUDA_MAX_STREAMS];     /* per stream: device workspace ... */
+  size_t ws_bytes[NF_CUDA_MAX_STREAMS]; /* ... of this size */
   cudnnStatus_t (*Create)(cudnnHandle_t *);
   cudnnStatus_t (*Destroy)(cudnnHandle_t);
   cudnnStatus_t (*SetStream)(cudnnHandle_t, void *);
@@ -103,11 +103,12 @@ static void plan_clear(nf_cudnn *c, plan *p) {
 
 void nf_cudnn_close(nf_cudnn *c) {
   if (!c) return;
-  if (c->h && nf_cuda_rt_current(c->rt, NULL) == NF_OK) {
+  if (c->h[0] && nf_cuda_rt_current(c->rt, NULL) == NF_OK) {
     for (int i = 0; i < c->n_plans; i++) plan_clear(c, &c->plans[i]);
-    c->Destroy(c->h);
+    for (int i = 0; i < NF_CUDA_MAX_STREAMS; i++)
+      if (c->h[i]) c->Destroy(c->h[i]);
   }
-  nf_cuda_rt_free(c->rt, c->ws);
+  for (int i = 0; i < NF_CUDA_MAX_STREAMS; i++) nf_cuda_rt_free(c->rt, c->ws[i]);
   if (c->lib) dlclose(c->lib);
   free(c);
 }
@@ -117,6 +118,24 @@ const char *nf_cudnn_version(const nf_cudnn *c) { return c->version; }
 static const char *status_str(const nf_cudnn *c, cudnnStatus_t st) {
   const char *s = c->ErrorString ? c->ErrorString(st) : NULL;
   return s ? s : "unknown status";
+}
+
+/* The handle of stream i, made on first use, bound to that stream. */
+static int handle(nf_cudnn *c, int i, nf_buf *err) {
+  if (c->h[i]) return NF_OK;
+  cudnnStatus_t st = c->Create(&c->h[i]);
+  if (st != 0) {
+    c->h[i] = NULL;
+    nf_buf_printf(err, "cudnnCreate: %s", status_str(c, st));
+    return NF_EIO;
+  }
+  if ((st = c->SetStream(c->h[i], nf_cuda_rt_stream_at(c->rt, i))) != 0) {
+    nf_buf_printf(err, "cudnnSetStream: %s", status_str(c, st));
+    c->Destroy(c->h[i]);
+    c->h[i] = NULL;
+    return NF_EIO;
+  }
+  return NF_OK;
 }
 
 int nf_cudnn_open(nf_cuda_rt *rt, nf_cudnn **out, nf_buf *why) {
@@ -183,15 +202,7 @@ int nf_cudnn_open(nf_cuda_rt *rt, nf_cudnn **out, nf_buf *why) {
     snprintf(c->version, sizeof c->version, "cuDNN %zu.%zu.%zu", v / 10000, v / 100 % 100, v % 100);
   else
     snprintf(c->version, sizeof c->version, "cuDNN %zu.%zu.%zu", v / 1000, v / 100 % 10, v % 100);
-  cudnnStatus_t st = 0;
-  if (nf_cuda_rt_current(rt, why) != NF_OK || (st = c->Create(&c->h)) != 0) {
-    if (st) nf_buf_printf(why, "cudnnCreate: %s", status_str(c, st));
-    c->h = NULL;
-    nf_cudnn_close(c);
-    return NF_EUNSUPPORTED;
-  }
-  if ((st = c->SetStream(c->h, nf_cuda_rt_stream(rt))) != 0) {
-    nf_buf_printf(why, "cudnnSetStream: %s", status_str(c, st));
+  if (nf_cuda_rt_current(rt, why) != NF_OK || handle(c, 0, why) != NF_OK) {
     nf_cudnn_close(c);
     return NF_EUNSUPPORTED;
   }
@@ -247,7 +258,7 @@ static int plan_make(nf_cudnn *c, plan *p, const nf_conv_desc *d, nf_buf *err) {
   cudnnDesc a0 = d->kind == NF_CONV_BWD_DATA ? p->f : p->x;
   cudnnDesc a1 = d->kind == NF_CONV_FWD ? p->f : p->y;
   cudnnDesc a3 = d->kind == NF_CONV_FWD ? p->y : d->kind == NF_CONV_BWD_DATA ? p->x : p->f;
-  TRY(c->GetAlgo[d->kind](c->h, a0, a1, p->conv, a3, N_ALGOS, &n, perf),
+  TRY(c->GetAlgo[d->kind](c->h[0], a0, a1, p->conv, a3, N_ALGOS, &n, perf),
       "the algorithm heuristics");
   int pick = -1;
   for (int pass = 0; pass < 2 && pick < 0; pass++)
@@ -257,7 +268,7 @@ static int plan_make(nf_cudnn *c, plan *p, const nf_conv_desc *d, nf_buf *err) {
           perf[i].math_type == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION ||
           (pass == 0 && perf[i].determinism != CUDNN_DETERMINISTIC))
         continue;
-      if (c->Workspace[d->kind](c->h, a0, a1, p->conv, a3, perf[i].algo, &ws) != 0 ||
+      if (c->Workspace[d->kind](c->h[0], a0, a1, p->conv, a3, perf[i].algo, &ws) != 0 ||
           ws > NF_CUDNN_WORKSPACE_MAX)
         continue;
       pick = i;
@@ -312,29 +323,34 @@ int nf_cudnn_run(nf_cudnn *c, const nf_conv_desc *d, uint64_t x, uint64_t f, uin
   if (rc != NF_OK) return rc;
   plan *p = NULL;
   if ((rc = plan_of(c, d, &p, err)) != NF_OK) return rc;
-  if (p->ws > c->ws_bytes) {
+  /* the selected stream's handle and workspace */
+  int hs = nf_cuda_rt_selected(c->rt);
+  if ((rc = handle(c, hs, err)) != NF_OK) return rc;
+  if (p->ws > c->ws_bytes[hs]) {
     /* the old workspace may still be in use by queued work */
     uint64_t nw = 0;
     if ((rc = nf_cuda_rt_sync(c->rt, err)) != NF_OK ||
         (rc = nf_cuda_rt_alloc(c->rt, p->ws, &nw, err)) != NF_OK)
       return rc;
-    nf_cuda_rt_free(c->rt, c->ws);
-    c->ws = nw;
-    c->ws_bytes = p->ws;
+    nf_cuda_rt_free(c->rt, c->ws[hs]);
+    c->ws[hs] = nw;
+    c->ws_bytes[hs] = p->ws;
   }
   static const float one = 1.0f, zero = 0.0f;
   void *X = (void *)(uintptr_t)x, *F = (void *)(uintptr_t)f, *Y = (void *)(uintptr_t)y;
-  void *ws = (void *)(uintptr_t)c->ws;
+  void *ws = (void *)(uintptr_t)c->ws[hs];
+  size_t wb = c->ws_bytes[hs];
+  cudnnHandle_t h = c->h[hs];
   cudnnStatus_t st;
   switch (d->kind) {
   case NF_CONV_FWD:
-    st = c->Run[0](c->h, &one, p->x, X, p->f, F, p->conv, p->algo, ws, c->ws_bytes, &zero, p->y, Y);
+    st = c->Run[0](h, &one, p->x, X, p->f, F, p->conv, p->algo, ws, wb, &zero, p->y, Y);
     break;
   case NF_CONV_BWD_DATA:
-    st = c->Run[1](c->h, &one, p->f, F, p->y, Y, p->conv, p->algo, ws, c->ws_bytes, &zero, p->x, X);
+    st = c->Run[1](h, &one, p->f, F, p->y, Y, p->conv, p->algo, ws, wb, &zero, p->x, X);
     break;
   default:
-    st = c->Run[2](c->h, &one, p->x, X, p->y, Y, p->conv, p->algo, ws, c->ws_bytes, &zero, p->f, F);
+    st = c->Run[2](h, &one, p->x, X, p->y, Y, p->conv, p->algo, ws, wb, &zero, p->f, F);
     break;
   }
   if (st != 0) {

@@ -4,8 +4,9 @@
  * $NEOFLOW_LIBCUBLAS, else libcublas.so.13, .so.12, .so), never linked:
  * without it GPU sessions run those subgraphs' tier 0 on the host.
  *
- * Work is queued on the runtime's stream, in its context (the device's
- * primary context, which cuBLAS shares).  Not thread-safe: one handle per
+ * Work is queued on the runtime's selected stream (nf_cuda_rt_select),
+ * through a handle made for that stream on first use, in the runtime's
+ * context (the device's primary context, which cuBLAS shares).  Not thread-safe: one handle per
  * thread, like the runtime. */
 #ifndef NF_CUBLAS_H
 #define NF_CUBLAS_H

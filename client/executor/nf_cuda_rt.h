@@ -74,6 +74,10 @@ int nf_cuda_rt_sync(nf_cuda_rt *rt, nf_buf *err);
 int nf_cuda_rt_set_streams(nf_cuda_rt *rt, int n, nf_buf *err);
 int nf_cuda_rt_n_streams(const nf_cuda_rt *rt);
 void nf_cuda_rt_select(nf_cuda_rt *rt, int i);
+/* The selected stream's number, and stream i (a CUstream) for libraries
+ * that queue work on it (cuBLAS, cuDNN: a handle per stream). */
+int nf_cuda_rt_selected(const nf_cuda_rt *rt);
+void *nf_cuda_rt_stream_at(const nf_cuda_rt *rt, int i);
 int nf_cuda_rt_events(nf_cuda_rt *rt, int n, nf_buf *err);
 int nf_cuda_rt_record(nf_cuda_rt *rt, int ev, nf_buf *err);
 int nf_cuda_rt_wait(nf_cuda_rt *rt, int ev, nf_buf *err);

@@ -12,7 +12,9 @@
  * most NF_CUDNN_WORKSPACE_MAX bytes of workspace, else the first that
  * fits.  Descriptors and the choice are made once per shape and kept.
  *
- * Work is queued on the runtime's stream, in its context.  Not
+ * Work is queued on the runtime's selected stream (nf_cuda_rt_select),
+ * through a handle and workspace made for that stream on first use, in
+ * its context.  Not
  * thread-safe: one handle per thread, like the runtime. */
 #ifndef NF_CUDNN_H
 #define NF_CUDNN_H
