@@ -58,7 +58,7 @@ struct nf__gpu {
    * events of the ops it depends on (deps: earlier ops whose device bytes
    * overlap its own, one of them writing) that last ran on another
    * stream; every op records its event when it is queued */
-  int n_streams, cur;
+  int n_streams;
   int *op_stream;
   int **deps, *n_deps; /* descending op indices */
   int *ran_stream;     /* per op: where it last ran (-1: never) */
@@ -623,7 +623,7 @@ static int run_host(nf_session *s, nf__kent *k, nf__op *op) {
 
 static int run_module(nf_session *s, nf_cuda_module *m, const uint64_t *args, uint32_t n,
                       nf_buf *err) {
-  return nf_cuda_module_run(m, args, n, s->gpu->scratch[s->gpu->cur], err);
+  return nf_cuda_module_run(m, args, n, s->gpu->scratch[nf_cuda_rt_selected(s->gpu->rt)], err);
 }
 
 /* The canary: the candidate on copies, then the reference for real, the
@@ -746,6 +746,34 @@ static int cmp_ms(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
+/* Runs op once on the selected stream: the candidate's canary, a run of
+ * the race between a library and the module, the module, or tier 0. */
+static int dispatch(nf_session *s, nf__kent *k, nf__op *op, int op_index, double t0) {
+  struct nf__gpu *G = s->gpu;
+  int rc;
+  if (k->gcand) {
+    rc = run_canary(s, k, op, op_index);
+  } else if (k->gcur && k->race_left > 0) {
+    /* cuBLAS or cuDNN against the module, alternating, each synchronised */
+    int blas = k->race_left % 2, i = (k->race_left - 1) / 2;
+    rc = blas ? run_host(s, k, op)
+              : run_module(s, k->gcur, G->dargs[op_index], op->n_in + op->n_out, &s->err);
+    if (rc == NF_OK) rc = nf_cuda_rt_sync(G->rt, &s->err);
+    k->race_ms[blas][i] = nf__now_ms() - t0;
+    if (--k->race_left == 0) {
+      double *b = k->race_ms[1], *c = k->race_ms[0];
+      qsort(b, NF_RACE_RUNS / 2, sizeof *b, cmp_ms);
+      qsort(c, NF_RACE_RUNS / 2, sizeof *c, cmp_ms);
+      k->prefer_blas = b[NF_RACE_RUNS / 4] < 0.97 * c[NF_RACE_RUNS / 4];
+    }
+  } else if (k->gcur && !k->prefer_blas) {
+    rc = run_module(s, k->gcur, G->dargs[op_index], op->n_in + op->n_out, &s->err);
+  } else {
+    rc = run_host(s, k, op);
+  }
+  return rc;
+}
+
 int nf__gpu_run_op(nf_session *s, nf__op *op) {
   struct nf__gpu *G = s->gpu;
   nf__kent *k = &s->kents[op->kent];
@@ -772,41 +800,19 @@ int nf__gpu_run_op(nf_session *s, nf__op *op) {
   int st = G->n_streams > 1 ? G->op_stream[op_index] : 0;
   if (G->n_streams > 1) {
     nf_cuda_rt_select(G->rt, st);
-    G->cur = st;
     rc = wait_deps(s, op_index, st);
   }
-  if (rc != NF_OK) {
-  } else if (k->gcand) {
-    rc = run_canary(s, k, op, op_index);
-  } else if (k->gcur && k->race_left > 0) {
-    /* cuBLAS or cuDNN against the module, alternating, each synchronised */
-    int blas = k->race_left % 2, i = (k->race_left - 1) / 2;
-    rc = blas ? run_host(s, k, op)
-              : run_module(s, k->gcur, G->dargs[op_index], op->n_in + op->n_out, &s->err);
-    if (rc == NF_OK) rc = nf_cuda_rt_sync(G->rt, &s->err);
-    k->race_ms[blas][i] = nf__now_ms() - t0;
-    if (--k->race_left == 0) {
-      double *b = k->race_ms[1], *c = k->race_ms[0];
-      qsort(b, NF_RACE_RUNS / 2, sizeof *b, cmp_ms);
-      qsort(c, NF_RACE_RUNS / 2, sizeof *c, cmp_ms);
-      k->prefer_blas = b[NF_RACE_RUNS / 4] < 0.97 * c[NF_RACE_RUNS / 4];
-    }
-  } else if (k->gcur && !k->prefer_blas) {
-    rc = run_module(s, k->gcur, G->dargs[op_index], op->n_in + op->n_out, &s->err);
-  } else {
-    rc = run_host(s, k, op);
-  }
-  /* launches are asynchronous: on a timed step each entry waits for its
-   * kernels, so its time is the device's; on others only the step as a
-   * whole is timed (and per-entry times keep the last timed step's) */
+  if (rc == NF_OK) rc = dispatch(s, k, op, op_index, t0);
   if (G->n_streams > 1) {
     if (rc == NF_OK) rc = nf_cuda_rt_record(G->rt, op_index, &s->err);
     G->ran_stream[op_index] = st;
     G->ran_seq[op_index] = ++G->seq;
     G->used[st] |= module;
     nf_cuda_rt_select(G->rt, 0);
-    G->cur = 0;
   }
+  /* launches are asynchronous: on a timed step each entry waits for its
+   * kernels, so its time is the device's; on others only the step as a
+   * whole is timed (and per-entry times keep the last timed step's) */
   if (rc == NF_OK && G->timed) rc = nf_cuda_rt_sync(G->rt, &s->err);
   k->run_ms += nf__now_ms() - t0;
   return rc;

@@ -576,10 +576,14 @@ static int vector_loop(cu *c, const nf_lstmt *s) {
 /* The lanes of vector loop s (its extent: 2 or 4), from var = start:
  * vector_loop's work, also for the copies a block shares (block_stmt).
  * 0 when there is nothing to vectorize (nothing printed). */
-static int vector_lanes(cu *c, const nf_lstmt *s, const char *start) {
+/* What vector loop s (stores only) can vectorize: its vector loads into
+ * c->vld (c->n_vld), its vector store into *vs (NULL: none).  0 when
+ * nothing (c->n_vld is then 0). */
+static int vec_plan(cu *c, const nf_lstmt *s, const nf_lstmt **vs) {
+  c->n_vld = 0;
+  *vs = NULL;
   for (int i = 0; i < s->n_body; i++)
     if (s->body[i]->kind != NF_LS_STORE || s->body[i]->buf >= c->p->n_bufs) return 0;
-  c->n_vld = 0;
   const nf_expr *seen[256];
   int n_seen = 0;
   for (int i = 0; i < s->n_body; i++) {
@@ -587,12 +591,17 @@ static int vector_lanes(cu *c, const nf_lstmt *s, const char *start) {
     vec_loads(c, s, st->value, seen, &n_seen, 0);
     for (int d = 0; d < st->n_idx; d++) vec_loads(c, s, st->idx[d], seen, &n_seen, 0);
   }
-  const nf_lstmt *vs = s->n_body == 1 ? s->body[0] : NULL;
-  if (vs && !(vec_type(c->p->bufs[vs->buf].dtype, s->extent) &&
-              lane_indices((const nf_expr *const *)vs->idx, vs->n_idx, s->var) &&
-              !reads_buf(vs->value, vs->buf, 0)))
-    vs = NULL;
-  if (c->n_vld == 0 && !vs) return 0;
+  const nf_lstmt *st = s->n_body == 1 ? s->body[0] : NULL;
+  if (st && vec_type(c->p->bufs[st->buf].dtype, s->extent) &&
+      lane_indices((const nf_expr *const *)st->idx, st->n_idx, s->var) &&
+      !reads_buf(st->value, st->buf, 0))
+    *vs = st;
+  return c->n_vld > 0 || *vs;
+}
+
+static int vector_lanes(cu *c, const nf_lstmt *s, const char *start) {
+  const nf_lstmt *vs;
+  if (!vec_plan(c, s, &vs)) return 0;
   int64_t w = s->extent;
   int mark = c->n_m;
   line(c, "{ /* %s, vectorized */", s->var_name ? s->var_name : "");
@@ -829,17 +838,11 @@ static int shared_vector(cu *c, const nf_lstmt *const *loops, int n, int64_t cnt
   if (!w || c->n_vld || c->vst_buf >= 0) return 0;
   nf_lstmt lanes = *in;
   lanes.extent = w;
-  /* whether the lanes would vectorize, printed nowhere */
-  nf_buf *o = c->o, scrap = NF_BUF_INIT;
-  int ntmp = c->ntmp, nvec = c->nvec, mark = c->n_m;
-  c->o = &scrap;
-  int ok = vector_lanes(c, &lanes, "0");
-  c->o = o;
-  c->ntmp = ntmp;
-  c->nvec = nvec;
-  c->n_m = mark;
-  nf_buf_free(&scrap);
-  if (!ok || c->rc) return 0;
+  const nf_lstmt *vs;
+  int ok = vec_plan(c, &lanes, &vs);
+  c->n_vld = 0;
+  if (!ok) return 0;
+  int mark = c->n_m;
   line(c, "for (long long f_ = threadIdx.x; f_ < %" PRId64 "LL; f_ += blockDim.x) {", cnt / w);
   c->ind++;
   int ctx = c->ctx;
