@@ -392,14 +392,6 @@ struct nf_conv_sub {
   char desc[160];
 };
 
-static int buffer_of(const nf_graph *sub, uint32_t t) {
-  for (uint32_t i = 0; i < sub->n_inputs; i++)
-    if (sub->inputs[i] == t) return (int)i;
-  for (uint32_t i = 0; i < sub->n_outputs; i++)
-    if (sub->outputs[i] == t) return (int)(sub->n_inputs + i);
-  return -1;
-}
-
 void nf_conv_free(nf_conv_sub *s) {
   if (!s) return;
   nf_stage_clear(&s->epi);
@@ -422,7 +414,7 @@ int nf_conv_prepare(const nf_graph *sub, nf_conv_sub **out, nf_buf *err) {
   s->d = d;
   s->t_res = t_res;
   for (int r = 0; r < 3; r++) {
-    s->buf[r] = buffer_of(sub, role_t[r]);
+    s->buf[r] = nf_stage_buffer(sub, role_t[r]);
     /* the operands are the subgraph's inputs; the result an output or a
      * local */
     if (role_t[r] != t_res && (s->buf[r] < 0 || s->buf[r] >= (int)sub->n_inputs)) {
@@ -444,7 +436,7 @@ int nf_conv_prepare(const nf_graph *sub, nf_conv_sub **out, nf_buf *err) {
   for (uint32_t k = 0; rc == NF_OK && k < sub->n_outputs; k++) is_out[sub->outputs[k]] = 1;
   if (rc == NF_OK) rc = nf_stage_init(&s->epi, sub, order, n_epi, is_out);
   for (uint32_t k = 0; rc == NF_OK && s->epi.present && k < s->epi.sg.n_in; k++) {
-    int b = buffer_of(sub, s->epi.sg.in[k]);
+    int b = nf_stage_buffer(sub, s->epi.sg.in[k]);
     if (b >= 0) s->epi_reads[b] = 1;
   }
   free(order);

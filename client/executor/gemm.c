@@ -900,20 +900,10 @@ done:
   return NF_OK;
 }
 
-/* The index of subgraph tensor t among sub's buffers (inputs then
- * outputs), or -1. */
-static int buffer_index(const nf_graph *sub, uint32_t t) {
-  for (uint32_t i = 0; i < sub->n_inputs; i++)
-    if (sub->inputs[i] == t) return (int)i;
-  for (uint32_t i = 0; i < sub->n_outputs; i++)
-    if (sub->outputs[i] == t) return (int)(sub->n_inputs + i);
-  return -1;
-}
-
 /* The product's description with C at buffer c (see nf_gemm_plain). */
 static int fill_desc(const nf_gemm_sub *s, nf_gemm_desc *d, uint32_t c) {
   memset(d, 0, sizeof *d);
-  int a = buffer_index(s->sub, s->t_a), b = buffer_index(s->sub, s->t_b);
+  int a = nf_stage_buffer(s->sub, s->t_a), b = nf_stage_buffer(s->sub, s->t_b);
   if (a < 0 || b < 0) return 0;
   d->a = (uint32_t)a;
   d->b = (uint32_t)b;
@@ -942,7 +932,7 @@ static int fill_desc(const nf_gemm_sub *s, nf_gemm_desc *d, uint32_t c) {
 int nf_gemm_plain(const nf_gemm_sub *s, nf_gemm_desc *d) {
   memset(d, 0, sizeof *d);
   if (!s || s->pro.present || s->epi.present || s->n_gather) return 0;
-  int c = buffer_index(s->sub, s->t_c);
+  int c = nf_stage_buffer(s->sub, s->t_c);
   if (c < (int)s->sub->n_inputs) return 0;
   return fill_desc(s, d, (uint32_t)c);
 }
@@ -950,7 +940,7 @@ int nf_gemm_plain(const nf_gemm_sub *s, nf_gemm_desc *d) {
 int nf_gemm_device(const nf_gemm_sub *s, nf_gemm_desc *d) {
   memset(d, 0, sizeof *d);
   if (!s || s->pro.present || s->n_gather) return 0;
-  int c = buffer_index(s->sub, s->t_c);
+  int c = nf_stage_buffer(s->sub, s->t_c);
   uint32_t nb = s->sub->n_inputs + s->sub->n_outputs;
   if (c >= 0 && c < (int)s->sub->n_inputs) return 0;
   if (c < 0 && s->sub->tensors[s->t_c].kind != NF_T_LOCAL) return 0;
@@ -963,7 +953,7 @@ int64_t nf_gemm_c_bytes(const nf_gemm_sub *s) { return tensor_bytes(&s->sub->ten
 
 int nf_gemm_epilogue_reads(const nf_gemm_sub *s, uint32_t i) {
   for (uint32_t k = 0; s->epi.present && k < s->epi.sg.n_in; k++)
-    if (buffer_index(s->sub, s->epi.sg.in[k]) == (int)i) return 1;
+    if (nf_stage_buffer(s->sub, s->epi.sg.in[k]) == (int)i) return 1;
   return 0;
 }
 

@@ -31,4 +31,8 @@ int nf_stage_run(nf_stage *S, const nf_graph *sub, void *const *ptr, const char 
                  nf_buf *err);
 void nf_stage_clear(nf_stage *S);
 
+/* The index among sub's buffers (inputs then outputs) of sub's tensor t;
+ * -1 for a local. */
+int nf_stage_buffer(const nf_graph *sub, uint32_t t);
+
 #endif

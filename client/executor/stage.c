@@ -54,3 +54,11 @@ int nf_stage_run(nf_stage *S, const nf_graph *sub, void *const *ptr, const char 
   }
   return rc;
 }
+
+int nf_stage_buffer(const nf_graph *sub, uint32_t t) {
+  for (uint32_t i = 0; i < sub->n_inputs; i++)
+    if (sub->inputs[i] == t) return (int)i;
+  for (uint32_t i = 0; i < sub->n_outputs; i++)
+    if (sub->outputs[i] == t) return (int)(sub->n_inputs + i);
+  return -1;
+}
