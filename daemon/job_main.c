@@ -221,10 +221,10 @@ static void run(job *J, const Neoflow__JobRequest *rq) {
   size_t n_prior = 0;
   for (size_t i = 0; prior && i < rq->n_prior; i++) {
     const Neoflow__Record *r = rq->prior[i];
-    if (r->features.len != sizeof prior[0].feat) continue; /* another feature version */
     nf_search_record *p = &prior[n_prior];
+    if (!nf_search_record_feat(r->features.data, r->features.len, J->cuda_sm > 0, p->feat))
+      continue; /* another feature version */
     p->schedule = r->schedule;
-    memcpy(p->feat, r->features.data, sizeof p->feat);
     p->status = r->status;
     p->time_ms = r->time_ms;
     p->trial = -1;

@@ -524,12 +524,35 @@ START_TEST(tune_gpu_emulated) {
 }
 END_TEST
 
+/* Stored records' features by version: the current length is taken on
+ * both targets; the length before the GPU features only for a CPU run,
+ * zero-padded (what extraction now gives every CPU program); any other
+ * length, or that one on a GPU, is not a prior. */
+START_TEST(record_feat_versions) {
+  float cur[NF_FEAT_N], out[NF_FEAT_N];
+  for (int i = 0; i < NF_FEAT_N; i++) cur[i] = (float)(i + 1);
+  ck_assert_int_eq(nf_search_record_feat(cur, sizeof cur, 0, out), 1);
+  ck_assert(memcmp(cur, out, sizeof cur) == 0);
+  ck_assert_int_eq(nf_search_record_feat(cur, sizeof cur, 1, out), 1);
+  ck_assert(memcmp(cur, out, sizeof cur) == 0);
+  ck_assert_int_eq(nf_search_record_feat(cur, NF_FEAT_N_CPU * sizeof(float), 0, out), 1);
+  for (int i = 0; i < NF_FEAT_N; i++)
+    ck_assert_msg(out[i] == (i < NF_FEAT_N_CPU ? cur[i] : 0.0f), "%s = %g", nf_feature_name(i),
+                  out[i]);
+  ck_assert_int_eq(nf_search_record_feat(cur, NF_FEAT_N_CPU * sizeof(float), 1, out), 0);
+  ck_assert_int_eq(nf_search_record_feat(cur, sizeof cur - 4, 0, out), 0);
+  ck_assert_int_eq(nf_search_record_feat(cur, 0, 0, out), 0);
+  ck_assert_int_eq(nf_search_record_feat(NULL, sizeof cur, 0, out), 0);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("search");
   TCase *t = tcase_create("space");
   tcase_set_timeout(t, 300);
   tcase_add_test(t, space_library);
   tcase_add_test(t, space_workloads);
+  tcase_add_test(t, record_feat_versions);
   suite_add_tcase(s, t);
   t = tcase_create("runs");
   tcase_set_timeout(t, 300);

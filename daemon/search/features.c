@@ -69,7 +69,33 @@
  * Program: log2(1 + count) of loops, stores, IFs, ALLOCs; parallel loops;
  * the deepest loop nest; log2(1 + temporary bytes), of total flops and of
  * total store iterations; the fractions of store iterations inside VECTOR
- * loops, PARALLEL loops and IFs. */
+ * loops, PARALLEL loops and IFs.
+ *
+ * GPU (zero unless the program binds loops to blocks or threads; the
+ * launch is the top-level nest that holds the heaviest store, realised
+ * as one kernel by the CUDA backend):
+ *   g.gpu          1 for a GPU program
+ *   g.launches     log2(1 + top-level nests: kernel launches)
+ *   g.grid, g.block
+ *                  log2 of the launch's blocks and threads per block (a
+ *                  nest without bound loops: spread over blocks of 256
+ *                  threads, as the backend does with elementwise nests)
+ *   g.warp_eff     threads / threads rounded up to a warp (32)
+ *   g.occupancy    resident threads per multiprocessor / 2048, from the
+ *                  limits of an sm_80-class device: 32 blocks, 2048
+ *                  threads, 164 KiB of shared memory and 64 Ki registers
+ *                  (32 a thread plus its local tiles in registers)
+ *   g.shared       log2(1 + shared bytes per block: temporaries inside
+ *                  block loops, outside thread loops)
+ *   g.local        log2(1 + bytes of a thread's own temporaries)
+ *   g.thread_iters log2(1 + the heaviest store's iterations per thread)
+ *   g.coalesced, g.bcast, g.strided
+ *                  fractions of that store's accesses (the store
+ *                  included) whose element stride between neighbouring
+ *                  threads (the innermost thread loop) is 1, 0, other
+ *   g.unbound_frac store iterations outside block and thread loops
+ *   g.syncs        log2(1 + shared temporaries of the launch: each is
+ *                  filled, then read, behind a barrier) */
 
 #define LEVEL_NAMES(S, L) S "bytes_l" #L, S "ai_l" #L
 #define STORE_NAMES(S)                                                          \
@@ -91,6 +117,11 @@ enum {
 };
 
 enum {
+  XF_GPU = 0, XF_LAUNCHES, XF_GRID, XF_BLOCK, XF_WARP_EFF, XF_OCCUPANCY, XF_SHARED, XF_LOCAL,
+  XF_THREAD_ITERS, XF_COALESCED, XF_BCAST, XF_STRIDED, XF_UNBOUND_FRAC, XF_SYNCS, XF_N
+};
+
+enum {
   GF_N_LOOPS = 0, GF_N_STORES, GF_N_IFS, GF_N_ALLOCS, GF_N_PAR, GF_MAX_DEPTH,
   GF_TEMP_BYTES, GF_FLOPS, GF_ITERS, GF_VEC_FRAC, GF_PAR_FRAC, GF_GUARD_FRAC,
   GF_N
@@ -100,13 +131,17 @@ static const char *const feat_names[] = {
     STORE_NAMES("s0."), STORE_NAMES("s1."), STORE_NAMES("s2."), STORE_NAMES("s3."),
     "n_loops", "n_stores", "n_ifs", "n_allocs", "n_parallel", "max_depth",
     "temp_bytes", "flops", "iters", "vec_frac", "par_frac", "guard_frac",
+    "g.gpu", "g.launches", "g.grid", "g.block", "g.warp_eff", "g.occupancy", "g.shared",
+    "g.local", "g.thread_iters", "g.coalesced", "g.bcast", "g.strided", "g.unbound_frac",
+    "g.syncs",
 };
 
 _Static_assert(NF_FEAT_STORES == 4, "feat_names lists four stores");
 _Static_assert(NF_FEAT_LEVELS == 6, "STORE_NAMES lists six levels");
 _Static_assert(sizeof feat_names / sizeof feat_names[0] == NF_FEAT_N,
                "one name per feature");
-_Static_assert(NF_FEAT_STORES * SF_N + GF_N == NF_FEAT_N, "feature layout");
+_Static_assert(NF_FEAT_STORES * SF_N + GF_N + XF_N == NF_FEAT_N, "feature layout");
+_Static_assert(XF_N == NF_FEAT_GPU, "GPU feature count");
 
 const char *nf_feature_name(int i) {
   return i >= 0 && i < NF_FEAT_N ? feat_names[i] : "";
@@ -377,6 +412,16 @@ typedef struct top {
   int order; /* store number in program order; -1: empty slot */
 } top;
 
+/* A launch: a top-level nest (reached from the root through SEQ and
+ * ALLOC only), one kernel of the CUDA backend. */
+typedef struct launch {
+  double grid, block;   /* blocks; threads per block (its largest thread nest) */
+  double shared, local; /* shared bytes per block; a thread's own bytes */
+  double n_shared;      /* shared temporaries */
+  int bound;            /* holds BLOCK or THREAD loops */
+  int reduces;          /* holds a reduction's store */
+} launch;
+
 typedef struct walker {
   const nf_lprog *p;
   nf_range *rng; /* per variable id */
@@ -387,9 +432,13 @@ typedef struct walker {
   uint32_t allocs[FEAT_MAX_DEPTH];
   int order; /* stores seen so far */
   int pass;  /* 1: totals and the heaviest stores; 2: describe them */
+  int in_launch;
+  launch cur; /* the launch being walked (pass 2) */
   /* pass 1 */
   double n_loops, n_stores, n_ifs, n_allocs, n_par, max_depth;
   double flops, iters, vec_iters, par_iters, guard_iters;
+  double n_launches, unbound_iters;
+  int gpu;
   top top[NF_FEAT_STORES];
   /* pass 2 */
   float *out;
@@ -478,6 +527,86 @@ static double boxes_bytes(const walker *w, const box *bx, int n_bx) {
   return total;
 }
 
+/* Fills L from the nest at s: blocks and threads along each path (their
+ * largest products), shared temporaries (inside block loops, outside
+ * thread loops; 256-byte slices, as the backend places them) and a
+ * thread's own (the largest sum along a path). */
+static void launch_walk(const nf_lprog *p, const nf_lstmt *s, int in_block, int in_thread,
+                        double blocks, double threads, double local, launch *L, int depth) {
+  if (!s || depth > FEAT_MAX_DEPTH) return;
+  if (s->kind == NF_LS_STORE && s->op != NF_RED_NONE) L->reduces = 1;
+  if (s->kind == NF_LS_LOOP) {
+    if (s->loop_kind == NF_LOOP_BLOCK) {
+      blocks *= (double)s->extent;
+      in_block = L->bound = 1;
+    } else if (s->loop_kind == NF_LOOP_THREAD) {
+      threads *= (double)s->extent;
+      in_thread = L->bound = 1;
+    }
+  } else if (s->kind == NF_LS_ALLOC && s->buf < p->n_bufs) {
+    double b = buf_bytes(&p->bufs[s->buf]);
+    if (in_thread) {
+      local += b;
+    } else if (in_block) {
+      L->shared += ceil(b / 256) * 256;
+      L->n_shared++;
+    }
+  }
+  if (blocks > L->grid) L->grid = blocks;
+  if (threads > L->block) L->block = threads;
+  if (local > L->local) L->local = local;
+  for (int i = 0; i < s->n_body; i++)
+    launch_walk(p, s->body[i], in_block, in_thread, blocks, threads, local, L, depth + 1);
+}
+
+/* The GPU features of store st (the heaviest) in launch w->cur. */
+static void describe_gpu(walker *w, const nf_lstmt *st, double iters) {
+  float *x = w->out + NF_FEAT_STORES * SF_N + GF_N;
+  const launch *L = &w->cur;
+  double grid = L->grid, block = L->block;
+  if (!L->bound && L->reduces) { /* one thread (the backend's serial launch) */
+    block = grid = 1;
+  } else if (!L->bound) { /* an elementwise nest: spread over blocks of 256 threads */
+    block = iters < 256 ? (iters > 1 ? iters : 1) : 256;
+    grid = ceil(iters / block);
+    if (grid > 65535) grid = 65535;
+  }
+  double warps = ceil(block / 32);
+  x[XF_GRID] = (float)lg(grid);
+  x[XF_BLOCK] = (float)lg(block);
+  x[XF_WARP_EFF] = (float)frac(block, warps * 32);
+  /* resident blocks per multiprocessor */
+  double regs = 32 + ceil(L->local / 4);
+  double bps = 32, lim;
+  if ((lim = floor(2048 / (warps * 32))) < bps) bps = lim;
+  if (L->shared > 0 && (lim = floor(167936 / L->shared)) < bps) bps = lim;
+  if ((lim = floor(65536 / (regs * warps * 32))) < bps) bps = lim;
+  double occ = frac(bps * warps * 32, 2048);
+  x[XF_OCCUPANCY] = (float)(occ < 1 ? occ : 1);
+  x[XF_SHARED] = (float)lg(L->shared);
+  x[XF_LOCAL] = (float)lg(L->local);
+  x[XF_THREAD_ITERS] = (float)lg(frac(iters, grid * block));
+  x[XF_SYNCS] = (float)lg(L->n_shared);
+  /* strides between neighbouring threads: along the innermost thread
+   * loop (the backend's fastest-varying thread index), else (a spread
+   * nest) the innermost loop */
+  int k = w->depth - 1;
+  while (k >= 0 && w->loops[k].kind != NF_LOOP_THREAD) k--;
+  if (k < 0) k = w->depth - 1;
+  int has = k >= 0;
+  uint32_t var = has ? w->loops[k].var : 0;
+  const nf_lprog *p = w->p;
+  const counts *c = &w->c;
+  double kinds[3] = {0, 0, 0};
+  kinds[stride_kind(p, st->buf, st->n_idx, st->idx, has, var)]++;
+  for (int a = 0; a < c->n_acc; a++)
+    kinds[stride_kind(p, c->acc[a]->u.tensor, c->acc[a]->n_args, c->acc[a]->args, has, var)]++;
+  double n = kinds[0] + kinds[1] + kinds[2];
+  x[XF_COALESCED] = (float)frac(kinds[1], n);
+  x[XF_BCAST] = (float)frac(kinds[0], n);
+  x[XF_STRIDED] = (float)frac(kinds[2], n);
+}
+
 /* Pass 2: the features of store st (slot) under the current stack. */
 static void describe(walker *w, const nf_lstmt *st, int slot) {
   const nf_lprog *p = w->p;
@@ -554,9 +683,30 @@ static void describe(walker *w, const nf_lstmt *st, int slot) {
       box_add(w, bx, &n_bx, c->acc[a]->u.tensor, c->acc[a]->n_args, c->acc[a]->args);
   }
   o[SF_N_BUFS] = (float)n_bx;
+  if (slot == 0 && w->gpu) describe_gpu(w, st, iters);
 }
 
+static int walk_in(walker *w, const nf_lstmt *s);
+
+/* A statement reached from the root through SEQ and ALLOC only, other
+ * than those, is a launch. */
 static int walk(walker *w, const nf_lstmt *s) {
+  if (!s || w->in_launch || s->kind == NF_LS_SEQ || s->kind == NF_LS_ALLOC) return walk_in(w, s);
+  if (s->n_body < 0 || (s->n_body > 0 && !s->body)) return NF_EINVAL;
+  memset(&w->cur, 0, sizeof w->cur);
+  w->cur.grid = w->cur.block = 1;
+  launch_walk(w->p, s, 0, 0, 1, 1, 0, &w->cur, 0);
+  if (w->pass == 1) {
+    w->n_launches++;
+    w->gpu |= w->cur.bound;
+  }
+  w->in_launch = 1;
+  int rc = walk_in(w, s);
+  w->in_launch = 0;
+  return rc;
+}
+
+static int walk_in(walker *w, const nf_lstmt *s) {
   if (!s) return NF_EINVAL;
   if (s->n_body < 0 || (s->n_body > 0 && !s->body)) return NF_EINVAL;
   int rc = NF_OK;
@@ -605,12 +755,14 @@ static int walk(walker *w, const nf_lstmt *s) {
       return NF_OK;
     }
     double iters = 1;
-    int vec = 0, par = 0;
+    int vec = 0, par = 0, bound = 0;
     for (int k = 0; k < w->depth; k++) {
       iters *= (double)w->loops[k].ext;
       vec |= w->loops[k].kind == NF_LOOP_VECTOR;
       par |= w->loops[k].kind == NF_LOOP_PARALLEL;
+      bound |= w->loops[k].kind == NF_LOOP_BLOCK || w->loops[k].kind == NF_LOOP_THREAD;
     }
+    if (!bound) w->unbound_iters += iters;
     count_store(w->set, &w->c, w->p, s);
     w->n_stores++;
     w->iters += iters;
@@ -625,7 +777,7 @@ static int walk(walker *w, const nf_lstmt *s) {
   }
 }
 
-int nf_features(const nf_lprog *p, float *out) {
+static int features(const nf_lprog *p, int gpu, float *out) {
   if (!p || !out || !p->root || (p->n_bufs > 0 && !p->bufs)) return NF_EINVAL;
   walker *w = calloc(1, sizeof *w);
   nodeset *set = calloc(1, sizeof *set);
@@ -637,6 +789,7 @@ int nf_features(const nf_lprog *p, float *out) {
   w->set = set;
   w->out = out;
   for (int k = 0; k < NF_FEAT_STORES; k++) w->top[k].order = -1;
+  w->gpu = gpu;
   w->pass = 1;
   if ((rc = walk(w, p->root)) != NF_OK) goto done;
   memset(out, 0, NF_FEAT_N * sizeof *out);
@@ -659,6 +812,12 @@ int nf_features(const nf_lprog *p, float *out) {
   g[GF_VEC_FRAC] = (float)frac(w->vec_iters, w->iters);
   g[GF_PAR_FRAC] = (float)frac(w->par_iters, w->iters);
   g[GF_GUARD_FRAC] = (float)frac(w->guard_iters, w->iters);
+  if (w->gpu) {
+    float *x = g + GF_N;
+    x[XF_GPU] = 1;
+    x[XF_LAUNCHES] = (float)lg(w->n_launches);
+    x[XF_UNBOUND_FRAC] = (float)frac(w->unbound_iters, w->iters);
+  }
 done:
   if (rc != NF_OK && out) memset(out, 0, NF_FEAT_N * sizeof *out);
   free(rng);
@@ -666,3 +825,7 @@ done:
   free(w);
   return rc;
 }
+
+int nf_features(const nf_lprog *p, float *out) { return features(p, 0, out); }
+
+int nf_features_gpu(const nf_lprog *p, float *out) { return features(p, 1, out); }

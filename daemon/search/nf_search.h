@@ -68,6 +68,13 @@ typedef struct nf_search_record {
   char reason[256];
 } nf_search_record;
 
+/* The features of a stored record (len bytes of little-endian f32, as the
+ * cache keeps them) into out[NF_FEAT_N], for a run on a GPU (gpu 1) or a
+ * CPU.  1 when usable: the current length, or for a CPU the length
+ * before the GPU features (zero for every CPU program, padded here); 0
+ * for another feature version (the record is then not a prior). */
+int nf_search_record_feat(const void *data, size_t len, int gpu, float *out);
+
 typedef struct nf_search_progress {
   int trial, max_trials, failures;
   double best_ms, default_ms, last_ms; /* last_ms 0 when it failed */

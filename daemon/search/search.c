@@ -153,7 +153,8 @@ static int measure_schedule(run *R, const nf_schedule *s, nf_search_record *rec)
     nf_ir_ctx_free(ctx);
     return rc == NF_ENOMEM ? NF_ENOMEM : NF_OK;
   }
-  nf_features(p, rec->feat);
+  if (R->o->cuda_sm > 0) nf_features_gpu(p, rec->feat);
+  else nf_features(p, rec->feat);
   if (R->o->measure_hook) {
     rc = R->o->measure_hook(R->o->user, s, p, rec);
   } else {
@@ -542,6 +543,14 @@ void nf_search_result_free(nf_search_result *r) {
   memset(r, 0, sizeof *r);
 }
 
+int nf_search_record_feat(const void *data, size_t len, int gpu, float *out) {
+  if (!data || (len != NF_FEAT_N * sizeof(float) && (gpu || len != NF_FEAT_N_CPU * sizeof(float))))
+    return 0;
+  memset(out, 0, NF_FEAT_N * sizeof *out);
+  memcpy(out, data, len);
+  return 1;
+}
+
 static int add_prior(run *R) {
   const nf_search_opts *o = R->o;
   for (size_t i = 0; i < o->n_prior; i++) {
@@ -681,8 +690,6 @@ static void gpu_knob(run *R, uint32_t si, nf_gpu_knobs *k, int all) {
   if (which < 0 || which == 7) k->vthread = pick(R, vts, 3);
   /* vector accesses over a thread's outputs along j (where 2 or 4) */
   if (which < 0 || which == 8) k->vec = nf_sk_rand(&R->rng) % 3 == 0 ? -1 : 0;
-  /* vector accesses over a thread's outputs along j (where 2 or 4) */
-  if (which < 0 || which == 8) k->vec = nf_sk_rand(&R->rng) % 3 == 0 ? -1 : 0;
   /* a tile smaller than a thread's share is the thread's share */
   if (k->tile_i && k->thr_i > k->tile_i) k->thr_i = k->tile_i;
   if (k->tile_j && k->thr_j > k->tile_j) k->thr_j = k->tile_j;
@@ -707,7 +714,7 @@ static int gpu_legal(run *R, const nf_schedule *s, float *feat) {
     memset(&plan, 0, sizeof plan);
     legal = nf_cuda_emit(p, &src, &plan, &e) == NF_OK;
     nf_cuda_plan_free(&plan);
-    if (legal) nf_features(p, feat);
+    if (legal) nf_features_gpu(p, feat);
   }
   nf_buf_free(&e);
   nf_buf_free(&src);
