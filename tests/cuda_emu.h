@@ -7,8 +7,20 @@
  * (ucontext) that run in turn, each until its next __syncthreads() or its
  * end, so a barrier is a real barrier; __shared__ is one static copy
  * (blocks do not overlap); threadIdx and blockIdx are set before a
- * coroutine resumes.  Not emulated: warps, memory ordering without a
- * barrier, the device's own rounding of library functions. */
+ * coroutine resumes.
+ *
+ * Adversarially, so that what passes here does not pass by luck:
+ *  - between two barriers the threads run in an order that alternates
+ *    (forward, then backward, and the other way round in odd blocks), so
+ *    a thread reading what another writes without a barrier between
+ *    them sees a stale value in one of the two orders;
+ *  - every barrier must be reached by every thread still running, at the
+ *    same __syncthreads() (its line) the same number of times: a barrier
+ *    in code that only some threads reach, or one that some threads skip
+ *    by ending first, is reported and aborts (on a GPU it hangs or is
+ *    undefined).
+ * Not emulated: warps, memory ordering without a barrier beyond that,
+ * the device's own rounding of library functions. */
 #ifndef NF_CUDA_EMU_H
 #define NF_CUDA_EMU_H
 
@@ -70,6 +82,8 @@ struct thr {
   ucontext_t ctx;
   char *stack;
   int done;
+  int line;         /* the __syncthreads() it waits at (0: none) */
+  unsigned long n;  /* barriers it has passed */
 };
 
 struct launch_state {
@@ -89,9 +103,39 @@ static void entry() {
   /* returns to uc_link: the scheduler */
 }
 
-inline void sync() {
+inline void sync(int line) {
   launch_state *s = g_state;
+  s->t[s->cur].line = line;
+  s->t[s->cur].n++;
   swapcontext(&s->t[s->cur].ctx, &s->sched);
+  s->t[s->cur].line = 0;
+}
+
+/* After a round: every thread still running waits at the same barrier,
+ * and none ended while others wait at one. */
+inline void check_round(const launch_state *s, unsigned block, unsigned b) {
+  int first = -1, ended = -1;
+  for (unsigned i = 0; i < block; i++) {
+    const thr *t = &s->t[i];
+    if (t->done) {
+      ended = (int)i;
+      continue;
+    }
+    if (first < 0) {
+      first = (int)i;
+    } else if (t->line != s->t[first].line || t->n != s->t[first].n) {
+      fprintf(stderr, "cuda_emu: block %u: divergent __syncthreads(): thread %d waits at line %d "
+              "(barrier %lu), thread %u at line %d (barrier %lu)\n", b, first,
+              s->t[first].line, s->t[first].n, i, t->line, t->n);
+      abort();
+    }
+  }
+  if (first >= 0 && ended >= 0) { /* every round ends at one barrier: it skipped this one */
+    fprintf(stderr, "cuda_emu: block %u: thread %d ended after %lu barriers while thread %d waits "
+            "at barrier %lu (line %d)\n", b, ended, s->t[ended].n, first, s->t[first].n,
+            s->t[first].line);
+    abort();
+  }
 }
 
 /* Runs body(arg) as grid x block threads. */
@@ -116,11 +160,14 @@ inline int launch(unsigned grid, unsigned block, void (*body)(void *), void *arg
       s.t[i].ctx.uc_stack.ss_size = STACK;
       s.t[i].ctx.uc_link = &s.sched;
       s.t[i].done = 0;
+      s.t[i].line = 0;
+      s.t[i].n = 0;
       makecontext(&s.t[i].ctx, entry, 0);
     }
-    for (unsigned left = block; left > 0;) {
+    for (unsigned left = block, round = 0; left > 0; round++) {
       left = 0;
-      for (unsigned i = 0; i < block; i++) {
+      for (unsigned q = 0; q < block; q++) {
+        unsigned i = (round + b) % 2 ? block - 1 - q : q;
         if (s.t[i].done) continue;
         s.cur = i;
         blockIdx.x = b;
@@ -128,6 +175,7 @@ inline int launch(unsigned grid, unsigned block, void (*body)(void *), void *arg
         swapcontext(&s.sched, &s.t[i].ctx);
         left += !s.t[i].done;
       }
+      check_round(&s, block, b);
     }
   }
   g_state = saved;
@@ -138,6 +186,6 @@ inline int launch(unsigned grid, unsigned block, void (*body)(void *), void *arg
 
 } /* namespace nf_emu */
 
-#define __syncthreads() nf_emu::sync()
+#define __syncthreads() nf_emu::sync(__LINE__)
 
 #endif

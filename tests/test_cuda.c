@@ -17,6 +17,7 @@
 #include <dlfcn.h>
 #include <math.h>
 #include <stdint.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -658,6 +659,76 @@ START_TEST(cuda_emulated) {
 }
 END_TEST
 
+/* The emulator is strict where a GPU would differ (cuda_emu.h): hand-written
+ * kernels, one program run per mode.  0: a shared array filled, a
+ * barrier, read at the neighbour below (thread 0 its own): right.  1: the same without the
+ * barrier: the forward order reads what the neighbour already wrote (by
+ * luck); the alternating order catches it: wrong values, exit 1.  2: a
+ * barrier only odd threads reach; 3: thread 0 ends while the others wait
+ * at a barrier: both reported and aborted (on a GPU they hang or are
+ * undefined). */
+static const char strict_src[] =
+    "#include <stdlib.h>\n"
+    "static int g_mode;\n"
+    "static float out[4 * 64];\n"
+    "__global__ void k() {\n"
+    "  __shared__ float s[64];\n"
+    "  unsigned t = threadIdx.x, b = blockIdx.x;\n"
+    "  if (g_mode == 3 && t == 0) return;\n"
+    "  s[t] = (float)(b * 100 + t);\n"
+    "  if (g_mode == 0 || g_mode == 3) __syncthreads();\n"
+    "  if (g_mode == 2 && t % 2) __syncthreads();\n"
+    "  out[b * 64 + t] = s[t ? t - 1 : 0];\n"
+    "}\n"
+    "static void body(void *) { k(); }\n"
+    "int main(int argc, char **argv) {\n"
+    "  g_mode = atoi(argv[1]);\n"
+    "  if (nf_emu::launch(4, 64, body, 0)) return 2;\n"
+    "  for (unsigned b = 0; b < 4; b++)\n"
+    "    for (unsigned t = 0; t < 64; t++)\n"
+    "      if (out[b * 64 + t] != (float)(b * 100 + (t ? t - 1 : 0))) return 1;\n"
+    "  return 0;\n"
+    "}\n";
+
+START_TEST(cuda_emu_strict) {
+  const char *inc = getenv("NF_TEST_CUDA_EMU");
+  ck_assert_msg(inc != NULL, "NF_TEST_CUDA_EMU (tests/cuda_emu.h) is not set");
+  char dir[] = "/tmp/nf-cuda-strict-XXXXXX";
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  char cpp[256], exe[256];
+  snprintf(cpp, sizeof cpp, "%s/strict.cpp", dir);
+  snprintf(exe, sizeof exe, "%s/strict", dir);
+  FILE *f = fopen(cpp, "wb");
+  ck_assert_ptr_nonnull(f);
+  fprintf(f, "#include \"%s\"\n%s", inc, strict_src);
+  ck_assert_int_eq(fclose(f), 0);
+  char *cc[] = {(char *)cxx(), (char *)"-std=c++17", (char *)"-O1", (char *)"-w", (char *)"-o",
+                exe, cpp, NULL};
+  ck_assert_msg(run_cmd(cc) == 0, "%s failed on %s", cxx(), cpp);
+  for (int mode = 0; mode < 4; mode++) {
+    char m[2] = {(char)('0' + mode), 0};
+    pid_t pid = fork();
+    if (pid == 0) {
+      freopen("/dev/null", "w", stderr);
+      execl(exe, exe, m, (char *)NULL);
+      _exit(127);
+    }
+    int st = 0;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    if (mode == 0)
+      ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "mode 0: status %d", st);
+    else if (mode == 1)
+      ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 1, "the race ran right (status %d)", st);
+    else
+      ck_assert_msg(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT,
+                    "mode %d: a divergent barrier was not reported (status %d)", mode, st);
+  }
+  unlink(exe);
+  unlink(cpp);
+  rmdir(dir);
+}
+END_TEST
+
 /* ---- the GPU runtime through the emulated driver ---- */
 
 /* Opens the runtime on tests/cuda_emu_driver.cc (NF_TEST_CUDA_DRIVER). */
@@ -1230,6 +1301,7 @@ int main(int argc, char **argv) {
   tcase_set_timeout(tc, 900);
   if (!strcmp(part, "emu")) {
     tcase_add_test(tc, cuda_emulated);
+    tcase_add_test(tc, cuda_emu_strict);
     tcase_add_test(tc, cuda_rt_emulated);
     tcase_add_test(tc, cuda_reduce_across_threads);
     tcase_add_test(tc, cuda_vthreads);
