@@ -326,7 +326,8 @@ static int match_bwd_data(const ctx *C, nf_conv_desc *d) {
   return 0;
 }
 
-int nf_conv_match(const nf_graph *g, uint32_t si, nf_conv_desc *d) {
+/* The affine reading (the header's forms). */
+static int match_affine(const nf_graph *g, uint32_t si, nf_conv_desc *d) {
   memset(d, 0, sizeof *d);
   if (si >= g->n_stmts) return 0;
   ctx C;
@@ -368,6 +369,10 @@ int nf_conv_match(const nf_graph *g, uint32_t si, nf_conv_desc *d) {
   }
   if (guard && !guard_forms(&C, guard)) return 0;
   return match_fwd(&C, d) || match_bwd_filter(&C, d) || match_bwd_data(&C, d);
+}
+
+int nf_conv_match(const nf_graph *g, uint32_t si, nf_conv_desc *d) {
+  return match_affine(g, si, d) || nf__conv_match_enum(g, si, d);
 }
 
 const char *nf_conv_kind_name(nf_conv_kind k) {

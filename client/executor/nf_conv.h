@@ -12,8 +12,9 @@
  *                                                         sw x + dw s - pw)
  *   data grad    X(n, c, h, w) +=! [g ?] Y(n, k, h + ph - dh r,
  *                                            w + pw - dw s) * F(k, c, r, s)
- *                (stride 1 only: a strided data gradient, as the autodiff
- *                writes it, reads Y at floor divisions and is not matched)
+ *                (stride 1 in this form; a strided one, as the autodiff
+ *                writes it with floor divisions, is found by enumeration,
+ *                below)
  *
  * in either order of the factors, the guard [g ?] ... : 0.0 at the top or
  * on one factor, where the guard is exactly the shifted operand's bounds
@@ -27,10 +28,16 @@
  * A depthwise convolution (groups = C = K, F of K x 1 x R x S: output
  * channel k reads image channel k only, as lib/nn.nf's conv2d<groups = C>
  * with as many outputs as inputs) matches the same three forms with the
- * image's channel index the output channel's variable instead of c; its
- * data gradient at stride 1 only, as above.  Other grouped convolutions
- * (channel k // (K / G) * (C / G) + c) are not matched.  (Where the plain operand holds an infinity or NaN, cuDNN's
- * zero padding gives NaN where the guard gives 0.) */
+ * image's channel index the output channel's variable instead of c.
+ * (Where the plain operand holds an infinity or NaN, cuDNN's zero
+ * padding gives NaN where the guard gives 0.)
+ *
+ * Where those affine forms do not match, the statement is checked by
+ * enumeration against each operation's sums (conv_enum.c): any grouping
+ * (channel k // (K / G) * (C / G) + c), any stride of the data gradient,
+ * any way of writing the indices with + - * // % min max and a guard of
+ * comparisons, as long as each index and each comparison uses the
+ * variables of one of batch, channels, rows or columns. */
 #ifndef NF_CONV_H
 #define NF_CONV_H
 
@@ -59,6 +66,12 @@ typedef struct nf_conv_desc {
 /* 1 and *d filled when statement si of g has one of the forms above, else
  * 0 (*d then undefined). */
 int nf_conv_match(const nf_graph *g, uint32_t si, nf_conv_desc *d);
+
+/* The enumerative reading (conv_enum.c): the same three operations,
+ * grouped convolutions and the strided data gradient included, checked
+ * by enumerating each group of variables; nf_conv_match tries it where
+ * the affine reading finds nothing. */
+int nf__conv_match_enum(const nf_graph *g, uint32_t si, nf_conv_desc *d);
 
 /* "forward", "data gradient", "filter gradient". */
 const char *nf_conv_kind_name(nf_conv_kind k);
