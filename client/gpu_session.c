@@ -74,7 +74,20 @@ struct nf__gpu {
   uint64_t *res_dev;  /* per entry: device storage of a library's result
                          that is a local of the subgraph (cuBLAS, cuDNN) */
   void **res_host;    /* per entry: its host copy, where an epilogue reads it */
+  /* CUDA graphs: [0] a step's ops, [1] an evaluation's */
+  int graphs;                 /* 0: off (no entry points, $NEOFLOW_GPU_GRAPHS=0, a
+                                 capture failed) */
+  nf_cuda_graph *graph[2];
+  uint64_t graph_sig[2];      /* how each graph's ops ran (run_sig) */
+  uint8_t graph_used[2][NF_CUDA_MAX_STREAMS]; /* the streams its modules use */
+  uint64_t last_sig[2];
+  int stable[2];              /* untimed runs in a row with last_sig */
+  int64_t graph_runs;
+  int captures;
 };
+
+/* Untimed runs the same way before the ops are captured into a graph. */
+#define GRAPH_AFTER 2
 
 /* Every this many steps (and the first), entries are timed for real: the
  * daemon's tuning order and --profile use those times. */
@@ -191,6 +204,7 @@ void nf__gpu_close(nf_session *s) {
     nf_cuda_module_free(s->kents[i].gcand);
     s->kents[i].gcur = s->kents[i].gcand = NULL;
   }
+  for (int i = 0; i < 2; i++) nf_cuda_graph_free(G->rt, G->graph[i]);
   nf_cublas_close(G->blas);
   for (int i = 0; G->res_dev && i < s->n_kents; i++) {
     nf_cuda_rt_free(G->rt, G->res_dev[i]);
@@ -398,6 +412,8 @@ int nf__gpu_open(nf_session *s) {
     if (rc == NF_OK && !(G->res_host[k] = malloc(b ? (size_t)b : 1))) rc = NF_ENOMEM;
   }
   if (rc == NF_OK) rc = plan_streams(s);
+  const char *ge = getenv("NEOFLOW_GPU_GRAPHS");
+  G->graphs = nf_cuda_rt_graphs(rt) && !(ge && !strcmp(ge, "0"));
   if (rc == NF_OK) rc = nf_cuda_rt_sync(rt, &s->err);
   if (rc != NF_OK) {
     nf_buf_free(&bwhy);
@@ -422,10 +438,11 @@ int nf__gpu_open(nf_session *s) {
   }
   if (!s->quiet)
     fprintf(stderr,
-            "neoflow: training on %s (sm_%d%s), %d device buffers, %d streams; %d products on %s%s%s; "
-            "%d convolutions on %s%s%s; the rest on %s\n",
+            "neoflow: training on %s (sm_%d%s), %d device buffers, %d streams%s; %d products on "
+            "%s%s%s; %d convolutions on %s%s%s; the rest on %s\n",
             nf_cuda_rt_name(rt), nf_cuda_rt_sm(rt),
-            nf_cuda_rt_emulated(rt) ? ", emulated on the CPU" : "", G->n_regions, G->n_streams, n_plain,
+            nf_cuda_rt_emulated(rt) ? ", emulated on the CPU" : "", G->n_regions, G->n_streams,
+            G->graphs ? ", CUDA graphs" : "", n_plain,
             G->blas ? "cuBLAS" : "the host", *blas_note ? ": " : "", blas_note, n_conv,
             G->dnn ? nf_cudnn_version(G->dnn) : "the host", *dnn_note ? ": " : "", dnn_note,
             gen_note);
@@ -774,7 +791,7 @@ static int dispatch(nf_session *s, nf__kent *k, nf__op *op, int op_index, double
   return rc;
 }
 
-int nf__gpu_run_op(nf_session *s, nf__op *op) {
+static int nf__gpu_run_op(nf_session *s, nf__op *op) {
   struct nf__gpu *G = s->gpu;
   nf__kent *k = &s->kents[op->kent];
   int op_index = (int)(op - s->ops);
@@ -823,3 +840,115 @@ int nf__gpu_streams_used(const nf_session *s) {
   for (int t = 0; s->gpu && t < NF_CUDA_MAX_STREAMS; t++) n += s->gpu->used[t];
   return n;
 }
+
+/* ---- CUDA graphs ---- */
+
+static uint64_t mix(uint64_t h, uint64_t v) {
+  h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+  return h * 0xff51afd7ed558ccdull;
+}
+
+/* How op would run now, mixed into *sig: its module (which), cuBLAS or
+ * cuDNN; 0 when it would do what a graph cannot hold (a canary, a race
+ * run, host work, a library's host epilogue). */
+static int op_sig(const nf_session *s, const nf__op *op, uint64_t *sig) {
+  const struct nf__gpu *G = s->gpu;
+  const nf__kent *k = &s->kents[op->kent];
+  int ki = op->kent;
+  if (k->gcand || (k->gcur && k->race_left > 0)) return 0;
+  if (k->gcur && !k->prefer_blas) {
+    *sig = mix(*sig, (uint64_t)(uintptr_t)k->gcur);
+    return 1;
+  }
+  if (op->alias) return 0;
+  if (G->blas && G->plain[ki] && !nf_gemm_has_epilogue(k->gemm)) {
+    *sig = mix(*sig, 1);
+    return 1;
+  }
+  if (G->dnn && G->conv[ki] && !nf_conv_sub_has_epilogue(G->conv[ki])) {
+    *sig = mix(*sig, 2);
+    return 1;
+  }
+  return 0;
+}
+
+/* The signature of a run of the ops mask marks; 0 when one of them
+ * cannot be in a graph. */
+static int run_sig(const nf_session *s, const uint8_t *mask, uint64_t *sig) {
+  *sig = mask ? 0x5eedull : 0x57e9ull;
+  for (int i = 0; i < s->n_ops; i++) {
+    if (mask && !mask[i]) continue;
+    *sig = mix(*sig, (uint64_t)i);
+    if (!op_sig(s, &s->ops[i], sig)) return 0;
+  }
+  return 1;
+}
+
+static int run_live(nf_session *s, const uint8_t *mask) {
+  int rc = NF_OK;
+  for (int i = 0; i < s->n_ops && rc == NF_OK; i++)
+    if (!mask || mask[i]) rc = nf__gpu_run_op(s, &s->ops[i]);
+  return rc;
+}
+
+int nf__gpu_run_ops(nf_session *s, const uint8_t *mask) {
+  struct nf__gpu *G = s->gpu;
+  int w = mask != NULL;
+  /* every run starts after the last one's work (nf__gpu_begin's upload
+   * waited for it): no op waits for an event of an earlier run */
+  for (int i = 0; G->ran_stream && i < s->n_ops; i++) G->ran_stream[i] = -1;
+  uint64_t sig = 0;
+  if (!G->graphs || G->timed || !run_sig(s, mask, &sig)) {
+    G->stable[w] = 0;
+    return run_live(s, mask);
+  }
+  if (G->graph[w] && G->graph_sig[w] == sig) {
+    memcpy(G->used, G->graph_used[w], sizeof G->used);
+    G->graph_runs++;
+    return nf_cuda_rt_graph_launch(G->rt, G->graph[w], &s->err);
+  }
+  if (sig != G->last_sig[w]) {
+    G->last_sig[w] = sig;
+    G->stable[w] = 0;
+  }
+  if (++G->stable[w] <= GRAPH_AFTER) return run_live(s, mask);
+  /* capture: the ops are queued as in a live run, recorded instead of
+   * run, then the graph is launched */
+  nf_cuda_graph_free(G->rt, G->graph[w]);
+  G->graph[w] = NULL;
+  nf_buf why = NF_BUF_INIT;
+  nf_cuda_graph *g = NULL;
+  int rc = nf_cuda_rt_capture_begin(G->rt, &why);
+  for (int i = 0; rc == NF_OK && i < s->n_ops; i++)
+    if (!mask || mask[i]) rc = nf__gpu_run_op(s, &s->ops[i]);
+  if (rc == NF_OK) rc = nf_cuda_rt_capture_end(G->rt, &g, &why);
+  else nf_cuda_rt_capture_abort(G->rt);
+  if (rc == NF_OK) {
+    G->graph[w] = g;
+    G->graph_sig[w] = sig;
+    memcpy(G->graph_used[w], G->used, sizeof G->used);
+    G->captures++;
+    G->graph_runs++;
+    nf_buf_free(&why);
+    return nf_cuda_rt_graph_launch(G->rt, g, &s->err);
+  }
+  /* nothing captured ran: said once, the ops run live from now on */
+  if (s->err.len) nf_buf_printf(&why, "%s%s", why.len ? "; " : "", nf_buf_str(&s->err));
+  nf_buf_reset(&s->err);
+  G->graphs = 0;
+  if (nf_cuda_rt_broken(G->rt)) {
+    nf_buf_printf(&s->err, "capturing a CUDA graph: %s", nf_buf_str(&why));
+    nf_buf_free(&why);
+    return NF_EIO;
+  }
+  nf__session_warn(s, "CUDA graphs off: capturing the %s failed: %s",
+                   w ? "evaluation" : "step", nf_buf_str(&why));
+  nf_buf_free(&why);
+  return run_live(s, mask);
+}
+
+int64_t nf__gpu_graph_runs(const nf_session *s, int *captures) {
+  if (captures) *captures = s->gpu ? s->gpu->captures : 0;
+  return s->gpu ? s->gpu->graph_runs : 0;
+}
+

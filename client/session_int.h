@@ -233,7 +233,14 @@ int nf__gpu_begin(nf_session *s);
 /* Whether this step's per-entry times are real (always on the CPU; on a
  * GPU, every 16th step, which synchronises after each entry). */
 int nf__gpu_timed(const nf_session *s);
-int nf__gpu_run_op(nf_session *s, nf__op *op);
+/* Runs the program's ops (those mask marks; mask NULL: all, a step) on
+ * the GPU: one by one, or, once the same ops have run the same way (the
+ * same modules, libraries, no host work or checks) on two untimed runs
+ * in a row, captured into a CUDA graph and replayed from then on in one
+ * launch until something changes ($NEOFLOW_GPU_GRAPHS=0: never). */
+int nf__gpu_run_ops(nf_session *s, const uint8_t *mask);
+/* Runs replayed from a graph, and graphs captured, so far. */
+int64_t nf__gpu_graph_runs(const nf_session *s, int *captures);
 /* Copies n bytes at host (inside a buffer of the program) from the device
  * to the host (pull) or back (push). */
 int nf__gpu_pull(nf_session *s, const void *host, size_t n);

@@ -671,8 +671,11 @@ train:
   if (!json) {
     nf_session_stats stt;
     nf_session_stats_get(s, &stt);
-    char gen[48] = "";
-    if (stt.generated) snprintf(gen, sizeof gen, ", generated here %d", stt.generated);
+    char gen[96] = "";
+    int gl = stt.generated ? snprintf(gen, sizeof gen, ", generated here %d", stt.generated) : 0;
+    if (stt.graph_runs)
+      snprintf(gen + gl, sizeof gen - (size_t)gl, ", %lld runs as CUDA graphs",
+               (long long)stt.graph_runs);
     printf("trained %lld steps: loss %.6g -> %.6g; first step done %.0f ms after start; "
            "%.2f ms/step (last 10); kernels %d: tier1 %d, tier2 %d, blas %d%s; swaps %lld, "
            "rejected %lld\n",

@@ -2,7 +2,8 @@
  * loads (NEOFLOW_LIBCUBLAS=<this library>), for tests with the emulated
  * CUDA driver (cuda_emu_driver.cc), whose device pointers are host
  * pointers: sgemm in column-major order as cuBLAS defines it, on the
- * CPU, accumulating in double.  Test code, not shipped. */
+ * CPU, accumulating in double, queued on the handle's stream.  Test
+ * code, not shipped. */
 #include <stdint.h>
 
 #include "emu_stream.h"
@@ -60,18 +61,21 @@ cublasStatus_t cublasSgemm_v2(void *h, int ta, int tb, int m, int n, int k, cons
                               const float *A, int lda, const float *B, int ldb, const float *beta,
                               float *C, int ldc) {
   if (!handle(h) || !handle(h)->stream || m < 0 || n < 0 || k < 0) return 7;
-  if (emu_stream_drain(handle(h)->stream) != 0) return 13; /* CUBLAS_STATUS_EXECUTION_FAILED */
-  for (int j = 0; j < n; j++)
-    for (int i = 0; i < m; i++) {
-      double acc = 0;
-      for (int p = 0; p < k; p++) {
-        float a = ta ? A[p + (int64_t)i * lda] : A[i + (int64_t)p * lda];
-        float b = tb ? B[j + (int64_t)p * ldb] : B[p + (int64_t)j * ldb];
-        acc += (double)a * b;
+  float al = *alpha, be = *beta; /* (host scalars, read when called) */
+  int r = emu_stream_enqueue(handle(h)->stream, [=] {
+    for (int j = 0; j < n; j++)
+      for (int i = 0; i < m; i++) {
+        double acc = 0;
+        for (int p = 0; p < k; p++) {
+          float a = ta ? A[p + (int64_t)i * lda] : A[i + (int64_t)p * lda];
+          float b = tb ? B[j + (int64_t)p * ldb] : B[p + (int64_t)j * ldb];
+          acc += (double)a * b;
+        }
+        float *c = &C[i + (int64_t)j * ldc];
+        *c = (float)(al * acc + (be != 0.0f ? be * *c : 0.0f));
       }
-      float *c = &C[i + (int64_t)j * ldc];
-      *c = (float)(*alpha * acc + (*beta != 0.0f ? *beta * *c : 0.0f));
-    }
+  });
+  if (r != 0) return 13; /* CUBLAS_STATUS_EXECUTION_FAILED */
   return 0;
 }
 

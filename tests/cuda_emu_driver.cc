@@ -21,8 +21,20 @@
  * order with an event runs in the wrong order here and shows as wrong
  * results, where a real GPU would show it only now and then.  A host to
  * device copy takes its bytes when queued (as the driver does with
- * pageable memory).  cuBLAS's and cuDNN's emulations run their stream's
- * queue (cuStreamSynchronize) before they compute.
+ * pageable memory).  cuBLAS's and cuDNN's emulations queue their
+ * computation on the stream (the extra entry point nfemuEnqueue: a host
+ * function run in stream order, as the real libraries' kernels are).
+ *
+ * CUDA graphs by stream capture, with the driver's rules: between
+ * cuStreamBeginCapture_v2 and cuStreamEndCapture work queued on a stream
+ * of the capture is recorded, not run; a stream joins by waiting for an
+ * event recorded in the capture; synchronising, copying or allocating
+ * meanwhile fails (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), as does
+ * waiting for an event recorded outside it (..._ISOLATION); ending with
+ * a stream that did not join back fails (..._UNJOINED).  cuGraphLaunch
+ * queues the recorded work on its streams again, after the launching
+ * stream's work and before what that stream does next.
+ * $NF_EMU_CAPTURE_FAIL=1 makes every capture end invalidated.
  *
  * The device: compute capability $NF_EMU_SM (default 90), named
  * "NeoFlow CPU emulation of sm_<sm>".  $NF_EMU_FAIL_LAUNCH=N makes the
@@ -43,6 +55,7 @@
 #include <unistd.h>
 
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
@@ -60,9 +73,14 @@ enum {
   E_INVALID_DEVICE = 101,
   E_INVALID_IMAGE = 200,
   E_INVALID_HANDLE = 400,
+  E_ILLEGAL_STATE = 401,
   E_NOT_FOUND = 500,
   E_ILLEGAL_ADDRESS = 700,
   E_LAUNCH_FAILED = 719,
+  E_CAPTURE_UNSUPPORTED = 900,
+  E_CAPTURE_INVALIDATED = 901,
+  E_CAPTURE_UNJOINED = 904,
+  E_CAPTURE_ISOLATION = 905,
   E_UNKNOWN = 999
 };
 
@@ -158,11 +176,22 @@ CUresult cuCtxSetCurrent(void *ctx) { return ctx == &g_ctx_token ? OK : E_INVALI
 struct emu_event {
   int magic;
   long queued, done; /* records queued and run */
+  int captured;      /* its last record is in the capture under way */
   double ms;         /* the host's clock when the last record ran */
 };
 enum { EVENT_MAGIC = 0x45564e54, STREAM_MAGIC = 0x5354524d };
 
-enum item_kind { IT_LAUNCH, IT_H2D, IT_D2H, IT_RECORD, IT_WAIT };
+enum item_kind { IT_LAUNCH, IT_H2D, IT_D2H, IT_RECORD, IT_WAIT, IT_HOST };
+
+/* a library's queued computation (nfemuEnqueue) */
+struct emu_host {
+  void (*run)(void *);
+  void *arg;
+  void (*del)(void *);
+  ~emu_host() {
+    if (del) del(arg);
+  }
+};
 
 struct emu_item {
   item_kind kind;
@@ -175,6 +204,7 @@ struct emu_item {
   size_t n;
   emu_event *ev;
   long seq; /* a wait: for the event's record number seq */
+  std::shared_ptr<emu_host> host;
 };
 
 struct emu_stream {
@@ -183,6 +213,35 @@ struct emu_stream {
 };
 
 static std::vector<emu_stream *> *g_streams; /* in creation order */
+
+/* a stream capture under way, or a graph: the work in the order it was
+ * queued, each item with its stream */
+struct emu_graph {
+  int magic;
+  std::vector<std::pair<emu_stream *, emu_item>> items;
+  std::set<emu_stream *> streams; /* those that joined */
+  /* an instantiated graph's own events: the launch's fork and joins */
+  emu_event *fork = NULL;
+  std::vector<emu_event *> joins;
+};
+enum { GRAPH_MAGIC = 0x47525048 };
+static emu_graph *g_capture;    /* NULL: none */
+static emu_stream *g_cap_origin;
+static int g_cap_failed;        /* a call during it failed: the capture is invalidated */
+
+static int capturing(emu_stream *x) { return g_capture && g_capture->streams.count(x); }
+
+/* Queues it on x, or records it in the capture x belongs to. */
+static void push(emu_stream *x, emu_item &&it) {
+  if (capturing(x)) g_capture->items.emplace_back(x, std::move(it));
+  else x->q.push_back(std::move(it));
+}
+
+/* An operation a capture does not allow: invalidates it. */
+static CUresult refuse_in_capture() {
+  g_cap_failed = 1;
+  return E_CAPTURE_UNSUPPORTED;
+}
 /* events alive: freed on unloading with what a broken context's owner
  * could not destroy */
 static std::set<emu_event *> *g_events;
@@ -217,6 +276,9 @@ static int step(emu_stream *x) {
     case IT_RECORD:
       it.ev->done++;
       it.ev->ms = clock_ms();
+      break;
+    case IT_HOST:
+      if (!g_broken) it.host->run(it.host->arg);
       break;
   }
   x->q.pop_front();
@@ -269,12 +331,14 @@ CUresult cuStreamDestroy_v2(void *s) {
 
 CUresult cuStreamSynchronize(void *s) {
   if (!is_stream(s)) return E_INVALID_HANDLE;
+  if (g_capture) return refuse_in_capture();
   emu_stream *x = (emu_stream *)s;
   CUresult r = drain([x] { return x->q.empty(); });
   return g_broken ? g_broken : r;
 }
 
 CUresult cuCtxSynchronize(void) {
+  if (g_capture) return refuse_in_capture();
   CUresult r = drain_all();
   return g_broken ? g_broken : r;
 }
@@ -310,6 +374,11 @@ CUresult cuEventRecord(void *e, void *s) {
   emu_item it;
   it.kind = IT_RECORD;
   it.ev = v;
+  v->captured = capturing((emu_stream *)s);
+  if (v->captured) { /* its number is taken when the graph is launched */
+    push((emu_stream *)s, std::move(it));
+    return OK;
+  }
   it.seq = ++v->queued;
   ((emu_stream *)s)->q.push_back(std::move(it));
   return OK;
@@ -319,18 +388,33 @@ CUresult cuStreamWaitEvent(void *s, void *e, unsigned flags) {
   emu_event *v = (emu_event *)e;
   if (!v || v->magic != EVENT_MAGIC || !is_stream(s) || flags != 0) return E_INVALID_HANDLE;
   if (g_broken) return g_broken;
+  emu_stream *x = (emu_stream *)s;
+  if (g_capture && v->captured) { /* x joins the capture */
+    g_capture->streams.insert(x);
+  } else if (capturing(x)) {
+    g_cap_failed = 1; /* an event from outside the capture */
+    return E_CAPTURE_ISOLATION;
+  }
+  if (capturing(x)) {
+    emu_item it;
+    it.kind = IT_WAIT;
+    it.ev = v;
+    push(x, std::move(it));
+    return OK;
+  }
   if (v->queued == 0) return OK; /* never recorded: no wait */
   emu_item it;
   it.kind = IT_WAIT;
   it.ev = v;
   it.seq = v->queued;
-  ((emu_stream *)s)->q.push_back(std::move(it));
+  x->q.push_back(std::move(it));
   return OK;
 }
 
 CUresult cuEventSynchronize(void *e) {
   emu_event *v = (emu_event *)e;
   if (!v || v->magic != EVENT_MAGIC) return E_INVALID_HANDLE;
+  if (g_capture) return refuse_in_capture();
   CUresult r = drain([v] { return v->done >= v->queued; });
   return g_broken ? g_broken : r;
 }
@@ -346,6 +430,7 @@ CUresult cuEventElapsedTime(float *ms, void *a, void *b) {
 
 CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
   if (g_broken) return g_broken;
+  if (g_capture) return refuse_in_capture();
   if (n == 0) return E_INVALID_VALUE;
   void *m = NULL;
   if (posix_memalign(&m, 256, n) != 0) return E_OUT_OF_MEMORY;
@@ -358,6 +443,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
 }
 
 CUresult cuMemFree_v2(CUdeviceptr p) {
+  if (g_capture) return refuse_in_capture();
   drain_all(); /* (queued work may use it) */
   std::lock_guard<std::mutex> l(g_mu);
   if (!g_allocs || !g_allocs->erase((uintptr_t)p)) return E_INVALID_VALUE;
@@ -367,6 +453,7 @@ CUresult cuMemFree_v2(CUdeviceptr p) {
 
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, void *s) {
   if (g_broken) return g_broken;
+  if (g_capture) return refuse_in_capture(); /* (pageable host memory) */
   if (!is_stream(s) || !dst) return E_INVALID_VALUE;
   emu_item it;
   it.kind = IT_H2D;
@@ -379,6 +466,7 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, void *
 
 CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, void *s) {
   if (g_broken) return g_broken;
+  if (g_capture) return refuse_in_capture();
   if (!is_stream(s) || !src) return E_INVALID_VALUE;
   emu_item it;
   it.kind = IT_D2H;
@@ -570,7 +658,148 @@ CUresult cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigne
   it.grid = gx;
   it.block = bx;
   for (int i = 0; i < MAX_PARAMS; i++) it.args[i] = i < f->n_params ? *(void **)params[i] : NULL;
-  ((emu_stream *)stream)->q.push_back(std::move(it));
+  push((emu_stream *)stream, std::move(it));
+  return OK;
+}
+
+/* Queues run(arg) on stream s (recorded, when s is capturing); del(arg)
+ * when nothing refers to it any more.  The library emulations' way to
+ * compute in stream order. */
+CUresult nfemuEnqueue(void *s, void (*run)(void *), void *arg, void (*del)(void *)) {
+  if (!is_stream(s) || !run) {
+    if (del) del(arg);
+    return E_INVALID_VALUE;
+  }
+  emu_item it;
+  it.kind = IT_HOST;
+  it.host = std::make_shared<emu_host>();
+  it.host->run = run;
+  it.host->arg = arg;
+  it.host->del = del;
+  if (g_broken) return g_broken;
+  push((emu_stream *)s, std::move(it));
+  return OK;
+}
+
+CUresult cuStreamBeginCapture_v2(void *s, int mode) {
+  if (!is_stream(s) || mode < 0 || mode > 2) return E_INVALID_VALUE;
+  if (g_broken) return g_broken;
+  if (g_capture) return E_ILLEGAL_STATE;
+  g_capture = new emu_graph();
+  g_capture->magic = GRAPH_MAGIC;
+  g_capture->streams.insert((emu_stream *)s);
+  g_cap_origin = (emu_stream *)s;
+  g_cap_failed = 0;
+  return OK;
+}
+
+/* Every stream of the capture but its origin ends with an event record
+ * that the origin waits for afterwards. */
+static int joined(const emu_graph *g) {
+  for (emu_stream *x : g->streams) {
+    if (x == g_cap_origin) continue;
+    long last = -1;
+    for (size_t i = 0; i < g->items.size(); i++)
+      if (g->items[i].first == x) last = (long)i;
+    if (last < 0) continue; /* joined and did nothing */
+    const emu_item &r = g->items[(size_t)last].second;
+    if (r.kind != IT_RECORD) return 0;
+    int ok = 0;
+    for (size_t i = (size_t)last + 1; i < g->items.size() && !ok; i++)
+      ok = g->items[i].first == g_cap_origin && g->items[i].second.kind == IT_WAIT &&
+           g->items[i].second.ev == r.ev;
+    if (!ok) return 0;
+  }
+  return 1;
+}
+
+CUresult cuStreamEndCapture(void *s, void **graph) {
+  if (!g_capture || s != g_cap_origin) return E_ILLEGAL_STATE;
+  emu_graph *g = g_capture;
+  g_capture = NULL;
+  *graph = NULL;
+  if (env_int("NF_EMU_CAPTURE_FAIL", 0)) g_cap_failed = 1; /* (tests of the fallback) */
+  CUresult r = g_cap_failed ? E_CAPTURE_INVALIDATED : !joined(g) ? E_CAPTURE_UNJOINED : OK;
+  if (r != OK) {
+    delete g;
+    return r;
+  }
+  *graph = g;
+  return OK;
+}
+
+static emu_event *event_new() {
+  emu_event *e = (emu_event *)calloc(1, sizeof *e);
+  if (e) e->magic = EVENT_MAGIC, e->ms = -1;
+  return e;
+}
+
+CUresult cuGraphDestroy(void *graph) {
+  emu_graph *g = (emu_graph *)graph;
+  if (!g || g->magic != GRAPH_MAGIC) return E_INVALID_HANDLE;
+  if (g->fork) drain_all(); /* (queued work waits for its events) */
+  free(g->fork);
+  for (emu_event *e : g->joins) free(e);
+  g->magic = 0;
+  delete g;
+  return OK;
+}
+
+CUresult cuGraphInstantiateWithFlags(void **exec, void *graph, unsigned long long flags) {
+  emu_graph *g = (emu_graph *)graph;
+  if (!g || g->magic != GRAPH_MAGIC || flags) return E_INVALID_VALUE;
+  emu_graph *x = new emu_graph(*g); /* (the library work is shared) */
+  x->fork = event_new();
+  for (size_t i = 0; i < x->streams.size(); i++) x->joins.push_back(event_new());
+  *exec = x;
+  return OK;
+}
+
+CUresult cuGraphExecDestroy(void *exec) { return cuGraphDestroy(exec); }
+
+/* The recorded work queued again on its streams, after s's queued work
+ * (each of the graph's streams waits for it) and before s's next (s
+ * waits for each of them). */
+CUresult cuGraphLaunch(void *exec, void *s) {
+  emu_graph *g = (emu_graph *)exec;
+  if (!g || g->magic != GRAPH_MAGIC || !g->fork || !is_stream(s)) return E_INVALID_HANDLE;
+  if (g_broken) return g_broken;
+  if (g_capture) return refuse_in_capture();
+  emu_stream *ls = (emu_stream *)s;
+  for (emu_stream *x : g->streams)
+    if (!is_stream(x)) return E_INVALID_HANDLE;
+  emu_item f;
+  f.kind = IT_RECORD;
+  f.ev = g->fork;
+  f.seq = ++g->fork->queued;
+  ls->q.push_back(std::move(f));
+  for (emu_stream *x : g->streams) {
+    emu_item w;
+    w.kind = IT_WAIT;
+    w.ev = g->fork;
+    w.seq = g->fork->queued;
+    x->q.push_back(std::move(w));
+  }
+  for (const auto &p : g->items) {
+    emu_item it = p.second; /* (copies share the library's work) */
+    if (it.kind == IT_RECORD) it.seq = ++it.ev->queued;
+    if (it.kind == IT_WAIT) it.seq = it.ev->queued;
+    p.first->q.push_back(std::move(it));
+  }
+  size_t i = 0;
+  for (emu_stream *x : g->streams) {
+    emu_event *e = g->joins[i++];
+    emu_item j;
+    j.kind = IT_RECORD;
+    j.ev = e;
+    j.seq = ++e->queued;
+    x->q.push_back(std::move(j));
+    emu_item w;
+    w.kind = IT_WAIT;
+    w.ev = e;
+    w.seq = e->queued;
+    ls->q.push_back(std::move(w));
+  }
   return OK;
 }
 
@@ -586,6 +815,11 @@ CUresult cuGetErrorName(CUresult r, const char **s) {
     case E_NOT_FOUND: *s = "CUDA_ERROR_NOT_FOUND"; return OK;
     case E_ILLEGAL_ADDRESS: *s = "CUDA_ERROR_ILLEGAL_ADDRESS"; return OK;
     case E_LAUNCH_FAILED: *s = "CUDA_ERROR_LAUNCH_FAILED"; return OK;
+    case E_ILLEGAL_STATE: *s = "CUDA_ERROR_ILLEGAL_STATE"; return OK;
+    case E_CAPTURE_UNSUPPORTED: *s = "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"; return OK;
+    case E_CAPTURE_INVALIDATED: *s = "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"; return OK;
+    case E_CAPTURE_UNJOINED: *s = "CUDA_ERROR_STREAM_CAPTURE_UNJOINED"; return OK;
+    case E_CAPTURE_ISOLATION: *s = "CUDA_ERROR_STREAM_CAPTURE_ISOLATION"; return OK;
     default: *s = "CUDA_ERROR_UNKNOWN"; return E_INVALID_VALUE;
   }
 }

@@ -65,10 +65,7 @@ static long g_calls;
 static const size_t kWorkspace = 4096; /* what algorithm 1 wants */
 
 static st_t bad(void *h) { return !handle(h) || !handle(h)->stream ? BAD_PARAM : OK; }
-/* A convolution: what is queued before it on its stream runs first. */
-static st_t bad_run(void *h) {
-  return bad(h) ? BAD_PARAM : emu_stream_drain(handle(h)->stream) ? BAD_PARAM : OK;
-}
+static st_t bad_run(void *h) { return bad(h); }
 
 /* algorithm 2 (nondeterministic) first, then 1 (wants workspace) */
 static st_t heuristics(void *h, int req, int *ret, perf *p) {
@@ -124,6 +121,23 @@ static int64_t numel(const tdesc *t) { return (int64_t)t->n * t->c * t->h * t->w
 static st_t check_ws(int algo, void *ws, size_t bytes) {
   g_calls++;
   return algo < 0 || algo > 2 || (algo == 1 && (!ws || bytes < kWorkspace)) ? BAD_PARAM : OK;
+}
+
+/* The convolution queued on the handle's stream (descriptors and scalars
+ * copied: the caller may change them before it runs). */
+template <typename F>
+static st_t queue(void *h, const tdesc *xd, const tdesc *fd, const cdesc *c, const tdesc *yd,
+                  int64_t n_out, float *dst, float alpha, float beta, F term) {
+  tdesc x = *xd, f = *fd, y = *yd;
+  cdesc cc = *c;
+  int r = emu_stream_enqueue(handle(h)->stream, [=] {
+    double *acc = (double *)calloc((size_t)n_out + 1, sizeof *acc);
+    if (!acc) abort();
+    each(&x, &f, &cc, &y, [&](int64_t xi, int64_t fi, int64_t yi) { term(acc, xi, fi, yi); });
+    finish(dst, acc, n_out, alpha, beta);
+    free(acc);
+  });
+  return r ? BAD_PARAM : OK;
 }
 
 extern "C" {
@@ -210,31 +224,28 @@ st_t cudnnConvolutionForward(void *h, const float *alpha, tdesc *xd, const float
                              const float *f, cdesc *c, int algo, void *w, size_t wb,
                              const float *beta, tdesc *yd, float *y) {
   if (bad_run(h) || !consistent(xd, fd, c, yd) || check_ws(algo, w, wb)) return BAD_PARAM;
-  double *acc = (double *)calloc((size_t)numel(yd) + 1, sizeof *acc);
-  each(xd, fd, c, yd, [&](int64_t xi, int64_t fi, int64_t yi) { acc[yi] += (double)x[xi] * f[fi]; });
-  finish(y, acc, numel(yd), *alpha, *beta);
-  free(acc);
-  return OK;
+  return queue(h, xd, fd, c, yd, numel(yd), y, *alpha, *beta,
+               [=](double *acc, int64_t xi, int64_t fi, int64_t yi) {
+                 acc[yi] += (double)x[xi] * f[fi];
+               });
 }
 st_t cudnnConvolutionBackwardData(void *h, const float *alpha, tdesc *fd, const float *f,
                                   tdesc *yd, const float *dy, cdesc *c, int algo, void *w,
                                   size_t wb, const float *beta, tdesc *xd, float *dx) {
   if (bad_run(h) || !consistent(xd, fd, c, yd) || check_ws(algo, w, wb)) return BAD_PARAM;
-  double *acc = (double *)calloc((size_t)numel(xd) + 1, sizeof *acc);
-  each(xd, fd, c, yd, [&](int64_t xi, int64_t fi, int64_t yi) { acc[xi] += (double)dy[yi] * f[fi]; });
-  finish(dx, acc, numel(xd), *alpha, *beta);
-  free(acc);
-  return OK;
+  return queue(h, xd, fd, c, yd, numel(xd), dx, *alpha, *beta,
+               [=](double *acc, int64_t xi, int64_t fi, int64_t yi) {
+                 acc[xi] += (double)dy[yi] * f[fi];
+               });
 }
 st_t cudnnConvolutionBackwardFilter(void *h, const float *alpha, tdesc *xd, const float *x,
                                     tdesc *yd, const float *dy, cdesc *c, int algo, void *w,
                                     size_t wb, const float *beta, tdesc *fd, float *df) {
   if (bad_run(h) || !consistent(xd, fd, c, yd) || check_ws(algo, w, wb)) return BAD_PARAM;
-  double *acc = (double *)calloc((size_t)numel(fd) + 1, sizeof *acc);
-  each(xd, fd, c, yd, [&](int64_t xi, int64_t fi, int64_t yi) { acc[fi] += (double)dy[yi] * x[xi]; });
-  finish(df, acc, numel(fd), *alpha, *beta);
-  free(acc);
-  return OK;
+  return queue(h, xd, fd, c, yd, numel(fd), df, *alpha, *beta,
+               [=](double *acc, int64_t xi, int64_t fi, int64_t yi) {
+                 acc[fi] += (double)dy[yi] * x[xi];
+               });
 }
 
 } /* extern "C" */

@@ -794,7 +794,7 @@ static int emu_run(nf_cuda_rt *rt, const nf_lprog *p, const nf_graph *g, const n
 
 /* The runtime's whole path on the emulated driver: bundles loaded from
  * their source, device buffers, launches, downloads, against the
- * interpreter; then a sticky launch error: the context refuses every
+ * interpreter; graph capture's rules; then a sticky launch error: the context refuses every
  * later call with the error that broke it. */
 START_TEST(cuda_rt_emulated) {
   nf_cuda_rt *rt = emu_rt_open();
@@ -819,6 +819,28 @@ START_TEST(cuda_rt_emulated) {
     }
     inst_free(&I);
   }
+  /* graph capture's rules: what it may not hold fails and invalidates
+   * it (nothing captured runs); an empty capture over several streams
+   * ends, joined, and its graph launches */
+  ck_assert(nf_cuda_rt_graphs(rt));
+  ck_assert_int_eq(nf_cuda_rt_set_streams(rt, 3, &err), NF_OK);
+  ck_assert_int_eq(nf_cuda_rt_capture_begin(rt, &err), NF_OK);
+  ck_assert_int_eq(nf_cuda_rt_capture_begin(rt, &err), NF_EUNSUPPORTED); /* one at a time */
+  nf_buf_reset(&err);
+  ck_assert_int_eq(nf_cuda_rt_sync(rt, &err), NF_EIO);
+  ck_assert_msg(strstr(nf_buf_str(&err), "STREAM_CAPTURE_UNSUPPORTED"), "%s", nf_buf_str(&err));
+  nf_cuda_graph *gr = NULL;
+  nf_buf_reset(&err);
+  ck_assert_int_eq(nf_cuda_rt_capture_end(rt, &gr, &err), NF_EIO);
+  ck_assert_msg(strstr(nf_buf_str(&err), "STREAM_CAPTURE_INVALIDATED") && !gr, "%s",
+                nf_buf_str(&err));
+  ck_assert(!nf_cuda_rt_broken(rt));
+  ck_assert_int_eq(nf_cuda_rt_capture_begin(rt, &err), NF_OK);
+  ck_assert_int_eq(nf_cuda_rt_capture_end(rt, &gr, &err), NF_OK);
+  ck_assert_int_eq(nf_cuda_rt_graph_launch(rt, gr, &err), NF_OK);
+  ck_assert_int_eq(nf_cuda_rt_graph_launch(rt, gr, &err), NF_OK);
+  ck_assert_int_eq(nf_cuda_rt_sync(rt, &err), NF_OK);
+  nf_cuda_graph_free(rt, gr);
   /* the next launch fails as an illegal address would */
   setenv("NF_EMU_FAIL_LAUNCH", "1", 1);
   nf_cuda_rt_close(rt);

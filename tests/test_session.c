@@ -1573,6 +1573,77 @@ START_TEST(session_gpu_cudnn) {
 }
 END_TEST
 
+/* CUDA graphs: an MLP trained on the (emulated) GPU without a daemon,
+ * with graphs and with $NEOFLOW_GPU_GRAPHS=0, step for step: once the
+ * generated kernels are in and two untimed steps ran the same way, the
+ * steps (and evaluations) are captured and replayed as one graph each,
+ * on several streams; every loss and the parameters are bit-identical
+ * to the live runs' (a replay that skipped or reordered work would
+ * differ).  A capture that fails (the emulated driver invalidates it on
+ * request) is said once and the steps run live, still identical. */
+START_TEST(session_gpu_graphs) {
+  int real = 0;
+  if (!gpu_test_env("session_gpu_graphs", &real)) return;
+  unsetenv("NEOFLOW_LIBNVRTC");
+  nf_model *m = load_example("mlp.nf");
+  mlp_data *data = mlp_data_new(29);
+  nf_session_opts o = mlp_opts();
+  o.optim = (nf_optimizer){.kind = NF_OPTIM_SGD, .lr = 0.01, .momentum = 0.5};
+  o.daemon = "none";
+  o.device = "cuda";
+  for (int fail = 0; fail < (real ? 1 : 2); fail++) {
+    if (fail) setenv("NF_EMU_CAPTURE_FAIL", "1", 1);
+    nf_session *g = open_def(m, "mlp", &o);
+    setenv("NEOFLOW_GPU_GRAPHS", "0", 1);
+    nf_session *l = open_def(m, "mlp", &o);
+    unsetenv("NEOFLOW_GPU_GRAPHS");
+    ck_assert(g->gpu && l->gpu);
+    if (nf__gpu_gen_wait(g, NULL, NULL, NULL, NULL) != NF_OK ||
+        nf__gpu_gen_wait(l, NULL, NULL, NULL, NULL) != NF_OK) {
+      fprintf(stderr, "session_gpu_graphs: skipped: no NVRTC to load\n");
+      nf_session_free(g);
+      nf_session_free(l);
+      break;
+    }
+    int used = 0;
+    for (int i = 0; i < 12; i++) {
+      mlp_feed(g, data, i % MLP_POOL);
+      mlp_feed(l, data, i % MLP_POOL);
+      double lg = step(g), ll = step(l);
+      ck_assert_msg(lg == ll, "step %d: loss %.9g with graphs, %.9g without", i + 1, lg, ll);
+      if (stats(g).graph_runs > 0 && nf__gpu_streams_used(g) > used)
+        used = nf__gpu_streams_used(g);
+      double eg = 0, el = 0;
+      ck_assert_int_eq(nf_session_eval(g, &eg), NF_OK);
+      ck_assert_int_eq(nf_session_eval(l, &el), NF_OK);
+      ck_assert_msg(eg == el, "evaluation %d: %.9g with graphs, %.9g without", i + 1, eg, el);
+    }
+    params_agree(l, g, 1e-30);
+    int captures = 0;
+    int64_t runs = nf__gpu_graph_runs(g, &captures);
+    ck_assert_int_eq(nf__gpu_graph_runs(l, NULL), 0);
+    if (!fail) {
+      /* steps 1 and 16 are timed (live), steps run live until the kernels
+       * are in and twice more: most of the 12 steps and evaluations */
+      ck_assert_msg(runs >= 8 && captures >= 2, "%lld runs as graphs, %d captures: %s",
+                    (long long)runs, captures, session_log(g));
+      ck_assert_msg(real || used >= 2, "the graphs' modules ran on %d streams", used);
+      ck_assert_int_eq(stats(g).graph_runs, runs);
+    } else {
+      ck_assert_msg(runs == 0 && strstr(session_log(g), "CUDA graphs off"), "%lld runs: %s",
+                    (long long)runs, session_log(g));
+      unsetenv("NF_EMU_CAPTURE_FAIL");
+    }
+    nf_session_free(g);
+    nf_session_free(l);
+  }
+  nf_model_free(m);
+  free(data);
+  unsetenv("NEOFLOW_LIBCUBLAS");
+  unsetenv("NEOFLOW_LIBCUDA");
+}
+END_TEST
+
 /* Tier 0 for the rest on a GPU, without a daemon: the session generates
  * a kernel for every entry that neither cuBLAS nor cuDNN takes, with the
  * NVRTC it loads at run time (this machine's), each verified by its
@@ -1737,6 +1808,10 @@ static Suite *suite(void) {
   tcase_set_timeout(gen, 300);
   tcase_add_test(gen, session_gpu_generated);
   suite_add_tcase(s, gen);
+  TCase *gr = tcase_create("graphs"); /* CK_RUN_CASE=graphs */
+  tcase_set_timeout(gr, 300);
+  tcase_add_test(gr, session_gpu_graphs);
+  suite_add_tcase(s, gr);
   return s;
 }
 

@@ -13,7 +13,7 @@
 
 typedef int CUresult;
 typedef int CUdevice;
-typedef void *CUcontext, *CUmodule, *CUfunction, *CUstream, *CUevent;
+typedef void *CUcontext, *CUmodule, *CUfunction, *CUstream, *CUevent, *CUgraph, *CUgraphExec;
 typedef unsigned long long CUdeviceptr;
 
 enum {
@@ -25,7 +25,8 @@ enum {
   ATTR_CC_MAJOR = 75,
   ATTR_CC_MINOR = 76,
   STREAM_NON_BLOCKING = 1,
-  EVENT_DISABLE_TIMING = 2
+  EVENT_DISABLE_TIMING = 2,
+  CAPTURE_MODE_THREAD_LOCAL = 1
 };
 
 typedef struct drv {
@@ -57,6 +58,13 @@ typedef struct drv {
   CUresult (*EventRecord)(CUevent, CUstream);
   CUresult (*EventSynchronize)(CUevent);
   CUresult (*EventElapsedTime)(float *, CUevent, CUevent);
+  /* graphs (optional: CUDA 11.4 and later) */
+  CUresult (*BeginCapture)(CUstream, int);
+  CUresult (*EndCapture)(CUstream, CUgraph *);
+  CUresult (*GraphInstantiate)(CUgraphExec *, CUgraph, unsigned long long);
+  CUresult (*GraphLaunch)(CUgraphExec, CUstream);
+  CUresult (*GraphExecDestroy)(CUgraphExec);
+  CUresult (*GraphDestroy)(CUgraph);
   /* only tests/cuda_emu_driver.cc has it: a module from its CUDA C */
   CUresult (*EmuLoadSource)(CUmodule *, const char *, size_t);
 } drv;
@@ -75,6 +83,12 @@ struct nf_cuda_rt {
   int broken; /* a sticky error happened: the context is unusable */
   char broken_msg[256];
   CUevent ev[2]; /* nf_cuda_module_time's, made on first use */
+  CUevent fork[NF_CUDA_MAX_STREAMS]; /* a capture's fork and joins */
+  int capturing;
+};
+
+struct nf_cuda_graph {
+  CUgraphExec exec;
 };
 
 struct nf_cuda_module {
@@ -158,6 +172,12 @@ static int load_driver(drv *d, nf_buf *why) {
   SYM(EventSynchronize, "cuEventSynchronize");
   SYM(EventElapsedTime, "cuEventElapsedTime");
 #undef SYM
+  *(void **)&d->BeginCapture = dlsym(d->lib, "cuStreamBeginCapture_v2");
+  *(void **)&d->EndCapture = dlsym(d->lib, "cuStreamEndCapture");
+  *(void **)&d->GraphInstantiate = dlsym(d->lib, "cuGraphInstantiateWithFlags");
+  *(void **)&d->GraphLaunch = dlsym(d->lib, "cuGraphLaunch");
+  *(void **)&d->GraphExecDestroy = dlsym(d->lib, "cuGraphExecDestroy");
+  *(void **)&d->GraphDestroy = dlsym(d->lib, "cuGraphDestroy");
   *(void **)&d->EmuLoadSource = dlsym(d->lib, "nfemuModuleLoadSource");
   return NF_OK;
 }
@@ -216,6 +236,8 @@ void nf_cuda_rt_close(nf_cuda_rt *rt) {
     if (rt->ev[i]) rt->d.EventDestroy(rt->ev[i]);
   for (int i = 0; i < rt->n_evs && !rt->broken; i++)
     if (rt->evs[i]) rt->d.EventDestroy(rt->evs[i]);
+  for (int i = 0; i < NF_CUDA_MAX_STREAMS && !rt->broken; i++)
+    if (rt->fork[i]) rt->d.EventDestroy(rt->fork[i]);
   free(rt->evs);
   for (int i = 1; i < rt->n_streams && !rt->broken; i++) rt->d.StreamDestroy(rt->streams[i]);
   if (rt->stream && !rt->broken) rt->d.StreamDestroy(rt->stream);
@@ -294,6 +316,89 @@ int nf_cuda_rt_wait(nf_cuda_rt *rt, int ev, nf_buf *err) {
   if (ev < 0 || ev >= rt->n_evs) return NF_EINVAL;
   return check(rt, rt->d.StreamWaitEvent(rt->streams[rt->cur], rt->evs[ev], 0),
                "cuStreamWaitEvent", err);
+}
+
+int nf_cuda_rt_broken(const nf_cuda_rt *rt) { return rt->broken; }
+
+int nf_cuda_rt_graphs(const nf_cuda_rt *rt) {
+  const drv *d = &rt->d;
+  return d->BeginCapture && d->EndCapture && d->GraphInstantiate && d->GraphLaunch &&
+         d->GraphExecDestroy && d->GraphDestroy;
+}
+
+int nf_cuda_rt_capture_begin(nf_cuda_rt *rt, nf_buf *err) {
+  int rc = usable(rt, err);
+  if (rc) return rc;
+  if (!nf_cuda_rt_graphs(rt) || rt->capturing) return NF_EUNSUPPORTED;
+  for (int i = 0; rc == NF_OK && i < rt->n_streams; i++)
+    if (!rt->fork[i])
+      rc = check(rt, rt->d.EventCreate(&rt->fork[i], EVENT_DISABLE_TIMING), "cuEventCreate", err);
+  if (rc == NF_OK)
+    rc = check(rt, rt->d.BeginCapture(rt->stream, CAPTURE_MODE_THREAD_LOCAL),
+               "cuStreamBeginCapture", err);
+  if (rc != NF_OK) return rc;
+  rt->capturing = 1;
+  /* the other streams join the capture by waiting for stream 0 */
+  if (rt->n_streams > 1)
+    rc = check(rt, rt->d.EventRecord(rt->fork[0], rt->stream), "cuEventRecord", err);
+  for (int i = 1; rc == NF_OK && i < rt->n_streams; i++)
+    rc = check(rt, rt->d.StreamWaitEvent(rt->streams[i], rt->fork[0], 0), "cuStreamWaitEvent",
+               err);
+  if (rc != NF_OK) nf_cuda_rt_capture_abort(rt);
+  return rc;
+}
+
+void nf_cuda_rt_capture_abort(nf_cuda_rt *rt) {
+  if (!rt->capturing) return;
+  CUgraph g = NULL;
+  /* joins what it can, so that the capture ends (an unjoined one fails
+   * and is ended all the same) */
+  for (int i = 1; i < rt->n_streams && !rt->broken; i++)
+    if (rt->d.EventRecord(rt->fork[i], rt->streams[i]) == CUDA_SUCCESS)
+      rt->d.StreamWaitEvent(rt->stream, rt->fork[i], 0);
+  if (rt->d.EndCapture(rt->stream, &g) == CUDA_SUCCESS && g) rt->d.GraphDestroy(g);
+  rt->capturing = 0;
+}
+
+int nf_cuda_rt_capture_end(nf_cuda_rt *rt, nf_cuda_graph **out, nf_buf *err) {
+  *out = NULL;
+  if (!rt->capturing) return NF_EINVAL;
+  int rc = NF_OK;
+  for (int i = 1; rc == NF_OK && i < rt->n_streams; i++) {
+    rc = check(rt, rt->d.EventRecord(rt->fork[i], rt->streams[i]), "cuEventRecord", err);
+    if (rc == NF_OK)
+      rc = check(rt, rt->d.StreamWaitEvent(rt->stream, rt->fork[i], 0), "cuStreamWaitEvent", err);
+  }
+  if (rc != NF_OK) {
+    nf_cuda_rt_capture_abort(rt);
+    return rc;
+  }
+  CUgraph g = NULL;
+  rt->capturing = 0;
+  rc = check(rt, rt->d.EndCapture(rt->stream, &g), "cuStreamEndCapture", err);
+  nf_cuda_graph *ng = rc == NF_OK ? calloc(1, sizeof *ng) : NULL;
+  if (rc == NF_OK && !ng) rc = NF_ENOMEM;
+  if (rc == NF_OK)
+    rc = check(rt, rt->d.GraphInstantiate(&ng->exec, g, 0), "cuGraphInstantiate", err);
+  if (g) rt->d.GraphDestroy(g);
+  if (rc != NF_OK) {
+    free(ng);
+    return rc;
+  }
+  *out = ng;
+  return NF_OK;
+}
+
+int nf_cuda_rt_graph_launch(nf_cuda_rt *rt, nf_cuda_graph *g, nf_buf *err) {
+  int rc = usable(rt, err);
+  if (rc) return rc;
+  return check(rt, rt->d.GraphLaunch(g->exec, rt->stream), "cuGraphLaunch", err);
+}
+
+void nf_cuda_graph_free(nf_cuda_rt *rt, nf_cuda_graph *g) {
+  if (!g) return;
+  if (!rt->broken && rt->d.CtxSetCurrent(rt->ctx) == CUDA_SUCCESS) rt->d.GraphExecDestroy(g->exec);
+  free(g);
 }
 
 /* Waits for every stream but the libraries' (streams[0]). */

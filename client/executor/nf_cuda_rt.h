@@ -82,6 +82,25 @@ int nf_cuda_rt_events(nf_cuda_rt *rt, int n, nf_buf *err);
 int nf_cuda_rt_record(nf_cuda_rt *rt, int ev, nf_buf *err);
 int nf_cuda_rt_wait(nf_cuda_rt *rt, int ev, nf_buf *err);
 
+/* CUDA graphs: what is queued on the streams between
+ * nf_cuda_rt_capture_begin and _end (launches, library calls, event
+ * records and waits, all from this thread) is recorded, not run, into a
+ * graph that nf_cuda_rt_graph_launch replays on stream 0 in one call.
+ * Begin forks every other stream from stream 0 (an event each), end
+ * joins them back, so the graph holds the streams' work and its order.
+ * Nothing may synchronise, copy or allocate in between.  _abort ends a
+ * capture that failed midway (nothing captured runs).  nf_cuda_rt_graphs
+ * says whether the driver has the entry points (11.4 or later). */
+typedef struct nf_cuda_graph nf_cuda_graph;
+/* 1 once a sticky error made the context unusable. */
+int nf_cuda_rt_broken(const nf_cuda_rt *rt);
+int nf_cuda_rt_graphs(const nf_cuda_rt *rt);
+int nf_cuda_rt_capture_begin(nf_cuda_rt *rt, nf_buf *err);
+int nf_cuda_rt_capture_end(nf_cuda_rt *rt, nf_cuda_graph **out, nf_buf *err);
+void nf_cuda_rt_capture_abort(nf_cuda_rt *rt);
+int nf_cuda_rt_graph_launch(nf_cuda_rt *rt, nf_cuda_graph *g, nf_buf *err);
+void nf_cuda_graph_free(nf_cuda_rt *rt, nf_cuda_graph *g);
+
 /* Loads an image and finds every launch's function (the plan is copied). */
 int nf_cuda_module_load(nf_cuda_rt *rt, const void *image, size_t n, const nf_cuda_plan *plan,
                         nf_cuda_module **out, nf_buf *err);

@@ -239,6 +239,8 @@ typedef struct nf_session_stats {
   int generated;         /* GPU sessions: running a kernel the session
                             generated itself (tier 0 for subgraphs no
                             library takes, until the daemon's arrives) */
+  int64_t graph_runs;    /* GPU sessions: steps and evaluations replayed
+                            as one CUDA graph */
 } nf_session_stats;
 
 NF_API int nf_session_stats_get(const nf_session *s, nf_session_stats *st);
