@@ -82,6 +82,8 @@ struct nf__gpu {
   uint8_t graph_used[2][NF_CUDA_MAX_STREAMS]; /* the streams its modules use */
   uint64_t last_sig[2];
   int stable[2];              /* untimed runs in a row with last_sig */
+  uint64_t epoch;             /* modules swapped in so far (a new module may
+                                 reuse a freed one's address) */
   int64_t graph_runs;
   int captures;
 };
@@ -643,6 +645,22 @@ static int run_module(nf_session *s, nf_cuda_module *m, const uint64_t *args, ui
   return nf_cuda_module_run(m, args, n, s->gpu->scratch[nf_cuda_rt_selected(s->gpu->rt)], err);
 }
 
+/* Entry k's verified candidate becomes its module: the graphs, which may
+ * launch the old one, go first. */
+static void promote(struct nf__gpu *G, nf__kent *k) {
+  for (int i = 0; i < 2; i++) {
+    nf_cuda_graph_free(G->rt, G->graph[i]);
+    G->graph[i] = NULL;
+  }
+  G->epoch++;
+  nf_cuda_module_free(k->gcur);
+  k->gcur = k->gcand;
+  k->gcand = NULL;
+  k->cur_tier = k->cand_tier;
+  k->cur_ms = k->cand_ms;
+  k->verified = 1;
+}
+
 /* The canary: the candidate on copies, then the reference for real, the
  * outputs compared on the host; the candidate is promoted or dropped. */
 static int run_canary(nf_session *s, nf__kent *k, nf__op *op, int op_index) {
@@ -710,11 +728,7 @@ static int run_canary(nf_session *s, nf__kent *k, nf__op *op, int op_index) {
     for (uint32_t o = 0; ok && o < op->n_out; o++)
       ok = nf__session_output_ok(op->g, o, got[o], op->bufs[op->n_in + o], &worst);
     if (ok) {
-      nf_cuda_module_free(k->gcur);
-      k->gcur = k->gcand;
-      k->cur_tier = k->cand_tier;
-      k->cur_ms = k->cand_ms;
-      k->verified = 1;
+      promote(G, k);
       k->race_left = lib_tier0(G, (int)(k - s->kents)) ? NF_RACE_RUNS : 0;
       k->prefer_blas = 0;
       s->swaps++;
@@ -797,12 +811,7 @@ static int nf__gpu_run_op(nf_session *s, nf__op *op) {
   int op_index = (int)(op - s->ops);
   if (k->gcand && nf__verified_has(s, k->key, k->cand_sha)) {
     /* these very bytes passed a canary for this key before */
-    nf_cuda_module_free(k->gcur);
-    k->gcur = k->gcand;
-    k->cur_tier = k->cand_tier;
-    k->cur_ms = k->cand_ms;
-    k->gcand = NULL;
-    k->verified = 1;
+    promote(G, k);
     k->race_left = lib_tier0(G, (int)(k - s->kents)) ? NF_RACE_RUNS : 0;
     k->prefer_blas = 0;
     s->swaps++;
@@ -875,7 +884,7 @@ static int op_sig(const nf_session *s, const nf__op *op, uint64_t *sig) {
 /* The signature of a run of the ops mask marks; 0 when one of them
  * cannot be in a graph. */
 static int run_sig(const nf_session *s, const uint8_t *mask, uint64_t *sig) {
-  *sig = mask ? 0x5eedull : 0x57e9ull;
+  *sig = mix(mask ? 0x5eedull : 0x57e9ull, s->gpu->epoch);
   for (int i = 0; i < s->n_ops; i++) {
     if (mask && !mask[i]) continue;
     *sig = mix(*sig, (uint64_t)i);

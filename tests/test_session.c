@@ -1579,7 +1579,8 @@ END_TEST
  * steps (and evaluations) are captured and replayed as one graph each,
  * on several streams; every loss and the parameters are bit-identical
  * to the live runs' (a replay that skipped or reordered work would
- * differ).  A capture that fails (the emulated driver invalidates it on
+ * differ).  A daemon's kernel arriving then is swapped in and the step
+ * captured anew.  A capture that fails (the emulated driver invalidates it on
  * request) is said once and the steps run live, still identical. */
 START_TEST(session_gpu_graphs) {
   int real = 0;
@@ -1629,6 +1630,41 @@ START_TEST(session_gpu_graphs) {
                     (long long)runs, captures, session_log(g));
       ck_assert_msg(real || used >= 2, "the graphs' modules ran on %d streams", used);
       ck_assert_int_eq(stats(g).graph_runs, runs);
+      /* a daemon's kernel for a generated entry (offered to both as the
+       * link would): swapped in by its canary on a live step, the graph
+       * dropped, then captured anew; still identical */
+      int k = 0;
+      while (k < g->n_kents && !(g->kents[k].gcur && g->kents[k].cur_tier == 0)) k++;
+      ck_assert_int_lt(k, g->n_kents);
+      nf_schedule *sch = NULL;
+      ck_assert_int_eq(nf_schedule_default_gpu(g->kents[k].g, NF_GPU_DEFAULT_THREADS, &sch),
+                       NF_OK);
+      nf_ir_ctx *ctx = nf_ir_ctx_new();
+      nf_lprog *p = NULL;
+      nf_buf bun = NF_BUF_INIT, err = NF_BUF_INIT;
+      ck_assert_int_eq(nf_lower(g->kents[k].g, sch, ctx, &p, &err), NF_OK);
+      ck_assert_msg(nf_cuda_compile_bundle(p, nf__gpu_sm(g, NULL), &bun, NULL, &err) == NF_OK,
+                    "%s", nf_buf_str(&err));
+      uint8_t sha[32];
+      crypto_hash_sha256(sha, (const uint8_t *)bun.data, bun.len);
+      ck_assert_int_eq(nf__session_offer(g, k, bun.data, bun.len, sha, NULL, 1, 0), NF_OK);
+      ck_assert_int_eq(nf__session_offer(l, k, bun.data, bun.len, sha, NULL, 1, 0), NF_OK);
+      for (int i = 12; i < 18; i++) {
+        mlp_feed(g, data, i % MLP_POOL);
+        mlp_feed(l, data, i % MLP_POOL);
+        double lg = step(g), ll = step(l);
+        ck_assert_msg(lg == ll, "step %d: loss %.9g with graphs, %.9g without", i + 1, lg, ll);
+      }
+      params_agree(l, g, 1e-30);
+      int again = 0;
+      ck_assert_msg(stats(g).tier1 == 1 && nf__gpu_graph_runs(g, &again) > runs &&
+                        again > captures,
+                    "tier1 %d, %d captures before the swap, %d after: %s", stats(g).tier1,
+                    captures, again, session_log(g));
+      nf_buf_free(&bun);
+      nf_buf_free(&err);
+      nf_ir_ctx_free(ctx);
+      nf_schedule_free(sch);
     } else {
       ck_assert_msg(runs == 0 && strstr(session_log(g), "CUDA graphs off"), "%lld runs: %s",
                     (long long)runs, session_log(g));

@@ -372,16 +372,12 @@ static void make_layout(layout *L, nf_conv_kind kind, int a) {
   int b = 1 - a;
   memset(L, 0, sizeof *L);
   L->kind = kind;
-  if (kind == NF_CONV_FWD) { /* Y(n, k, y, x) = X(a) * F(b) */
-    L->fx = a, L->ff = b, L->fy = -1;
-    L->n_comp[GB] = 1, L->c[GB][0] = (comp){a, 0};
-    L->n_comp[GC] = 3, L->c[GC][0] = (comp){a, 1}, L->c[GC][1] = (comp){b, 0},
-    L->c[GC][2] = (comp){b, 1};
-    L->n_comp[GH] = 2, L->c[GH][0] = (comp){a, 2}, L->c[GH][1] = (comp){b, 2};
-    L->n_comp[GW] = 2, L->c[GW][0] = (comp){a, 3}, L->c[GW][1] = (comp){b, 3};
-    L->out_group[0] = GB, L->out_group[1] = GC, L->out_group[2] = GH, L->out_group[3] = GW;
-  } else if (kind == NF_CONV_BWD_DATA) { /* X(n, c, h, w) = Y(a) * F(b) */
-    L->fy = a, L->ff = b, L->fx = -1;
+  if (kind != NF_CONV_BWD_FILTER) {
+    /* forward Y(n, k, y, x) = X(a) * F(b); data gradient X(n, c, h, w) =
+     * Y(a) * F(b): the same places, a the image or the result */
+    L->fx = kind == NF_CONV_FWD ? a : -1;
+    L->fy = kind == NF_CONV_FWD ? -1 : a;
+    L->ff = b;
     L->n_comp[GB] = 1, L->c[GB][0] = (comp){a, 0};
     L->n_comp[GC] = 3, L->c[GC][0] = (comp){a, 1}, L->c[GC][1] = (comp){b, 0},
     L->c[GC][2] = (comp){b, 1};
