@@ -8,7 +8,8 @@
 #      statement and gradient compiled by NVRTC for the device and run on
 #      it against the interpreter) and test_session's `gpu` case on the
 #      real driver (a GPU session with the daemon's kernels trains with the
-#      CPU's losses, gradients and parameters);
+#      CPU's losses, gradients and parameters), and its `cudnn`,
+#      `generated` and `graphs` cases;
 #   3. `neoflow train --device cuda` (with the daemon's kernels, and
 #      without a daemon: cuBLAS and kernels the session generates) against
 #      `--device cpu` on the MLP: the losses after 30 steps agree;
@@ -63,6 +64,8 @@ NF_TEST_GPU_REAL=1 CK_RUN_CASE=cudnn NEOFLOW_VERIFIED=none build/tests/test_sess
 # the kernels a session generates itself for the rest (NVRTC loaded at run
 # time), without a daemon
 NF_TEST_GPU_REAL=1 CK_RUN_CASE=generated NEOFLOW_VERIFIED=none build/tests/test_session
+# steps replayed as CUDA graphs, bit-identical to op-by-op steps
+NF_TEST_GPU_REAL=1 CK_RUN_CASE=graphs NEOFLOW_VERIFIED=none build/tests/test_session
 
 echo "== 3. training on the GPU against the CPU"
 run_train() {
