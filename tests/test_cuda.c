@@ -142,8 +142,10 @@ START_TEST(cuda_default_tiled) {
   nf_cuda_plan plan;
   memset(&plan, 0, sizeof plan);
   ck_assert_int_eq(nf_cuda_emit(p, &src, &plan, &err), NF_OK);
-  /* j does not divide into the tiles: guarded, no vector accesses */
-  ck_assert_ptr_null(strstr(nf_buf_str(&src), "NF_VMOVE(float2"));
+  /* j does not divide into the tiles: guarded; the vector accesses run
+   * where every lane of a thread's pair is in the guard */
+  ck_assert_ptr_nonnull(strstr(nf_buf_str(&src), "every lane in the guard?"));
+  ck_assert_ptr_nonnull(strstr(nf_buf_str(&src), "NF_VMOVE(float2"));
   /* the output's identity fill over the grid, then 4 x 3 blocks of 256 */
   ck_assert_int_eq(plan.n_launches, 2);
   ck_assert_uint_eq(plan.launches[1].grid, 12);
@@ -537,7 +539,7 @@ START_TEST(cuda_emulated) {
   static inst I[N_ALL + N_SCHED];
   static const char *label[N_ALL + N_SCHED];
   static nf_cuda_plan plan[N_ALL + N_SCHED];
-  int n_launch = 0, n_shared = 0, n_vec = 0;
+  int n_launch = 0, n_shared = 0, n_vec = 0, n_guard = 0;
   for (int k = 0; k < N_ALL + N_SCHED; k++) {
     nf_lprog *p = NULL;
     if (k < N_ALL) {
@@ -583,6 +585,7 @@ START_TEST(cuda_emulated) {
     ck_assert_msg(rc == NF_OK, "%s: emit: %s", label[k], nf_buf_str(&err));
     n_launch += plan[k].n_launches;
     n_vec += strstr(nf_buf_str(&src), "== 0) NF_VMOVE(") != NULL;
+    n_guard += strstr(nf_buf_str(&src), "every lane in the guard?") != NULL;
     if (k >= N_ALL && strncmp(label[k], "vector shifted", 14) != 0) {
       /* staged in shared memory, copies or fills shared, barriers */
       const char *cs = nf_buf_str(&src);
@@ -645,11 +648,13 @@ START_TEST(cuda_emulated) {
     nf_cuda_plan_free(&plan[k]);
     inst_free(&I[k]);
   }
-  /* the vector cases, and the default tiles where they divide */
+  /* the vector cases, and the default tiles where they divide, and
+   * where they do not (vectorized where every lane is in the guard) */
   ck_assert_int_ge(n_vec, 4);
+  ck_assert_int_ge(n_guard, 1);
   fprintf(stderr, "cuda_emulated: %d programs (%d staging in shared memory, %d with vector "
-          "accesses), %d launches, emulated and checked\n", N_ALL + N_SCHED, n_shared, n_vec,
-          n_launch);
+          "accesses, %d of them under guards that may cut lanes), %d launches, emulated and "
+          "checked\n", N_ALL + N_SCHED, n_shared, n_vec, n_guard, n_launch);
   dlclose(h);
   unlink(so);
   unlink(cpp);

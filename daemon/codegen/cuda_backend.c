@@ -549,6 +549,85 @@ static void vec_move(cu *c, uint32_t b, const char *o, int id, int64_t w, int lo
 }
 
 static int vector_lanes(cu *c, const nf_lstmt *s, const char *start);
+static int vec_plan(cu *c, const nf_lstmt *s, const nf_lstmt **vs);
+static void plain_loop(cu *c, const nf_lstmt *s);
+
+/* Whether e is linear in var: var, terms without it, and sums,
+ * differences, negations and products by terms without it of those. */
+static int linear_in(const nf_expr *e, uint32_t var, int depth) {
+  if (depth > 32) return 0;
+  if (!uses_var(e, var, 0)) return 1;
+  switch (e->op) {
+  case NF_OP_VAR: return 1;
+  case NF_OP_NEG: return linear_in(e->args[0], var, depth + 1);
+  case NF_OP_ADD:
+  case NF_OP_SUB:
+    return linear_in(e->args[0], var, depth + 1) && linear_in(e->args[1], var, depth + 1);
+  case NF_OP_MUL:
+    return (!uses_var(e->args[0], var, 0) && linear_in(e->args[1], var, depth + 1)) ||
+           (!uses_var(e->args[1], var, 0) && linear_in(e->args[0], var, depth + 1));
+  default: return 0;
+  }
+}
+
+/* Whether the lanes where guard g holds form one run: g is a conjunction
+ * of comparisons (not !=) of terms linear in var, each true on an
+ * interval of var.  Then g holds for every lane when it holds for the
+ * first and the last. */
+static int interval_guard(const nf_expr *g, uint32_t var, int depth) {
+  if (depth > 32) return 0;
+  if (g->op == NF_OP_AND)
+    return interval_guard(g->args[0], var, depth + 1) && interval_guard(g->args[1], var, depth + 1);
+  if (g->op != NF_OP_LT && g->op != NF_OP_LE && g->op != NF_OP_GT && g->op != NF_OP_GE &&
+      g->op != NF_OP_EQ)
+    return 0;
+  return nf_dtype_is_int((nf_dtype)g->args[0]->dtype) && linear_in(g->args[0], var, 0) &&
+         linear_in(g->args[1], var, 0);
+}
+
+/* A vector loop whose stores sit under a guard that reads the lane (a
+ * tile or row that does not divide): where the guard holds at the first
+ * and the last lane (interval_guard: then at every lane) the lanes run
+ * vectorized without it, else one by one with it.  0 when the guard or
+ * the body is of another form, or nothing would be vectorized. */
+static int guarded_lanes(cu *c, const nf_lstmt *s) {
+  const nf_lstmt *g = s->body[0], *vs;
+  if (!interval_guard(g->cond, s->var, 0)) return 0;
+  nf_lstmt in = *s; /* the loop without its guard */
+  in.body = g->body;
+  in.n_body = g->n_body;
+  int ok = vec_plan(c, &in, &vs);
+  c->n_vld = 0;
+  if (!ok) return 0;
+  int mark = c->n_m;
+  line(c, "{ /* %s: every lane in the guard? */", s->var_name ? s->var_name : "");
+  c->ind++;
+  line(c, "bool all%u_ = true;", s->var);
+  for (int end = 0; end < 2; end++) {
+    line(c, "{");
+    c->ind++;
+    line(c, "const long long v%u = %" PRId64 "LL;", s->var, end ? s->extent - 1 : 0);
+    char a[96];
+    val(c, g->cond, a, sizeof a);
+    line(c, "all%u_ = all%u_ && (%s);", s->var, s->var, a);
+    c->ind--;
+    line(c, "}");
+    c->n_m = mark;
+  }
+  line(c, "if (all%u_) {", s->var);
+  c->ind++;
+  vector_lanes(c, &in, "0");
+  c->ind--;
+  line(c, "} else {");
+  c->ind++;
+  plain_loop(c, s);
+  c->ind--;
+  line(c, "}");
+  c->ind--;
+  line(c, "}");
+  c->n_m = mark;
+  return 1;
+}
 
 /* A VECTOR loop of 2 or 4 iterations whose body is stores only: the
  * loads that read consecutive elements become one vector load each
@@ -558,6 +637,8 @@ static int vector_lanes(cu *c, const nf_lstmt *s, const char *start);
  * loop has nothing to vectorize (it is then printed as usual). */
 static int vector_loop(cu *c, const nf_lstmt *s) {
   if (s->extent != 2 && s->extent != 4) return 0;
+  if (s->n_body == 1 && s->body[0]->kind == NF_LS_IF && uses_var(s->body[0]->cond, s->var, 0))
+    return guarded_lanes(c, s);
   if (s->n_body == 1 && s->body[0]->kind == NF_LS_IF && !uses_var(s->body[0]->cond, s->var, 0)) {
     /* a guard the same for every lane (a reduction split that does not
      * divide): outside the loop, which then holds what it guards */
@@ -659,6 +740,19 @@ static int vector_lanes(cu *c, const nf_lstmt *s, const char *start) {
   return 1;
 }
 
+/* Loop s as a for loop (unrolled where it is an unroll or vector loop). */
+static void plain_loop(cu *c, const nf_lstmt *s) {
+  if (s->loop_kind == NF_LOOP_UNROLL || s->loop_kind == NF_LOOP_VECTOR) line(c, "#pragma unroll");
+  line(c, "for (long long v%u = 0; v%u < %" PRId64 "LL; v%u++) { /* %s */", s->var, s->var,
+       s->extent, s->var, s->var_name ? s->var_name : "");
+  c->ind++;
+  int mark = c->n_m;
+  for (int i = 0; i < s->n_body; i++) serial(c, s->body[i]);
+  c->n_m = mark;
+  c->ind--;
+  line(c, "}");
+}
+
 static void serial(cu *c, const nf_lstmt *s) {
   if (c->rc) return;
   if (!s) {
@@ -670,15 +764,7 @@ static void serial(cu *c, const nf_lstmt *s) {
     if (s->extent <= 0) return;
     if (s->loop_kind == NF_LOOP_VECTOR && c->n_vld == 0 && c->vst_buf < 0 && vector_loop(c, s))
       break;
-    if (s->loop_kind == NF_LOOP_UNROLL || s->loop_kind == NF_LOOP_VECTOR) line(c, "#pragma unroll");
-    line(c, "for (long long v%u = 0; v%u < %" PRId64 "LL; v%u++) { /* %s */", s->var, s->var,
-         s->extent, s->var, s->var_name ? s->var_name : "");
-    c->ind++;
-    int mark = c->n_m;
-    for (int i = 0; i < s->n_body; i++) serial(c, s->body[i]);
-    c->n_m = mark;
-    c->ind--;
-    line(c, "}");
+    plain_loop(c, s);
     break;
   }
   case NF_LS_STORE: store(c, s); break;
