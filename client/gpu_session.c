@@ -201,12 +201,13 @@ void nf__gpu_close(nf_session *s) {
   struct nf__gpu *G = s->gpu;
   if (!G) return;
   nf__gpu_gen_stop(s);
+  /* the graphs first: they launch the modules */
+  for (int i = 0; i < 2; i++) nf_cuda_graph_free(G->rt, G->graph[i]);
   for (int i = 0; i < s->n_kents; i++) {
     nf_cuda_module_free(s->kents[i].gcur);
     nf_cuda_module_free(s->kents[i].gcand);
     s->kents[i].gcur = s->kents[i].gcand = NULL;
   }
-  for (int i = 0; i < 2; i++) nf_cuda_graph_free(G->rt, G->graph[i]);
   nf_cublas_close(G->blas);
   for (int i = 0; G->res_dev && i < s->n_kents; i++) {
     nf_cuda_rt_free(G->rt, G->res_dev[i]);
