@@ -38,8 +38,10 @@
  *
  * The device: compute capability $NF_EMU_SM (default 90), named
  * "NeoFlow CPU emulation of sm_<sm>".  $NF_EMU_FAIL_LAUNCH=N makes the
- * N-th launch (and every later one: the error is sticky) fail with CUDA_ERROR_ILLEGAL_ADDRESS (a sticky error), for
- * tests of the runtime's handling of a broken context.
+ * N-th launch (and every later one: the error is sticky) fail with
+ * CUDA_ERROR_ILLEGAL_ADDRESS (a sticky error), a graph's launches counted
+ * when it is launched, for tests of the runtime's handling of a broken
+ * context.
  *
  * Test code, not shipped: built only with the tests. */
 #include <dlfcn.h>
@@ -780,6 +782,12 @@ CUresult cuGraphLaunch(void *exec, void *s) {
     w.seq = g->fork->queued;
     x->q.push_back(std::move(w));
   }
+  int fail_at = env_int("NF_EMU_FAIL_LAUNCH", 0);
+  for (const auto &p : g->items)
+    if (p.second.kind == IT_LAUNCH && ++g_launches >= fail_at && fail_at > 0) {
+      g_broken = E_ILLEGAL_ADDRESS; /* a kernel of the graph faults */
+      return g_broken;
+    }
   for (const auto &p : g->items) {
     emu_item it = p.second; /* (copies share the library's work) */
     if (it.kind == IT_RECORD) it.seq = ++it.ev->queued;

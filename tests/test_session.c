@@ -1580,7 +1580,8 @@ END_TEST
  * on several streams; every loss and the parameters are bit-identical
  * to the live runs' (a replay that skipped or reordered work would
  * differ).  A daemon's kernel arriving then is swapped in and the step
- * captured anew.  A capture that fails (the emulated driver invalidates it on
+ * captured anew; a kernel of the graph that faults fails the step with
+ * the driver's error, and the next with the broken context.  A capture that fails (the emulated driver invalidates it on
  * request) is said once and the steps run live, still identical. */
 START_TEST(session_gpu_graphs) {
   int real = 0;
@@ -1657,10 +1658,26 @@ START_TEST(session_gpu_graphs) {
       }
       params_agree(l, g, 1e-30);
       int again = 0;
-      ck_assert_msg(stats(g).tier1 == 1 && nf__gpu_graph_runs(g, &again) > runs &&
-                        again > captures,
+      int64_t runs2 = nf__gpu_graph_runs(g, &again);
+      ck_assert_msg(stats(g).tier1 == 1 && runs2 > runs && again > captures,
                     "tier1 %d, %d captures before the swap, %d after: %s", stats(g).tier1,
                     captures, again, session_log(g));
+      /* a kernel of the graph faults as an illegal address would: the
+       * step fails and says why, and so does the next (the context is
+       * gone) */
+      if (!real) {
+        setenv("NF_EMU_FAIL_LAUNCH", "1", 1);
+        mlp_feed(g, data, 0);
+        double loss = 0;
+        ck_assert_int_eq(nf_session_step(g, &loss), NF_EIO);
+        ck_assert_msg(strstr(nf_session_error(g), "CUDA_ERROR_ILLEGAL_ADDRESS") &&
+                          nf__gpu_graph_runs(g, NULL) == runs2 + 1,
+                      "%s (graph runs %lld, before %lld)", nf_session_error(g),
+                      (long long)nf__gpu_graph_runs(g, NULL), (long long)runs2);
+        ck_assert_int_eq(nf_session_step(g, &loss), NF_EIO);
+        ck_assert_msg(strstr(nf_session_error(g), "broke earlier"), "%s", nf_session_error(g));
+        unsetenv("NF_EMU_FAIL_LAUNCH");
+      }
       nf_buf_free(&bun);
       nf_buf_free(&err);
       nf_ir_ctx_free(ctx);

@@ -397,7 +397,10 @@ int nf_cuda_rt_graph_launch(nf_cuda_rt *rt, nf_cuda_graph *g, nf_buf *err) {
 
 void nf_cuda_graph_free(nf_cuda_rt *rt, nf_cuda_graph *g) {
   if (!g) return;
-  if (!rt->broken && rt->d.CtxSetCurrent(rt->ctx) == CUDA_SUCCESS) rt->d.GraphExecDestroy(g->exec);
+  /* also after a sticky error (the driver frees it or refuses: either
+   * way nothing of it is left to us) */
+  rt->d.CtxSetCurrent(rt->ctx);
+  rt->d.GraphExecDestroy(g->exec);
   free(g);
 }
 
