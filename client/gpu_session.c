@@ -929,8 +929,7 @@ int nf__gpu_run_ops(nf_session *s, const uint8_t *mask) {
   nf_buf why = NF_BUF_INIT;
   nf_cuda_graph *g = NULL;
   int rc = nf_cuda_rt_capture_begin(G->rt, &why);
-  for (int i = 0; rc == NF_OK && i < s->n_ops; i++)
-    if (!mask || mask[i]) rc = nf__gpu_run_op(s, &s->ops[i]);
+  if (rc == NF_OK) rc = run_live(s, mask);
   if (rc == NF_OK) rc = nf_cuda_rt_capture_end(G->rt, &g, &why);
   else nf_cuda_rt_capture_abort(G->rt);
   if (rc == NF_OK) {

@@ -1344,8 +1344,10 @@ int nf_session_step(nf_session *s, double *loss) {
   for (int i = 0; i < s->n_kents; i++) s->kents[i].run_ms = 0;
   s->run_seq++;
   int rc = nf__gpu_begin(s);
-  if (rc == NF_OK && s->gpu) rc = nf__gpu_run_ops(s, NULL);
-  for (int i = 0; !s->gpu && i < s->n_ops && rc == NF_OK; i++) rc = run_op(s, &s->ops[i]);
+  if (rc == NF_OK && s->gpu)
+    rc = nf__gpu_run_ops(s, NULL);
+  else
+    for (int i = 0; i < s->n_ops && rc == NF_OK; i++) rc = run_op(s, &s->ops[i]);
   if (rc == NF_OK) rc = nf__gpu_pull(s, s->slots[s->loss_slot].ptr, sizeof(float));
   if (rc != NF_OK) {
     if (!s->err.len) nf_buf_printf(&s->err, "step %lld failed: %s", (long long)s->step + 1,
@@ -1405,9 +1407,11 @@ int nf_session_eval(nf_session *s, double *loss) {
   }
   s->run_seq++;
   int rc = nf__gpu_begin(s);
-  if (rc == NF_OK && s->gpu) rc = nf__gpu_run_ops(s, s->eval_op);
-  for (int i = 0; !s->gpu && i < s->n_ops && rc == NF_OK; i++)
-    if (s->eval_op[i]) rc = run_op(s, &s->ops[i]);
+  if (rc == NF_OK && s->gpu)
+    rc = nf__gpu_run_ops(s, s->eval_op);
+  else
+    for (int i = 0; i < s->n_ops && rc == NF_OK; i++)
+      if (s->eval_op[i]) rc = run_op(s, &s->ops[i]);
   if (rc == NF_OK) rc = nf__gpu_pull(s, s->slots[s->loss_slot].ptr, sizeof(float));
   if (rc != NF_OK) {
     if (!s->err.len) nf_buf_printf(&s->err, "evaluation failed: %s", nf_strerror(rc));

@@ -369,20 +369,37 @@ CUresult cuEventDestroy_v2(void *e) {
   return OK;
 }
 
+/* Queues on x (not capturing) a record of v, or a wait for v's latest
+ * record: their numbers are taken now. */
+static void queue_record(emu_stream *x, emu_event *v) {
+  emu_item it;
+  it.kind = IT_RECORD;
+  it.ev = v;
+  it.seq = ++v->queued;
+  x->q.push_back(std::move(it));
+}
+
+static void queue_wait(emu_stream *x, emu_event *v) {
+  emu_item it;
+  it.kind = IT_WAIT;
+  it.ev = v;
+  it.seq = v->queued;
+  x->q.push_back(std::move(it));
+}
+
 CUresult cuEventRecord(void *e, void *s) {
   emu_event *v = (emu_event *)e;
   if (!v || v->magic != EVENT_MAGIC || !is_stream(s)) return E_INVALID_HANDLE;
   if (g_broken) return g_broken;
-  emu_item it;
-  it.kind = IT_RECORD;
-  it.ev = v;
   v->captured = capturing((emu_stream *)s);
   if (v->captured) { /* its number is taken when the graph is launched */
+    emu_item it;
+    it.kind = IT_RECORD;
+    it.ev = v;
     push((emu_stream *)s, std::move(it));
     return OK;
   }
-  it.seq = ++v->queued;
-  ((emu_stream *)s)->q.push_back(std::move(it));
+  queue_record((emu_stream *)s, v);
   return OK;
 }
 
@@ -405,11 +422,7 @@ CUresult cuStreamWaitEvent(void *s, void *e, unsigned flags) {
     return OK;
   }
   if (v->queued == 0) return OK; /* never recorded: no wait */
-  emu_item it;
-  it.kind = IT_WAIT;
-  it.ev = v;
-  it.seq = v->queued;
-  x->q.push_back(std::move(it));
+  queue_wait(x, v);
   return OK;
 }
 
@@ -770,24 +783,14 @@ CUresult cuGraphLaunch(void *exec, void *s) {
   emu_stream *ls = (emu_stream *)s;
   for (emu_stream *x : g->streams)
     if (!is_stream(x)) return E_INVALID_HANDLE;
-  emu_item f;
-  f.kind = IT_RECORD;
-  f.ev = g->fork;
-  f.seq = ++g->fork->queued;
-  ls->q.push_back(std::move(f));
-  for (emu_stream *x : g->streams) {
-    emu_item w;
-    w.kind = IT_WAIT;
-    w.ev = g->fork;
-    w.seq = g->fork->queued;
-    x->q.push_back(std::move(w));
-  }
   int fail_at = env_int("NF_EMU_FAIL_LAUNCH", 0);
   for (const auto &p : g->items)
     if (p.second.kind == IT_LAUNCH && ++g_launches >= fail_at && fail_at > 0) {
       g_broken = E_ILLEGAL_ADDRESS; /* a kernel of the graph faults */
       return g_broken;
     }
+  queue_record(ls, g->fork);
+  for (emu_stream *x : g->streams) queue_wait(x, g->fork);
   for (const auto &p : g->items) {
     emu_item it = p.second; /* (copies share the library's work) */
     if (it.kind == IT_RECORD) it.seq = ++it.ev->queued;
@@ -796,17 +799,8 @@ CUresult cuGraphLaunch(void *exec, void *s) {
   }
   size_t i = 0;
   for (emu_stream *x : g->streams) {
-    emu_event *e = g->joins[i++];
-    emu_item j;
-    j.kind = IT_RECORD;
-    j.ev = e;
-    j.seq = ++e->queued;
-    x->q.push_back(std::move(j));
-    emu_item w;
-    w.kind = IT_WAIT;
-    w.ev = e;
-    w.seq = e->queued;
-    ls->q.push_back(std::move(w));
+    queue_record(x, g->joins[i]);
+    queue_wait(ls, g->joins[i++]);
   }
   return OK;
 }

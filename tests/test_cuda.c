@@ -376,6 +376,24 @@ static int have_cxx(void) {
   return WIFEXITED(st) && WEXITSTATUS(st) == 0;
 }
 
+/* Writes C++ source src (n bytes) to dir/name.cpp and compiles it into
+ * out (dir/name.so with shared, else the executable dir/name); the
+ * source's path into cpp (256 bytes). */
+static void cxx_build(const char *dir, const char *name, const char *src, size_t n, int shared,
+                      char *cpp, char *out) {
+  snprintf(cpp, 256, "%s/%s.cpp", dir, name);
+  snprintf(out, 256, "%s/%s%s", dir, name, shared ? ".so" : "");
+  FILE *f = fopen(cpp, "wb");
+  ck_assert_ptr_nonnull(f);
+  ck_assert_uint_eq(fwrite(src, 1, n, f), n);
+  ck_assert_int_eq(fclose(f), 0);
+  char *argv[] = {(char *)cxx(), (char *)"-std=c++17", (char *)"-O1", (char *)"-w",
+                  (char *)"-o", out, cpp, shared ? (char *)"-shared" : NULL,
+                  (char *)"-fPIC", NULL};
+  int rc = run_cmd(argv);
+  ck_assert_msg(rc == 0, "%s failed (%d) on %s", cxx(), rc, cpp);
+}
+
 /* Appends the generated source with its kernels in namespace c<k> (C++
  * linkage: every case has an nf_k0) and a runner nf_run_<k>. */
 static void add_case_source(nf_buf *tu, int k, const char *src, const nf_cuda_plan *plan) {
@@ -601,16 +619,7 @@ START_TEST(cuda_emulated) {
   char dir[] = "/tmp/nf-cuda-emu-XXXXXX";
   ck_assert_ptr_nonnull(mkdtemp(dir));
   char cpp[256], so[256];
-  snprintf(cpp, sizeof cpp, "%s/all.cpp", dir);
-  snprintf(so, sizeof so, "%s/all.so", dir);
-  FILE *f = fopen(cpp, "wb");
-  ck_assert_ptr_nonnull(f);
-  ck_assert_uint_eq(fwrite(tu.data, 1, tu.len, f), tu.len);
-  ck_assert_int_eq(fclose(f), 0);
-  char *argv[] = {(char *)cxx(), (char *)"-std=c++17", (char *)"-O1", (char *)"-w",
-                  (char *)"-shared", (char *)"-fPIC", (char *)"-o", so, cpp, NULL};
-  int rc = run_cmd(argv);
-  ck_assert_msg(rc == 0, "%s failed (%d) on the generated CUDA C: %s", cxx(), rc, cpp);
+  cxx_build(dir, "all", tu.data, tu.len, 1, cpp, so);
   void *h = dlopen(so, RTLD_NOW | RTLD_LOCAL);
   ck_assert_msg(h != NULL, "dlopen: %s", dlerror());
   for (int k = 0; k < N_ALL + N_SCHED; k++) {
@@ -701,15 +710,10 @@ START_TEST(cuda_emu_strict) {
   char dir[] = "/tmp/nf-cuda-strict-XXXXXX";
   ck_assert_ptr_nonnull(mkdtemp(dir));
   char cpp[256], exe[256];
-  snprintf(cpp, sizeof cpp, "%s/strict.cpp", dir);
-  snprintf(exe, sizeof exe, "%s/strict", dir);
-  FILE *f = fopen(cpp, "wb");
-  ck_assert_ptr_nonnull(f);
-  fprintf(f, "#include \"%s\"\n%s", inc, strict_src);
-  ck_assert_int_eq(fclose(f), 0);
-  char *cc[] = {(char *)cxx(), (char *)"-std=c++17", (char *)"-O1", (char *)"-w", (char *)"-o",
-                exe, cpp, NULL};
-  ck_assert_msg(run_cmd(cc) == 0, "%s failed on %s", cxx(), cpp);
+  nf_buf tu = NF_BUF_INIT;
+  nf_buf_printf(&tu, "#include \"%s\"\n%s", inc, strict_src);
+  cxx_build(dir, "strict", tu.data, tu.len, 0, cpp, exe);
+  nf_buf_free(&tu);
   for (int mode = 0; mode < 4; mode++) {
     char m[2] = {(char)('0' + mode), 0};
     pid_t pid = fork();

@@ -1573,6 +1573,31 @@ START_TEST(session_gpu_cudnn) {
 }
 END_TEST
 
+/* The first entry of GPU session g running a kernel it generated itself. */
+static int generated_entry(const nf_session *g) {
+  int k = 0;
+  while (k < g->n_kents && !(g->kents[k].gcur && g->kents[k].cur_tier == 0)) k++;
+  ck_assert_int_lt(k, g->n_kents);
+  return k;
+}
+
+/* Entry k's kernel as the daemon's tier 1 would build it (the default GPU
+ * schedule, compiled for g's device) into *bun, with its digest. */
+static void default_gpu_bundle(const nf_session *g, int k, nf_buf *bun, uint8_t sha[32]) {
+  nf_schedule *sch = NULL;
+  ck_assert_int_eq(nf_schedule_default_gpu(g->kents[k].g, NF_GPU_DEFAULT_THREADS, &sch), NF_OK);
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  nf_lprog *p = NULL;
+  nf_buf err = NF_BUF_INIT;
+  ck_assert_int_eq(nf_lower(g->kents[k].g, sch, ctx, &p, &err), NF_OK);
+  ck_assert_msg(nf_cuda_compile_bundle(p, nf__gpu_sm(g, NULL), bun, NULL, &err) == NF_OK, "%s",
+                nf_buf_str(&err));
+  crypto_hash_sha256(sha, (const uint8_t *)bun->data, bun->len);
+  nf_buf_free(&err);
+  nf_ir_ctx_free(ctx);
+  nf_schedule_free(sch);
+}
+
 /* CUDA graphs: an MLP trained on the (emulated) GPU without a daemon,
  * with graphs and with $NEOFLOW_GPU_GRAPHS=0, step for step: once the
  * generated kernels are in and two untimed steps ran the same way, the
@@ -1634,20 +1659,10 @@ START_TEST(session_gpu_graphs) {
       /* a daemon's kernel for a generated entry (offered to both as the
        * link would): swapped in by its canary on a live step, the graph
        * dropped, then captured anew; still identical */
-      int k = 0;
-      while (k < g->n_kents && !(g->kents[k].gcur && g->kents[k].cur_tier == 0)) k++;
-      ck_assert_int_lt(k, g->n_kents);
-      nf_schedule *sch = NULL;
-      ck_assert_int_eq(nf_schedule_default_gpu(g->kents[k].g, NF_GPU_DEFAULT_THREADS, &sch),
-                       NF_OK);
-      nf_ir_ctx *ctx = nf_ir_ctx_new();
-      nf_lprog *p = NULL;
-      nf_buf bun = NF_BUF_INIT, err = NF_BUF_INIT;
-      ck_assert_int_eq(nf_lower(g->kents[k].g, sch, ctx, &p, &err), NF_OK);
-      ck_assert_msg(nf_cuda_compile_bundle(p, nf__gpu_sm(g, NULL), &bun, NULL, &err) == NF_OK,
-                    "%s", nf_buf_str(&err));
+      int k = generated_entry(g);
+      nf_buf bun = NF_BUF_INIT;
       uint8_t sha[32];
-      crypto_hash_sha256(sha, (const uint8_t *)bun.data, bun.len);
+      default_gpu_bundle(g, k, &bun, sha);
       ck_assert_int_eq(nf__session_offer(g, k, bun.data, bun.len, sha, NULL, 1, 0), NF_OK);
       ck_assert_int_eq(nf__session_offer(l, k, bun.data, bun.len, sha, NULL, 1, 0), NF_OK);
       for (int i = 12; i < 18; i++) {
@@ -1679,9 +1694,6 @@ START_TEST(session_gpu_graphs) {
         unsetenv("NF_EMU_FAIL_LAUNCH");
       }
       nf_buf_free(&bun);
-      nf_buf_free(&err);
-      nf_ir_ctx_free(ctx);
-      nf_schedule_free(sch);
     } else {
       ck_assert_msg(runs == 0 && strstr(session_log(g), "CUDA graphs off"), "%lld runs: %s",
                     (long long)runs, session_log(g));
@@ -1760,19 +1772,10 @@ START_TEST(session_gpu_generated) {
   params_agree(a, g, 1e-5);
   /* the daemon's kernel for one of them (offered as the link would):
    * it replaces the generated one; a generated one after it is dropped */
-  int k = 0;
-  while (k < g->n_kents && !(g->kents[k].gcur && g->kents[k].cur_tier == 0)) k++;
-  ck_assert_int_lt(k, g->n_kents);
-  nf_schedule *sch = NULL;
-  ck_assert_int_eq(nf_schedule_default_gpu(g->kents[k].g, NF_GPU_DEFAULT_THREADS, &sch), NF_OK);
-  nf_ir_ctx *ctx = nf_ir_ctx_new();
-  nf_lprog *p = NULL;
-  nf_buf bun = NF_BUF_INIT, err = NF_BUF_INIT;
-  ck_assert_int_eq(nf_lower(g->kents[k].g, sch, ctx, &p, &err), NF_OK);
-  ck_assert_msg(nf_cuda_compile_bundle(p, nf__gpu_sm(g, NULL), &bun, NULL, &err) == NF_OK, "%s",
-                nf_buf_str(&err));
+  int k = generated_entry(g);
+  nf_buf bun = NF_BUF_INIT;
   uint8_t sha[32];
-  crypto_hash_sha256(sha, (const uint8_t *)bun.data, bun.len);
+  default_gpu_bundle(g, k, &bun, sha);
   ck_assert_int_eq(nf__session_offer(g, k, bun.data, bun.len, sha, NULL, 1, 0), NF_OK);
   mlp_feed(g, data, 0);
   step(g);
@@ -1786,9 +1789,6 @@ START_TEST(session_gpu_generated) {
   ck_assert_msg(st.tier1 == 1 && st.generated == made - 1 && g->kents[k].cur_tier == 1,
                 "after a late generated kernel: tier1 %d, generated %d", st.tier1, st.generated);
   nf_buf_free(&bun);
-  nf_buf_free(&err);
-  nf_ir_ctx_free(ctx);
-  nf_schedule_free(sch);
   nf_session_free(g);
   /* no NVRTC: the rest on the host, the same loss */
   setenv("NEOFLOW_LIBNVRTC", "/nonexistent/libnvrtc.so", 1);

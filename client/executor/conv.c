@@ -30,7 +30,7 @@ typedef struct ctx {
   form con[MAX_CON];   /* the guard: every con >= 0 */
 } ctx;
 
-static int is_zero(const nf_expr *e) {
+int nf__conv_is_zero(const nf_expr *e) {
   return e->op == NF_OP_CONST && nf_dtype_is_float((nf_dtype)e->dtype) && e->u.f == 0.0;
 }
 
@@ -151,7 +151,7 @@ static int reductions_are(const ctx *C, const int *used, int n) {
   return seen == C->st->n_red;
 }
 
-static int64_t out_size(int64_t in, int64_t pad, int64_t dil, int64_t ker, int64_t str) {
+int64_t nf__conv_out_size(int64_t in, int64_t pad, int64_t dil, int64_t ker, int64_t str) {
   int64_t num = in + 2 * pad - dil * (ker - 1) - 1;
   return num < 0 ? -1 : num / str + 1;
 }
@@ -178,8 +178,8 @@ static int spatial(const ctx *C, nf_conv_desc *d, const form *e, const int *o, c
 static int sizes_ok(const nf_conv_desc *d) {
   if (d->groups != 1 && (d->groups != d->c || d->groups != d->k)) return 0;
   return d->n > 0 && d->c > 0 && d->h > 0 && d->w > 0 && d->k > 0 && d->r > 0 && d->s > 0 &&
-         d->oh == out_size(d->h, d->pad_h, d->dil_h, d->r, d->str_h) &&
-         d->ow == out_size(d->w, d->pad_w, d->dil_w, d->s, d->str_w);
+         d->oh == nf__conv_out_size(d->h, d->pad_h, d->dil_h, d->r, d->str_h) &&
+         d->ow == nf__conv_out_size(d->w, d->pad_w, d->dil_w, d->s, d->str_w);
 }
 
 static void shape_x(nf_conv_desc *d, const nf_tensor *t) {
@@ -347,14 +347,14 @@ static int match_affine(const nf_graph *g, uint32_t si, nf_conv_desc *d) {
   for (int v = 0; v < C.n_vars; v++)
     if (C.ext[v] < 1) return 0;
   const nf_expr *e = C.st->rhs, *guard = NULL;
-  if (e->op == NF_OP_SELECT && is_zero(e->args[2])) {
+  if (e->op == NF_OP_SELECT && nf__conv_is_zero(e->args[2])) {
     guard = e->args[0];
     e = e->args[1];
   }
   if (e->op != NF_OP_MUL || e->n_args != 2) return 0;
   for (int i = 0; i < 2; i++) {
     const nf_expr *f = e->args[i];
-    if (f->op == NF_OP_SELECT && is_zero(f->args[2])) {
+    if (f->op == NF_OP_SELECT && nf__conv_is_zero(f->args[2])) {
       if (guard) return 0;
       guard = f->args[0];
       f = f->args[1];

@@ -108,10 +108,6 @@ static uint32_t vars_of(const nf_expr *e, int depth) {
   return m;
 }
 
-static int is_zero(const nf_expr *e) {
-  return e->op == NF_OP_CONST && nf_dtype_is_float((nf_dtype)e->dtype) && e->u.f == 0.0;
-}
-
 static int add_conjuncts(ex *X, const nf_expr *c) {
   if (c->op == NF_OP_AND && c->n_args == 2)
     return add_conjuncts(X, c->args[0]) && add_conjuncts(X, c->args[1]);
@@ -122,7 +118,7 @@ static int add_conjuncts(ex *X, const nf_expr *c) {
 
 /* Peels "cond ? e : 0.0" layers off e, collecting their conditions. */
 static const nf_expr *peel(ex *X, const nf_expr *e) {
-  while (e && e->op == NF_OP_SELECT && is_zero(e->args[2]))
+  while (e && e->op == NF_OP_SELECT && nf__conv_is_zero(e->args[2]))
     e = add_conjuncts(X, e->args[0]) ? e->args[1] : NULL;
   return e;
 }
@@ -288,11 +284,6 @@ static int check_group(const ex *X, const layout *L, const spec_ctx *S, int grp,
   return ok;
 }
 
-static int64_t out_size(int64_t in, int64_t pad, int64_t dil, int64_t ker, int64_t str) {
-  int64_t num = in + 2 * pad - dil * (ker - 1) - 1;
-  return num < 0 ? -1 : num / str + 1;
-}
-
 /* The stride, dilation and padding of one spatial dimension that give
  * its output size and make the group check pass. */
 static int spatial(const ex *X, const layout *L, nf_conv_desc *d, spec_ctx *S, int grp,
@@ -302,7 +293,7 @@ static int spatial(const ex *X, const layout *L, nf_conv_desc *d, spec_ctx *S, i
   for (int64_t str = 1; str <= 16; str++)
     for (int64_t dil = 1; dil <= 8; dil++)
       for (int64_t pad = 0; pad <= dil * (ker - 1); pad++) {
-        if (out_size(in, pad, dil, ker, str) != on) continue;
+        if (nf__conv_out_size(in, pad, dil, ker, str) != on) continue;
         if (w) d->str_w = str, d->dil_w = dil, d->pad_w = pad;
         else d->str_h = str, d->dil_h = dil, d->pad_h = pad;
         if (check_group(X, L, S, grp, group_of)) return 1;

@@ -348,14 +348,26 @@ int nf_cuda_rt_capture_begin(nf_cuda_rt *rt, nf_buf *err) {
   return rc;
 }
 
+/* Stream 0 waits for every other stream's work so far (a capture's
+ * join). */
+static int join_streams(nf_cuda_rt *rt, nf_buf *err) {
+  int rc = NF_OK;
+  for (int i = 1; rc == NF_OK && i < rt->n_streams; i++) {
+    rc = check(rt, rt->d.EventRecord(rt->fork[i], rt->streams[i]), "cuEventRecord", err);
+    if (rc == NF_OK)
+      rc = check(rt, rt->d.StreamWaitEvent(rt->stream, rt->fork[i], 0), "cuStreamWaitEvent", err);
+  }
+  return rc;
+}
+
 void nf_cuda_rt_capture_abort(nf_cuda_rt *rt) {
   if (!rt->capturing) return;
   CUgraph g = NULL;
   /* joins what it can, so that the capture ends (an unjoined one fails
    * and is ended all the same) */
-  for (int i = 1; i < rt->n_streams && !rt->broken; i++)
-    if (rt->d.EventRecord(rt->fork[i], rt->streams[i]) == CUDA_SUCCESS)
-      rt->d.StreamWaitEvent(rt->stream, rt->fork[i], 0);
+  nf_buf ignore = NF_BUF_INIT;
+  if (!rt->broken) join_streams(rt, &ignore);
+  nf_buf_free(&ignore);
   if (rt->d.EndCapture(rt->stream, &g) == CUDA_SUCCESS && g) rt->d.GraphDestroy(g);
   rt->capturing = 0;
 }
@@ -363,12 +375,7 @@ void nf_cuda_rt_capture_abort(nf_cuda_rt *rt) {
 int nf_cuda_rt_capture_end(nf_cuda_rt *rt, nf_cuda_graph **out, nf_buf *err) {
   *out = NULL;
   if (!rt->capturing) return NF_EINVAL;
-  int rc = NF_OK;
-  for (int i = 1; rc == NF_OK && i < rt->n_streams; i++) {
-    rc = check(rt, rt->d.EventRecord(rt->fork[i], rt->streams[i]), "cuEventRecord", err);
-    if (rc == NF_OK)
-      rc = check(rt, rt->d.StreamWaitEvent(rt->stream, rt->fork[i], 0), "cuStreamWaitEvent", err);
-  }
+  int rc = join_streams(rt, err);
   if (rc != NF_OK) {
     nf_cuda_rt_capture_abort(rt);
     return rc;

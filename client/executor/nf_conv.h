@@ -72,6 +72,10 @@ int nf_conv_match(const nf_graph *g, uint32_t si, nf_conv_desc *d);
  * by enumerating each group of variables; nf_conv_match tries it where
  * the affine reading finds nothing. */
 int nf__conv_match_enum(const nf_graph *g, uint32_t si, nf_conv_desc *d);
+/* For both readings: cuDNN's output size (-1 when none), and whether e
+ * is the float constant 0 (a guard's else branch). */
+int64_t nf__conv_out_size(int64_t in, int64_t pad, int64_t dil, int64_t ker, int64_t str);
+int nf__conv_is_zero(const nf_expr *e);
 
 /* "forward", "data gradient", "filter gradient". */
 const char *nf_conv_kind_name(nf_conv_kind k);
