@@ -56,6 +56,23 @@ import torch  # noqa: E402
 import torch.nn.functional as TF  # noqa: E402
 
 
+def strict_fp32():
+    """IEEE f32 products and convolutions on a GPU, as NeoFlow computes
+    them (cuBLAS's default math, cuDNN with FMA math only): PyTorch lets
+    cuDNN use TF32 tensor cores by default on Ampere and later, which
+    would compare 10-bit-mantissa convolutions with f32 ones.  Returns
+    what was set, for the JSON line."""
+    b = torch.backends
+    conv = getattr(b.cudnn, "conv", None)
+    if conv is not None and hasattr(conv, "fp32_precision"):  # torch >= 2.9
+        b.cuda.matmul.fp32_precision = "ieee"
+        conv.fp32_precision = "ieee"
+    else:
+        b.cuda.matmul.allow_tf32 = False
+        b.cudnn.allow_tf32 = False
+    return "ieee"
+
+
 # The workloads shared with the gradient check against NeoFlow
 # (tests/torch_check.py); lltm and milstm are written here the way an
 # eager user would (one linear on [x, h] with chunked gates; Wx as one
@@ -126,6 +143,7 @@ def main():
         raise SystemExit("torch_workloads: unknown workload %r (known: %s)"
                          % (a.workload, ", ".join(FUNCTIONS)))
     torch.set_num_threads(a.threads)
+    fp32 = strict_fp32() if a.device == "cuda" else "ieee"
 
     if a.ref64:
         tensors, params = load(meta, a.dir, np.float64)
@@ -183,7 +201,7 @@ def main():
         "median_ms": float(np.median(times)), "mean_ms": float(np.mean(times)),
         "min_ms": float(np.min(times)), "steps": len(times), "total_ms": total_ms,
         "loss0": loss0, "warmup_ms": warm_ms, "torch": torch.__version__,
-        "threads": torch.get_num_threads(), "device": a.device,
+        "threads": torch.get_num_threads(), "device": a.device, "fp32": fp32,
     }))
     return 0
 
