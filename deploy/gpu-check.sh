@@ -111,13 +111,17 @@ build/client/neoflow compile --target cuda:sm_90 lib/nn.nf relu --shape X=64,64 
 # first failure's.  Each check's time is printed with its result.
 first_fail=0
 summary=()
+# check NAME LIMIT CMD...: runs CMD for at most LIMIT seconds (a kernel
+# that hangs on the device must not eat the machine's whole lease; then
+# 124, "timed out").
 check() {
-  local name=$1 t0=$SECONDS st=0
-  shift
+  local name=$1 limit=$2 t0=$SECONDS st=0
+  shift 2
   echo "-- $name"
-  "$@" || st=$?
+  timeout -k 10 "$limit" "$@" || st=$?
   local res="ok"
-  [ "$st" -eq 0 ] || res="FAILED (status $st)"
+  if [ "$st" -eq 124 ] || [ "$st" -eq 137 ]; then res="TIMED OUT (${limit} s)"
+  elif [ "$st" -ne 0 ]; then res="FAILED (status $st)"; fi
   summary+=("$(printf '%-44s %-20s %4d s' "$name" "$res" $((SECONDS - t0)))")
   echo "-- $name: $res, $((SECONDS - t0)) s"
   if [ "$st" -ne 0 ] && [ "$first_fail" -eq 0 ]; then first_fail=$st; fi
@@ -127,22 +131,22 @@ check() {
 echo "== 2. GPU tests"
 # (no GPU: test_cuda exits 77, and so does this script)
 st=0 t0=$SECONDS
-NF_TEST_CUDA_EMU="$PWD/tests/cuda_emu.h" build/tests/test_cuda gpu || st=$?
+NF_TEST_CUDA_EMU="$PWD/tests/cuda_emu.h" timeout -k 10 300 build/tests/test_cuda gpu || st=$?
 [ "$st" -eq 77 ] && { echo "gpu-check: no usable GPU (test_cuda gpu skipped)"; exit 77; }
 summary+=("$(printf '%-44s %-20s %4d s' "test_cuda gpu" \
   "$([ "$st" -eq 0 ] && echo ok || echo "FAILED (status $st)")" $((SECONDS - t0)))")
 [ "$st" -eq 0 ] || first_fail=$st
 export NF_TEST_GPU_REAL=1 NEOFLOW_VERIFIED=none NF_NEOFLOWD="${NF_NEOFLOWD:-$PWD/build/daemon/neoflowd}"
-check "test_session gpu (daemon kernels)" env CK_RUN_CASE=gpu build/tests/test_session
+check "test_session gpu (daemon kernels)" 240 env CK_RUN_CASE=gpu build/tests/test_session
 # cuDNN at tier 0: every convolution form against the interpreter, and
 # the CNN example's session against the CPU's
-check "test_gemm gemm (cuBLAS, cuDNN)" env CK_RUN_CASE=gemm build/tests/test_gemm
-check "test_session cudnn" env CK_RUN_CASE=cudnn build/tests/test_session
+check "test_gemm gemm (cuBLAS, cuDNN)" 180 env CK_RUN_CASE=gemm build/tests/test_gemm
+check "test_session cudnn" 180 env CK_RUN_CASE=cudnn build/tests/test_session
 # the kernels a session generates itself for the rest (NVRTC loaded at run
 # time), without a daemon
-check "test_session generated" env CK_RUN_CASE=generated build/tests/test_session
+check "test_session generated" 180 env CK_RUN_CASE=generated build/tests/test_session
 # steps replayed as CUDA graphs, bit-identical to op-by-op steps
-check "test_session graphs" env CK_RUN_CASE=graphs build/tests/test_session
+check "test_session graphs" 180 env CK_RUN_CASE=graphs build/tests/test_session
 unset NF_TEST_GPU_REAL NEOFLOW_VERIFIED
 
 echo "== 3. training on the GPU against the CPU"
@@ -151,7 +155,7 @@ run_train() {
     --optim sgd --lr 0.05 --daemon "$1" --device "$2" --compile-only --wait-kernels 120 \
     --log-every 30 | tail -n 1
 }
-# (called as a check, so set -e does not apply inside: each failure is
+# (run by check in a shell of its own without set -e: each failure is
 # returned by hand)
 train_vs_cpu() {
   local sock_dir cpu gpu gen dpid st=0 r
@@ -175,15 +179,20 @@ print("final loss: cpu %.6g, gpu %.6g, gpu without a daemon %.6g: %s"
 sys.exit(0 if ok else 1)
 PY
 }
-check "neoflow train: cuda against cpu" train_vs_cpu
+export -f run_train train_vs_cpu
+check "neoflow train: cuda against cpu" 420 bash -o pipefail -c train_vs_cpu
 
 echo "== 4. benchmark against PyTorch CUDA"
+# (its limit: NF_GPU_BENCH_LIMIT seconds, by default 420 without tuning,
+# and 30 s more than the tuning's for each of the six workloads with it)
 if [ "${NF_GPU_TUNE_TRIALS:-0}" -gt 0 ]; then
   budget=(--tune-trials "$NF_GPU_TUNE_TRIALS" --tune-seconds "${NF_GPU_TUNE_SECONDS:-20}")
+  bench_limit=${NF_GPU_BENCH_LIMIT:-$((420 + 6 * (${NF_GPU_TUNE_SECONDS:-20} + 30)))}
 else
   budget=(--compile-only)
+  bench_limit=${NF_GPU_BENCH_LIMIT:-420}
 fi
-check "bench/run --device cuda" python3 bench/run --device cuda --threads 1 --rounds 1 \
+check "bench/run --device cuda" "$bench_limit" python3 bench/run --device cuda --threads 1 --rounds 1 \
   "${budget[@]}" --no-plot --python "$(command -v python3)" --out "$out/bench" \
   --json "$out/gpu_bench.json"
 
