@@ -65,7 +65,6 @@ static long g_calls;
 static const size_t kWorkspace = 4096; /* what algorithm 1 wants */
 
 static st_t bad(void *h) { return !handle(h) || !handle(h)->stream ? BAD_PARAM : OK; }
-static st_t bad_run(void *h) { return bad(h); }
 
 /* algorithm 2 (nondeterministic) first, then 1 (wants workspace) */
 static st_t heuristics(void *h, int req, int *ret, perf *p) {
@@ -223,7 +222,7 @@ st_t cudnnGetConvolutionBackwardFilterWorkspaceSize(void *h, tdesc *, tdesc *, c
 st_t cudnnConvolutionForward(void *h, const float *alpha, tdesc *xd, const float *x, tdesc *fd,
                              const float *f, cdesc *c, int algo, void *w, size_t wb,
                              const float *beta, tdesc *yd, float *y) {
-  if (bad_run(h) || !consistent(xd, fd, c, yd) || check_ws(algo, w, wb)) return BAD_PARAM;
+  if (bad(h) || !consistent(xd, fd, c, yd) || check_ws(algo, w, wb)) return BAD_PARAM;
   return queue(h, xd, fd, c, yd, numel(yd), y, *alpha, *beta,
                [=](double *acc, int64_t xi, int64_t fi, int64_t yi) {
                  acc[yi] += (double)x[xi] * f[fi];
@@ -232,7 +231,7 @@ st_t cudnnConvolutionForward(void *h, const float *alpha, tdesc *xd, const float
 st_t cudnnConvolutionBackwardData(void *h, const float *alpha, tdesc *fd, const float *f,
                                   tdesc *yd, const float *dy, cdesc *c, int algo, void *w,
                                   size_t wb, const float *beta, tdesc *xd, float *dx) {
-  if (bad_run(h) || !consistent(xd, fd, c, yd) || check_ws(algo, w, wb)) return BAD_PARAM;
+  if (bad(h) || !consistent(xd, fd, c, yd) || check_ws(algo, w, wb)) return BAD_PARAM;
   return queue(h, xd, fd, c, yd, numel(xd), dx, *alpha, *beta,
                [=](double *acc, int64_t xi, int64_t fi, int64_t yi) {
                  acc[xi] += (double)dy[yi] * f[fi];
@@ -241,7 +240,7 @@ st_t cudnnConvolutionBackwardData(void *h, const float *alpha, tdesc *fd, const 
 st_t cudnnConvolutionBackwardFilter(void *h, const float *alpha, tdesc *xd, const float *x,
                                     tdesc *yd, const float *dy, cdesc *c, int algo, void *w,
                                     size_t wb, const float *beta, tdesc *fd, float *df) {
-  if (bad_run(h) || !consistent(xd, fd, c, yd) || check_ws(algo, w, wb)) return BAD_PARAM;
+  if (bad(h) || !consistent(xd, fd, c, yd) || check_ws(algo, w, wb)) return BAD_PARAM;
   return queue(h, xd, fd, c, yd, numel(fd), df, *alpha, *beta,
                [=](double *acc, int64_t xi, int64_t fi, int64_t yi) {
                  acc[fi] += (double)dy[yi] * x[xi];

@@ -803,8 +803,8 @@ static int emu_run(nf_cuda_rt *rt, const nf_lprog *p, const nf_graph *g, const n
 
 /* The runtime's whole path on the emulated driver: bundles loaded from
  * their source, device buffers, launches, downloads, against the
- * interpreter; graph capture's rules; then a sticky launch error: the context refuses every
- * later call with the error that broke it. */
+ * interpreter; graph capture's rules; then a sticky launch error: the
+ * context refuses every later call with the error that broke it. */
 START_TEST(cuda_rt_emulated) {
   nf_cuda_rt *rt = emu_rt_open();
   ck_assert_int_eq(nf_cuda_rt_sm(rt), 90);

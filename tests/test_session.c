@@ -1606,8 +1606,9 @@ static void default_gpu_bundle(const nf_session *g, int k, nf_buf *bun, uint8_t 
  * to the live runs' (a replay that skipped or reordered work would
  * differ).  A daemon's kernel arriving then is swapped in and the step
  * captured anew; a kernel of the graph that faults fails the step with
- * the driver's error, and the next with the broken context.  A capture that fails (the emulated driver invalidates it on
- * request) is said once and the steps run live, still identical. */
+ * the driver's error, and the next with the broken context.  A capture
+ * that fails (the emulated driver invalidates it on request) is said
+ * once and the steps run live, still identical. */
 START_TEST(session_gpu_graphs) {
   int real = 0;
   if (!gpu_test_env("session_gpu_graphs", &real)) return;
