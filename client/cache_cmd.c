@@ -424,6 +424,10 @@ static int do_import(nf_cache *c, const cache_args *a) {
   printf("imported %s into %s: %" PRId64 " entries seen, %" PRId64 " added, %" PRId64
          " replaced, %" PRId64 " kept, %" PRId64 " rejected; %" PRId64 " records merged\n",
          a->file, nf_cache_path(c), r.seen, r.added, r.replaced, r.kept, r.rejected, r.records);
+  if (r.unsigned_)
+    printf("%" PRId64 " entries carry no signature: their schedules and times are kept, but the "
+           "daemon never serves their binaries; it rebuilds and checks each on first use "
+           "(docs/security.md)\n", r.unsigned_);
   return finish_output("import");
 }
 

@@ -13,12 +13,15 @@
 #include "nf_wire.h"
 
 static const char status_usage[] =
-    "usage: neoflow status [--socket ADDR] [--key FILE] [--json]\n"
+    "usage: neoflow status [--socket ADDR] [--key FILE] [--trust-key KEY] [--trust-uid USER]\n"
+    "                      [--json]\n"
     "Shows what neoflowd is doing: connected clients, queued and running jobs\n"
     "with their progress, and the tuning cache with its hit rate.\n"
     "  --socket ADDR  a Unix socket path or tcp:HOST:PORT (default: $NEOFLOW_SOCKET,\n"
     "                 else the daemon's default socket)\n"
     "  --key FILE     the key for a daemon on TCP\n"
+    "  --trust-key KEY  a daemon's public key (ed25519:..., or a file): needed on TCP\n"
+    "  --trust-uid USER the user a shared daemon runs as (docs/security.md)\n"
     "  --json         one JSON object\n";
 
 static void hex16(const uint8_t *k, size_t n, char out[17]) {
@@ -114,11 +117,26 @@ static void print_status(const Neoflow__StatusReply *s, int json) {
   }
 }
 
+int nf__cli_trust(nf_trust *t, const char *const *keys, int n_keys, const char *const *uids,
+                  int n_uids, const char *cmd) {
+  nf_buf err = NF_BUF_INIT;
+  int rc = nf_trust_load(t, &err);
+  for (int i = 0; rc == NF_OK && i < n_keys; i++) rc = nf_trust_add_key(t, keys[i], &err);
+  for (int i = 0; rc == NF_OK && i < n_uids; i++) rc = nf_trust_add_uid(t, uids[i], &err);
+  if (rc != NF_OK) fprintf(stderr, "neoflow %s: %s\n", cmd, nf_buf_str(&err));
+  nf_buf_free(&err);
+  return rc;
+}
+
 int nf__cli_status(int argc, char **argv) {
   const char *addr = NULL, *key = NULL;
+  const char *tkeys[16], *tuids[16];
+  int n_tk = 0, n_tu = 0;
   int json = 0;
   for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--json")) json = 1;
+    if (!strcmp(argv[i], "--trust-key") && i + 1 < argc && n_tk < 16) tkeys[n_tk++] = argv[++i];
+    else if (!strcmp(argv[i], "--trust-uid") && i + 1 < argc && n_tu < 16) tuids[n_tu++] = argv[++i];
+    else if (!strcmp(argv[i], "--json")) json = 1;
     else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       fputs(status_usage, stdout);
       return 0;
@@ -130,9 +148,12 @@ int nf__cli_status(int argc, char **argv) {
       return 2;
     }
   }
+  nf_trust tr;
+  if (nf__cli_trust(&tr, tkeys, n_tk, tuids, n_tu, "status") != NF_OK) return 1;
   nf_buf err = NF_BUF_INIT;
   nf_dconn *c = NULL;
-  nf_dconn_opts o = {.address = addr, .key_file = key, .client_name = "neoflow status"};
+  nf_dconn_opts o = {.address = addr, .key_file = key, .client_name = "neoflow status",
+                     .trust = &tr};
   if (nf_dconn_open(&o, &c, &err) != NF_OK) {
     fprintf(stderr, "neoflow status: %s\n", nf_buf_str(&err));
     nf_buf_free(&err);
@@ -182,7 +203,12 @@ static void show_progress(void *user, const Neoflow__Progress *p) {
 int nf__cli_tune_daemon(const nf_graph *g, const nf_tune_daemon_cli *t) {
   nf_buf err = NF_BUF_INIT;
   nf_dconn *c = NULL;
-  nf_dconn_opts o = {.address = t->address, .key_file = t->key_file, .client_name = "neoflow tune"};
+  nf_trust tr;
+  if (nf__cli_trust(&tr, t->trust_keys, t->n_trust_keys, t->trust_uids, t->n_trust_uids,
+                    "tune") != NF_OK)
+    return 1;
+  nf_dconn_opts o = {.address = t->address, .key_file = t->key_file, .client_name = "neoflow tune",
+                     .trust = &tr};
   Neoflow__Graph *pg = NULL;
   int rc = nf_wire_graph_from_ir(g, &pg);
   if (rc != NF_OK) {

@@ -4,15 +4,25 @@
 #define NF_DAEMON_CMD_H
 
 #include "nf_ir.h"
+#include "nf_trust.h"
 
 /* neoflow status [--socket ADDR] [--key FILE] [--json]; argv[0] is
  * "status".  Returns the exit status (0; 1 with a message; 2 usage). */
 int nf__cli_status(int argc, char **argv);
+/* The user's trust configuration plus the command's --trust-key and
+ * --trust-uid values into *t; NF_OK, or an error printed as "neoflow
+ * CMD: ...". */
+int nf__cli_trust(nf_trust *t, const char *const *keys, int n_keys, const char *const *uids,
+                  int n_uids, const char *cmd);
 
 typedef struct nf_tune_daemon_cli {
   const char *def;      /* for reports */
   const char *address;  /* --socket (NULL: the default) */
   const char *key_file; /* --key */
+  const char *const *trust_keys; /* --trust-key (n_trust_keys of them) */
+  int n_trust_keys;
+  const char *const *trust_uids; /* --trust-uid */
+  int n_trust_uids;
   int trials;           /* 0: the daemon's default */
   double seconds;       /* 0: the daemon's default */
   int compile_only;     /* tier 1 only */

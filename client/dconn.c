@@ -20,9 +20,13 @@
 #include <unistd.h>
 
 #include "nf_dconn.h"
+#include "nf_kernel.h"
 #include "nf_target.h"
+#include "nf_trust.h"
 #include "nf_wire.h"
 #include "nf_wire_auth.h"
+#include "nf_wire_box.h"
+#include "nf_wire_sign.h"
 
 struct nf_dconn {
   int fd;
@@ -31,6 +35,10 @@ struct nf_dconn {
   int same_target;
   char daemon_target[NF_WIRE_TEXT_MAX + 1];
   nf_buf rx;
+  uint8_t target_fp[32];  /* the target of our Hello: kernels are signed for it */
+  uint8_t daemon_pk[32];  /* the daemon's signing key, trusted (handshake) */
+  nf_wire_box box;        /* TCP: every frame after the handshake (nf_wire_box.h) */
+  nf_buf tx;              /* a frame being sealed */
   /* accepted keys by request (the last few) */
   uint64_t acc_id[64];
   uint8_t acc_key[64][32];
@@ -71,7 +79,11 @@ static int wait_fd(int fd, short ev, int timeout_ms) {
   return r;
 }
 
-static int connect_unix(const char *path, int timeout_ms, int *fd, nf_buf *err) {
+/* Connects to the Unix socket at path and checks who answers: the
+ * daemon's uid (SO_PEERCRED) must be ours or one the user trusts
+ * (nf_trust.h).  NF_EIO when nothing answers (the caller may start a
+ * daemon), NF_EPERM when someone untrusted does. */
+static int connect_unix(const char *path, const nf_trust *t, int *fd, nf_buf *err) {
   struct sockaddr_un a;
   memset(&a, 0, sizeof a);
   a.sun_family = AF_UNIX;
@@ -82,29 +94,32 @@ static int connect_unix(const char *path, int timeout_ms, int *fd, nf_buf *err) 
   memcpy(a.sun_path, path, strlen(path) + 1);
   int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (s < 0 || connect(s, (struct sockaddr *)&a, sizeof a) != 0) {
-    nf_buf_printf(err, "cannot connect to %s: %s", path, strerror(errno));
+    int e = errno;
+    nf_buf_printf(err, "cannot connect to %s: %s", path, strerror(e));
+    /* "127.0.0.1:17117" is a TCP address written without its prefix */
+    if (e == ENOENT && !strchr(path, '/') && strchr(path, ':'))
+      nf_buf_printf(err, " (for a daemon on TCP write tcp:%s)", path);
     if (s >= 0) close(s);
     return NF_EIO;
   }
-  (void)timeout_ms;
-  /* the daemon must be ours, root's, or the owner of the socket's
-   * directory (a team daemon's user): not a stranger who got a socket
-   * there */
   struct ucred cr;
   socklen_t len = sizeof cr;
-  char dir[sizeof a.sun_path];
-  memcpy(dir, path, strlen(path) + 1);
-  char *slash = strrchr(dir, '/');
-  if (slash && slash != dir) *slash = 0;
-  else snprintf(dir, sizeof dir, "%s", slash ? "/" : ".");
-  struct stat st;
-  int have_dir = stat(dir, &st) == 0;
-  if (getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0 ||
-      !(cr.uid == geteuid() || cr.uid == 0 || (have_dir && cr.uid == st.st_uid))) {
-    nf_buf_printf(err, "refusing the daemon at %s: it runs as uid %d, which is neither ours, "
-                  "root, nor the owner of %s", path, (int)cr.uid, dir);
+  if (getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0) {
+    nf_buf_printf(err, "%s: cannot tell who answers (SO_PEERCRED: %s): refusing it", path,
+                  strerror(errno));
     close(s);
-    return NF_EINVAL;
+    return NF_EPERM;
+  }
+  if (!nf_trust_uid_ok(t, cr.uid)) {
+    char who[160], me[160];
+    nf_trust_uid_name(cr.uid, who, sizeof who);
+    nf_trust_uid_name(geteuid(), me, sizeof me);
+    nf_buf_printf(err, "refusing the daemon at %s: it runs as %s, not as you (%s) or a user you "
+                  "trust, so its kernels could be anyone's code (a shared daemon needs "
+                  "'trust_uid = ...' in your client configuration; docs/security.md)",
+                  path, who, me);
+    close(s);
+    return NF_EPERM;
   }
   *fd = s;
   return NF_OK;
@@ -163,9 +178,34 @@ static int connect_tcp(const char *spec, int timeout_ms, int *fd, nf_buf *err) {
 }
 
 int nf_dconn_send(nf_dconn *c, const Neoflow__ClientMessage *m, nf_buf *err) {
-  int rc = nf_wire_write_frame(c->fd, &m->base, NF_WIRE_FRAME_MAX, 30000);
-  if (rc != NF_OK) nf_buf_printf(err, "sending to the daemon: %s", strerror(errno));
+  int rc;
+  if (c->box.on) {
+    nf_buf_reset(&c->tx);
+    rc = nf_wire_pack(&m->base, NF_WIRE_FRAME_MAX - NF_BOX_TAG, &c->tx);
+    if (rc == NF_OK) rc = nf_box_seal_frame(&c->box, &c->tx);
+    if (rc == NF_OK) rc = nf_wire_write_bytes(c->fd, (const uint8_t *)c->tx.data, c->tx.len, 30000);
+  } else {
+    rc = nf_wire_write_frame(c->fd, &m->base, NF_WIRE_FRAME_MAX, 30000);
+  }
+  if (rc != NF_OK)
+    nf_buf_printf(err, "sending to the daemon: %s", rc == NF_EIO ? strerror(errno) : nf_strerror(rc));
   return rc;
+}
+
+/* After a failed send: the daemon may have said why it closed (an Error
+ * before the close: a refused uid, a full house); that beats "Broken
+ * pipe". */
+static void why_closed(nf_dconn *c, nf_buf *err) {
+  Neoflow__ServerMessage *m = NULL;
+  nf_buf e2 = NF_BUF_INIT;
+  if (nf_dconn_recv(c, 200, &m, &e2) == NF_OK) {
+    if (m->msg_case == NEOFLOW__SERVER_MESSAGE__MSG_ERROR) {
+      nf_buf_reset(err);
+      nf_buf_printf(err, "the daemon refused the session: %s", m->error->message);
+    }
+    nf_wire_free_server(m);
+  }
+  nf_buf_free(&e2);
 }
 
 int nf_dconn_recv(nf_dconn *c, int timeout_ms, Neoflow__ServerMessage **m, nf_buf *err) {
@@ -182,8 +222,22 @@ int nf_dconn_recv(nf_dconn *c, int timeout_ms, Neoflow__ServerMessage **m, nf_bu
                                     : "timed out or failed");
     return rc == NF_ELIMIT ? NF_EFORMAT : rc;
   }
+  const uint8_t *p = (const uint8_t *)c->rx.data;
+  size_t n = c->rx.len;
+  uint8_t *pt = NULL;
+  if (c->box.on) {
+    if (!(pt = malloc(n ? n : 1))) return NF_ENOMEM;
+    if (nf_box_open(&c->box, p, n, pt, &n) != NF_OK) {
+      free(pt);
+      nf_buf_printf(err, "a frame from the daemon failed its authentication (changed, replayed, "
+                         "reordered or cut on the way): dropping the connection");
+      return NF_EFORMAT;
+    }
+    p = pt;
+  }
   nf_wire_err e;
-  *m = nf_wire_decode_server((const uint8_t *)c->rx.data, c->rx.len, &e);
+  *m = nf_wire_decode_server(p, n, &e); /* copies what it keeps */
+  free(pt);
   if (!*m) {
     nf_buf_printf(err, "the daemon sent an invalid message: %s", e.msg);
     return NF_EFORMAT;
@@ -191,10 +245,11 @@ int nf_dconn_recv(nf_dconn *c, int timeout_ms, Neoflow__ServerMessage **m, nf_bu
   return NF_OK;
 }
 
-static int handshake(nf_dconn *c, const nf_dconn_opts *o, int timeout_ms, const uint8_t *key,
-                     nf_buf *err) {
+static int handshake(nf_dconn *c, const nf_dconn_opts *o, const nf_trust *trust, int timeout_ms,
+                     const uint8_t *key, nf_buf *err) {
   Neoflow__ServerMessage *m = NULL;
   uint8_t sn[NF_AUTH_NONCE], cn[NF_AUTH_NONCE], mac[NF_AUTH_MAC];
+  uint8_t se[32], ce[32], ce_sk[32], tr[32];
   int rc;
   if (c->tcp) {
     if ((rc = nf_dconn_recv(c, timeout_ms, &m, err)) != NF_OK) return rc;
@@ -203,7 +258,14 @@ static int handshake(nf_dconn *c, const nf_dconn_opts *o, int timeout_ms, const 
       nf_wire_free_server(m);
       return NF_EINVAL;
     }
+    if (m->challenge->server_ephemeral.len != 32) {
+      nf_buf_printf(err, "the daemon offers no key exchange (a neoflowd older than this client): "
+                         "refusing an unprotected TCP stream");
+      nf_wire_free_server(m);
+      return NF_EPERM;
+    }
     memcpy(sn, m->challenge->server_nonce.data, NF_AUTH_NONCE);
+    memcpy(se, m->challenge->server_ephemeral.data, 32);
     nf_wire_free_server(m);
   }
   Neoflow__Target t;
@@ -219,18 +281,28 @@ static int handshake(nf_dconn *c, const nf_dconn_opts *o, int timeout_ms, const 
   h.client_name = (char *)(o->client_name ? o->client_name : "neoflow");
   h.pid = (uint32_t)getpid();
   h.target = &t;
-  if (c->tcp && key) {
+  if (c->tcp) {
     nf_auth_nonce(cn);
-    nf_auth_client_mac(key, sn, cn, mac);
+    nf_box_ephemeral(ce, ce_sk);
+    nf_box_transcript(sn, se, cn, ce, fp, tr);
     h.client_nonce.data = cn;
     h.client_nonce.len = NF_AUTH_NONCE;
-    h.mac.data = mac;
-    h.mac.len = NF_AUTH_MAC;
+    h.client_ephemeral.data = ce;
+    h.client_ephemeral.len = 32;
+    if (key) {
+      nf_auth_client_mac(key, tr, mac);
+      h.mac.data = mac;
+      h.mac.len = NF_AUTH_MAC;
+    }
   }
   Neoflow__ClientMessage cm = NEOFLOW__CLIENT_MESSAGE__INIT;
   cm.msg_case = NEOFLOW__CLIENT_MESSAGE__MSG_HELLO;
   cm.hello = &h;
-  if ((rc = nf_dconn_send(c, &cm, err)) != NF_OK) return rc;
+  memcpy(c->target_fp, fp, 32);
+  if ((rc = nf_dconn_send(c, &cm, err)) != NF_OK) {
+    why_closed(c, err);
+    return rc;
+  }
   if ((rc = nf_dconn_recv(c, timeout_ms, &m, err)) != NF_OK) return rc;
   if (m->msg_case == NEOFLOW__SERVER_MESSAGE__MSG_ERROR) {
     nf_buf_printf(err, "the daemon refused the session: %s", m->error->message);
@@ -247,12 +319,43 @@ static int handshake(nf_dconn *c, const nf_dconn_opts *o, int timeout_ms, const 
   const Neoflow__Welcome *w = m->welcome;
   if (c->tcp && key) {
     uint8_t want[NF_AUTH_MAC];
-    nf_auth_server_mac(key, sn, cn, want);
+    nf_auth_server_mac(key, tr, want);
     if (w->server_mac.len != NF_AUTH_MAC || !nf_auth_mac_equal(want, w->server_mac.data)) {
       nf_buf_printf(err, "the daemon did not prove it knows the key: refusing it");
       nf_wire_free_server(m);
       return NF_EINVAL;
     }
+  }
+  /* the daemon's identity: every kernel is signed with it */
+  if (w->signing_key.len != 32) {
+    nf_buf_printf(err, "the daemon presented no signing key (a neoflowd older than this client?): "
+                       "refusing its kernels");
+    nf_wire_free_server(m);
+    return NF_EPERM;
+  }
+  if (c->tcp && !nf_trust_key_ok(trust, w->signing_key.data)) {
+    char pk[NF_SIGN_PK_TEXT];
+    nf_sign_format_public(w->signing_key.data, pk);
+    nf_buf_printf(err, "the daemon's signing key %s is not one you trust: refusing it (check it "
+                       "with the daemon's operator, who sees it with `neoflowd --public-key`, "
+                       "then add 'trust_key = %s' to your client configuration or pass "
+                       "--trust-key)", pk, pk);
+    nf_wire_free_server(m);
+    return NF_EPERM;
+  }
+  if (c->tcp && (w->key_proof.len != 64 ||
+                 !nf_sign_transcript_ok(w->signing_key.data, w->key_proof.data, tr))) {
+    nf_buf_printf(err, "the daemon did not prove it holds its signing key for this connection "
+                       "(someone in between?): refusing it");
+    nf_wire_free_server(m);
+    return NF_EPERM;
+  }
+  memcpy(c->daemon_pk, w->signing_key.data, 32);
+  /* from here on every frame either way is sealed */
+  if (c->tcp && nf_box_client_keys(&c->box, ce, ce_sk, se, key, tr) != NF_OK) {
+    nf_buf_printf(err, "the daemon's ephemeral key makes no shared secret: refusing it");
+    nf_wire_free_server(m);
+    return NF_EPERM;
   }
   c->session = w->session_id;
   c->same_target = w->target && w->target->fingerprint.len == 32 &&
@@ -266,37 +369,67 @@ static int handshake(nf_dconn *c, const nf_dconn_opts *o, int timeout_ms, const 
 int nf_dconn_open(const nf_dconn_opts *o, nf_dconn **out, nf_buf *err) {
   *out = NULL;
   int timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 5000;
+  nf_trust own;
+  const nf_trust *trust = o->trust;
+  if (!trust) {
+    int rc = nf_trust_load(&own, err);
+    if (rc != NF_OK) return rc;
+    trust = &own;
+  }
   char dflt[108];
   const char *addr = o->address;
+  int per_user = 0;
   if (!addr || !*addr) {
-    if (nf_wire_default_socket(dflt, sizeof dflt, 1) != NF_OK) {
-      nf_buf_printf(err, "the daemon's default socket path is too long (NEOFLOW_SOCKET or "
-                         "XDG_RUNTIME_DIR)");
-      return NF_EINVAL;
+    const char *env = getenv("NEOFLOW_SOCKET");
+    if (!(env && *env) && trust->socket[0]) {
+      addr = trust->socket;
+    } else {
+      if (nf_wire_default_socket(dflt, sizeof dflt, 1) != NF_OK) {
+        nf_buf_printf(err, "the daemon's default socket path is too long (NEOFLOW_SOCKET or "
+                           "XDG_RUNTIME_DIR)");
+        return NF_EINVAL;
+      }
+      addr = dflt;
+      per_user = !(env && *env);
     }
-    addr = dflt;
   }
+  const char *key_file = o->key_file && *o->key_file ? o->key_file : trust->key_file;
   uint8_t key[NF_AUTH_KEY];
   int have_key = 0;
-  if (o->key_file && *o->key_file) {
-    int rc = nf_auth_load_key(o->key_file, key, err);
+  if (key_file && *key_file && strncmp(addr, "tcp:", 4) == 0) {
+    int rc = nf_auth_load_key(key_file, key, err);
     if (rc != NF_OK) return rc;
     have_key = 1;
   }
   nf_dconn *c = calloc(1, sizeof *c);
   if (!c) return NF_ENOMEM;
+  c->fd = -1;
   int rc;
   if (strncmp(addr, "tcp:", 4) == 0) {
     c->tcp = 1;
     rc = connect_tcp(addr + 4, timeout_ms, &c->fd, err);
   } else {
-    rc = connect_unix(strncmp(addr, "unix:", 5) == 0 ? addr + 5 : addr, timeout_ms, &c->fd, err);
+    const char *path = strncmp(addr, "unix:", 5) == 0 ? addr + 5 : addr;
+    /* the directory first: one made by a stranger is refused by name
+     * before anything is said to whoever listens there */
+    rc = nf_trust_check_socket_dir(trust, path, per_user, err);
+    if (rc == NF_ENOENT) {
+      nf_buf_reset(err);
+      nf_buf_printf(err, "cannot connect to %s: %s", path, strerror(ENOENT));
+      rc = NF_EIO;
+    } else if (rc != NF_OK) {
+      rc = NF_EPERM;
+    } else {
+      rc = connect_unix(path, trust, &c->fd, err);
+    }
   }
-  if (rc == NF_OK) rc = handshake(c, o, timeout_ms, have_key ? key : NULL, err);
+  if (rc == NF_OK) rc = handshake(c, o, trust, timeout_ms, have_key ? key : NULL, err);
   sodium_memzero(key, sizeof key);
   if (rc != NF_OK) {
-    if (c->fd > 0) close(c->fd);
+    if (c->fd >= 0) close(c->fd);
     nf_buf_free(&c->rx);
+    nf_buf_free(&c->tx);
+    nf_box_clear(&c->box);
     free(c);
     return rc;
   }
@@ -306,8 +439,10 @@ int nf_dconn_open(const nf_dconn_opts *o, nf_dconn **out, nf_buf *err) {
 
 void nf_dconn_close(nf_dconn *c) {
   if (!c) return;
-  if (c->fd > 0) close(c->fd);
+  if (c->fd >= 0) close(c->fd);
   nf_buf_free(&c->rx);
+  nf_buf_free(&c->tx);
+  nf_box_clear(&c->box);
   free(c);
 }
 
@@ -315,6 +450,13 @@ uint64_t nf_dconn_session(const nf_dconn *c) { return c->session; }
 int nf_dconn_same_target(const nf_dconn *c) { return c->same_target; }
 const char *nf_dconn_daemon_target(const nf_dconn *c) { return c->daemon_target; }
 int nf_dconn_fd(const nf_dconn *c) { return c->fd; }
+const uint8_t *nf_dconn_daemon_key(const nf_dconn *c) { return c->daemon_pk; }
+
+int nf_dconn_kernel_signed(const nf_dconn *c, const uint8_t key[32], const uint8_t sha[32],
+                           uint32_t abi, const uint8_t *sig, size_t sig_len) {
+  return sig && sig_len == NF_SIGN_SIG &&
+         nf_sign_kernel_ok(c->daemon_pk, sig, key, sha, c->target_fp, abi);
+}
 
 void nf_dkernel_free(nf_dkernel *k) {
   free(k->schedule);
@@ -392,6 +534,15 @@ int nf_dconn_next_kernel(nf_dconn *c, uint64_t request_id, int timeout_ms,
         memcpy(want_sha, u->sha256.data, 32);
         in_kernel = 1;
         if (want == 0) rc = NF_EFORMAT;
+        if (u->kernel_abi != NF_KERNEL_ABI_VERSION ||
+            !nf_dconn_kernel_signed(c, u->key.data, want_sha, u->kernel_abi,
+                                    u->signature.data, u->signature.len)) {
+          nf_buf_printf(err, "kernel rejected (ARTIFACT_REJECTED): %s",
+                        u->kernel_abi != NF_KERNEL_ABI_VERSION
+                            ? "unsupported kernel ABI"
+                            : "its signature does not verify against the daemon's key");
+          rc = NF_EREJECTED;
+        }
         break;
       }
       case NEOFLOW__SERVER_MESSAGE__MSG_CHUNK: {
@@ -409,8 +560,8 @@ int nf_dconn_next_kernel(nf_dconn *c, uint64_t request_id, int timeout_ms,
           uint8_t got[32];
           crypto_hash_sha256(got, k->binary, k->len);
           if (memcmp(got, want_sha, 32) != 0) {
-            nf_buf_printf(err, "kernel rejected: SHA-256 mismatch");
-            rc = NF_EFORMAT;
+            nf_buf_printf(err, "kernel rejected (ARTIFACT_REJECTED): SHA-256 mismatch");
+            rc = NF_EREJECTED;
           } else {
             rc = NF_OK;
           }

@@ -51,6 +51,8 @@ typedef struct dlink {
   int spawned;
   double last_spawn, last_report;
   int warned_target;
+  int warned_refused; /* NF_EPERM said once (until a connection works) */
+  int warned_spawn;   /* "started but nothing answers" said once */
 } dlink;
 
 /* ---- handing kernels over ---- */
@@ -154,6 +156,27 @@ static void spawn_daemon(dlink *L) {
   if (addr && *addr) {
     argv[1] = (char *)"--socket";
     argv[2] = (char *)addr;
+  }
+  /* neoflowd refuses a socket directory that other users may enter: say
+   * so here rather than start a daemon that exits at once, unseen */
+  char sock[108];
+  if (addr && *addr) snprintf(sock, sizeof sock, "%s", addr);
+  else if (nf_wire_default_socket(sock, sizeof sock, 1) != NF_OK) sock[0] = 0;
+  char *slash = strrchr(sock, '/');
+  struct stat dst;
+  if (slash && slash != sock) {
+    *slash = 0;
+    if (lstat(sock, &dst) == 0 && S_ISDIR(dst.st_mode) && (dst.st_mode & S_IRWXO)) {
+      if (!L->warned_spawn)
+        nf__session_warn(s, "not starting neoflowd: its socket directory %s has mode %04o, and "
+                          "neoflowd refuses a directory other users may enter (chmod 700 %s); "
+                          "training on fallback kernels", sock,
+                       (unsigned)dst.st_mode & 07777, sock);
+      L->warned_spawn = 1;
+      L->last_spawn = nf__now_ms();
+      L->spawned = 1;
+      return;
+    }
   }
   /* resolve a bare name on PATH before forking */
   char found[4096];
@@ -317,14 +340,21 @@ static int handle(dlink *L, const Neoflow__ServerMessage *m) {
       free(a->bin);
       memset(a, 0, sizeof *a);
       a->kent = -1;
-      if (!key_ok || u->kernel_abi != NF_KERNEL_ABI_VERSION || u->size == 0 ||
-          u->sha256.len != 32) {
+      /* the signature first: nothing of an unsigned kernel is kept */
+      const char *why = !key_ok ? "it answers another key than the request's"
+                        : u->kernel_abi != NF_KERNEL_ABI_VERSION || u->size == 0 ||
+                                u->sha256.len != 32
+                            ? "unsupported kernel ABI or empty binary"
+                        : !nf_dconn_kernel_signed(L->c, u->key.data, u->sha256.data, u->kernel_abi,
+                                                  u->signature.data, u->signature.len)
+                            ? "its signature does not verify against the daemon's key"
+                            : NULL;
+      if (why) {
         pthread_mutex_lock(&s->mu);
         s->link_rejected++;
         pthread_mutex_unlock(&s->mu);
-        nf__session_warn(s, "kernel for request %llu rejected: %s", (unsigned long long)u->request_id,
-                         !key_ok ? "it answers another key than the request's"
-                                 : "unsupported kernel ABI or empty binary");
+        nf__session_warn(s, "kernel for request %llu rejected (ARTIFACT_REJECTED): %s",
+                         (unsigned long long)u->request_id, why);
         return 0;
       }
       a->bin = malloc(u->size);
@@ -450,10 +480,20 @@ static void *link_main(void *arg) {
       }
       nf_buf err = NF_BUF_INIT;
       nf_dconn_opts o = {.address = s->daemon_addr, .client_name = "libneoflow-client",
-                         .timeout_ms = 2000};
+                         .timeout_ms = 2000, .trust = &s->trust, .key_file = s->daemon_key};
       /* a GPU session asks for kernels for its device */
       o.cuda_sm = nf__gpu_sm(s, &o.cuda_name);
       int rc = nf_dconn_open(&o, &L->c, &err);
+      if (rc == NF_EPERM || (rc == NF_EINVAL && !L->c && err.len &&
+                             strstr(nf_buf_str(&err), "configuration"))) {
+        /* someone we do not trust answers, or holds the socket's
+         * directory, or the configuration is unsafe: never start a
+         * daemon into that; say why once, keep training on fallbacks */
+        if (!L->warned_refused)
+          nf__session_warn(s, "not using a daemon: %s; training on fallback kernels",
+                           nf_buf_str(&err));
+        L->warned_refused = 1;
+      }
       if (rc == NF_OK && !nf_dconn_same_target(L->c)) {
         if (!L->warned_target)
           nf__session_warn(s, "the daemon compiles for another machine (%s): not using it",
@@ -470,6 +510,7 @@ static void *link_main(void *arg) {
         pthread_cond_broadcast(&s->cv);
         pthread_mutex_unlock(&s->mu);
         backoff = 100;
+        L->warned_refused = L->warned_spawn = 0;
         if (submit_all(L) != NF_OK) drop(L, "cannot submit");
         pthread_mutex_lock(&s->mu);
         s->link_first = 0;
@@ -478,10 +519,20 @@ static void *link_main(void *arg) {
       } else {
         /* nothing answers on the Unix socket: start a per-user daemon
          * (at most every 10 s), then poll quickly while it comes up */
-        if (rc == NF_EIO && is_unix_address(s->daemon_addr) && !s->opts.no_spawn &&
+        /* a socket named by the configuration is a shared daemon's,
+         * which its operator runs: never one of ours */
+        const char *env_sock = getenv("NEOFLOW_SOCKET");
+        int shared = !s->daemon_addr && !(env_sock && *env_sock) && s->trust.socket[0];
+        if (rc == NF_EIO && is_unix_address(s->daemon_addr) && !s->opts.no_spawn && !shared &&
             L->spawned == 0 && (L->last_spawn == 0 || now - L->last_spawn > 10000))
           spawn_daemon(L);
         int starting = L->last_spawn > 0 && now - L->last_spawn < 3000;
+        if (rc == NF_EIO && L->spawned && !starting && !L->warned_spawn) {
+          nf__session_warn(s, "started neoflowd, but nothing answers after 3 s (%s); run "
+                              "neoflowd by hand with the same socket to see why; training on "
+                              "fallback kernels meanwhile", nf_buf_str(&err));
+          L->warned_spawn = 1;
+        }
         if (!starting) {
           pthread_mutex_lock(&s->mu);
           s->link_first = 0; /* no daemon for now: nobody waits for one */

@@ -102,7 +102,9 @@ static const char usage_text[] =
     "  --daemon                tune through neoflowd (answered from its cache when\n"
     "                          the graph was tuned before); -o FILE: the kernel\n"
     "  --socket ADDR           tune --daemon: a socket path or tcp:HOST:PORT\n"
-    "  --key FILE              tune --daemon: the key for a daemon on TCP\n";
+    "  --key FILE              tune --daemon: the key for a daemon on TCP\n"
+    "  --trust-key KEY|FILE    tune --daemon: a daemon's public key (needed on TCP)\n"
+    "  --trust-uid USER        tune --daemon: the user a shared daemon runs as\n";
 
 typedef struct opts {
   const char *cmd, *file, *def;
@@ -129,6 +131,8 @@ typedef struct opts {
   const char *csv, *svg; /* --csv FILE, --svg FILE (tune) */
   int daemon;           /* --daemon (tune) */
   const char *socket, *key; /* --socket ADDR, --key FILE (tune --daemon) */
+  const char *trust_keys[16], *trust_uids[16]; /* --trust-key, --trust-uid */
+  int n_trust_keys, n_trust_uids;
   const char *dot;      /* --dot FILE (partition) */
   int n_dout;
   const char *dout_names[MAX_ARGS]; /* NULL: the only output */
@@ -195,6 +199,7 @@ static int parse_args(int argc, char **argv, opts *o) {
                   strcmp(flag, "--schedule") == 0 || strcmp(flag, "--target") == 0 ||
                   strcmp(flag, "--engine") == 0 || strcmp(flag, "--threads") == 0 ||
                   strcmp(flag, "--socket") == 0 || strcmp(flag, "--key") == 0 ||
+                  strcmp(flag, "--trust-key") == 0 || strcmp(flag, "--trust-uid") == 0 ||
                   strcmp(flag, "--dot") == 0;
       if (!takes) {
         if (strcmp(a, "--help") == 0) return 3;
@@ -289,6 +294,11 @@ static int parse_args(int argc, char **argv, opts *o) {
         o->socket = val;
       } else if (strcmp(flag, "--key") == 0) {
         o->key = val;
+      } else if (strcmp(flag, "--trust-key") == 0 || strcmp(flag, "--trust-uid") == 0) {
+        int uid = flag[8] == 'u';
+        int *n = uid ? &o->n_trust_uids : &o->n_trust_keys;
+        if (*n >= 16) return usage_error("too many %s options", flag);
+        (uid ? o->trust_uids : o->trust_keys)[(*n)++] = val;
       } else if (strcmp(flag, "--dout") == 0) {
         if (o->n_dout >= MAX_ARGS) return usage_error("too many %s options", flag);
         char *eq = strchr(val, '=');
@@ -1418,8 +1428,8 @@ static int cmd_tune(opts *o) {
     rc = usage_error("%s", "tune --target cuda: not with --daemon, --random or --compare-random");
     goto done;
   }
-  if (!o->daemon && (o->socket || o->key)) {
-    rc = usage_error("%s: --socket and --key go with --daemon", "tune");
+  if (!o->daemon && (o->socket || o->key || o->n_trust_keys || o->n_trust_uids)) {
+    rc = usage_error("%s: --socket, --key and --trust-* go with --daemon", "tune");
     goto done;
   }
   if (o->wrt) {
@@ -1447,6 +1457,10 @@ static int cmd_tune(opts *o) {
     nf_tune_daemon_cli d = {.def = o->def,
                             .address = o->socket,
                             .key_file = o->key,
+                            .trust_keys = o->trust_keys,
+                            .n_trust_keys = o->n_trust_keys,
+                            .trust_uids = o->trust_uids,
+                            .n_trust_uids = o->n_trust_uids,
                             .trials = o->trials,
                             .seconds = o->seconds,
                             .json = o->json,

@@ -3,8 +3,11 @@
  * the key's challenge-response on TCP), send requests, receive messages,
  * and reassemble kernels from their chunks with the digest checked.
  *
- * On a Unix socket the daemon's uid (SO_PEERCRED) must be ours, root's,
- * or the owner of the socket's directory; anything else is refused.
+ * Whom it trusts (nf_trust.h, docs/security.md): on a Unix socket a
+ * daemon whose uid (SO_PEERCRED) is ours or one the configuration names,
+ * in a directory that no stranger owns or may write; on TCP a daemon that
+ * presents a signing key the configuration names.  Every kernel must
+ * carry the daemon's signature, checked before it is handed out.
  *
  * Addresses: a path ("/run/neoflowd/neoflowd.sock", "unix:PATH") or
  * "tcp:HOST:PORT".  NULL or "" means the default socket ($NEOFLOW_SOCKET,
@@ -19,12 +22,16 @@
 
 #include "neoflow.pb-c.h"
 #include "nf_buf.h"
+#include "nf_trust.h"
 
 typedef struct nf_dconn nf_dconn;
 
 typedef struct nf_dconn_opts {
-  const char *address;     /* see above */
-  const char *key_file;    /* TCP: the shared key (nf_auth_load_key) */
+  const char *address;     /* see above; NULL: $NEOFLOW_SOCKET, the
+                              configuration's socket, the default */
+  const char *key_file;    /* TCP: the shared key (nf_auth_load_key); NULL:
+                              the configuration's key_file */
+  const nf_trust *trust;   /* NULL: the user's configuration (nf_trust_load) */
   const char *client_name; /* shown by `neoflow status` */
   int timeout_ms;          /* connect and handshake; 0: 5000 */
   int protocol_min, protocol_max; /* 0: this build's range (tests vary it) */
@@ -34,9 +41,11 @@ typedef struct nf_dconn_opts {
 } nf_dconn_opts;
 
 /* Connects and completes the handshake.  NF_OK with *out; NF_EIO (cannot
- * connect: the message names the address and errno); NF_EUNSUPPORTED
- * (version); NF_EINVAL (refused: authentication, busy...; the daemon's
- * message is in err). */
+ * connect: the message names the address and errno; nothing answers, so
+ * a per-user daemon may be started); NF_EPERM (whoever answers, or the
+ * socket's directory, is not trusted: never start a daemon then);
+ * NF_EUNSUPPORTED (version); NF_EINVAL (refused: authentication,
+ * busy...; the daemon's message is in err, or a bad configuration). */
 int nf_dconn_open(const nf_dconn_opts *o, nf_dconn **out, nf_buf *err);
 void nf_dconn_close(nf_dconn *c);
 /* The Welcome's fields. */
@@ -46,6 +55,12 @@ uint64_t nf_dconn_session(const nf_dconn *c);
 int nf_dconn_same_target(const nf_dconn *c);
 const char *nf_dconn_daemon_target(const nf_dconn *c);
 int nf_dconn_fd(const nf_dconn *c);
+/* The daemon's signing key (32 bytes, valid while c is open). */
+const uint8_t *nf_dconn_daemon_key(const nf_dconn *c);
+/* 1 when sig (sig_len bytes) is the daemon's signature of a kernel with
+ * this key, digest and ABI for the target of our Hello (nf_wire_sign.h). */
+int nf_dconn_kernel_signed(const nf_dconn *c, const uint8_t key[32], const uint8_t sha[32],
+                           uint32_t abi, const uint8_t *sig, size_t sig_len);
 
 int nf_dconn_send(nf_dconn *c, const Neoflow__ClientMessage *m, nf_buf *err);
 /* The next message (free with nf_wire_free_server).  NF_OK; NF_ENOENT at
@@ -68,7 +83,9 @@ void nf_dkernel_free(nf_dkernel *k);
 
 /* Events of one request, read until its answer.  Calls on_progress (may
  * be NULL) for Progress messages.  Returns NF_OK with *k set (a kernel,
- * its digest verified; k->final tells whether more may follow), or
+ * its signature and digest verified; k->final tells whether more may
+ * follow), NF_EREJECTED (a kernel that failed them: unsigned, signed by
+ * another key or for something else, a wrong digest), or
  * NF_EINVAL with the daemon's Error (code in *code, message in err), or
  * the errors of nf_dconn_recv.  Messages for other requests are skipped. */
 int nf_dconn_next_kernel(nf_dconn *c, uint64_t request_id, int timeout_ms,

@@ -731,11 +731,42 @@ static nf_session *session_alloc(const nf_session_opts *o) {
   s->interp_rate = 2e5; /* flops per ms before anything is measured */
   s->first_wait_left = 1000;
   s->loss_slot = -1;
-  if (!s->ctx || (o && o->daemon && !s->daemon_addr) || (o && o->device && !s->device)) {
+  s->daemon_key = o && o->daemon_key ? strdup(o->daemon_key) : NULL;
+  s->opts.daemon_key = s->daemon_key;
+  s->opts.trust = NULL;
+  s->opts.n_trust = 0;
+  if (!s->ctx || (o && o->daemon && !s->daemon_addr) || (o && o->device && !s->device) ||
+      (o && o->daemon_key && !s->daemon_key)) {
     nf_session_free(s);
     return NULL;
   }
   return s;
+}
+
+/* Whom the daemon link trusts: the user's configuration, then the
+ * session's own entries (opts.trust).  A bad entry of the program's is an
+ * error; an unsafe configuration file only keeps the daemon away (the
+ * link says why). */
+static int load_trust(nf_session *s, const nf_session_opts *o, nf_buf *err) {
+  nf_buf why = NF_BUF_INIT;
+  if (nf_trust_load(&s->trust, &why) != NF_OK) {
+    nf__session_warn(s, "%s; not using a daemon (training on fallback kernels)",
+                     nf_buf_str(&why));
+    memset(&s->trust, 0, sizeof s->trust);
+    s->trust_bad = 1;
+  }
+  nf_buf_free(&why);
+  for (int i = 0; o && i < o->n_trust; i++) {
+    const char *e = o->trust ? o->trust[i] : NULL;
+    int rc;
+    if (e && !strncmp(e, "uid:", 4)) rc = nf_trust_add_uid(&s->trust, e + 4, err);
+    else rc = nf_trust_add_key(&s->trust, e, err);
+    if (rc != NF_OK) {
+      nf_buf_printf(err, " (session option trust[%d])", i);
+      return rc;
+    }
+  }
+  return NF_OK;
 }
 
 /* OpenBLAS picked its generic kernels on a CPU it does not know: the
@@ -780,7 +811,9 @@ static int finish(nf_session *s, const nf_graph *F, int n_gin, const char *const
   warn_blas_misfit(s);
   if ((rc = nf__gpu_open(s))) goto fail;
   nf__verified_load(s);
-  if (!(s->daemon_addr && !strcmp(s->daemon_addr, "none")) && (rc = nf__dlink_start(s))) goto fail;
+  if (!(s->daemon_addr && !strcmp(s->daemon_addr, "none")) && !s->trust_bad &&
+      (rc = nf__dlink_start(s)))
+    goto fail;
   return NF_OK;
 fail:
   if (err) *err = dup_err("", s->err.len ? nf_buf_str(&s->err) : nf_strerror(rc));
@@ -873,6 +906,11 @@ nf_session *nf__session_new_graph(nf_model *m, nf_graph *F, nf_ir_ctx *ctx,
   }
   nf_ir_ctx_free(s->ctx);
   s->ctx = ctx;
+  if (load_trust(s, o, &s->err) != NF_OK) {
+    set_err(err, "", nf_buf_str(&s->err));
+    nf_session_free(s);
+    return NULL;
+  }
   if (params_from_decls(s, m, F->name, err) != NF_OK ||
       (o && add_trainable(s, F, o->n_trainable, o->trainable, err) != NF_OK) ||
       finish(s, F, n_gin, gin, n_extra, extra, err) != NF_OK) {
@@ -1030,6 +1068,7 @@ void nf_session_free(nf_session *s) {
   nf_buf_free(&s->err);
   nf_buf_free(&s->log);
   free(s->daemon_addr);
+  free(s->daemon_key);
   free(s->device);
   free(s->verified_path);
   free(s->verified);

@@ -23,6 +23,7 @@
 #include "nf_ir.h"
 #include "nf_lang.h"
 #include "nf_partition.h"
+#include "nf_trust.h"
 
 struct nf__gpu;
 struct nf__gen;
@@ -125,6 +126,9 @@ struct nf_session {
   nf_buf err;
   nf_session_opts opts;
   char *daemon_addr;
+  char *daemon_key;   /* TCP key file (opts.daemon_key), NULL: the config's */
+  nf_trust trust;     /* whom the link takes kernels from (nf_trust.h) */
+  int trust_bad;      /* the configuration is unsafe: no daemon at all */
   char *device;          /* opts.device, copied */
   nf_ir_ctx *ctx;
   int quiet;

@@ -53,6 +53,11 @@ static const char train_usage[] =
     "  --daemon ADDR|none    neoflowd's socket (default $NEOFLOW_SOCKET or the\n"
     "                        per-user socket); none: fallback kernels only\n"
     "  --no-spawn            do not start a per-user neoflowd\n"
+    "  --key FILE            the shared key of a daemon on TCP (its [tcp] key_file)\n"
+    "  --trust-key KEY|FILE  take kernels from the daemon with this public key\n"
+    "                        (ed25519:..., from `neoflowd --public-key`); needed on TCP\n"
+    "  --trust-uid USER      take kernels from a shared daemon run by USER\n"
+    "                        (docs/security.md; also ~/.config/neoflow/client.conf)\n"
     "  --compile-only        default kernels only (no tuning)\n"
     "  --tune-trials N, --tune-seconds S  the daemon's budget per subgraph\n"
     "  --wait-kernels SEC    before training, wait up to SEC s for the daemon's\n"
@@ -324,6 +329,9 @@ int nf__cli_train(int argc, char **argv) {
   char *trainable_buf = NULL;
   const char *trainable[64];
   int n_tr = 0;
+  const char *key_file = NULL;
+  char *trust[16];
+  int n_trust = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -346,6 +354,14 @@ int nf__cli_train(int argc, char **argv) {
     errno = 0;
     if (!strcmp(a, "--data")) data = v;
     else if (!strcmp(a, "--daemon")) daemon = v;
+    else if (!strcmp(a, "--key")) key_file = v;
+    else if (!strcmp(a, "--trust-key") || !strcmp(a, "--trust-uid")) {
+      if (n_trust >= 16) return bad("at most 16 --trust-key and --trust-uid options, got more (%s)", a);
+      char *t = malloc(strlen(v) + 5);
+      if (!t) return 1;
+      snprintf(t, strlen(v) + 5, "%s%s", a[8] == 'u' ? "uid:" : "", v);
+      trust[n_trust++] = t;
+    }
     else if (!strcmp(a, "--device")) device = v;
     else if (!strcmp(a, "--data-dir")) data_dir = v;
     else if (!strcmp(a, "--save")) save = v;
@@ -445,6 +461,9 @@ int nf__cli_train(int argc, char **argv) {
     }
   }
   nf_session_opts so = {0};
+  so.daemon_key = key_file;
+  so.n_trust = n_trust;
+  so.trust = (const char *const *)trust;
   so.optim.kind = ok;
   so.optim.lr = lr;
   so.optim.momentum = momentum;
@@ -471,6 +490,7 @@ int nf__cli_train(int argc, char **argv) {
   for (int i = 0; i < n_ip; i++) free((char *)inames[i]);
   for (int i = 0; i < n_sh; i++) free((char *)shn[i]);
   free(trainable_buf);
+  for (int i = 0; i < n_trust; i++) free(trust[i]);
   int status = 1;
   feed *f = NULL;
   int nf = 0;

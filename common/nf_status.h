@@ -24,7 +24,9 @@
   X(ERANGE, -10, "value out of range")                                    \
   X(ELIMIT, -11, "implementation limit exceeded")                         \
   X(EUNSUPPORTED, -12, "not supported")                                   \
-  X(EINTERNAL, -13, "internal error")
+  X(EINTERNAL, -13, "internal error")                                     \
+  X(EPERM, -14, "refused: not trusted")                                   \
+  X(EREJECTED, -15, "artifact rejected")
 
 enum nf_status {
 #define NF__STATUS_ENUM(name, val, msg) NF_##name = (val),

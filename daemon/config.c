@@ -77,6 +77,7 @@ static const key_def keys[] = {
      (int64_t)16 << 30},
     {"daemon", "output_soft_seconds", K_INT, FIELD(output_soft_seconds), 1, 86400},
     {"daemon", "log_level", K_LOG, FIELD(log_level), NFD_LOG_ERROR, NFD_LOG_DEBUG},
+    {"daemon", "signing_key", K_STR, FIELD(signing_key), 0, 0},
     {"cache", "cache", K_STR, FIELD(cache_path), 0, 0},
     {"cache", "allow_network_fs", K_BOOL, FIELD(allow_network_fs), 0, 1},
     {"cache", "sync", K_SYNC, FIELD(cache_sync_full), 0, 1},

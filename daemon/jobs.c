@@ -179,6 +179,7 @@ static void on_kernel(nfd_job *j, const Neoflow__JobKernel *jk) {
                                  clamp_pos(jk->default_ms), (int)jk->trials, jk->binary.data,
                                  jk->binary.len);
   if (!k) return;
+  nfd_kernel_sign(j->S, k, j->target.fingerprint);
   if (jk->final && j->phase == PH_TUNING) {
     if (j->best_k) nfd_kernel_unref(j->best_k);
     j->best_k = NULL;
@@ -244,6 +245,9 @@ static void deliver(nfd_job *j, nfd_kernel *k, int final) {
       e.binary = k->binary;
       e.binary_len = k->len;
       memcpy(e.sha256, k->sha256, 32);
+      e.has_sig = 1;
+      memcpy(e.sig.signer, S->sign_pk, 32);
+      memcpy(e.sig.sig, k->sig, 64);
       nfd_writer_put(S, &e); /* stored by the writer thread */
     }
   }

@@ -21,6 +21,7 @@
 #include "nf_config.h"
 #include "nf_cuda.h"
 #include "nf_wire_auth.h"
+#include "nf_wire_sign.h"
 #include "nfd_int.h"
 #include "nfd_net.h"
 
@@ -54,7 +55,7 @@ double nfd_now(void) {
 static void usage(FILE *f) {
   fputs("usage: neoflowd [--config FILE] [--socket PATH] [--cache PATH] [--tcp HOST:PORT]\n"
         "                [--log-level error|warn|info|debug] [--allow-network-fs]\n"
-        "                [--print-config] [--version]\n"
+        "                [--print-config] [--public-key] [--version]\n"
         "The NeoFlow compile daemon: serves kernels from its tuning cache, compiles\n"
         "and tunes the rest.  See docs/daemon.md.\n"
         "  --config FILE     INI configuration (default: $XDG_CONFIG_HOME/neoflow/neoflowd.conf\n"
@@ -62,7 +63,9 @@ static void usage(FILE *f) {
         "  --socket PATH     Unix socket (default: $NEOFLOW_SOCKET, see docs/daemon.md)\n"
         "  --cache PATH      tuning cache database (default: $NEOFLOW_CACHE, ...)\n"
         "  --tcp HOST:PORT   also listen on TCP (non-loopback needs [tcp] key_file)\n"
-        "  --print-config    print the effective configuration and exit\n",
+        "  --print-config    print the effective configuration and exit\n"
+        "  --public-key      print this daemon's public signing key (made on first use)\n"
+        "                    and exit: what users put in trust_key (docs/security.md)\n",
         f);
 }
 
@@ -137,6 +140,15 @@ static int make_cache_dirs(const char *path) {
     *p = c;
   }
   return 0;
+}
+
+/* signing.key beside the cache database. */
+static const char *signing_key_path(const nfd_config *c, char *buf, size_t n) {
+  const char *slash = strrchr(c->cache_path, '/');
+  int len = slash ? snprintf(buf, n, "%.*s/signing.key", (int)(slash - c->cache_path),
+                             c->cache_path)
+                  : snprintf(buf, n, "signing.key");
+  return len > 0 && (size_t)len < n ? buf : NULL;
 }
 
 static int add_listener(nfd_server *S, int fd, int tcp) {
@@ -218,7 +230,7 @@ int main(int argc, char **argv) {
   static nfd_server S;
   nfd_config_defaults(&S.cfg);
   const char *config = NULL, *sock = NULL, *cache = NULL, *tcp = NULL, *level = NULL;
-  int print = 0, allow_nfs = 0;
+  int print = 0, print_pk = 0, allow_nfs = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     const char **dst = NULL;
@@ -228,6 +240,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--tcp")) dst = &tcp;
     else if (!strcmp(a, "--log-level")) dst = &level;
     else if (!strcmp(a, "--print-config")) print = 1;
+    else if (!strcmp(a, "--public-key")) print_pk = 1;
     else if (!strcmp(a, "--allow-network-fs")) allow_nfs = 1;
     else if (!strcmp(a, "--version")) {
       printf("neoflowd %s\n", NF_VERSION);
@@ -280,6 +293,27 @@ int main(int argc, char **argv) {
     print_config(&S.cfg);
     return 0;
   }
+  /* the daemon's identity: every kernel it serves is signed with it */
+  char kbuf[4096];
+  const char *kpath = S.cfg.signing_key[0] ? S.cfg.signing_key : signing_key_path(&S.cfg, kbuf,
+                                                                                   sizeof kbuf);
+  if (!kpath) return fail("signing key: the path beside the cache %s is too long",
+                          S.cfg.cache_path);
+  if (!S.cfg.signing_key[0] && make_cache_dirs(S.cfg.cache_path)) return 1;
+  int created = 0;
+  if (nf_sign_load_key(kpath, 1, S.sign_sk, S.sign_pk, &created, &err) != NF_OK) {
+    int r = fail("signing key: %s (a damaged key file must be removed by hand: clients that "
+                 "pinned its public key will then refuse this daemon until told the new one)",
+                 nf_buf_str(&err));
+    nf_buf_free(&err);
+    return r;
+  }
+  char pktext[NF_SIGN_PK_TEXT];
+  nf_sign_format_public(S.sign_pk, pktext);
+  if (print_pk) {
+    printf("%s\n", pktext);
+    return 0;
+  }
   nfd_verbosity = S.cfg.log_level;
   signal(SIGPIPE, SIG_IGN);
   ssize_t n = readlink("/proc/self/exe", S.exe_path, sizeof S.exe_path - 1);
@@ -313,6 +347,7 @@ int main(int argc, char **argv) {
   }
   NFD_INFO("neoflowd %s (pid %d): cache %s; target %s; %s", NF_VERSION, (int)getpid(),
            S.cfg.cache_path, S.target.description, S.codegen_version);
+  NFD_INFO("signing key %s%s (%s)", pktext, created ? ", new" : "", kpath);
   int rc = nfd_server_run(&S);
   nfd_writer_stop(&S); /* everything queued is written first */
   nf_cache_close(S.cache);

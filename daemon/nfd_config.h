@@ -56,6 +56,9 @@ typedef struct nfd_config {
   /* [tcp] */
   char tcp_listen[256];    /* listen = host:port, "" off */
   char tcp_key_file[4096]; /* key_file = */
+  char signing_key[4096];  /* [daemon] signing_key = : the daemon's Ed25519
+                              seed (docs/security.md); "": signing.key
+                              beside the cache, made on first start */
   /* [jobs] */
   int compile_jobs;        /* min(online CPUs, 8) */
   int tune_jobs;           /* 1 */

@@ -63,7 +63,11 @@ typedef struct nfd_kernel {
   uint8_t *binary;
   size_t len;
   uint8_t sha256[32];
+  uint8_t sig[64];     /* the daemon's signature (nfd_kernel_sign) */
 } nfd_kernel;
+
+/* Signs k for target (the session's fingerprint) with the daemon's key. */
+void nfd_kernel_sign(const nfd_server *S, nfd_kernel *k, const uint8_t target[32]);
 
 /* A kernel with one reference, copying its parts (the digest computed
  * here); NULL when out of memory. */
@@ -157,6 +161,9 @@ void nfd_writer_put(nfd_server *S, const nf_cache_entry *e);
 void nfd_writer_records(nfd_server *S, const uint8_t key[32], nf_cache_record *recs, size_t n);
 /* Queues n hits for key. */
 void nfd_writer_touch(nfd_server *S, const uint8_t key[32], int64_t n);
+/* Queues moving key's entry to the quarantine (a binary it will not
+ * serve: unsigned or signed by another key). */
+void nfd_writer_quarantine(nfd_server *S, const uint8_t key[32], const char *reason);
 /* A copy of the latest queued, not yet committed entry for key: NF_OK,
  * NF_ENOENT, NF_ENOMEM. */
 int nfd_writer_lookup(nfd_server *S, const uint8_t key[32], nf_cache_entry *out);
@@ -189,6 +196,8 @@ struct nfd_server {
   char exe_path[4096];       /* this binary, for `--job` processes */
   uint8_t tcp_key[32];
   int have_tcp_key;
+  uint8_t sign_sk[64]; /* the daemon's identity (nf_wire_sign.h) */
+  uint8_t sign_pk[32];
   nfd_listener listeners[NFD_MAX_LISTENERS];
   int n_listeners;
   char unix_path[108];       /* the socket file we created ("" none) */
@@ -209,6 +218,8 @@ struct nfd_server {
   double t_touch_flush;
   /* statistics */
   uint64_t hits, misses, jobs_done, jobs_failed, refused;
+  uint64_t unsigned_hits; /* cache entries not served: unsigned or signed by
+                             another key (quarantined, built again) */
 };
 
 /* Job state for the status reply / tests. */

@@ -33,7 +33,10 @@
 #include "nf_config.h"
 #include "nf_cuda.h"
 #include "nf_ir.h"
+#include "nf_kernel.h"
 #include "nf_wire_auth.h"
+#include "nf_wire_box.h"
+#include "nf_wire_sign.h"
 #include "nfd_int.h"
 #include "nfd_net.h"
 
@@ -66,6 +69,8 @@ struct nfd_conn {
   pid_t pid;
   char name[NF_WIRE_NAME_MAX + 1];
   uint8_t server_nonce[NF_AUTH_NONCE];
+  uint8_t eph_pk[32], eph_sk[32]; /* TCP: this connection's X25519 key */
+  nf_wire_box box;                /* TCP: frames after the handshake */
   nf_frame_reader rd;
   double t_connect, t_last_rx, t_last_tx, t_soft_since, t_close;
   size_t out_pending;
@@ -115,6 +120,10 @@ nfd_kernel *nfd_kernel_new(const uint8_t key[32], int tier, const char *schedule
   k->trials = trials;
   crypto_hash_sha256(k->sha256, k->binary, len);
   return k;
+}
+
+void nfd_kernel_sign(const nfd_server *S, nfd_kernel *k, const uint8_t target[32]) {
+  nf_sign_kernel(S->sign_sk, k->key, k->sha256, target, NF_KERNEL_ABI_VERSION, k->sig);
 }
 
 void nfd_kernel_ref(nfd_kernel *k) { k->refs++; }
@@ -179,7 +188,8 @@ static int conn_write(nfd_conn *c, const uint8_t *p, size_t len) {
 void nfd_conn_send(nfd_conn *c, const Neoflow__ServerMessage *m) {
   if (c->state == ST_CLOSING || c->doomed) return;
   nf_buf b = NF_BUF_INIT;
-  int rc = nf_wire_pack(&m->base, NF_WIRE_FRAME_MAX, &b);
+  int rc = nf_wire_pack(&m->base, NF_WIRE_FRAME_MAX - (c->box.on ? NF_BOX_TAG : 0), &b);
+  if (rc == NF_OK && c->box.on) rc = nf_box_seal_frame(&c->box, &b);
   if (rc == NF_OK) conn_write(c, (const uint8_t *)b.data, b.len);
   else NFD_ERROR("session %llu: cannot pack a reply: %s", (unsigned long long)c->session,
                  nf_strerror(rc));
@@ -253,7 +263,9 @@ static void pump(nfd_conn *c) {
       ku.sha256.data = q->k->sha256;
       ku.sha256.len = 32;
       ku.final = q->final;
-      ku.kernel_abi = 1;
+      ku.kernel_abi = NF_KERNEL_ABI_VERSION;
+      ku.signature.data = q->k->sig;
+      ku.signature.len = 64;
       m.msg_case = NEOFLOW__SERVER_MESSAGE__MSG_KERNEL;
       m.kernel = &ku;
       q->header_sent = 1;
@@ -327,6 +339,8 @@ static void conn_close(nfd_conn *c, const char *why) {
   if (why) NFD_INFO("session %llu (%s): closed: %s", (unsigned long long)c->session, c->name, why);
   c->state = ST_CLOSING;
   c->t_close = nfd_now();
+  nf_box_clear(&c->box);
+  sodium_memzero(c->eph_sk, sizeof c->eph_sk);
   uv_read_stop(&c->h.stream);
   while (c->reqs) {
     nfd_req *r = c->reqs;
@@ -467,6 +481,20 @@ static void on_submit(nfd_conn *c, const Neoflow__Submit *s) {
     NFD_WARN("cache lookup failed (serving uncached): %s", nf_buf_str(&err));
   /* a result stored a moment ago may still wait in the writer's queue */
   if (hit != NF_OK) hit = nfd_writer_lookup(S, key, &e);
+  /* a binary is served only under this daemon's own signature, made when
+   * it compiled it: an entry without one (imported, edited by hand,
+   * written by another program) is moved aside and built afresh */
+  if (hit == NF_OK && !(e.has_sig && !memcmp(e.sig.signer, S->sign_pk, 32) &&
+                        nf_sign_kernel_ok(S->sign_pk, e.sig.sig, key, e.sha256,
+                                          c->target.fingerprint, NF_KERNEL_ABI_VERSION))) {
+    NFD_WARN("cache entry %02x%02x%02x%02x... (%s) is %s: not serving it; quarantined, built "
+             "again", key[0], key[1], key[2], key[3], e.graph_name ? e.graph_name : "",
+             e.has_sig ? "signed by a key this daemon does not hold" : "not signed");
+    nfd_writer_quarantine(S, key, e.has_sig ? "signed by an unknown key" : "unsigned binary");
+    S->unsigned_hits++;
+    nf_cache_entry_free(&e);
+    hit = NF_ENOENT;
+  }
   hit = hit == NF_OK;
   int tuned = hit && (e.tier >= 2 || e.trials > 0);
   int done = hit && (s->mode == NEOFLOW__MODE__MODE_COMPILE || tuned);
@@ -476,6 +504,7 @@ static void on_submit(nfd_conn *c, const Neoflow__Submit *s) {
   if (hit) {
     nfd_kernel *k = nfd_kernel_new(key, e.tier, e.schedule, e.time_ms, e.default_ms, e.trials,
                                    e.binary, e.binary_len);
+    if (k) memcpy(k->sig, e.sig.sig, 64);
     count_hit(S, key);
     nf_cache_entry_free(&e);
     if (!k) {
@@ -650,17 +679,33 @@ static void on_hello(nfd_conn *c, const Neoflow__Hello *h) {
                    h->protocol_min, h->protocol_max, NF_WIRE_PROTOCOL_MIN, NF_WIRE_PROTOCOL_MAX);
     return;
   }
-  uint8_t smac[NF_AUTH_MAC];
+  uint8_t smac[NF_AUTH_MAC], tr[32], proof[64];
   int auth = c->tcp && S->have_tcp_key;
+  if (c->tcp) {
+    /* the key exchange that protects the rest of the stream (nf_wire_box.h) */
+    if (h->client_nonce.len != NF_AUTH_NONCE || h->client_ephemeral.len != 32) {
+      S->refused++;
+      nfd_conn_error(c, 0, NEOFLOW__ERROR_CODE__ERR_UNAUTHENTICATED, 1,
+                     "hello: on TCP this daemon needs the key exchange (client_nonce, "
+                     "client_ephemeral): a neoflow client older than this daemon?");
+      return;
+    }
+    static const uint8_t none[32];
+    nf_box_transcript(c->server_nonce, c->eph_pk, h->client_nonce.data, h->client_ephemeral.data,
+                      h->target && h->target->fingerprint.len == 32 ? h->target->fingerprint.data
+                                                                    : none,
+                      tr);
+    nf_sign_transcript(S->sign_sk, tr, proof);
+  }
   if (auth) {
     uint8_t want[NF_AUTH_MAC];
-    if (h->client_nonce.len != NF_AUTH_NONCE || h->mac.len != NF_AUTH_MAC) {
+    if (h->mac.len != NF_AUTH_MAC) {
       S->refused++;
       nfd_conn_error(c, 0, NEOFLOW__ERROR_CODE__ERR_UNAUTHENTICATED, 1,
                      "hello: this daemon requires the key's challenge-response on TCP");
       return;
     }
-    nf_auth_client_mac(S->tcp_key, c->server_nonce, h->client_nonce.data, want);
+    nf_auth_client_mac(S->tcp_key, tr, want);
     if (!nf_auth_mac_equal(want, h->mac.data)) {
       S->refused++;
       NFD_WARN("session %llu: TCP client failed authentication", (unsigned long long)c->session);
@@ -668,7 +713,7 @@ static void on_hello(nfd_conn *c, const Neoflow__Hello *h) {
                      "hello: authentication failed (wrong key)");
       return;
     }
-    nf_auth_server_mac(S->tcp_key, c->server_nonce, h->client_nonce.data, smac);
+    nf_auth_server_mac(S->tcp_key, tr, smac);
   }
   snprintf(c->name, sizeof c->name, "%s", h->client_name ? h->client_name : "");
   if (c->tcp) c->pid = (pid_t)h->pid; /* a claim, for display only */
@@ -690,6 +735,12 @@ static void on_hello(nfd_conn *c, const Neoflow__Hello *h) {
   w.daemon_version = (char *)NF_VERSION;
   w.target = &t;
   w.session_id = c->session;
+  w.signing_key.data = S->sign_pk;
+  w.signing_key.len = 32;
+  if (c->tcp) {
+    w.key_proof.data = proof;
+    w.key_proof.len = 64;
+  }
   if (auth) {
     w.server_mac.data = smac;
     w.server_mac.len = NF_AUTH_MAC;
@@ -698,6 +749,13 @@ static void on_hello(nfd_conn *c, const Neoflow__Hello *h) {
   m.msg_case = NEOFLOW__SERVER_MESSAGE__MSG_WELCOME;
   m.welcome = &w;
   nfd_conn_send(c, &m);
+  /* from here on every frame either way is sealed */
+  if (c->tcp && nf_box_server_keys(&c->box, c->eph_pk, c->eph_sk, h->client_ephemeral.data,
+                                   auth ? S->tcp_key : NULL, tr) != NF_OK) {
+    S->refused++;
+    conn_doom(c, "the client's ephemeral key makes no shared secret");
+    return;
+  }
   NFD_INFO("session %llu: %s (pid %d, uid %u) over %s%s", (unsigned long long)c->session, c->name,
            (int)c->pid, (unsigned)c->uid, c->tcp ? "tcp" : "unix",
            c->target_ok ? (c->target.cuda_sm ? ", a GPU" : "") : ", other target: status only");
@@ -711,7 +769,26 @@ static void on_hello(nfd_conn *c, const Neoflow__Hello *h) {
 /* One complete frame from c. */
 static void on_frame(nfd_conn *c, const uint8_t *p, size_t n) {
   nf_wire_err e;
+  uint8_t *pt = NULL;
+  if (c->box.on) {
+    /* a sealed frame: one that fails its tag (changed, replayed,
+     * reordered, cut) ends the connection, unanswered */
+    if (!(pt = malloc(n ? n : 1))) {
+      conn_doom(c, "out of memory");
+      return;
+    }
+    if (nf_box_open(&c->box, p, n, pt, &n) != NF_OK) {
+      free(pt);
+      c->S->refused++;
+      NFD_WARN("session %llu (%s): a TCP frame failed its authentication: dropped",
+               (unsigned long long)c->session, c->name);
+      conn_doom(c, NULL);
+      return;
+    }
+    p = pt;
+  }
   Neoflow__ClientMessage *m = nf_wire_decode_client(p, n, &e);
+  free(pt);
   if (!m) {
     nfd_conn_error(c, 0, e.code ? e.code : NEOFLOW__ERROR_CODE__ERR_INVALID_ARGUMENT, 1, "%s",
                    e.msg);
@@ -858,9 +935,12 @@ static void on_connection(uv_stream_t *ls, int status) {
   if (c->tcp) {
     /* always on TCP, so a client knows at once whether a key is wanted */
     nf_auth_nonce(c->server_nonce);
+    nf_box_ephemeral(c->eph_pk, c->eph_sk);
     Neoflow__Challenge ch = NEOFLOW__CHALLENGE__INIT;
     ch.server_nonce.data = c->server_nonce;
     ch.server_nonce.len = NF_AUTH_NONCE;
+    ch.server_ephemeral.data = c->eph_pk;
+    ch.server_ephemeral.len = 32;
     Neoflow__ServerMessage m = NEOFLOW__SERVER_MESSAGE__INIT;
     m.msg_case = NEOFLOW__SERVER_MESSAGE__MSG_CHALLENGE;
     m.challenge = &ch;

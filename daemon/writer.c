@@ -16,14 +16,17 @@
  * queued: there is at most one per job).  nfd_writer_stop drains the
  * queue and joins the thread: SIGTERM loses nothing queued. */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "nf_kernel.h"
+#include "nf_wire_sign.h"
 #include "nfd_int.h"
 
 #define NFD_WRITER_MAX_BYTES (256u << 20)
 
-enum { OP_PUT, OP_RECORDS, OP_TOUCH };
+enum { OP_PUT, OP_RECORDS, OP_TOUCH, OP_QUARANTINE };
 
 typedef struct op {
   struct op *next;
@@ -33,6 +36,7 @@ typedef struct op {
   nf_cache_record *recs; /* OP_RECORDS */
   size_t n_recs;
   int64_t touches;      /* OP_TOUCH */
+  char reason[64];      /* OP_QUARANTINE */
   size_t bytes;
 } op;
 
@@ -61,10 +65,14 @@ static void run_op(nfd_writer *w, op *o) {
     case OP_PUT: rc = nf_cache_put(w->cache, &o->e, NULL, &err); break;
     case OP_RECORDS: rc = nf_cache_add_records(w->cache, o->key, o->recs, o->n_recs, &err); break;
     case OP_TOUCH: rc = nf_cache_touch(w->cache, o->key, o->touches, &err); break;
+    case OP_QUARANTINE: rc = nf_cache_quarantine(w->cache, o->key, o->reason, &err); break;
   }
   if (rc != NF_OK && !(o->kind == OP_TOUCH && rc == NF_ENOENT)) {
     NFD_WARN("cache: %s not stored (clients were served anyway): %s",
-             o->kind == OP_PUT ? "a kernel" : o->kind == OP_RECORDS ? "records" : "hit counts",
+             o->kind == OP_PUT       ? "a kernel"
+             : o->kind == OP_RECORDS ? "records"
+             : o->kind == OP_TOUCH   ? "hit counts"
+                                     : "a quarantine",
              nf_buf_str(&err));
     w->failed++;
   }
@@ -93,6 +101,13 @@ static void *thread_main(void *arg) {
   return NULL;
 }
 
+static void adopt_sign(void *user, const uint8_t key[32], const uint8_t sha[32],
+                       const uint8_t target[32], nf_cache_sig *out) {
+  const nfd_server *S = user;
+  memcpy(out->signer, S->sign_pk, 32);
+  nf_sign_kernel(S->sign_sk, key, sha, target, NF_KERNEL_ABI_VERSION, out->sig);
+}
+
 int nfd_writer_start(nfd_server *S, nf_buf *err) {
   nfd_writer *w = calloc(1, sizeof *w);
   if (!w) return NF_ENOMEM;
@@ -106,6 +121,16 @@ int nfd_writer_start(nfd_server *S, nf_buf *err) {
     free(w);
     return rc;
   }
+  /* the entries of a cache from before signatures were what this daemon
+   * served then: it signs them now, once (nf_cache_adopt) */
+  int64_t adopted = 0;
+  nf_buf aerr = NF_BUF_INIT;
+  if (nf_cache_adopt(w->cache, adopt_sign, S, &adopted, &aerr) != NF_OK)
+    NFD_WARN("cache: cannot sign the entries of the older cache (each will be built again "
+             "when asked for): %s", nf_buf_str(&aerr));
+  else if (adopted)
+    NFD_INFO("cache: signed %lld entries stored before kernels were signed", (long long)adopted);
+  nf_buf_free(&aerr);
   pthread_mutex_init(&w->mu, NULL);
   pthread_cond_init(&w->cv, NULL);
   if (pthread_create(&w->th, NULL, thread_main, w) != 0) {
@@ -168,6 +193,17 @@ void nfd_writer_records(nfd_server *S, const uint8_t key[32], nf_cache_record *r
   o->bytes = sizeof *o;
   for (size_t i = 0; i < n; i++)
     o->bytes += sizeof *recs + recs[i].n_features + (recs[i].schedule ? strlen(recs[i].schedule) : 0);
+  enqueue(S->writer, o);
+}
+
+void nfd_writer_quarantine(nfd_server *S, const uint8_t key[32], const char *reason) {
+  if (!S->writer) return;
+  op *o = calloc(1, sizeof *o);
+  if (!o) return;
+  o->kind = OP_QUARANTINE;
+  memcpy(o->key, key, 32);
+  snprintf(o->reason, sizeof o->reason, "%s", reason);
+  o->bytes = sizeof *o;
   enqueue(S->writer, o);
 }
 

@@ -34,27 +34,26 @@ static void sodium_init_once(void) {
 
 static void ensure_sodium(void) { pthread_once(&sodium_once, sodium_init_once); }
 
-static void mac3(const uint8_t key[NF_AUTH_KEY], const char *label, const uint8_t a[NF_AUTH_NONCE],
-                 const uint8_t b[NF_AUTH_NONCE], uint8_t mac[NF_AUTH_MAC]) {
-  uint8_t msg[LABEL_LEN + 2 * NF_AUTH_NONCE];
+static void mac2(const uint8_t key[NF_AUTH_KEY], const char *label, const uint8_t t[32],
+                 uint8_t mac[NF_AUTH_MAC]) {
+  uint8_t msg[LABEL_LEN + 32];
   _Static_assert(sizeof NF_AUTH_CLIENT_LABEL == sizeof NF_AUTH_SERVER_LABEL, "label lengths");
   _Static_assert(crypto_auth_hmacsha256_KEYBYTES == NF_AUTH_KEY, "key size");
   _Static_assert(crypto_auth_hmacsha256_BYTES == NF_AUTH_MAC, "mac size");
   ensure_sodium();
   memcpy(msg, label, LABEL_LEN);
-  memcpy(msg + LABEL_LEN, a, NF_AUTH_NONCE);
-  memcpy(msg + LABEL_LEN + NF_AUTH_NONCE, b, NF_AUTH_NONCE);
+  memcpy(msg + LABEL_LEN, t, 32);
   crypto_auth_hmacsha256(mac, msg, sizeof msg, key);
 }
 
-void nf_auth_client_mac(const uint8_t key[NF_AUTH_KEY], const uint8_t sn[NF_AUTH_NONCE],
-                        const uint8_t cn[NF_AUTH_NONCE], uint8_t mac[NF_AUTH_MAC]) {
-  mac3(key, NF_AUTH_CLIENT_LABEL, sn, cn, mac);
+void nf_auth_client_mac(const uint8_t key[NF_AUTH_KEY], const uint8_t t[32],
+                        uint8_t mac[NF_AUTH_MAC]) {
+  mac2(key, NF_AUTH_CLIENT_LABEL, t, mac);
 }
 
-void nf_auth_server_mac(const uint8_t key[NF_AUTH_KEY], const uint8_t sn[NF_AUTH_NONCE],
-                        const uint8_t cn[NF_AUTH_NONCE], uint8_t mac[NF_AUTH_MAC]) {
-  mac3(key, NF_AUTH_SERVER_LABEL, cn, sn, mac);
+void nf_auth_server_mac(const uint8_t key[NF_AUTH_KEY], const uint8_t t[32],
+                        uint8_t mac[NF_AUTH_MAC]) {
+  mac2(key, NF_AUTH_SERVER_LABEL, t, mac);
 }
 
 int nf_auth_mac_equal(const uint8_t a[NF_AUTH_MAC], const uint8_t b[NF_AUTH_MAC]) {

@@ -219,6 +219,11 @@ static int write_all(int fd, const uint8_t *p, size_t n, int64_t deadline) {
 }
 
 /* See nf_wire.h. */
+int nf_wire_write_bytes(int fd, const uint8_t *p, size_t n, int timeout_ms) {
+  return write_all(fd, p, n, deadline_of(timeout_ms));
+}
+
+/* See nf_wire.h. */
 int nf_wire_write_frame(int fd, const ProtobufCMessage *m, uint32_t max, int timeout_ms) {
   int64_t deadline = deadline_of(timeout_ms);
   nf_buf b = NF_BUF_INIT;

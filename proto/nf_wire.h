@@ -154,6 +154,9 @@ int nf_wire_graph_to_ir(const Neoflow__Graph *pg, nf_ir_ctx *ctx, nf_graph **out
  * and EINTR.  timeout_ms <= 0: no limit.  NF_OK, NF_ELIMIT, NF_EIO (errno
  * kept), NF_ENOMEM. */
 int nf_wire_write_frame(int fd, const ProtobufCMessage *m, uint32_t max, int timeout_ms);
+/* Writes n bytes (a frame already made, e.g. sealed: nf_wire_box.h) the
+ * same way.  NF_OK, NF_EIO (errno kept). */
+int nf_wire_write_bytes(int fd, const uint8_t *p, size_t n, int timeout_ms);
 /* Reads one frame's payload into out (reset first).  NF_OK; NF_ENOENT at
  * a clean EOF before any byte; NF_EFORMAT for EOF mid-frame (truncated);
  * NF_ELIMIT when the length exceeds max; NF_EIO on a read error or the

@@ -1,20 +1,20 @@
-/* nf_wire_auth.h - the TCP handshake's challenge-response (libsodium's
- * HMAC-SHA256; no hand-written crypto).
+/* nf_wire_auth.h - the TCP handshake's shared-key challenge-response
+ * (libsodium's HMAC-SHA256; no hand-written crypto).  The whole handshake,
+ * with its ephemeral keys, is in nf_wire_box.h; T is its transcript hash
+ * (nf_box_transcript: the nonces sn and cn, the ephemeral keys and the
+ * client's target).
  *
- *   daemon -> client   Challenge{server_nonce: 32 random bytes}
- *   client -> daemon   Hello{..., client_nonce: 32 random bytes,
- *                            mac: HMAC(key, "neoflow-auth-v1 client " || sn || cn)}
- *   daemon -> client   Welcome{..., server_mac: HMAC(key, "neoflow-auth-v1 server " || cn || sn)}
+ *   client -> daemon   Hello{..., mac: HMAC(key, "neoflow-auth-v2 client " || T)}
+ *   daemon -> client   Welcome{..., server_mac: HMAC(key, "neoflow-auth-v2 server " || T)}
  *
  * The labels are the 23 bytes shown, ending with one space and without a
- * NUL (NF_AUTH_CLIENT_LABEL, NF_AUTH_SERVER_LABEL); sn and cn are the raw
- * 32-byte nonces.  The MAC input is thus 23 + 32 + 32 bytes, and the key is
- * the raw 32-byte key.
+ * NUL (NF_AUTH_CLIENT_LABEL, NF_AUTH_SERVER_LABEL).  The MAC input is thus
+ * 23 + 32 bytes, and the key is the raw 32-byte key.
  *
- * A fresh server nonce per connection makes a replayed Hello fail; the
- * server's MAC lets the client check the daemon knows the key too; the
- * distinct labels and nonce orders keep a client MAC from being reflected
- * as a server MAC.  MACs are compared in constant time. */
+ * A fresh server nonce and ephemeral key per connection make a replayed
+ * Hello fail; the server's MAC lets the client check the daemon knows the
+ * key too; the distinct labels keep a client MAC from being reflected as a
+ * server MAC.  MACs are compared in constant time. */
 #ifndef NF_WIRE_AUTH_H
 #define NF_WIRE_AUTH_H
 
@@ -25,8 +25,8 @@
 #define NF_AUTH_KEY 32
 #define NF_AUTH_NONCE 32
 #define NF_AUTH_MAC 32
-#define NF_AUTH_CLIENT_LABEL "neoflow-auth-v1 client "
-#define NF_AUTH_SERVER_LABEL "neoflow-auth-v1 server "
+#define NF_AUTH_CLIENT_LABEL "neoflow-auth-v2 client "
+#define NF_AUTH_SERVER_LABEL "neoflow-auth-v2 server "
 
 /* Loads a key file: 64 hex digits (whitespace around them ignored; at
  * most 4 KiB in all).  The file must be a regular file (not a symlink,
@@ -42,12 +42,12 @@ int nf_auth_load_key(const char *path, uint8_t key[NF_AUTH_KEY], nf_buf *err);
 int nf_auth_new_key(const char *path, nf_buf *err);
 /* 32 bytes from libsodium's CSPRNG. */
 void nf_auth_nonce(uint8_t nonce[NF_AUTH_NONCE]);
-/* mac = HMAC-SHA256(key, NF_AUTH_CLIENT_LABEL || sn || cn). */
-void nf_auth_client_mac(const uint8_t key[NF_AUTH_KEY], const uint8_t sn[NF_AUTH_NONCE],
-                        const uint8_t cn[NF_AUTH_NONCE], uint8_t mac[NF_AUTH_MAC]);
-/* mac = HMAC-SHA256(key, NF_AUTH_SERVER_LABEL || cn || sn). */
-void nf_auth_server_mac(const uint8_t key[NF_AUTH_KEY], const uint8_t sn[NF_AUTH_NONCE],
-                        const uint8_t cn[NF_AUTH_NONCE], uint8_t mac[NF_AUTH_MAC]);
+/* mac = HMAC-SHA256(key, NF_AUTH_CLIENT_LABEL || t). */
+void nf_auth_client_mac(const uint8_t key[NF_AUTH_KEY], const uint8_t t[32],
+                        uint8_t mac[NF_AUTH_MAC]);
+/* mac = HMAC-SHA256(key, NF_AUTH_SERVER_LABEL || t). */
+void nf_auth_server_mac(const uint8_t key[NF_AUTH_KEY], const uint8_t t[32],
+                        uint8_t mac[NF_AUTH_MAC]);
 /* 1 when equal (constant time), 0 otherwise. */
 int nf_auth_mac_equal(const uint8_t a[NF_AUTH_MAC], const uint8_t b[NF_AUTH_MAC]);
 

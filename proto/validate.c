@@ -193,6 +193,13 @@ static int check_key(vctx *v, const char *field, ProtobufCBinaryData b, int opti
               optional ? " or none" : "");
 }
 
+/* A signature (64 bytes) or, optional, none. */
+static int check_sig(vctx *v, const char *field, ProtobufCBinaryData b, int optional) {
+  if (b.len == 64 && b.data) return NF_OK;
+  if (optional && b.len == 0) return NF_OK;
+  return fail(v, field, "%zu bytes, expected 64%s", b.len, optional ? " or none" : "");
+}
+
 static int check_time(vctx *v, const char *field, double x) {
   if (!isfinite(x) || x < 0) return fail(v, field, "%g is not a finite time >= 0", x);
   return NF_OK;
@@ -331,10 +338,13 @@ static int v_hello(vctx *v, const Neoflow__Hello *h) {
                 h->protocol_max);
   if ((rc = check_name(v, "client_name", h->client_name)) ||
       (rc = check_key(v, "client_nonce", h->client_nonce, 1)) ||
-      (rc = check_key(v, "mac", h->mac, 1)))
+      (rc = check_key(v, "mac", h->mac, 1)) ||
+      (rc = check_key(v, "client_ephemeral", h->client_ephemeral, 1)))
     return rc;
-  if ((h->client_nonce.len == 0) != (h->mac.len == 0))
-    return fail(v, "mac", "client_nonce and mac must both be set or both be empty");
+  if (h->mac.len && !h->client_nonce.len)
+    return fail(v, "mac", "a mac without a client_nonce");
+  if ((h->client_nonce.len == 0) != (h->client_ephemeral.len == 0))
+    return fail(v, "client_ephemeral", "client_nonce and client_ephemeral go together");
   SUB(v, "target", h->target, v_target);
   return NF_OK;
 }
@@ -388,13 +398,16 @@ int nf_wire_validate_client(const Neoflow__ClientMessage *m, nf_wire_err *e) {
 /* ---- server messages ---- */
 
 static int v_challenge(vctx *v, const Neoflow__Challenge *c) {
-  return check_key(v, "server_nonce", c->server_nonce, 0);
+  int rc = check_key(v, "server_nonce", c->server_nonce, 0);
+  return rc ? rc : check_key(v, "server_ephemeral", c->server_ephemeral, 1);
 }
 
 static int v_welcome(vctx *v, const Neoflow__Welcome *w) {
   int rc;
   if ((rc = check_name(v, "daemon_version", w->daemon_version)) ||
-      (rc = check_key(v, "server_mac", w->server_mac, 1)))
+      (rc = check_key(v, "server_mac", w->server_mac, 1)) ||
+      (rc = check_key(v, "signing_key", w->signing_key, 1)) ||
+      (rc = check_sig(v, "key_proof", w->key_proof, 1)))
     return rc;
   SUB(v, "target", w->target, v_target);
   return NF_OK;
@@ -411,7 +424,8 @@ static int v_kernel_update(vctx *v, const Neoflow__KernelUpdate *k) {
       (rc = check_text(v, "schedule", k->schedule, NF_WIRE_SCHEDULE_MAX, 1)) ||
       (rc = check_time(v, "time_ms", k->time_ms)) ||
       (rc = check_time(v, "default_ms", k->default_ms)) ||
-      (rc = check_key(v, "sha256", k->sha256, k->size == 0)))
+      (rc = check_key(v, "sha256", k->sha256, k->size == 0)) ||
+      (rc = check_sig(v, "signature", k->signature, 1)))
     return rc;
   if (k->size > NF_WIRE_BINARY_MAX)
     return fail(v, "size", "%llu bytes, at most %u allowed", (unsigned long long)k->size,

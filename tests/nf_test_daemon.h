@@ -23,6 +23,7 @@ typedef struct dm {
   char dir[256], sock[320], cache[320], conf[320], log[320];
   const char *env; /* "NAME=VALUE" for the daemon, or NULL */
   int nofile;      /* RLIMIT_NOFILE for the daemon (0: inherited) */
+  uid_t as_uid;    /* > 0: run the daemon as this uid (root only) */
   pid_t pid;
 } dm;
 
@@ -76,6 +77,7 @@ static inline void dm_start(dm *d) {
   d->pid = fork();
   ck_assert_int_ge(d->pid, 0);
   if (d->pid == 0) {
+    if (d->as_uid && (setgid((gid_t)d->as_uid) != 0 || setuid(d->as_uid) != 0)) _exit(126);
     int fd = open(d->log, O_WRONLY | O_CREAT | O_APPEND, 0600);
     if (fd >= 0) dup2(fd, 2);
     if (d->env) putenv((char *)d->env);

@@ -116,6 +116,10 @@ static void mk_entry(nf_cache_entry *e, unsigned seed, int tier, double ms, cons
   }
   crypto_hash_sha256(e->sha256, e->binary, len);
   nf_cache_make_key(e->graph_hash, e->target, e->codegen, e->key);
+  /* a signature the cache stores as data (the daemon judges it) */
+  e->has_sig = 1;
+  for (int i = 0; i < 32; i++) e->sig.signer[i] = (uint8_t)(0x5a ^ i);
+  for (int i = 0; i < 64; i++) e->sig.sig[i] = (uint8_t)(seed + (unsigned)i);
 }
 
 static nf_cache *open_ok(const char *path, const nf_cache_opts *o) {
@@ -694,17 +698,17 @@ START_TEST(cache_newer_schema) {
   nf_cache *c = open_default(p);
   put_new(c, 1, 2, 1.0, 100);
   nf_cache_close(c);
-  raw_exec(p, "PRAGMA user_version=2");
+  raw_exec(p, "PRAGMA user_version=3");
   char *msg;
   nf_cache_opts o = {0};
   ck_assert_int_eq(open_fails(p, &o, &msg), NF_EFORMAT);
-  ck_assert_msg(contains(msg, "DB schema 2 > supported 1"), "%s", msg);
+  ck_assert_msg(contains(msg, "DB schema 3 > supported 2"), "%s", msg);
   free(msg);
   o.read_only = 1;
   ck_assert_int_eq(open_fails(p, &o, &msg), NF_EFORMAT);
-  ck_assert_msg(contains(msg, "DB schema 2 > supported 1"), "%s", msg);
+  ck_assert_msg(contains(msg, "DB schema 3 > supported 2"), "%s", msg);
   free(msg);
-  ck_assert_int_eq(raw_i64(p, "PRAGMA user_version"), 2);
+  ck_assert_int_eq(raw_i64(p, "PRAGMA user_version"), 3);
   rm_dir(d);
 }
 END_TEST
@@ -949,6 +953,105 @@ START_TEST(cache_export_import) {
 }
 END_TEST
 
+/* Signatures: stored with their entry, found again for the same binary
+ * only, gone with an entry replaced unsigned; an unsigned entry from an
+ * import never replaces one we have (only new keys come in unsigned, and
+ * the daemon never serves those: docs/security.md); a cache from before
+ * signatures lists its entries for adoption once. */
+START_TEST(cache_signatures) {
+  char *d = tmp_dir();
+  const char *pa = in(d, "a.db"), *px = in(d, "x.db");
+  nf_cache *a = open_default(pa), *x = open_default(px);
+  nf_cache_entry e, g;
+  mk_entry(&e, 1, 2, 5.0, CG, 100);
+  ck_assert_int_eq(put(a, &e), 1);
+  ck_assert_int_eq(get_st(a, 1, &g), NF_OK);
+  ck_assert(g.has_sig && !memcmp(g.sig.sig, e.sig.sig, 64) && !memcmp(g.sig.signer, e.sig.signer, 32));
+  nf_cache_entry_free(&g);
+  /* the export's copy, made faster and unsigned (an attacker's edit) */
+  nf_cache_entry bad;
+  mk_entry(&bad, 1, 2, 0.001, CG, 64);
+  bad.has_sig = 0;
+  ck_assert_int_eq(put(x, &bad), 1);
+  mk_entry(&g, 2, 2, 0.001, CG, 64); /* a key a has not: comes in, unsigned */
+  g.has_sig = 0;
+  ck_assert_int_eq(put(x, &g), 1);
+  nf_cache_entry_free(&g);
+  nf_cache_close(x);
+  nf_cache_import_report ir;
+  nf_buf err = NF_BUF_INIT;
+  ck_assert_msg(nf_cache_import(a, px, &ir, &err) == NF_OK, "%s", nf_buf_str(&err));
+  ck_assert_int_eq(ir.unsigned_, 2);
+  ck_assert_int_eq(ir.kept, 1);
+  ck_assert_int_eq(ir.added, 1);
+  ck_assert_int_eq(get_st(a, 1, &g), NF_OK);
+  ck_assert(g.binary_len == 100 && g.has_sig);
+  nf_cache_entry_free(&g);
+  ck_assert_int_eq(get_st(a, 2, &g), NF_OK);
+  ck_assert(!g.has_sig);
+  nf_cache_entry_free(&g);
+  /* a replacement without a signature leaves none behind */
+  bad.tier = 2;
+  bad.time_ms = 0.0001;
+  ck_assert_int_eq(put(a, &bad), 1);
+  ck_assert_int_eq(get_st(a, 1, &g), NF_OK);
+  ck_assert(!g.has_sig);
+  nf_cache_entry_free(&g);
+  /* quarantine: the entry is gone */
+  ck_assert_int_eq(nf_cache_quarantine(a, e.key, "test", &err), NF_OK);
+  ck_assert_int_eq(get_st(a, 1, &g), NF_ENOENT);
+  nf_cache_entry_free(&e);
+  nf_cache_entry_free(&bad);
+  nf_cache_close(a);
+  nf_buf_free(&err);
+  rm_dir(d);
+}
+END_TEST
+
+static void sign_ff(void *user, const uint8_t key[32], const uint8_t sha[32],
+                    const uint8_t target[32], nf_cache_sig *out) {
+  (*(int *)user)++;
+  (void)key;
+  (void)target;
+  memset(out->signer, 0xff, 32);
+  memcpy(out->sig, sha, 32);
+  memcpy(out->sig + 32, sha, 32);
+}
+
+/* A schema-1 cache's entries are listed for adoption by the migration and
+ * signed once; later entries are not. */
+START_TEST(cache_adopt_old_entries) {
+  char *d = tmp_dir();
+  const char *p = in(d, "old.db");
+  nf_cache *c = open_default(p);
+  put_new(c, 1, 2, 1.0, 50);
+  put_new(c, 2, 1, 2.0, 50);
+  nf_cache_close(c);
+  /* back to schema 1: what a cache of the previous release holds */
+  raw_exec(p, "DROP TABLE signatures; DROP TABLE adopt; PRAGMA user_version=1");
+  c = open_default(p); /* migrates */
+  put_new(c, 3, 2, 1.0, 50);
+  int calls = 0;
+  int64_t n = 0;
+  nf_buf err = NF_BUF_INIT;
+  ck_assert_msg(nf_cache_adopt(c, sign_ff, &calls, &n, &err) == NF_OK, "%s", nf_buf_str(&err));
+  ck_assert_int_eq(n, 2);
+  ck_assert_int_eq(calls, 2);
+  nf_cache_entry g;
+  ck_assert_int_eq(get_st(c, 2, &g), NF_OK);
+  ck_assert(g.has_sig && g.sig.signer[0] == 0xff && !memcmp(g.sig.sig, g.sha256, 32));
+  nf_cache_entry_free(&g);
+  ck_assert_int_eq(get_st(c, 3, &g), NF_OK);
+  ck_assert(g.sig.signer[0] == 0x5a); /* its own, not adopted */
+  nf_cache_entry_free(&g);
+  ck_assert_int_eq(nf_cache_adopt(c, sign_ff, &calls, &n, &err), NF_OK);
+  ck_assert_int_eq(n, 0);
+  nf_cache_close(c);
+  nf_buf_free(&err);
+  rm_dir(d);
+}
+END_TEST
+
 START_TEST(cache_import_merge) {
   char *d = tmp_dir();
   const char *pa = in(d, "a.db"), *pb = in(d, "b.db"), *x = in(d, "x.db");
@@ -995,7 +1098,7 @@ START_TEST(cache_import_merge) {
   raw_exec(x, "PRAGMA user_version=9");
   nf_buf_reset(&err);
   ck_assert_int_eq(nf_cache_import(a, x, &ir, &err), NF_EFORMAT);
-  ck_assert_msg(contains(nf_buf_str(&err), "DB schema 9 > supported 1"), "%s", nf_buf_str(&err));
+  ck_assert_msg(contains(nf_buf_str(&err), "DB schema 9 > supported 2"), "%s", nf_buf_str(&err));
   ck_assert_int_eq(nf_cache_import(a, pa, &ir, NULL), NF_EINVAL);
   ck_assert_int_eq(nf_cache_import(a, in(d, "missing.db"), &ir, NULL), NF_ENOENT);
   ck_assert_int_eq(stats(a).entries, 4);
@@ -1551,6 +1654,8 @@ int main(void) {
   tcase_add_test(tc, cache_read_only);
   tcase_add_test(tc, cache_export_import);
   tcase_add_test(tc, cache_import_merge);
+  tcase_add_test(tc, cache_signatures);
+  tcase_add_test(tc, cache_adopt_old_entries);
   tcase_add_test(tc, cache_gc);
   tcase_add_test(tc, cache_caps);
   tcase_add_test(tc, cache_verify);

@@ -47,6 +47,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <sodium.h>
 #include <sqlite3.h>
 
 #include "nf_cache.h"
@@ -59,7 +60,11 @@
 #include "nf_interp.h"
 #include "nf_ir.h"
 #include "nf_wire.h"
+#include "nf_kernel.h"
+#include "nf_trust.h"
 #include "nf_wire_auth.h"
+#include "nf_wire_box.h"
+#include "nf_wire_sign.h"
 
 #include "nf_test_daemon.h"
 
@@ -902,6 +907,18 @@ START_TEST(daemon_fd_exhaustion) {
 }
 END_TEST
 
+/* Adds d's signing key (beside its cache) to t. */
+static void dm_trust_key(const dm *d, nf_trust *t) {
+  char path[400], pk_text[NF_SIGN_PK_TEXT];
+  uint8_t sk[64], pk[32];
+  snprintf(path, sizeof path, "%s/signing.key", d->dir);
+  nf_buf err = NF_BUF_INIT;
+  ck_assert_msg(nf_sign_load_key(path, 0, sk, pk, NULL, &err) == NF_OK, "%s", nf_buf_str(&err));
+  nf_sign_format_public(pk, pk_text);
+  ck_assert_int_eq(nf_trust_add_key(t, pk_text, &err), NF_OK);
+  nf_buf_free(&err);
+}
+
 static int free_port(void) {
   int s = socket(AF_INET, SOCK_STREAM, 0);
   struct sockaddr_in a;
@@ -930,7 +947,17 @@ START_TEST(daemon_tcp_key) {
   dm_config(&d, extra);
   dm_start(&d);
   nf_dconn *c = NULL;
-  nf_dconn_opts o = {.address = addr, .key_file = key, .client_name = "tcp", .timeout_ms = 10000};
+  /* on TCP the daemon must present a signing key we trust: not yet */
+  nf_trust tr;
+  memset(&tr, 0, sizeof tr);
+  nf_dconn_opts o = {.address = addr, .key_file = key, .client_name = "tcp", .timeout_ms = 10000,
+                     .trust = &tr};
+  ck_assert_int_eq(nf_dconn_open(&o, &c, &err), NF_EPERM);
+  ck_assert_msg(strstr(nf_buf_str(&err), "not one you trust") &&
+                    strstr(nf_buf_str(&err), "trust_key = ed25519:"),
+                "%s", nf_buf_str(&err));
+  nf_buf_reset(&err);
+  dm_trust_key(&d, &tr);
   ck_assert_msg(nf_dconn_open(&o, &c, &err) == NF_OK, "%s", nf_buf_str(&err));
   Neoflow__Graph *pg = mm_wire(12);
   submit(c, 1, pg, NEOFLOW__MODE__MODE_COMPILE, 0);
@@ -949,11 +976,12 @@ START_TEST(daemon_tcp_key) {
   nf_buf_reset(&err);
   ck_assert_int_eq(nf_dconn_open(&o, &c, &err), NF_EINVAL);
   /* a Hello answering another connection's challenge (a replay) */
-  uint8_t k32[32], sn_other[32], cn[32], mac[32];
+  uint8_t k32[32], sn_other[32], se_other[32], cn[32], ce[32], ce_sk[32], tx[32], mac[32];
   ck_assert_int_eq(nf_auth_load_key(key, k32, &err), NF_OK);
   nf_auth_nonce(sn_other);
+  nf_auth_nonce(se_other);
   nf_auth_nonce(cn);
-  nf_auth_client_mac(k32, sn_other, cn, mac);
+  nf_box_ephemeral(ce, ce_sk);
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   struct sockaddr_in a;
   memset(&a, 0, sizeof a);
@@ -969,12 +997,16 @@ START_TEST(daemon_tcp_key) {
   uint8_t fp[32];
   char desc[256];
   nf_dconn_host_target(&t, fp, desc);
+  nf_box_transcript(sn_other, se_other, cn, ce, fp, tx);
+  nf_auth_client_mac(k32, tx, mac);
   Neoflow__Hello h = NEOFLOW__HELLO__INIT;
   h.protocol_min = h.protocol_max = 1;
   h.client_name = (char *)"replay";
   h.target = &t;
   h.client_nonce.data = cn;
   h.client_nonce.len = 32;
+  h.client_ephemeral.data = ce;
+  h.client_ephemeral.len = 32;
   h.mac.data = mac;
   h.mac.len = 32;
   Neoflow__ClientMessage cm = NEOFLOW__CLIENT_MESSAGE__INIT;
@@ -983,6 +1015,188 @@ START_TEST(daemon_tcp_key) {
   raw_frame(fd, &cm.base);
   expect_error(fd, NEOFLOW__ERROR_CODE__ERR_UNAUTHENTICATED, 1);
   close(fd);
+  nf_buf_free(&err);
+  ck_assert_int_eq(dm_stop(&d, SIGTERM), 0);
+  dm_done(&d);
+}
+END_TEST
+
+/* ---- a man in the middle on loopback (issue 31 item 3) ---- */
+
+typedef struct relay {
+  int lfd, port, to_port;
+  int mode;     /* 0 pass, 1 flip a bit, 2 drop, 3 replay, 4 swap with the next */
+  int at;       /* the daemon's frame (0: Challenge, 1: Welcome) to tamper with */
+  pthread_t th;
+} relay;
+
+static int read_n(int fd, uint8_t *p, size_t n) {
+  while (n) {
+    ssize_t r = read(fd, p, n);
+    if (r <= 0) return -1;
+    p += r;
+    n -= (size_t)r;
+  }
+  return 0;
+}
+
+/* One frame from fd (header included) into *buf; its size, or -1. */
+static long read_frame_raw(int fd, uint8_t **buf) {
+  uint8_t h[4];
+  if (read_n(fd, h, 4)) return -1;
+  uint32_t len = (uint32_t)h[0] << 24 | (uint32_t)h[1] << 16 | (uint32_t)h[2] << 8 | h[3];
+  if (len > (64u << 20)) return -1;
+  *buf = malloc(len + 4);
+  memcpy(*buf, h, 4);
+  if (read_n(fd, *buf + 4, len)) {
+    free(*buf);
+    return -1;
+  }
+  return (long)len + 4;
+}
+
+static void *relay_main(void *arg) {
+  relay *R = arg;
+  int c = accept(R->lfd, NULL, NULL);
+  int d = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a;
+  memset(&a, 0, sizeof a);
+  a.sin_family = AF_INET;
+  a.sin_port = htons((uint16_t)R->to_port);
+  a.sin_addr.s_addr = htonl(0x7f000001);
+  if (c < 0 || connect(d, (struct sockaddr *)&a, sizeof a) != 0) return NULL;
+  int n_from_daemon = 0;
+  uint8_t *held = NULL;
+  long held_n = 0;
+  for (;;) {
+    struct pollfd p[2] = {{.fd = c, .events = POLLIN}, {.fd = d, .events = POLLIN}};
+    if (poll(p, 2, 20000) <= 0) break;
+    if (p[0].revents) { /* client -> daemon: passed on */
+      uint8_t *f;
+      long n = read_frame_raw(c, &f);
+      if (n < 0) break;
+      ssize_t w = write(d, f, (size_t)n);
+      free(f);
+      if (w != n) break;
+    }
+    if (p[1].revents) {
+      uint8_t *f;
+      long n = read_frame_raw(d, &f);
+      if (n < 0) break;
+      int i = n_from_daemon++;
+      ssize_t w = n;
+      /* the Welcome's last field is the key proof; later frames are sealed */
+      if (i == R->at && R->mode == 1) f[i == 1 ? n - 2 : n / 2] ^= 0x10;
+      if (i == R->at && R->mode == 2) {
+        free(f);
+        continue;
+      }
+      if (i == R->at && R->mode == 4) {
+        held = f;
+        held_n = n;
+        continue;
+      }
+      w = write(c, f, (size_t)n);
+      if (i == R->at && R->mode == 3) w = write(c, f, (size_t)n) == n ? n : -1;
+      if (held) {
+        w = write(c, held, (size_t)held_n) == held_n ? n : -1;
+        free(held);
+        held = NULL;
+      }
+      free(f);
+      if (w != n) break;
+    }
+  }
+  free(held);
+  close(c);
+  close(d);
+  return NULL;
+}
+
+static void relay_start(relay *R, int to_port, int mode, int at) {
+  memset(R, 0, sizeof *R);
+  R->to_port = to_port;
+  R->mode = mode;
+  R->at = at;
+  R->lfd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a;
+  memset(&a, 0, sizeof a);
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(0x7f000001);
+  ck_assert_int_eq(bind(R->lfd, (struct sockaddr *)&a, sizeof a), 0);
+  ck_assert_int_eq(listen(R->lfd, 1), 0);
+  socklen_t len = sizeof a;
+  getsockname(R->lfd, (struct sockaddr *)&a, &len);
+  R->port = ntohs(a.sin_port);
+  ck_assert_int_eq(pthread_create(&R->th, NULL, relay_main, R), 0);
+}
+
+static void relay_stop(relay *R) {
+  shutdown(R->lfd, SHUT_RDWR);
+  pthread_join(R->th, NULL);
+  close(R->lfd);
+}
+
+/* Issue 31 item 3: every frame after the TCP handshake is sealed.  A relay
+ * that passes everything works; one that flips a bit in, drops, replays
+ * or swaps the daemon's frames after the Welcome makes the client fail
+ * with an authentication error, never accept a kernel.  (The tree before
+ * protected only the handshake: a kernel swapped after it was accepted.) */
+START_TEST(daemon_tcp_mitm) {
+  dm d;
+  dm_init(&d);
+  char key[400], extra[1024], addr[64];
+  snprintf(key, sizeof key, "%s/key", d.dir);
+  nf_buf err = NF_BUF_INIT;
+  ck_assert_int_eq(nf_auth_new_key(key, &err), NF_OK);
+  int port = free_port();
+  snprintf(extra, sizeof extra, "[tcp]\nlisten = 127.0.0.1:%d\nkey_file = %s\n", port, key);
+  dm_config(&d, extra);
+  dm_start(&d);
+  nf_trust tr;
+  memset(&tr, 0, sizeof tr);
+  dm_trust_key(&d, &tr);
+  Neoflow__Graph *pg = mm_wire(12);
+  /* modes: pass; and at the daemon's frames 2 (Accepted), 3 (the kernel's
+   * announcement) and 4 (its first chunk): flip, drop, replay, swap */
+  const int modes[][2] = {{0, 0}, {1, 3}, {1, 4}, {2, 2}, {3, 3}, {4, 3}, {1, 1}};
+  for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
+    relay R;
+    relay_start(&R, port, modes[m][0], modes[m][1]);
+    snprintf(addr, sizeof addr, "tcp:127.0.0.1:%d", R.port);
+    nf_dconn_opts o = {.address = addr, .key_file = key, .timeout_ms = 5000, .trust = &tr};
+    nf_dconn *c = NULL;
+    nf_buf_reset(&err);
+    int rc = nf_dconn_open(&o, &c, &err);
+    if (modes[m][1] == 1) { /* the Welcome itself changed: refused at once */
+      ck_assert_msg(rc != NF_OK, "mode %zu: a changed Welcome was accepted", m);
+      relay_stop(&R);
+      continue;
+    }
+    ck_assert_msg(rc == NF_OK, "mode %zu: %s", m, nf_buf_str(&err));
+    submit(c, 1, pg, NEOFLOW__MODE__MODE_COMPILE, 0);
+    nf_dkernel k;
+    int code = 0;
+    nf_buf_reset(&err);
+    rc = nf_dconn_next_kernel(c, 1, 10000, NULL, NULL, &k, &code, &err);
+    if (modes[m][0] == 0) {
+      ck_assert_msg(rc == NF_OK, "%s", nf_buf_str(&err));
+      ck_assert(is_elf(&k));
+      nf_dkernel_free(&k);
+    } else {
+      ck_assert_msg(rc != NF_OK, "mode %zu: a tampered stream gave a kernel", m);
+      ck_assert_msg(strstr(nf_buf_str(&err), "failed its authentication") ||
+                        strstr(nf_buf_str(&err), "closed") ||
+                        strstr(nf_buf_str(&err), "timed out"),
+                    "mode %zu: %s", m, nf_buf_str(&err));
+      if (modes[m][0] != 2) /* a dropped frame is only missed: the next one fails */
+        ck_assert_msg(strstr(nf_buf_str(&err), "failed its authentication"), "mode %zu: %s", m,
+                      nf_buf_str(&err));
+    }
+    nf_dconn_close(c);
+    relay_stop(&R);
+  }
+  nf_wire_graph_free(pg);
   nf_buf_free(&err);
   ck_assert_int_eq(dm_stop(&d, SIGTERM), 0);
   dm_done(&d);
@@ -1417,24 +1631,21 @@ END_TEST
 
 /* The client refuses a "daemon" run by a stranger: a socket another uid
  * made in a directory it does not own (as root only: needs a second uid). */
-START_TEST(daemon_client_checks_server_uid) {
-  if (geteuid() != 0) return;
-  char dir[] = "/tmp/nf_fake_XXXXXX";
-  ck_assert_ptr_nonnull(mkdtemp(dir));
-  ck_assert_int_eq(chmod(dir, 0777), 0);
-  char path[96];
-  snprintf(path, sizeof path, "%s/s.sock", dir);
-  int ready[2];
+/* A listener that is not ours: a child that binds path as root (its
+ * directory is ours), becomes uid 65534 before listen (SO_PEERCRED names
+ * whoever called listen), answers nothing. */
+static pid_t stranger_listener(const char *path, int ready[2]) {
   ck_assert_int_eq(pipe(ready), 0);
   pid_t p = fork();
   if (p == 0) {
-    if (setgid(65534) != 0 || setuid(65534) != 0) _exit(3);
     int s = socket(AF_UNIX, SOCK_STREAM, 0);
     struct sockaddr_un a;
     memset(&a, 0, sizeof a);
     a.sun_family = AF_UNIX;
     snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
-    if (bind(s, (struct sockaddr *)&a, sizeof a) != 0 || listen(s, 4) != 0) _exit(4);
+    if (bind(s, (struct sockaddr *)&a, sizeof a) != 0) _exit(4);
+    if (setgid(65534) != 0 || setuid(65534) != 0) _exit(3);
+    if (listen(s, 4) != 0) _exit(4);
     if (write(ready[1], "r", 1) != 1) _exit(5);
     int c = accept(s, NULL, NULL);
     sleep(5); /* say nothing */
@@ -1443,18 +1654,187 @@ START_TEST(daemon_client_checks_server_uid) {
   }
   char r;
   ck_assert_int_eq(read(ready[0], &r, 1), 1);
+  return p;
+}
+
+/* The client refuses a daemon that runs as another uid, even in a
+ * directory of ours; and a socket directory that another user owns. */
+START_TEST(daemon_client_checks_server_uid) {
+  if (geteuid() != 0) return;
+  char dir[] = "/tmp/nf_fake_XXXXXX";
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  char path[96];
+  snprintf(path, sizeof path, "%s/s.sock", dir);
+  int ready[2];
+  pid_t p = stranger_listener(path, ready);
   nf_dconn *c = NULL;
   nf_buf err = NF_BUF_INIT;
   nf_dconn_opts o = {.address = path, .timeout_ms = 2000};
-  ck_assert_int_eq(nf_dconn_open(&o, &c, &err), NF_EINVAL);
-  ck_assert_msg(strstr(nf_buf_str(&err), "refusing the daemon") != NULL, "%s", nf_buf_str(&err));
-  nf_buf_free(&err);
+  ck_assert_int_eq(nf_dconn_open(&o, &c, &err), NF_EPERM);
+  ck_assert_msg(strstr(nf_buf_str(&err), "refusing the daemon") &&
+                    strstr(nf_buf_str(&err), "uid 65534"),
+                "%s", nf_buf_str(&err));
+  /* unless the configuration trusts that user */
+  nf_trust tr;
+  memset(&tr, 0, sizeof tr);
+  ck_assert_int_eq(nf_trust_add_uid(&tr, "65534", &err), NF_OK);
+  o.trust = &tr;
+  nf_buf_reset(&err);
+  o.timeout_ms = 300;
+  ck_assert_int_ne(nf_dconn_open(&o, &c, &err), NF_EPERM); /* it then times out: silent */
   kill(p, SIGKILL);
   waitpid(p, NULL, 0);
   close(ready[0]);
   close(ready[1]);
   unlink(path);
+  /* a directory another user owns is refused before anything connects */
+  ck_assert_int_eq(chown(dir, 65534, 65534), 0);
+  nf_buf_reset(&err);
+  o.trust = NULL;
+  ck_assert_int_eq(nf_dconn_open(&o, &c, &err), NF_EPERM);
+  ck_assert_msg(strstr(nf_buf_str(&err), "belongs to uid 65534"), "%s", nf_buf_str(&err));
+  nf_buf_free(&err);
   rmdir(dir);
+}
+END_TEST
+
+/* S-8, issue 31 item 1: a real neoflowd run by another user (uid 65534,
+ * in its own private directory, as a stranger would set one up) is never
+ * used: the client names that user and runs none of its kernels.  The
+ * tree before it trusted a daemon that owned its socket's directory. */
+START_TEST(daemon_rogue_other_uid) {
+  if (geteuid() != 0) return;
+  dm d;
+  dm_init(&d);
+  ck_assert_int_eq(chown(d.dir, 65534, 65534), 0);
+  d.as_uid = 65534;
+  dm_config(&d, NULL);
+  ck_assert_int_eq(chmod(d.conf, 0644), 0);
+  dm_start(&d);
+  nf_dconn *c = NULL;
+  nf_buf err = NF_BUF_INIT;
+  nf_dconn_opts o = {.address = d.sock, .timeout_ms = 5000};
+  ck_assert_int_eq(nf_dconn_open(&o, &c, &err), NF_EPERM);
+  ck_assert_msg(strstr(nf_buf_str(&err), "uid 65534"), "%s", nf_buf_str(&err));
+  ck_assert_ptr_null(c);
+  nf_buf_free(&err);
+  ck_assert_int_eq(dm_stop(&d, SIGTERM), 0);
+  dm_done(&d);
+}
+END_TEST
+
+/* Issue 31 item 1: without XDG_RUNTIME_DIR a user's daemon lives in
+ * /tmp/neoflowd-UID, which any local user can create first.  Another user
+ * (65534) pre-creates it (0755) and listens there; the victim (uid 61234,
+ * no passwd entry needed) refuses it, naming the owner. */
+START_TEST(daemon_precreated_dir) {
+  if (geteuid() != 0) return;
+  const char *vdir = "/tmp/neoflowd-61234";
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", vdir);
+  ck_assert_int_eq(system(cmd), 0);
+  ck_assert_int_eq(mkdir(vdir, 0755), 0);
+  ck_assert_int_eq(chown(vdir, 65534, 65534), 0);
+  int ready[2];
+  pid_t p = stranger_listener("/tmp/neoflowd-61234/neoflowd.sock", ready);
+  pid_t v = fork();
+  if (v == 0) {
+    if (setgid(61234) != 0 || setuid(61234) != 0) _exit(3);
+    unsetenv("XDG_RUNTIME_DIR");
+    unsetenv("NEOFLOW_SOCKET");
+    nf_dconn *c = NULL;
+    nf_buf err = NF_BUF_INIT;
+    nf_dconn_opts o = {.timeout_ms = 1000};
+    int rc = nf_dconn_open(&o, &c, &err);
+    int named = strstr(nf_buf_str(&err), "/tmp/neoflowd-61234") &&
+                strstr(nf_buf_str(&err), "uid 65534");
+    _exit(rc == NF_EPERM && named ? 0 : rc == NF_OK ? 1 : 2);
+  }
+  int st;
+  waitpid(v, &st, 0);
+  kill(p, SIGKILL);
+  waitpid(p, NULL, 0);
+  close(ready[0]);
+  close(ready[1]);
+  ck_assert_int_eq(system(cmd), 0);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+                "the victim used a directory another user made (status %d)", WEXITSTATUS(st));
+}
+END_TEST
+
+/* Issue 31 item 2: a cache export edited with sqlite3 (another binary, its
+ * SHA-256, tier 2, a tiny time; no signature, as the attacker holds no
+ * daemon key) and imported is never served: the daemon quarantines the
+ * entry and builds the kernel again; the client gets a kernel the daemon
+ * signed.  The tree before served the imported binary as a tuned hit. */
+START_TEST(daemon_poisoned_import) {
+  dm a, b;
+  dm_init(&a);
+  dm_config(&a, NULL);
+  dm_start(&a);
+  Neoflow__Graph *pg = mm_wire(20);
+  nf_dconn *c = open_client(&a, "first");
+  submit(c, 1, pg, NEOFLOW__MODE__MODE_COMPILE, 0);
+  nf_dkernel k;
+  final_kernel(c, 1, &k, NULL);
+  ck_assert(wait_entries(c, 1) == 1);
+  nf_dconn_close(c);
+  ck_assert_int_eq(dm_stop(&a, SIGTERM), 0);
+  char x[400];
+  snprintf(x, sizeof x, "%s/export.db", a.dir);
+  nf_cache *ca = NULL;
+  nf_buf err = NF_BUF_INIT;
+  nf_cache_opts ro = {.read_only = 1};
+  ck_assert_msg(nf_cache_open(a.cache, &ro, &ca, &err) == NF_OK, "%s", nf_buf_str(&err));
+  int64_t n = 0;
+  ck_assert_int_eq(nf_cache_export(ca, x, &n, &err), NF_OK);
+  nf_cache_close(ca);
+  /* the attacker's edit: a "kernel" of their own, its digest, tier 2 */
+  uint8_t junk[256], sha[32];
+  memcpy(junk, k.binary, sizeof junk < k.len ? sizeof junk : k.len);
+  junk[200] ^= 0x5a;
+  crypto_hash_sha256(sha, junk, sizeof junk);
+  sqlite3 *db = NULL;
+  ck_assert_int_eq(sqlite3_open(x, &db), SQLITE_OK);
+  sqlite3_stmt *st = NULL;
+  ck_assert_int_eq(sqlite3_prepare_v2(db, "UPDATE entries SET binary=?1, sha256=?2, tier=2,"
+                                          " time_ms=0.0001, trials=1",
+                                      -1, &st, NULL),
+                   SQLITE_OK);
+  sqlite3_bind_blob(st, 1, junk, sizeof junk, SQLITE_STATIC);
+  sqlite3_bind_blob(st, 2, sha, 32, SQLITE_STATIC);
+  ck_assert_int_eq(sqlite3_step(st), SQLITE_DONE);
+  sqlite3_finalize(st);
+  ck_assert_int_eq(sqlite3_exec(db, "DELETE FROM signatures", NULL, NULL, NULL), SQLITE_OK);
+  sqlite3_close(db);
+  /* a second daemon's cache imports it */
+  dm_init(&b);
+  dm_config(&b, NULL);
+  nf_cache *cb = NULL;
+  nf_cache_opts rw = {0};
+  ck_assert_msg(nf_cache_open(b.cache, &rw, &cb, &err) == NF_OK, "%s", nf_buf_str(&err));
+  nf_cache_import_report ir;
+  ck_assert_msg(nf_cache_import(cb, x, &ir, &err) == NF_OK, "%s", nf_buf_str(&err));
+  ck_assert_int_eq(ir.added, 1);
+  ck_assert_int_eq(ir.unsigned_, 1);
+  nf_cache_close(cb);
+  dm_start(&b);
+  c = open_client(&b, "victim");
+  submit(c, 1, pg, NEOFLOW__MODE__MODE_COMPILE, 0);
+  nf_dkernel k2;
+  final_kernel(c, 1, &k2, NULL); /* signature and digest checked inside */
+  ck_assert(!(k2.len == sizeof junk && !memcmp(k2.binary, junk, sizeof junk)));
+  ck_assert_int_eq(k2.tier, 1);
+  check_kernel(&k2, 20);
+  ck_assert(log_has(&b, "not signed"));
+  nf_dconn_close(c);
+  nf_dkernel_free(&k);
+  nf_dkernel_free(&k2);
+  nf_wire_graph_free(pg);
+  nf_buf_free(&err);
+  ck_assert_int_eq(dm_stop(&b, SIGTERM), 0);
+  dm_done(&a);
+  dm_done(&b);
 }
 END_TEST
 
@@ -1467,10 +1847,14 @@ static Suite *suite(void) {
   tcase_add_test(tc, daemon_stalls_and_slow_readers);
   tcase_add_test(tc, daemon_connection_limit);
   tcase_add_test(tc, daemon_tcp_key);
+  tcase_add_test(tc, daemon_tcp_mitm);
   tcase_add_test(tc, daemon_second_instance_refused);
   tcase_add_test(tc, daemon_sighup_reload);
   tcase_add_test(tc, daemon_other_uid_refused);
   tcase_add_test(tc, daemon_client_checks_server_uid);
+  tcase_add_test(tc, daemon_rogue_other_uid);
+  tcase_add_test(tc, daemon_precreated_dir);
+  tcase_add_test(tc, daemon_poisoned_import);
   tcase_add_test(tc, daemon_disconnect_mid_job);
   tcase_add_test(tc, daemon_kill9_during_writes);
   tcase_add_test(tc, daemon_single_flight_32);

@@ -53,6 +53,7 @@
 
 #include "nf_target.h"
 #include "nf_wire_auth.h"
+#include "nf_wire_box.h"
 #include "nfd_config.h"
 #include "nfd_net.h"
 
@@ -1070,64 +1071,147 @@ static void hex_of(const uint8_t *p, size_t n, char *out) {
 
 START_TEST(dunits_auth_known_answer) {
   ck_assert_int_ge(sodium_init(), 0);
-  uint8_t key[NF_AUTH_KEY], sn[NF_AUTH_NONCE], cn[NF_AUTH_NONCE];
+  uint8_t key[NF_AUTH_KEY], sn[32], se[32], cn[32], ce[32], tg[32], t[32];
   fill(key, sizeof key, 0);
-  fill(sn, sizeof sn, 0x40);
-  fill(cn, sizeof cn, 0x80);
+  fill(sn, 32, 0x40);
+  fill(se, 32, 0x60);
+  fill(cn, 32, 0x80);
+  fill(ce, 32, 0xa0);
+  fill(tg, 32, 0xc0);
   uint8_t mac[NF_AUTH_MAC], want[NF_AUTH_MAC];
   char hex[2 * NF_AUTH_MAC + 1];
 
-  /* The documented layout, computed here directly. */
-  uint8_t msg[23 + 64];
-  memcpy(msg, "neoflow-auth-v1 client ", 23);
-  memcpy(msg + 23, sn, 32);
-  memcpy(msg + 55, cn, 32);
-  crypto_auth_hmacsha256(want, msg, sizeof msg, key);
-  nf_auth_client_mac(key, sn, cn, mac);
-  ck_assert_mem_eq(mac, want, NF_AUTH_MAC);
-  /* And pinned (Python's hmac module over the same bytes). */
-  hex_of(mac, sizeof mac, hex);
-  ck_assert_str_eq(hex, "01d844f148e8547fe1e24193c05f90f769a2d1d97f883748bfdddfce37d35f59");
+  /* The documented transcript (nf_wire_box.h), computed here directly. */
+  uint8_t tm[15 + 5 * 32];
+  memcpy(tm, "neoflow-tcp-v2", 15); /* with its NUL */
+  memcpy(tm + 15, sn, 32);
+  memcpy(tm + 47, se, 32);
+  memcpy(tm + 79, cn, 32);
+  memcpy(tm + 111, ce, 32);
+  memcpy(tm + 143, tg, 32);
+  crypto_hash_sha256(want, tm, sizeof tm);
+  nf_box_transcript(sn, se, cn, ce, tg, t);
+  ck_assert_mem_eq(t, want, 32);
+  /* pinned: Python's hashlib and hmac over the same bytes */
+  hex_of(t, 32, hex);
+  ck_assert_str_eq(hex, "08e266271ae2fd991a533ec9edcae455d4c07ea896bcd9290fa702b4346c60ae");
 
-  memcpy(msg, "neoflow-auth-v1 server ", 23);
-  memcpy(msg + 23, cn, 32);
-  memcpy(msg + 55, sn, 32);
+  uint8_t msg[23 + 32];
+  memcpy(msg, "neoflow-auth-v2 client ", 23);
+  memcpy(msg + 23, t, 32);
   crypto_auth_hmacsha256(want, msg, sizeof msg, key);
-  nf_auth_server_mac(key, sn, cn, mac);
+  nf_auth_client_mac(key, t, mac);
   ck_assert_mem_eq(mac, want, NF_AUTH_MAC);
   hex_of(mac, sizeof mac, hex);
-  ck_assert_str_eq(hex, "1a56e155f138d96d6c760f385567fd3770a682884b154f9fb87f569a2909b582");
+  ck_assert_str_eq(hex, "b2957bbe3b25a54234dc0b2f0bcaa3346fb463bbec069b3ecf7345582940f2d3");
+
+  memcpy(msg, "neoflow-auth-v2 server ", 23);
+  crypto_auth_hmacsha256(want, msg, sizeof msg, key);
+  nf_auth_server_mac(key, t, mac);
+  ck_assert_mem_eq(mac, want, NF_AUTH_MAC);
+  hex_of(mac, sizeof mac, hex);
+  ck_assert_str_eq(hex, "0582369137952a8464c8eb1205b90115d7cab6da515e189729b3d3fe9ccf1d7f");
 }
 END_TEST
 
 START_TEST(dunits_auth_mismatch) {
-  uint8_t key[NF_AUTH_KEY], key2[NF_AUTH_KEY], sn[NF_AUTH_NONCE], cn[NF_AUTH_NONCE];
+  uint8_t key[NF_AUTH_KEY], key2[NF_AUTH_KEY], sn[32], cn[32], se[32], ce[32], tg[32], t[32];
   nf_auth_nonce(key);
   memcpy(key2, key, sizeof key);
   key2[31] ^= 1;
   nf_auth_nonce(sn);
   nf_auth_nonce(cn);
+  nf_auth_nonce(se);
+  nf_auth_nonce(ce);
+  nf_auth_nonce(tg);
   ck_assert(memcmp(sn, cn, NF_AUTH_NONCE) != 0); /* the CSPRNG produces fresh bytes */
-  uint8_t good[NF_AUTH_MAC], mac[NF_AUTH_MAC];
-  nf_auth_client_mac(key, sn, cn, good);
-  nf_auth_client_mac(key, sn, cn, mac);
+  nf_box_transcript(sn, se, cn, ce, tg, t);
+  uint8_t good[NF_AUTH_MAC], mac[NF_AUTH_MAC], t2[32];
+  nf_auth_client_mac(key, t, good);
+  nf_auth_client_mac(key, t, mac);
   ck_assert_int_eq(nf_auth_mac_equal(good, mac), 1);
   /* wrong key */
-  nf_auth_client_mac(key2, sn, cn, mac);
+  nf_auth_client_mac(key2, t, mac);
   ck_assert_int_eq(nf_auth_mac_equal(good, mac), 0);
-  /* swapped nonces */
-  nf_auth_client_mac(key, cn, sn, mac);
-  ck_assert_int_eq(nf_auth_mac_equal(good, mac), 0);
-  /* a replayed Hello against a fresh server nonce */
-  uint8_t sn2[NF_AUTH_NONCE];
-  nf_auth_nonce(sn2);
-  nf_auth_client_mac(key, sn2, cn, mac);
-  ck_assert_int_eq(nf_auth_mac_equal(good, mac), 0);
+  /* swapped nonces, another server nonce (a replay), another ephemeral
+   * key (a man in the middle's), another target: another transcript */
+  const uint8_t *alt[4][5] = {{cn, se, sn, ce, tg}, {key2, se, cn, ce, tg},
+                              {sn, ce, cn, se, tg}, {sn, se, cn, ce, key2}};
+  for (int i = 0; i < 4; i++) {
+    nf_box_transcript(alt[i][0], alt[i][1], alt[i][2], alt[i][3], alt[i][4], t2);
+    nf_auth_client_mac(key, t2, mac);
+    ck_assert_msg(nf_auth_mac_equal(good, mac) == 0, "variant %d", i);
+  }
   /* a client MAC reflected as the server's */
-  nf_auth_server_mac(key, sn, cn, mac);
+  nf_auth_server_mac(key, t, mac);
   ck_assert_int_eq(nf_auth_mac_equal(good, mac), 0);
-  nf_auth_server_mac(key, cn, sn, mac);
-  ck_assert_int_eq(nf_auth_mac_equal(good, mac), 0);
+}
+END_TEST
+
+/* The sealed stream (nf_wire_box.h): both ends agree on keys from the
+ * exchange; a frame round-trips; a flipped bit, a replayed frame, a
+ * reordered pair, a cut frame and another psk each fail; the plain
+ * length prefix counts the sealed bytes. */
+START_TEST(dunits_box_stream) {
+  uint8_t sn[32], cn[32], tg[32], t[32], psk[32];
+  nf_auth_nonce(sn);
+  nf_auth_nonce(cn);
+  nf_auth_nonce(tg);
+  nf_auth_nonce(psk);
+  uint8_t cpk[32], csk[32], spk[32], ssk[32];
+  nf_box_ephemeral(cpk, csk);
+  nf_box_ephemeral(spk, ssk);
+  nf_box_transcript(sn, spk, cn, cpk, tg, t);
+  nf_wire_box cl, sv, other;
+  memset(&cl, 0, sizeof cl);
+  memset(&sv, 0, sizeof sv);
+  memset(&other, 0, sizeof other);
+  uint8_t csk2[32], ssk2[32];
+  memcpy(csk2, csk, 32);
+  memcpy(ssk2, ssk, 32);
+  ck_assert_int_eq(nf_box_client_keys(&cl, cpk, csk, spk, psk, t), NF_OK);
+  ck_assert_int_eq(nf_box_server_keys(&sv, spk, ssk, cpk, psk, t), NF_OK);
+  uint8_t zero[32] = {0};
+  ck_assert_mem_eq(csk, zero, 32); /* the ephemeral secret is wiped */
+  ck_assert_int_eq(nf_box_server_keys(&other, spk, ssk2, cpk, NULL, t), NF_OK); /* no psk */
+  (void)csk2;
+  nf_buf f[3] = {NF_BUF_INIT, NF_BUF_INIT, NF_BUF_INIT};
+  const char *msgs[3] = {"first frame", "second", "third, a longer one"};
+  for (int i = 0; i < 3; i++) {
+    uint8_t hdr[4] = {0, 0, 0, (uint8_t)strlen(msgs[i])};
+    nf_buf_add(&f[i], hdr, 4);
+    nf_buf_add(&f[i], msgs[i], strlen(msgs[i]));
+    ck_assert_int_eq(nf_box_seal_frame(&cl, &f[i]), NF_OK);
+    ck_assert_uint_eq(f[i].len, 4 + strlen(msgs[i]) + NF_BOX_TAG);
+    ck_assert_uint_eq(((uint8_t *)f[i].data)[3], strlen(msgs[i]) + NF_BOX_TAG);
+  }
+  uint8_t out[128];
+  size_t n;
+  const uint8_t *p0 = (const uint8_t *)f[0].data + 4;
+  /* another psk's keys, a flipped bit, a cut frame: refused, counter kept */
+  ck_assert_int_eq(nf_box_open(&other, p0, f[0].len - 4, out, &n), NF_EFORMAT);
+  uint8_t bad[128];
+  memcpy(bad, p0, f[0].len - 4);
+  bad[3] ^= 1;
+  ck_assert_int_eq(nf_box_open(&sv, bad, f[0].len - 4, out, &n), NF_EFORMAT);
+  ck_assert_int_eq(nf_box_open(&sv, p0, f[0].len - 5, out, &n), NF_EFORMAT);
+  /* out of order: the second frame first */
+  ck_assert_int_eq(nf_box_open(&sv, (const uint8_t *)f[1].data + 4, f[1].len - 4, out, &n),
+                   NF_EFORMAT);
+  ck_assert_int_eq(nf_box_open(&sv, p0, f[0].len - 4, out, &n), NF_OK);
+  ck_assert_uint_eq(n, strlen(msgs[0]));
+  ck_assert(!memcmp(out, msgs[0], n));
+  /* replayed */
+  ck_assert_int_eq(nf_box_open(&sv, p0, f[0].len - 4, out, &n), NF_EFORMAT);
+  ck_assert_int_eq(nf_box_open(&sv, (const uint8_t *)f[1].data + 4, f[1].len - 4, out, &n), NF_OK);
+  ck_assert(!memcmp(out, msgs[1], n));
+  /* the other direction has its own key: a client frame is no server frame */
+  ck_assert_int_eq(nf_box_open(&cl, (const uint8_t *)f[2].data + 4, f[2].len - 4, out, &n),
+                   NF_EFORMAT);
+  for (int i = 0; i < 3; i++) nf_buf_free(&f[i]);
+  nf_box_clear(&cl);
+  nf_box_clear(&sv);
+  nf_box_clear(&other);
 }
 END_TEST
 
@@ -1410,6 +1494,7 @@ int main(void) {
   tcase_add_test(tc, dunits_group_gid);
   tcase_add_test(tc, dunits_auth_known_answer);
   tcase_add_test(tc, dunits_auth_mismatch);
+  tcase_add_test(tc, dunits_box_stream);
   tcase_add_test(tc, dunits_auth_mac_equal);
   tcase_add_test(tc, dunits_auth_key_file);
   tcase_add_test(tc, dunits_target_fingerprint);

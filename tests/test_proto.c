@@ -313,6 +313,7 @@ static void fx_client(fixtures *f, int i) {
     f->hello.target = &f->target;
     if (i == 1) { /* TCP: nonce and MAC */
       f->hello.client_nonce = bin(nonce_c, 32);
+      f->hello.client_ephemeral = bin(key_b, 32);
       f->hello.mac = bin(key_b, 32);
     }
     f->cm.msg_case = NEOFLOW__CLIENT_MESSAGE__MSG_HELLO;
@@ -1081,7 +1082,7 @@ static const char *const field_cases[] = {
     "hello.client_name: a control character at byte 1",
     "hello.target.fingerprint: 31 bytes, expected 32",
     "hello.mac: 31 bytes, expected 32 or none",
-    "hello.mac: client_nonce and mac must both be set",
+    "hello.mac: a mac without a client_nonce",
     "hello.protocol_min: 4 exceeds protocol_max 3",
     "hello.target: missing",
     "hello.target.description: 257 bytes",

@@ -579,9 +579,26 @@ static int migrate_0_to_1(sqlite3 *db, const char *path, nf_buf *err) {
   return nf__cache_exec(db, path, sql, err);
 }
 
+/* Schema 2: each kernel's signature (docs/security.md).  The entries a
+ * daemon held before are listed in adopt: the daemon signs them at its
+ * next start (nf_cache_adopt), as they are what it served before; an
+ * entry that arrives later without a signature (an import, a hand edit)
+ * is never adopted. */
+static int migrate_1_to_2(sqlite3 *db, const char *path, nf_buf *err) {
+  static const char sql[] =
+      "CREATE TABLE signatures("
+      " key BLOB PRIMARY KEY NOT NULL CHECK(typeof(key)='blob' AND length(key)=32),"
+      " sha256 BLOB NOT NULL CHECK(typeof(sha256)='blob' AND length(sha256)=32),"
+      " signer BLOB NOT NULL CHECK(typeof(signer)='blob' AND length(signer)=32),"
+      " sig BLOB NOT NULL CHECK(typeof(sig)='blob' AND length(sig)=64));"
+      "CREATE TABLE adopt(key BLOB PRIMARY KEY NOT NULL);"
+      "INSERT INTO adopt SELECT key FROM entries;";
+  return nf__cache_exec(db, path, sql, err);
+}
+
 /* migrations[k] takes a database from schema k to k + 1. */
 typedef int (*migration_fn)(sqlite3 *db, const char *path, nf_buf *err);
-static const migration_fn migrations[NF_CACHE_SCHEMA] = {migrate_0_to_1};
+static const migration_fn migrations[NF_CACHE_SCHEMA] = {migrate_0_to_1, migrate_1_to_2};
 
 int nf__cache_migrate(sqlite3 *db, const char *path, nf_buf *err) {
   int rc = nf__cache_begin(db, path, err);
@@ -814,6 +831,10 @@ int nf_cache_get(nf_cache *c, const uint8_t key[32], nf_cache_entry *out, nf_buf
     quarantine(c, key, rowid, reason);
     rc = NF_ENOENT;
   }
+  if (rc == NF_OK) {
+    rc = nf__cache_sig_get(c->db, c->path, key, out->sha256, &out->sig, &out->has_sig, err);
+    if (rc != NF_OK) nf_cache_entry_free(out);
+  }
   if (rc == NF_OK)
     c->hits++;
   else if (rc == NF_ENOENT)
@@ -1018,6 +1039,106 @@ int nf__cache_put_tx(nf_cache *c, const nf_cache_entry *e, const int64_t times[4
   if (s != SQLITE_DONE) rc = nf__cache_sqlerr(c->path, c->db, s, "store", err);
   sqlite3_finalize(st);
   if (rc == NF_OK) *what = exists ? NF__CACHE_REPLACED : NF__CACHE_ADDED;
+  /* the kernel's signature goes with it (one per key: a replaced entry's
+   * signature goes too, so no binary keeps another's) */
+  if (rc == NF_OK) {
+    rc = nf__cache_prepare(c->db, c->path,
+                           e->has_sig ? "INSERT OR REPLACE INTO signatures(key, sha256, signer, sig)"
+                                        " VALUES(?1,?2,?3,?4)"
+                                      : "DELETE FROM signatures WHERE key=?1",
+                           &st, err);
+    if (rc == NF_OK) {
+      sqlite3_bind_blob(st, 1, e->key, 32, SQLITE_STATIC);
+      if (e->has_sig) {
+        sqlite3_bind_blob(st, 2, e->sha256, 32, SQLITE_STATIC);
+        sqlite3_bind_blob(st, 3, e->sig.signer, 32, SQLITE_STATIC);
+        sqlite3_bind_blob(st, 4, e->sig.sig, 64, SQLITE_STATIC);
+      }
+      s = sqlite3_step(st);
+      if (s != SQLITE_DONE) rc = nf__cache_sqlerr(c->path, c->db, s, "store signature", err);
+      sqlite3_finalize(st);
+    }
+  }
+  return rc;
+}
+
+int nf__cache_sig_get(sqlite3 *db, const char *path, const uint8_t key[32],
+                      const uint8_t sha[32], nf_cache_sig *out, int *found, nf_buf *err) {
+  *found = 0;
+  sqlite3_stmt *st = NULL;
+  int rc = nf__cache_prepare(db, path,
+                             "SELECT signer, sig FROM signatures WHERE key=?1 AND sha256=?2", &st,
+                             err);
+  if (rc != NF_OK) return rc;
+  sqlite3_bind_blob(st, 1, key, 32, SQLITE_STATIC);
+  sqlite3_bind_blob(st, 2, sha, 32, SQLITE_STATIC);
+  int s = sqlite3_step(st);
+  if (s == SQLITE_ROW) {
+    if (sqlite3_column_type(st, 0) == SQLITE_BLOB && sqlite3_column_bytes(st, 0) == 32 &&
+        sqlite3_column_type(st, 1) == SQLITE_BLOB && sqlite3_column_bytes(st, 1) == 64) {
+      memcpy(out->signer, sqlite3_column_blob(st, 0), 32);
+      memcpy(out->sig, sqlite3_column_blob(st, 1), 64);
+      *found = 1;
+    }
+  } else if (s != SQLITE_DONE) {
+    rc = nf__cache_sqlerr(path, db, s, "signature lookup", err);
+  }
+  sqlite3_finalize(st);
+  return rc;
+}
+
+int nf_cache_quarantine(nf_cache *c, const uint8_t key[32], const char *reason, nf_buf *err) {
+  int rc = writable(c, "quarantine", err);
+  if (rc != NF_OK) return rc;
+  if ((rc = nf__cache_begin(c->db, c->path, err)) != NF_OK) return rc;
+  rc = nf__cache_quarantine_tx(c, key, 0, reason, err);
+  if (rc == NF_OK) rc = nf__cache_commit(c->db, c->path, err);
+  else nf__cache_rollback(c->db);
+  return rc;
+}
+
+int nf_cache_adopt(nf_cache *c, void (*sign)(void *user, const uint8_t key[32],
+                                             const uint8_t sha[32], const uint8_t target[32],
+                                             nf_cache_sig *out),
+                   void *user, int64_t *n, nf_buf *err) {
+  *n = 0;
+  int rc = writable(c, "adopt", err);
+  if (rc != NF_OK) return rc;
+  if ((rc = nf__cache_begin(c->db, c->path, err)) != NF_OK) return rc;
+  sqlite3_stmt *st = NULL, *ins = NULL;
+  rc = nf__cache_prepare(c->db, c->path,
+                         "SELECT e.key, e.sha256, e.target FROM adopt a JOIN entries e"
+                         " ON e.key = a.key",
+                         &st, err);
+  if (rc == NF_OK)
+    rc = nf__cache_prepare(c->db, c->path,
+                           "INSERT OR REPLACE INTO signatures(key, sha256, signer, sig)"
+                           " VALUES(?1,?2,?3,?4)",
+                           &ins, err);
+  int s = SQLITE_DONE;
+  while (rc == NF_OK && (s = sqlite3_step(st)) == SQLITE_ROW) {
+    if (sqlite3_column_bytes(st, 0) != 32 || sqlite3_column_bytes(st, 1) != 32 ||
+        sqlite3_column_bytes(st, 2) != 32)
+      continue; /* a damaged row: its lookup quarantines it */
+    nf_cache_sig sg;
+    sign(user, sqlite3_column_blob(st, 0), sqlite3_column_blob(st, 1),
+         sqlite3_column_blob(st, 2), &sg);
+    sqlite3_reset(ins);
+    sqlite3_bind_blob(ins, 1, sqlite3_column_blob(st, 0), 32, SQLITE_TRANSIENT);
+    sqlite3_bind_blob(ins, 2, sqlite3_column_blob(st, 1), 32, SQLITE_TRANSIENT);
+    sqlite3_bind_blob(ins, 3, sg.signer, 32, SQLITE_TRANSIENT);
+    sqlite3_bind_blob(ins, 4, sg.sig, 64, SQLITE_TRANSIENT);
+    int s2 = sqlite3_step(ins);
+    if (s2 != SQLITE_DONE) rc = nf__cache_sqlerr(c->path, c->db, s2, "adopt", err);
+    else (*n)++;
+  }
+  if (rc == NF_OK && s != SQLITE_DONE) rc = nf__cache_sqlerr(c->path, c->db, s, "adopt", err);
+  sqlite3_finalize(st);
+  sqlite3_finalize(ins);
+  if (rc == NF_OK) rc = nf__cache_exec(c->db, c->path, "DELETE FROM adopt", err);
+  if (rc == NF_OK) rc = nf__cache_commit(c->db, c->path, err);
+  else nf__cache_rollback(c->db);
+  if (rc != NF_OK) *n = 0;
   return rc;
 }
 

@@ -112,6 +112,10 @@ enum { NF__CACHE_KEPT = 0, NF__CACHE_ADDED = 1, NF__CACHE_REPLACED = 2 };
 int nf__cache_put_tx(nf_cache *c, const nf_cache_entry *e, const int64_t times[4], int *what,
                      nf_buf *err);
 
+/* The signature stored for (key, sha): *found 1 with *out, else 0. */
+int nf__cache_sig_get(sqlite3 *db, const char *path, const uint8_t key[32],
+                      const uint8_t sha[32], nf_cache_sig *out, int *found, nf_buf *err);
+
 /* Prepares the record upsert (duplicates of a schedule keep the faster
  * ok one) for nf__cache_put_record. */
 int nf__cache_prepare_record(sqlite3 *db, const char *path, sqlite3_stmt **st, nf_buf *err);

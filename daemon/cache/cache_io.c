@@ -189,6 +189,7 @@ int nf_cache_verify(nf_cache *c, int full, int fix, nf_cache_verify_report *r, n
 /* ---- export ---- */
 
 typedef struct export_state {
+  sqlite3 *src;
   sqlite3 *dst;
   const char *path; /* the source, for messages */
   const char *dest;
@@ -209,6 +210,25 @@ static int export_row(void *user, sqlite3_stmt *st, int64_t rowid, const char *w
   int s = sqlite3_step(x->ins);
   if (s != SQLITE_DONE) return nf__cache_sqlerr(x->dest, x->dst, s, "export", err);
   x->copied++;
+  /* the binary's signature travels with it (the importer's daemon judges
+   * whether it trusts the signer) */
+  nf_cache_sig sg;
+  int found = 0;
+  int rc = nf__cache_sig_get(x->src, x->path, sqlite3_column_blob(st, 0),
+                             sqlite3_column_blob(st, 12), &sg, &found, err);
+  if (rc != NF_OK || !found) return rc;
+  sqlite3_stmt *si = NULL;
+  rc = nf__cache_prepare(x->dst, x->dest,
+                         "INSERT INTO signatures(key, sha256, signer, sig) VALUES(?1,?2,?3,?4)",
+                         &si, err);
+  if (rc != NF_OK) return rc;
+  sqlite3_bind_blob(si, 1, sqlite3_column_blob(st, 0), 32, SQLITE_TRANSIENT);
+  sqlite3_bind_blob(si, 2, sqlite3_column_blob(st, 12), 32, SQLITE_TRANSIENT);
+  sqlite3_bind_blob(si, 3, sg.signer, 32, SQLITE_TRANSIENT);
+  sqlite3_bind_blob(si, 4, sg.sig, 64, SQLITE_TRANSIENT);
+  s = sqlite3_step(si);
+  sqlite3_finalize(si);
+  if (s != SQLITE_DONE) return nf__cache_sqlerr(x->dest, x->dst, s, "export", err);
   return NF_OK;
 }
 
@@ -348,7 +368,7 @@ int nf_cache_export(nf_cache *c, const char *dest, int64_t *n_entries, nf_buf *e
     rc = nf__cache_exec(dst, dest, "PRAGMA journal_mode=DELETE; PRAGMA synchronous=FULL", err);
   if (rc == NF_OK) rc = nf__cache_migrate(dst, dest, err);
   int src_tx = 0;
-  export_state x = {dst, c->path, dest, NULL, 0, 0};
+  export_state x = {c->db, dst, c->path, dest, NULL, 0, 0};
   sqlite3_stmt *rins = NULL;
   if (rc == NF_OK) rc = nf__cache_exec(dst, dest, "BEGIN", err);
   /* one snapshot of the source */
@@ -418,6 +438,7 @@ static void file_uri(nf_buf *b, const char *path) {
 typedef struct import_state {
   nf_cache *c;
   const char *src;
+  sqlite3 *sdb;
   nf_cache_import_report *r;
 } import_state;
 
@@ -449,8 +470,29 @@ static int import_row(void *user, sqlite3_stmt *st, int64_t rowid, const char *w
   memcpy(e.sha256, sqlite3_column_blob(st, 12), 32);
   int64_t times[4];
   for (int i = 0; i < 4; i++) times[i] = sqlite3_column_int64(st, 13 + i);
+  /* the binary's signature comes along when src has one; whether its
+   * signer is trusted is the daemon's judgement when it serves the entry
+   * (an unsigned or untrusted binary is never served: docs/security.md).
+   * An unsigned entry never replaces one we have. */
+  int rc = nf__cache_sig_get(m->sdb, m->src, e.key, e.sha256, &e.sig, &e.has_sig, err);
+  if (rc != NF_OK) return rc;
+  if (!e.has_sig) {
+    int64_t have = 0;
+    sqlite3_stmt *q = NULL;
+    rc = nf__cache_prepare(m->c->db, m->c->path, "SELECT count(*) FROM entries WHERE key=?1", &q,
+                           err);
+    if (rc != NF_OK) return rc;
+    sqlite3_bind_blob(q, 1, e.key, 32, SQLITE_STATIC);
+    if (sqlite3_step(q) == SQLITE_ROW) have = sqlite3_column_int64(q, 0);
+    sqlite3_finalize(q);
+    m->r->unsigned_++;
+    if (have) {
+      m->r->kept++;
+      return NF_OK;
+    }
+  }
   int what = NF__CACHE_KEPT;
-  int rc = nf__cache_put_tx(m->c, &e, times, &what, err);
+  rc = nf__cache_put_tx(m->c, &e, times, &what, err);
   if (rc != NF_OK) return rc;
   if (what == NF__CACHE_ADDED)
     m->r->added++;
@@ -567,7 +609,7 @@ int nf_cache_import(nf_cache *c, const char *src, nf_cache_import_report *r, nf_
   if (rc == NF_OK) rc = nf__cache_begin(c->db, c->path, err);
   if (rc == NF_OK) {
     nf__cache_hook("import:begin");
-    import_state m = {c, src, r};
+    import_state m = {c, src, sdb, r};
     int incomplete = 0;
     rc = each_entry(sdb, src, import_row, &m, &incomplete, err);
     if (rc == NF_OK && incomplete)

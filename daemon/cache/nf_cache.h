@@ -44,7 +44,7 @@
 #include "nf_buf.h"
 
 #define NF_CACHE_APPLICATION_ID 0x4e46434b /* "NFCK" */
-#define NF_CACHE_SCHEMA 1
+#define NF_CACHE_SCHEMA 2
 
 typedef struct nf_cache nf_cache;
 
@@ -80,6 +80,16 @@ const char *nf_cache_path(const nf_cache *c);
 void nf_cache_make_key(const uint8_t graph_hash[32], const uint8_t target[32],
                        const char *codegen_version, uint8_t key[32]);
 
+/* A kernel's signature (proto/nf_wire_sign.h): the signer's Ed25519
+ * public key and its signature of (key, sha256, target, kernel ABI).
+ * The cache stores it beside its entry (table signatures) and never
+ * judges it: the daemon verifies it against the keys it trusts before
+ * serving the entry. */
+typedef struct nf_cache_sig {
+  uint8_t signer[32];
+  uint8_t sig[64];
+} nf_cache_sig;
+
 typedef struct nf_cache_entry {
   uint8_t key[32];
   uint8_t graph_hash[32];
@@ -97,6 +107,9 @@ typedef struct nf_cache_entry {
   uint8_t sha256[32]; /* of binary */
   int64_t created, updated, last_used; /* unix seconds */
   int64_t hits;
+  int has_sig;        /* sig holds the kernel's signature (get: when one
+                         is stored for this binary; put: store it) */
+  nf_cache_sig sig;
 } nf_cache_entry;
 
 /* Deep copy of src into dst (strings and binary duplicated; NULL strings
@@ -111,6 +124,17 @@ void nf_cache_entry_free(nf_cache_entry *e);
  * Counts a hit or a miss in the statistics of this handle; writes nothing
  * else (see nf_cache_touch). */
 int nf_cache_get(nf_cache *c, const uint8_t key[32], nf_cache_entry *out, nf_buf *err);
+/* Moves key's entry to the quarantine table with reason (never served
+ * again; a later put stores afresh).  NF_OK also when there is none. */
+int nf_cache_quarantine(nf_cache *c, const uint8_t key[32], const char *reason, nf_buf *err);
+/* Signs the entries that were in the cache when it was migrated to
+ * schema 2 (they predate signatures): calls sign for each and stores
+ * what it returns, in one transaction; *n of them.  Entries that arrived
+ * since are never adopted. */
+int nf_cache_adopt(nf_cache *c, void (*sign)(void *user, const uint8_t key[32],
+                                             const uint8_t sha[32], const uint8_t target[32],
+                                             nf_cache_sig *out),
+                   void *user, int64_t *n, nf_buf *err);
 /* Records hits: adds n (>= 0) to hits and sets last_used = now, in a
  * transaction of its own.  NF_ENOENT when key has no entry; NF_EINVAL on
  * a read-only handle. */
@@ -191,6 +215,9 @@ int nf_cache_export(nf_cache *c, const char *dest, int64_t *n_entries, nf_buf *e
 
 typedef struct nf_cache_import_report {
   int64_t seen, added, replaced, kept, rejected, records;
+  int64_t unsigned_; /* entries without a signature: imported for their
+                        schedule and times only, never served as they are
+                        (the daemon quarantines and rebuilds them) */
 } nf_cache_import_report;
 /* Merges the cache database at src (opened read-only, hardened, checked
  * like any cache: application_id, schema, quick_check) into c: per key

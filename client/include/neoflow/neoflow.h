@@ -162,6 +162,17 @@ typedef struct nf_session_opts {
    * CPU), "cuda" or "cuda:N" (GPU N).  Without a usable GPU the session
    * warns and trains on the CPU.  docs/gpu.md. */
   const char *device;
+  /* Whom to take kernels from (docs/security.md), besides the user's
+   * configuration file ($NEOFLOW_CONFIG, else
+   * ~/.config/neoflow/client.conf): by default only a daemon running as
+   * the program's own user.  Each entry of trust is "uid:NAME" or
+   * "uid:NUMBER" (a shared daemon's user, for a Unix socket) or
+   * "ed25519:<64 hex digits>" (a daemon's public key, needed for TCP), or
+   * the path of a file holding such a key. */
+  const char *daemon_key;   /* TCP: the shared key file (neoflowd's [tcp]
+                               key_file); NULL: the configuration's */
+  int n_trust;
+  const char *const *trust;
 } nf_session_opts;
 
 /* A session training def of m: its first output is the scalar f32 loss;
