@@ -61,9 +61,13 @@ static void print_status(const Neoflow__StatusReply *s, int json) {
            (unsigned long long)s->cache_entries, (unsigned long long)s->cache_bytes,
            (unsigned long long)s->cache_hits, (unsigned long long)s->cache_misses,
            looks ? (double)s->cache_hits / (double)looks : 0.0);
-    printf("\"jobs_done\":%llu,\"jobs_failed\":%llu,\"connections_refused\":%llu,\"clients\":[",
+    printf("\"jobs_done\":%llu,\"jobs_failed\":%llu,\"connections_refused\":%llu,"
+           "\"timeouts\":%llu,\"emfile_closes\":%llu,\"quarantined\":%llu,\"cache_busy\":%llu,"
+           "\"clients\":[",
            (unsigned long long)s->jobs_done, (unsigned long long)s->jobs_failed,
-           (unsigned long long)s->connections_refused);
+           (unsigned long long)s->connections_refused, (unsigned long long)s->timeouts,
+           (unsigned long long)s->emfile_closes, (unsigned long long)s->quarantined,
+           (unsigned long long)s->cache_busy);
     for (size_t i = 0; i < s->n_clients; i++) {
       const Neoflow__ClientInfo *c = s->clients[i];
       printf("%s{\"session\":%llu,\"name\":", i ? "," : "", (unsigned long long)c->session_id);
@@ -93,6 +97,10 @@ static void print_status(const Neoflow__StatusReply *s, int json) {
   printf("jobs: %llu done, %llu failed; connections refused: %llu\n",
          (unsigned long long)s->jobs_done, (unsigned long long)s->jobs_failed,
          (unsigned long long)s->connections_refused);
+  printf("faults: %llu timeouts, %llu closed for lack of descriptors, %llu quarantined entries, "
+         "%llu cache lock conflicts\n",
+         (unsigned long long)s->timeouts, (unsigned long long)s->emfile_closes,
+         (unsigned long long)s->quarantined, (unsigned long long)s->cache_busy);
   printf("clients (%zu):\n", s->n_clients);
   if (s->n_clients)
     printf("  %-8s %-20s %8s %6s %-5s %8s %10s\n", "session", "name", "pid", "uid", "via",

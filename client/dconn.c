@@ -39,6 +39,7 @@ struct nf_dconn {
   uint8_t daemon_pk[32];  /* the daemon's signing key, trusted (handshake) */
   nf_wire_box box;        /* TCP: every frame after the handshake (nf_wire_box.h) */
   nf_buf tx;              /* a frame being sealed */
+  int cache_busy;         /* an Accepted said CACHE_BUSY */
   /* accepted keys by request (the last few) */
   uint64_t acc_id[64];
   uint8_t acc_key[64][32];
@@ -451,6 +452,7 @@ int nf_dconn_same_target(const nf_dconn *c) { return c->same_target; }
 const char *nf_dconn_daemon_target(const nf_dconn *c) { return c->daemon_target; }
 int nf_dconn_fd(const nf_dconn *c) { return c->fd; }
 const uint8_t *nf_dconn_daemon_key(const nf_dconn *c) { return c->daemon_pk; }
+int nf_dconn_cache_busy(const nf_dconn *c) { return c->cache_busy; }
 
 int nf_dconn_kernel_signed(const nf_dconn *c, const uint8_t key[32], const uint8_t sha[32],
                            uint32_t abi, const uint8_t *sig, size_t sig_len) {
@@ -488,6 +490,7 @@ int nf_dconn_next_kernel(nf_dconn *c, uint64_t request_id, int timeout_ms,
     rc = 1; /* 1: go on */
     switch (m->msg_case) {
       case NEOFLOW__SERVER_MESSAGE__MSG_ACCEPTED:
+        if (m->accepted->cache_error == NEOFLOW__ERROR_CODE__ERR_CACHE_BUSY) c->cache_busy = 1;
         if (m->accepted->request_id == request_id) {
           int i = c->n_acc < 64 ? c->n_acc++ : 63;
           c->acc_id[i] = request_id;

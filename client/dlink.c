@@ -53,6 +53,9 @@ typedef struct dlink {
   int warned_target;
   int warned_refused; /* NF_EPERM said once (until a connection works) */
   int warned_spawn;   /* "started but nothing answers" said once */
+  int warned_busy;    /* CACHE_BUSY said once */
+  int idle_closed;    /* the daemon closed an idle connection: reconnect
+                         only when something needs it */
 } dlink;
 
 /* ---- handing kernels over ---- */
@@ -242,7 +245,8 @@ static void drop(dlink *L, const char *why) {
   if (L->c) {
     nf_dconn_close(L->c);
     L->c = NULL;
-    nf__session_warn(s, "lost the daemon connection (%s); training goes on, reconnecting", why);
+    if (!L->idle_closed)
+      nf__session_warn(s, "lost the daemon connection (%s); training goes on, reconnecting", why);
   }
   pthread_mutex_lock(&s->mu);
   s->connected = 0;
@@ -313,6 +317,11 @@ static int handle(dlink *L, const Neoflow__ServerMessage *m) {
   int k;
   switch (m->msg_case) {
     case NEOFLOW__SERVER_MESSAGE__MSG_ACCEPTED:
+      if (m->accepted->cache_error == NEOFLOW__ERROR_CODE__ERR_CACHE_BUSY && !L->warned_busy) {
+        L->warned_busy = 1;
+        nf__session_warn(s, "the daemon's cache is locked by another process (CACHE_BUSY): "
+                            "kernels still arrive, but may not be kept for the next session");
+      }
       pthread_mutex_lock(&s->mu);
       if ((k = kent_of(s, m->accepted->request_id)) >= 0 && m->accepted->key.len == 32) {
         memcpy(s->kents[k].dkey, m->accepted->key.data, 32);
@@ -408,7 +417,9 @@ static int handle(dlink *L, const Neoflow__ServerMessage *m) {
       }
       return e->fatal || e->request_id == 0 ? -1 : 0;
     }
-    case NEOFLOW__SERVER_MESSAGE__MSG_GOODBYE: return -1;
+    case NEOFLOW__SERVER_MESSAGE__MSG_GOODBYE:
+      if (m->goodbye->reason && !strcmp(m->goodbye->reason, "idle timeout")) L->idle_closed = 1;
+      return -1;
     default: return 0;
   }
 }
@@ -472,6 +483,18 @@ static void *link_main(void *arg) {
   double backoff = 100, next_try = 0;
   while (!stopping(s)) {
     reap(L);
+    if (!L->c && L->idle_closed) {
+      /* closed for idleness with every kernel final: nothing to ask */
+      int need = 0;
+      pthread_mutex_lock(&s->mu);
+      for (int i = 0; i < s->n_kents; i++) need |= s->kents[i].dstate == DK_NONE;
+      pthread_mutex_unlock(&s->mu);
+      if (!need) {
+        nap(s, 1000);
+        continue;
+      }
+      L->idle_closed = 0;
+    }
     if (!L->c) {
       double now = nf__now_ms();
       if (now < next_try) {

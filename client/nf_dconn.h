@@ -55,6 +55,9 @@ uint64_t nf_dconn_session(const nf_dconn *c);
 int nf_dconn_same_target(const nf_dconn *c);
 const char *nf_dconn_daemon_target(const nf_dconn *c);
 int nf_dconn_fd(const nf_dconn *c);
+/* 1 once an Accepted said CACHE_BUSY (the daemon's cache was locked by
+ * another process: results may not be kept). */
+int nf_dconn_cache_busy(const nf_dconn *c);
 /* The daemon's signing key (32 bytes, valid while c is open). */
 const uint8_t *nf_dconn_daemon_key(const nf_dconn *c);
 /* 1 when sig (sig_len bytes) is the daemon's signature of a kernel with

@@ -67,6 +67,8 @@ static const key_def keys[] = {
     {"daemon", "socket_group", K_STR, FIELD(socket_group), 0, 0},
     {"daemon", "allowed_uids", K_UIDS, FIELD(allowed_uids), 0, 0},
     {"daemon", "max_connections", K_INT, FIELD(max_connections), 1, 65536},
+    {"daemon", "max_connections_per_uid", K_INT, FIELD(max_connections_per_uid), 1, 65536},
+    {"daemon", "min_frame_rate", K_INT, FIELD(min_frame_rate), 0, 1 << 30},
     {"daemon", "max_requests", K_INT, FIELD(max_requests), 1, 65536},
     {"daemon", "handshake_timeout_ms", K_INT, FIELD(handshake_timeout_ms), 100, 600000},
     {"daemon", "progress_timeout_ms", K_INT, FIELD(progress_timeout_ms), 100, 3600000},
@@ -188,10 +190,12 @@ void nfd_config_defaults(nfd_config *c) {
   default_socket_path(c);
   c->n_allowed_uids = 0;
   c->max_connections = 256;
+  c->max_connections_per_uid = 32;
+  c->min_frame_rate = 1024;
   c->max_requests = 1024;
   c->handshake_timeout_ms = 5000;
   c->progress_timeout_ms = 10000;
-  c->idle_timeout_s = 0;
+  c->idle_timeout_s = 600;
   c->output_soft_limit = 8 * MIB;
   c->output_hard_limit = 64 * MIB;
   c->output_soft_seconds = 60;

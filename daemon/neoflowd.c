@@ -46,6 +46,26 @@ void nfd_log(int level, const char *fmt, ...) {
           (int)getpid(), names[level < 0 ? 0 : level > 3 ? 3 : level], msg);
 }
 
+void nfd_burst_log(nfd_burst *b, const char *fmt, ...) {
+  double now = nfd_now();
+  if (b->last > 0 && now - b->last < 10.0) {
+    b->held++;
+    return;
+  }
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  if (b->held)
+    nfd_log(NFD_LOG_WARN, "%s (and %llu more like it in the last %.0f s)", msg,
+            (unsigned long long)b->held, now - b->last);
+  else
+    nfd_log(NFD_LOG_WARN, "%s", msg);
+  b->held = 0;
+  b->last = now;
+}
+
 double nfd_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -37,11 +37,18 @@ typedef struct nfd_config {
                               the daemon's own uid; nfd_uid_allowed */
   int n_allowed_uids;
   int max_connections;     /* 256 */
+  int max_connections_per_uid; /* 32: one user (or one TCP peer address)
+                              cannot hold every slot */
+  int min_frame_rate;      /* bytes/s, 1024: a frame in progress must
+                              arrive at least this fast (after a grace of
+                              progress_timeout_ms), else it is dropped */
   int max_requests;        /* per client, open at once: 1024 */
   int handshake_timeout_ms;/* 5000 */
   int progress_timeout_ms; /* 10000: a started frame must complete, and
                               pending output must drain, within it */
-  int idle_timeout_s;      /* 0: a quiet connection is never closed */
+  int idle_timeout_s;      /* 600: a connection with no open request and
+                              nothing sent either way for so long is
+                              closed (0: never) */
   int64_t output_soft_limit; /* bytes, 8 MiB: production pauses above it */
   int64_t output_hard_limit; /* bytes, 64 MiB: the connection is dropped */
   int output_soft_seconds; /* 60: dropped if above the soft limit so long */

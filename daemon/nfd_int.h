@@ -80,6 +80,20 @@ void nfd_kernel_unref(nfd_kernel *k);
 /* ---- targets ----
  * What a session's kernels are for: this machine's CPU (cuda_sm 0), or
  * the client's GPU (compiled here with NVRTC, which needs no device). */
+/* Descriptors kept free for job pipes, cache files and the log: a
+ * connection that would take one of them is refused with BUSY. */
+#define NFD_FD_HEADROOM 16
+
+/* Logging once per burst: the first event is logged, then at most one
+ * line per 10 s saying how many came meanwhile (nfd_burst_log). */
+typedef struct nfd_burst {
+  double last;       /* when a line was last written */
+  uint64_t held;     /* events since */
+} nfd_burst;
+
+/* Logs fmt (warning level) for an event of kind b, once per burst. */
+void nfd_burst_log(nfd_burst *b, const char *fmt, ...) NF_PRINTF(2, 3);
+
 typedef struct nfd_target {
   int cuda_sm;              /* 0: the host CPU */
   uint8_t fingerprint[32];  /* in the cache key */
@@ -218,8 +232,15 @@ struct nfd_server {
   double t_touch_flush;
   /* statistics */
   uint64_t hits, misses, jobs_done, jobs_failed, refused;
-  uint64_t unsigned_hits; /* cache entries not served: unsigned or signed by
-                             another key (quarantined, built again) */
+  uint64_t timeouts;      /* connections closed by a deadline (handshake, a
+                             stalled or too slow frame, idle, slow reader) */
+  uint64_t emfile;        /* accepts that failed for lack of descriptors
+                             (libuv closes the connection) */
+  uint64_t cache_busy;    /* cache reads or writes that found it locked */
+  int64_t writer_busy_ms; /* when the writer thread last found the cache
+                             locked (nfd_now() in ms; atomic): requests
+                             within a minute are told CACHE_BUSY */
+  nfd_burst burst_timeout, burst_emfile, burst_busy, burst_refused;
 };
 
 /* Job state for the status reply / tests. */

@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sodium.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "nf_config.h"
@@ -70,6 +71,8 @@ struct nfd_conn {
   char name[NF_WIRE_NAME_MAX + 1];
   uint8_t server_nonce[NF_AUTH_NONCE];
   uint8_t eph_pk[32], eph_sk[32]; /* TCP: this connection's X25519 key */
+  char peer[64];                  /* TCP: the peer's address */
+  double t_frame;                 /* when the frame now arriving began (0: none) */
   nf_wire_box box;                /* TCP: frames after the handshake */
   nf_frame_reader rd;
   double t_connect, t_last_rx, t_last_tx, t_soft_since, t_close;
@@ -387,12 +390,13 @@ static void count_hit(nfd_server *S, const uint8_t key[32]) {
 
 /* ---- requests from a client ---- */
 
-static void send_accepted(nfd_conn *c, uint64_t id, const uint8_t key[32], int hit) {
+static void send_accepted(nfd_conn *c, uint64_t id, const uint8_t key[32], int hit, int busy) {
   Neoflow__Accepted a = NEOFLOW__ACCEPTED__INIT;
   a.request_id = id;
   a.key.data = (uint8_t *)key;
   a.key.len = 32;
   a.cache_hit = hit;
+  a.cache_error = busy ? NEOFLOW__ERROR_CODE__ERR_CACHE_BUSY : NEOFLOW__ERROR_CODE__ERR_NONE;
   Neoflow__ServerMessage m = NEOFLOW__SERVER_MESSAGE__INIT;
   m.msg_case = NEOFLOW__SERVER_MESSAGE__MSG_ACCEPTED;
   m.accepted = &a;
@@ -477,8 +481,13 @@ static void on_submit(nfd_conn *c, const Neoflow__Submit *s) {
   memset(&e, 0, sizeof e);
   nf_buf_reset(&err);
   int hit = S->cache ? nf_cache_get(S->cache, key, &e, &err) : NF_ENOENT;
+  int busy = hit != NF_OK && hit != NF_ENOENT && strstr(nf_buf_str(&err), ": busy: ");
+  if (busy) S->cache_busy++;
   if (hit != NF_OK && hit != NF_ENOENT)
-    NFD_WARN("cache lookup failed (serving uncached): %s", nf_buf_str(&err));
+    nfd_burst_log(&S->burst_busy, "cache lookup failed (serving uncached): %s", nf_buf_str(&err));
+  /* the writer found the cache locked lately: this result may not be kept */
+  int64_t wb = __atomic_load_n(&S->writer_busy_ms, __ATOMIC_RELAXED);
+  if (wb > 0 && nfd_now() * 1000 - (double)wb < 60000) busy = 1;
   /* a result stored a moment ago may still wait in the writer's queue */
   if (hit != NF_OK) hit = nfd_writer_lookup(S, key, &e);
   /* a binary is served only under this daemon's own signature, made when
@@ -491,7 +500,6 @@ static void on_submit(nfd_conn *c, const Neoflow__Submit *s) {
              "again", key[0], key[1], key[2], key[3], e.graph_name ? e.graph_name : "",
              e.has_sig ? "signed by a key this daemon does not hold" : "not signed");
     nfd_writer_quarantine(S, key, e.has_sig ? "signed by an unknown key" : "unsigned binary");
-    S->unsigned_hits++;
     nf_cache_entry_free(&e);
     hit = NF_ENOENT;
   }
@@ -500,7 +508,7 @@ static void on_submit(nfd_conn *c, const Neoflow__Submit *s) {
   int done = hit && (s->mode == NEOFLOW__MODE__MODE_COMPILE || tuned);
   if (hit) S->hits++;
   else S->misses++;
-  send_accepted(c, id, key, hit);
+  send_accepted(c, id, key, hit, busy);
   if (hit) {
     nfd_kernel *k = nfd_kernel_new(key, e.tier, e.schedule, e.time_ms, e.default_ms, e.trials,
                                    e.binary, e.binary_len);
@@ -576,6 +584,9 @@ static void on_status(nfd_conn *c) {
   st.jobs_done = S->jobs_done;
   st.jobs_failed = S->jobs_failed;
   st.connections_refused = S->refused;
+  st.timeouts = S->timeouts;
+  st.emfile_closes = S->emfile;
+  st.cache_busy = __atomic_load_n(&S->cache_busy, __ATOMIC_RELAXED);
   char cache_path[NF_WIRE_TEXT_MAX + 1];
   snprintf(cache_path, sizeof cache_path, "%s", S->cache ? nf_cache_path(S->cache) : "");
   st.cache_path = nf_wire_text_sanitize(cache_path, NF_WIRE_TEXT_MAX, 0);
@@ -583,6 +594,7 @@ static void on_status(nfd_conn *c) {
   nf_buf err = NF_BUF_INIT;
   if (S->cache && nf_cache_stats_get(S->cache, &cs, &err) == NF_OK) {
     st.cache_entries = (uint64_t)cs.entries;
+    st.quarantined = (uint64_t)cs.quarantined;
     st.cache_bytes = (uint64_t)cs.file_bytes;
   }
   nf_buf_free(&err);
@@ -855,9 +867,12 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
   while (n > 0 && c->state != ST_CLOSING) {
     size_t used = 0, flen = 0;
     const uint8_t *frame = NULL;
+    int was_mid = nf_frame_reader_mid_frame(&c->rd);
     int rc = nf_frame_reader_feed(&c->rd, p, n, &used, &frame, &flen);
     p += used;
     n -= used;
+    if (rc == 1) c->t_frame = 0;
+    else if (!was_mid && nf_frame_reader_mid_frame(&c->rd)) c->t_frame = c->t_last_rx;
     if (rc == 1) {
       on_frame(c, frame, flen);
     } else if (rc == NF_ELIMIT) {
@@ -878,7 +893,16 @@ static void on_connection(uv_stream_t *ls, int status) {
   nfd_listener *L = ls->data;
   nfd_server *S = L->S;
   if (status < 0) {
-    NFD_WARN("accept: %s", uv_strerror(status));
+    /* EMFILE/ENFILE: libuv accepts on its reserved descriptor and closes
+     * the connection at once (no busy loop); counted, said once a burst */
+    if (status == UV_EMFILE || status == UV_ENFILE) {
+      S->emfile++;
+      nfd_burst_log(&S->burst_emfile, "out of file descriptors: a connection was closed unserved "
+                                      "(%llu so far; raise LimitNOFILE or lower max_connections)",
+                    (unsigned long long)S->emfile);
+    } else {
+      NFD_WARN("accept: %s", uv_strerror(status));
+    }
     return;
   }
   nfd_conn *c = calloc(1, sizeof *c);
@@ -910,6 +934,20 @@ static void on_connection(uv_stream_t *ls, int status) {
   }
   uv_os_fd_t fd = -1;
   uv_fileno(&c->h.handle, &fd);
+  /* descriptors run short: refuse with BUSY while a few remain for jobs,
+   * the cache and the log (past the last one libuv's reserve closes
+   * connections unseen) */
+  struct rlimit nl;
+  if (fd >= 0 && getrlimit(RLIMIT_NOFILE, &nl) == 0 && nl.rlim_cur != RLIM_INFINITY &&
+      (rlim_t)fd + NFD_FD_HEADROOM >= nl.rlim_cur) {
+    S->emfile++;
+    nfd_burst_log(&S->burst_emfile, "out of file descriptors (%d of %llu in use): a connection "
+                                    "refused (raise LimitNOFILE or lower max_connections)",
+                  (int)fd, (unsigned long long)nl.rlim_cur);
+    nfd_conn_error(c, 0, NEOFLOW__ERROR_CODE__ERR_BUSY, 1,
+                   "the daemon is out of file descriptors: try later");
+    return;
+  }
   if (!c->tcp) {
     uid_t uid = (uid_t)-1;
     pid_t pid = 0;
@@ -922,6 +960,33 @@ static void on_connection(uv_stream_t *ls, int status) {
     }
     c->uid = uid;
     c->pid = pid;
+  }
+  /* one user (or TCP peer address) may not hold every slot */
+  if (!S->shutting_down && S->n_conns <= S->cfg.max_connections) {
+    char peer[64] = "";
+    if (c->tcp) {
+      struct sockaddr_storage ss;
+      int len = sizeof ss;
+      if (uv_tcp_getpeername(&c->h.tcp, (struct sockaddr *)&ss, &len) == 0)
+        uv_ip_name((struct sockaddr *)&ss, peer, sizeof peer);
+      snprintf(c->peer, sizeof c->peer, "%s", peer);
+    }
+    int same = 0;
+    for (nfd_conn *k = S->conns; k; k = k->next)
+      if (k != c && k->state != ST_CLOSING &&
+          (c->tcp ? k->tcp && !strcmp(k->peer, c->peer) : !k->tcp && k->uid == c->uid))
+        same++;
+    if (same >= S->cfg.max_connections_per_uid) {
+      S->refused++;
+      nfd_burst_log(&S->burst_refused, "refused a connection from %s %s%s: it holds %d already "
+                                       "(max_connections_per_uid)",
+                    c->tcp ? "address" : "uid", c->tcp ? c->peer : "", c->tcp ? "" : "",
+                    same);
+      nfd_conn_error(c, 0, NEOFLOW__ERROR_CODE__ERR_BUSY, 1,
+                     "too many connections from this %s (%d; max_connections_per_uid)",
+                     c->tcp ? "address" : "user", same);
+      return;
+    }
   }
   if (S->n_conns > S->cfg.max_connections || S->shutting_down) {
     S->refused++;
@@ -967,21 +1032,41 @@ static void on_tick(uv_timer_t *t) {
       continue;
     }
     if (c->state == ST_HANDSHAKE && (now - c->t_connect) * 1000 > cf->handshake_timeout_ms) {
-      NFD_INFO("session %llu: no handshake within %d ms", (unsigned long long)c->session,
-               cf->handshake_timeout_ms);
+      S->timeouts++;
+      nfd_burst_log(&S->burst_timeout, "session %llu: no handshake within %d ms: closed",
+                    (unsigned long long)c->session, cf->handshake_timeout_ms);
       nfd_conn_error(c, 0, NEOFLOW__ERROR_CODE__ERR_TIMEOUT, 1,
                      "no complete Hello within %d ms", cf->handshake_timeout_ms);
       continue;
     }
     if (nf_frame_reader_mid_frame(&c->rd) && (now - c->t_last_rx) * 1000 > cf->progress_timeout_ms) {
-      NFD_INFO("session %llu (%s): frame stalled", (unsigned long long)c->session, c->name);
+      S->timeouts++;
+      nfd_burst_log(&S->burst_timeout, "session %llu (%s): frame stalled: closed",
+                    (unsigned long long)c->session, c->name);
       nfd_conn_error(c, 0, NEOFLOW__ERROR_CODE__ERR_TIMEOUT, 1,
                      "no data for %d ms in the middle of a frame", cf->progress_timeout_ms);
       continue;
     }
+    /* a frame dripped in (a byte now and then resets the stall timer):
+     * after the grace, it must arrive at min_frame_rate */
+    if (nf_frame_reader_mid_frame(&c->rd) && c->t_frame > 0 && cf->min_frame_rate > 0) {
+      double want = c->rd.n_hdr == 4 ? (double)c->rd.len + 4 : 4;
+      double allowed = cf->progress_timeout_ms / 1000.0 + want / cf->min_frame_rate;
+      if (now - c->t_frame > allowed) {
+        S->timeouts++;
+        nfd_burst_log(&S->burst_timeout, "session %llu (%s): a frame of %.0f bytes still "
+                                         "incomplete after %.0f s (below min_frame_rate): closed",
+                      (unsigned long long)c->session, c->name, want, now - c->t_frame);
+        nfd_conn_error(c, 0, NEOFLOW__ERROR_CODE__ERR_TIMEOUT, 1,
+                       "a frame arriving slower than %d bytes/s (min_frame_rate)",
+                       cf->min_frame_rate);
+        continue;
+      }
+    }
     if ((int64_t)c->out_pending >= cf->output_soft_limit) {
       if (c->t_soft_since == 0) c->t_soft_since = now;
       else if (now - c->t_soft_since > cf->output_soft_seconds) {
+        S->timeouts++;
         NFD_WARN("session %llu (%s): slow reader: %zu bytes unread for over %d s: dropped",
                  (unsigned long long)c->session, c->name, c->out_pending, cf->output_soft_seconds);
         conn_close(c, NULL);
@@ -998,6 +1083,7 @@ static void on_tick(uv_timer_t *t) {
       m.msg_case = NEOFLOW__SERVER_MESSAGE__MSG_GOODBYE;
       m.goodbye = &g;
       nfd_conn_send(c, &m);
+      S->timeouts++;
       conn_close(c, "idle");
     }
   }

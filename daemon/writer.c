@@ -49,6 +49,7 @@ struct nfd_writer {
   size_t bytes;
   int stop;
   nf_cache *cache;
+  nfd_server *S;
   uint64_t done, failed, dropped;
 };
 
@@ -66,6 +67,10 @@ static void run_op(nfd_writer *w, op *o) {
     case OP_RECORDS: rc = nf_cache_add_records(w->cache, o->key, o->recs, o->n_recs, &err); break;
     case OP_TOUCH: rc = nf_cache_touch(w->cache, o->key, o->touches, &err); break;
     case OP_QUARANTINE: rc = nf_cache_quarantine(w->cache, o->key, o->reason, &err); break;
+  }
+  if (rc != NF_OK && strstr(nf_buf_str(&err), ": busy: ")) {
+    __atomic_store_n(&w->S->writer_busy_ms, (int64_t)(nfd_now() * 1000), __ATOMIC_RELAXED);
+    __atomic_fetch_add(&w->S->cache_busy, 1, __ATOMIC_RELAXED);
   }
   if (rc != NF_OK && !(o->kind == OP_TOUCH && rc == NF_ENOENT)) {
     NFD_WARN("cache: %s not stored (clients were served anyway): %s",
@@ -131,6 +136,7 @@ int nfd_writer_start(nfd_server *S, nf_buf *err) {
   else if (adopted)
     NFD_INFO("cache: signed %lld entries stored before kernels were signed", (long long)adopted);
   nf_buf_free(&aerr);
+  w->S = S;
   pthread_mutex_init(&w->mu, NULL);
   pthread_cond_init(&w->cv, NULL);
   if (pthread_create(&w->th, NULL, thread_main, w) != 0) {

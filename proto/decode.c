@@ -184,6 +184,7 @@ static int scan_strings(const ProtobufCMessageDescriptor *d, const uint8_t *p, s
     return -1;
   }
   uint32_t seen[32] = {0}; /* occurrences per field index, for the path */
+  const ProtobufCFieldDescriptor *member = NULL; /* the oneof member met */
   size_t pos = 0;
   while (pos < n) {
     uint64_t tag, len = 0;
@@ -200,6 +201,18 @@ static int scan_strings(const ProtobufCMessageDescriptor *d, const uint8_t *p, s
       set_err(e, NEOFLOW__ERROR_CODE__ERR_INVALID_ARGUMENT, "%s%sunknown field %llu (%s)", path,
               path[0] ? ": " : "", (unsigned long long)(tag >> 3), d->name);
       return -1;
+    }
+    /* protobuf-c keeps the last member of a oneof sent twice (or merges a
+     * member sent twice): a message carries one, once (each message of the
+     * schema has at most one oneof) */
+    if (fd->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) {
+      if (member) {
+        set_err(e, NEOFLOW__ERROR_CODE__ERR_INVALID_ARGUMENT,
+                "%s%s%s and %s: a message carries one member of its oneof, once", path,
+                path[0] ? ": " : "", member->name, fd->name);
+        return -1;
+      }
+      member = fd;
     }
     switch (tag & 7) {
     case 0:

@@ -414,7 +414,9 @@ static int v_welcome(vctx *v, const Neoflow__Welcome *w) {
 }
 
 static int v_accepted(vctx *v, const Neoflow__Accepted *a) {
-  return check_key(v, "key", a->key, 0);
+  int rc = check_key(v, "key", a->key, 0);
+  return rc ? rc
+            : check_enum(v, "cache_error", &neoflow__error_code__descriptor, (int)a->cache_error);
 }
 
 static int v_kernel_update(vctx *v, const Neoflow__KernelUpdate *k) {

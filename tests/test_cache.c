@@ -1018,6 +1018,26 @@ static void sign_ff(void *user, const uint8_t key[32], const uint8_t sha[32],
   memcpy(out->sig + 32, sha, 32);
 }
 
+/* Issue 31 item 8: a new cache and its WAL are private (0600) whatever
+ * the umask (it was 0644). */
+START_TEST(cache_created_private) {
+  char *d = tmp_dir();
+  const char *p = in(d, "private.db");
+  mode_t old = umask(022);
+  nf_cache *c = open_default(p);
+  put_new(c, 1, 1, 1.0, 10);
+  umask(old);
+  struct stat st;
+  ck_assert_int_eq(stat(p, &st), 0);
+  ck_assert_int_eq(st.st_mode & 0777, 0600);
+  char wal[600];
+  snprintf(wal, sizeof wal, "%s-wal", p);
+  if (stat(wal, &st) == 0) ck_assert_int_eq(st.st_mode & 0777, 0600);
+  nf_cache_close(c);
+  rm_dir(d);
+}
+END_TEST
+
 /* A schema-1 cache's entries are listed for adoption by the migration and
  * signed once; later entries are not. */
 START_TEST(cache_adopt_old_entries) {
@@ -1655,6 +1675,7 @@ int main(void) {
   tcase_add_test(tc, cache_export_import);
   tcase_add_test(tc, cache_import_merge);
   tcase_add_test(tc, cache_signatures);
+  tcase_add_test(tc, cache_created_private);
   tcase_add_test(tc, cache_adopt_old_entries);
   tcase_add_test(tc, cache_gc);
   tcase_add_test(tc, cache_caps);

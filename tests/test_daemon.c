@@ -802,6 +802,78 @@ START_TEST(daemon_stalls_and_slow_readers) {
 }
 END_TEST
 
+/* Issue 31 item 7: slots cannot be held forever.  A frame dripped a byte
+ * every 300 ms (each byte resets the stall timer) is dropped once it falls
+ * below min_frame_rate; one user cannot hold more than
+ * max_connections_per_uid connections; a connection with nothing open is
+ * closed when idle.  Each refusal is counted in the status.  (The tree
+ * before kept the drip and the idle connections open, and let one user
+ * take every slot.) */
+START_TEST(daemon_slots_bounded) {
+  dm d;
+  dm_init(&d);
+  dm_config(&d, "[daemon]\nprogress_timeout_ms = 1000\nmin_frame_rate = 100\n"
+                "max_connections_per_uid = 3\nidle_timeout_s = 2\n");
+  dm_start(&d);
+  /* the drip: a 400-byte frame must be in within 1 + 4 s */
+  int fd = try_connect(d.sock);
+  raw_hello(fd, 1, 1);
+  expect_welcome(fd);
+  uint8_t hdr[4] = {0, 0, 1, 144};
+  raw_send(fd, hdr, 4);
+  double t0 = (double)time(NULL);
+  int closed = 0;
+  for (int i = 0; i < 60 && !closed; i++) {
+    uint8_t b = 0x0a;
+    if (send(fd, &b, 1, MSG_NOSIGNAL) != 1) closed = 1;
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (poll(&p, 1, 300) > 0) closed = 1;
+  }
+  ck_assert_msg(closed, "a frame dripped for 18 s was still open");
+  ck_assert_double_lt((double)time(NULL) - t0, 12.0);
+  expect_error(fd, NEOFLOW__ERROR_CODE__ERR_TIMEOUT, 1);
+  close(fd);
+  /* one user: three connections, the fourth refused */
+  int fds[4];
+  for (int i = 0; i < 4; i++) {
+    fds[i] = try_connect(d.sock);
+    ck_assert_int_ge(fds[i], 0);
+    raw_hello_try(fds[i], 1, 1);
+    Neoflow__ServerMessage *m = raw_recv(fds[i], 5000);
+    ck_assert_ptr_nonnull(m);
+    if (i < 3) {
+      ck_assert_int_eq(m->msg_case, NEOFLOW__SERVER_MESSAGE__MSG_WELCOME);
+    } else {
+      ck_assert_int_eq(m->msg_case, NEOFLOW__SERVER_MESSAGE__MSG_ERROR);
+      ck_assert_int_eq(m->error->code, NEOFLOW__ERROR_CODE__ERR_BUSY);
+      ck_assert_msg(strstr(m->error->message, "max_connections_per_uid"), "%s", m->error->message);
+    }
+    nf_wire_free_server(m);
+  }
+  /* idle: all three get a Goodbye within a few seconds */
+  for (int i = 0; i < 3; i++) {
+    Neoflow__ServerMessage *m = raw_recv(fds[i], 6000);
+    ck_assert_ptr_nonnull(m);
+    ck_assert_int_eq(m->msg_case, NEOFLOW__SERVER_MESSAGE__MSG_GOODBYE);
+    ck_assert_str_eq(m->goodbye->reason, "idle timeout");
+    nf_wire_free_server(m);
+  }
+  for (int i = 0; i < 4; i++) close(fds[i]);
+  sleep_ms(300);
+  nf_dconn *c = open_client(&d, "status");
+  Neoflow__ServerMessage *hold;
+  Neoflow__StatusReply *st = status_of(c, &hold);
+  ck_assert_uint_ge(st->timeouts, 4);
+  ck_assert_uint_ge(st->connections_refused, 1);
+  nf_wire_free_server(hold);
+  nf_dconn_close(c);
+  ck_assert(log_has(&d, "below min_frame_rate"));
+  ck_assert(log_has(&d, "max_connections_per_uid"));
+  ck_assert_int_eq(dm_stop(&d, SIGTERM), 0);
+  dm_done(&d);
+}
+END_TEST
+
 START_TEST(daemon_disconnect_mid_job) {
   dm d;
   dm_init(&d);
@@ -883,10 +955,12 @@ START_TEST(daemon_fd_exhaustion) {
   dm d;
   dm_init(&d);
   d.nofile = 64;
-  dm_config(&d, NULL);
+  dm_config(&d, "[daemon]\nmax_connections_per_uid = 1000\n");
   dm_start(&d);
   enum { N = 120 };
   int fds[N];
+  /* (the per-user cap is raised in dm_config below: this test is about
+   * descriptors) */
   for (int i = 0; i < N; i++) {
     fds[i] = try_connect(d.sock);
     if (fds[i] >= 0) raw_hello_try(fds[i], 1, 1);
@@ -902,6 +976,14 @@ START_TEST(daemon_fd_exhaustion) {
     if (fds[i] >= 0) close(fds[i]);
   sleep_ms(500);
   served(&d, 16);
+  /* the closes for lack of descriptors were counted and said */
+  nf_dconn *c = open_client(&d, "status");
+  Neoflow__ServerMessage *hold;
+  Neoflow__StatusReply *st = status_of(c, &hold);
+  ck_assert_uint_ge(st->emfile_closes, 1);
+  nf_wire_free_server(hold);
+  nf_dconn_close(c);
+  ck_assert(log_has(&d, "out of file descriptors"));
   ck_assert_int_eq(dm_stop(&d, SIGTERM), 0);
   dm_done(&d);
 }
@@ -1847,6 +1929,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, daemon_stalls_and_slow_readers);
   tcase_add_test(tc, daemon_connection_limit);
   tcase_add_test(tc, daemon_tcp_key);
+  tcase_add_test(tc, daemon_slots_bounded);
   tcase_add_test(tc, daemon_tcp_mitm);
   tcase_add_test(tc, daemon_second_instance_refused);
   tcase_add_test(tc, daemon_sighup_reload);

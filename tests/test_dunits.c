@@ -167,7 +167,9 @@ START_TEST(dunits_config_defaults) {
   ck_assert_int_eq(c.max_requests, 1024);
   ck_assert_int_eq(c.handshake_timeout_ms, 5000);
   ck_assert_int_eq(c.progress_timeout_ms, 10000);
-  ck_assert_int_eq(c.idle_timeout_s, 0);
+  ck_assert_int_eq(c.idle_timeout_s, 600);
+  ck_assert_int_eq(c.max_connections_per_uid, 32);
+  ck_assert_int_eq(c.min_frame_rate, 1024);
   ck_assert_int_eq(c.output_soft_limit, 8 << 20);
   ck_assert_int_eq(c.output_hard_limit, 64 << 20);
   ck_assert_int_eq(c.output_soft_seconds, 60);
@@ -494,8 +496,9 @@ static char *read_example(char *path, size_t n) {
 START_TEST(dunits_config_example) {
   clear_env();
   static const char *const all_keys[] = {
-      "socket", "socket_group", "allowed_uids", "max_connections", "max_requests",
-      "handshake_timeout_ms", "progress_timeout_ms", "idle_timeout_s", "output_soft_limit",
+      "socket", "socket_group", "allowed_uids", "max_connections", "max_connections_per_uid",
+      "max_requests", "handshake_timeout_ms", "progress_timeout_ms", "min_frame_rate",
+      "idle_timeout_s", "signing_key", "output_soft_limit",
       "output_hard_limit", "output_soft_seconds", "log_level", "cache", "allow_network_fs",
       "sync", "soft_cap_mb", "hard_cap_mb", "listen", "key_file", "compile_jobs", "tune_jobs",
       "max_queued_jobs", "default_trials", "max_trials", "default_seconds", "max_seconds",

@@ -1050,6 +1050,37 @@ START_TEST(proto_unknown_enum_rejected) {
 }
 END_TEST
 
+/* Issue 31 item 8: two members of a oneof (protobuf-c keeps the last), or
+ * one sent twice (merged), are refused, not silently narrowed. */
+START_TEST(proto_oneof_twice) {
+  /* ClientMessage{status = 5, ping = 6}, both empty */
+  static const uint8_t two[] = {0x2a, 0x00, 0x32, 0x00};
+  expect_reject_bytes(K_CLIENT, two, sizeof two, "status and ping: a message carries one member");
+  static const uint8_t again[] = {0x32, 0x02, 0x08, 0x01, 0x32, 0x02, 0x08, 0x02};
+  expect_reject_bytes(K_CLIENT, again, sizeof again, "ping and ping");
+  /* a ServerMessage's member sent twice */
+  Neoflow__ServerMessage sm = NEOFLOW__SERVER_MESSAGE__INIT;
+  Neoflow__Goodbye g = NEOFLOW__GOODBYE__INIT;
+  g.reason = (char *)"bye";
+  sm.msg_case = NEOFLOW__SERVER_MESSAGE__MSG_GOODBYE;
+  sm.goodbye = &g;
+  nf_buf b = NF_BUF_INIT;
+  pack_into(&sm.base, &b);
+  uint8_t once[64];
+  ck_assert_uint_le(b.len, sizeof once);
+  size_t n1 = b.len;
+  memcpy(once, b.data, n1);
+  nf_buf_add(&b, once, n1); /* the same member twice */
+  expect_reject_bytes(K_SERVER, (const uint8_t *)b.data, b.len, "goodbye and goodbye");
+  nf_buf_free(&b);
+  /* one member once is fine */
+  nf_wire_err e;
+  ProtobufCMessage *m = dec(K_CLIENT, two, 2, &e);
+  ck_assert_msg(m != NULL, "%s", e.msg);
+  dfree(K_CLIENT, m);
+}
+END_TEST
+
 START_TEST(proto_oneof_not_set) {
   expect_reject_bytes(K_CLIENT, (const uint8_t *)"", 0, "msg: no message set");
   expect_reject_bytes(K_SERVER, (const uint8_t *)"", 0, "msg: no message set");
@@ -2100,6 +2131,7 @@ static Suite *proto_suite(void) {
   tcase_add_test(tc, proto_unknown_field_rejected);
   tcase_add_test(tc, proto_unknown_enum_rejected);
   tcase_add_test(tc, proto_oneof_not_set);
+  tcase_add_test(tc, proto_oneof_twice);
   tcase_add_loop_test(tc, proto_invalid_fields, 0,
                       (int)(sizeof(field_cases) / sizeof(field_cases[0])));
   tcase_add_test(tc, proto_text_accepted);

@@ -674,6 +674,12 @@ int nf_cache_open(const char *path, const nf_cache_opts *o, nf_cache **out, nf_b
   }
   if (rc == NF_OK) rc = check_fs(path, o->allow_network_fs, &network, err);
   if (rc == NF_OK && o->writer_lock && !c->read_only) rc = take_lock(c, err);
+  /* a new cache is private: made 0600 here (SQLite would make it 0644
+   * less the umask), and its -wal and -shm files take its mode */
+  if (rc == NF_OK && !c->read_only) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd >= 0) close(fd);
+  }
   int flags = (c->read_only ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE) |
               SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_EXRESCODE;
   if (rc == NF_OK) rc = nf__cache_open_db(path, path, flags, 0, c->busy_ms, &c->db, err);
