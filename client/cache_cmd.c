@@ -5,6 +5,7 @@
  *   neoflow cache list   [--json]
  *   neoflow cache export FILE
  *   neoflow cache import FILE
+ *   neoflow cache recover [FILE]
  *   neoflow cache verify [--full] [--fix]
  *   neoflow cache gc     [--max-mb N] [--older-than DAYS] [--keep-codegen VERSION]
  *                        [--drop-quarantine]
@@ -48,6 +49,10 @@ static const char cache_usage[] =
     "                        cache file (an existing FILE is refused)\n"
     "  import FILE           merge a cache file: per key the better entry stays;\n"
     "                        entries whose digest does not verify are rejected\n"
+    "  recover [FILE]        bring back what can be verified from a damaged cache\n"
+    "                        file (SQLite's .recover; every entry checked again as\n"
+    "                        on import); without FILE, a damaged cache is first moved\n"
+    "                        aside (as neoflowd does) and recovered from there\n"
     "  verify [--full] [--fix]\n"
     "                        check the database (quick_check; integrity_check with\n"
     "                        --full) and every entry's digest; --fix moves bad\n"
@@ -213,7 +218,8 @@ static int parse_cache_args(int argc, char **argv, cache_args *a) {
       a->keep_codegen = val;
     } else if (arg[0] == '-' && arg[1]) {
       return cache_usage_error("unknown option '%s'", arg);
-    } else if (n_pos++ == 0 && (!strcmp(a->sub, "export") || !strcmp(a->sub, "import"))) {
+    } else if (n_pos++ == 0 && (!strcmp(a->sub, "export") || !strcmp(a->sub, "import") ||
+                                !strcmp(a->sub, "recover"))) {
       a->file = arg;
     } else {
       return cache_usage_error("unexpected argument '%s'", arg);
@@ -431,6 +437,27 @@ static int do_import(nf_cache *c, const cache_args *a) {
   return finish_output("import");
 }
 
+static int do_recover(nf_cache *c, const cache_args *a) {
+  nf_buf err = NF_BUF_INIT;
+  nf_cache_import_report r;
+  int rc = nf_cache_recover(c, a->file, &r, &err);
+  if (rc != NF_OK) {
+    int st = cache_fail("recover", &err, rc);
+    nf_buf_free(&err);
+    return st;
+  }
+  print_lines("recover", "warning: ", nf_buf_str(&err));
+  nf_buf_free(&err);
+  printf("recovered from %s into %s: %" PRId64 " entries read back, %" PRId64 " added, %" PRId64
+         " replaced, %" PRId64 " kept, %" PRId64 " rejected (failed their checks); %" PRId64
+         " records\n",
+         a->file, nf_cache_path(c), r.seen, r.added, r.replaced, r.kept, r.rejected, r.records);
+  if (r.unsigned_)
+    printf("%" PRId64 " of them carry no signature: the daemon rebuilds each on first use\n",
+           r.unsigned_);
+  return finish_output("recover");
+}
+
 static int do_verify(nf_cache *c, const cache_args *a) {
   nf_buf err = NF_BUF_INIT;
   nf_cache_verify_report r;
@@ -484,7 +511,8 @@ int nf__cli_cache(int argc, char **argv) {
       fputs(cache_usage, stdout);
       return finish_output("help");
     }
-  static const char *const subs[] = {"stats", "list", "export", "import", "verify", "gc"};
+  static const char *const subs[] = {"stats", "list", "export", "import", "verify", "gc",
+                                     "recover"};
   int known = 0;
   for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++) known |= !strcmp(sub, subs[i]);
   if (!known) return cache_usage_error("unknown command '%s'", sub);
@@ -505,17 +533,41 @@ int nf__cli_cache(int argc, char **argv) {
     nf_buf_free(&path);
     return 1;
   }
-  int writes = !strcmp(sub, "import") || !strcmp(sub, "gc") || a.fix;
-  if (!strcmp(sub, "import") && make_parents(path.data) != 0) {
+  int recover = !strcmp(sub, "recover");
+  int writes = !strcmp(sub, "import") || !strcmp(sub, "gc") || a.fix || recover;
+  if ((!strcmp(sub, "import") || recover) && make_parents(path.data) != 0) {
     fprintf(stderr, "neoflow cache: import: cannot create the directory of %s: %s\n", path.data,
             strerror(errno));
     nf_buf_free(&path);
     return 1;
   }
-  nf_cache_opts o = {.read_only = !writes, .allow_network_fs = a.allow_network_fs};
+  int damaged = 0;
+  nf_cache_opts o = {.read_only = !writes, .allow_network_fs = a.allow_network_fs,
+                     .damaged = &damaged};
   nf_cache *c = NULL;
   nf_buf err = NF_BUF_INIT;
   int rc = nf_cache_open(path.data, &o, &c, &err);
+  char moved[4300];
+  if (rc != NF_OK && damaged && recover && !a.file) {
+    /* the cache itself is damaged: aside, then recovered from there */
+    nf_buf_reset(&err);
+    rc = nf_cache_move_aside(path.data, moved, sizeof moved, &err);
+    if (rc == NF_OK) {
+      printf("moved the damaged cache %s to %s\n", path.data, moved);
+      a.file = moved;
+      rc = nf_cache_open(path.data, &o, &c, &err);
+    }
+  } else if (rc == NF_OK && recover && !a.file) {
+    printf("%s is not damaged: nothing to recover (give the damaged FILE)\n", path.data);
+    nf_cache_close(c);
+    nf_buf_free(&err);
+    nf_buf_free(&path);
+    return finish_output("recover");
+  }
+  if (rc != NF_OK && damaged)
+    nf_buf_printf(&err, "\nthe database is damaged: `neoflow cache recover` moves it aside and "
+                        "brings back what can be verified (neoflowd does the first part itself "
+                        "when it starts)");
   if (rc != NF_OK) {
     st = cache_fail(sub, &err, rc);
     nf_buf_free(&err);
@@ -532,6 +584,8 @@ int nf__cli_cache(int argc, char **argv) {
     st = do_export(c, &a);
   else if (!strcmp(sub, "import"))
     st = do_import(c, &a);
+  else if (recover)
+    st = do_recover(c, &a);
   else if (!strcmp(sub, "verify"))
     st = do_verify(c, &a);
   else

@@ -190,7 +190,7 @@ void nfd_config_defaults(nfd_config *c) {
   default_socket_path(c);
   c->n_allowed_uids = 0;
   c->max_connections = 256;
-  c->max_connections_per_uid = 32;
+  c->max_connections_per_uid = 64;
   c->min_frame_rate = 1024;
   c->max_requests = 1024;
   c->handshake_timeout_ms = 5000;

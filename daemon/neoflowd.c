@@ -285,9 +285,9 @@ int main(int argc, char **argv) {
   char cbuf[4096];
   if (!config) config = default_config(cbuf, sizeof cbuf);
   if (config && nfd_config_load(&S.cfg, config, &err) != NF_OK) {
-    int r = fail("%s", nf_buf_str(&err));
+    fail("%s", nf_buf_str(&err));
     nf_buf_free(&err);
-    return r;
+    return NFD_EXIT_CONFIG; /* restarting would not help: systemd stops */
   }
   if ((sock && copy_opt(S.cfg.socket_path, sizeof S.cfg.socket_path, sock, "--socket")) ||
       (cache && copy_opt(S.cfg.cache_path, sizeof S.cfg.cache_path, cache, "--cache")) ||
@@ -305,9 +305,9 @@ int main(int argc, char **argv) {
     S.cfg.log_level = l;
   }
   if (nfd_config_check(&S.cfg, &err) != NF_OK) {
-    int r = fail("%s", nf_buf_str(&err));
+    fail("%s", nf_buf_str(&err));
     nf_buf_free(&err);
-    return r;
+    return NFD_EXIT_CONFIG;
   }
   if (print) {
     print_config(&S.cfg);

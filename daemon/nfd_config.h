@@ -37,7 +37,7 @@ typedef struct nfd_config {
                               the daemon's own uid; nfd_uid_allowed */
   int n_allowed_uids;
   int max_connections;     /* 256 */
-  int max_connections_per_uid; /* 32: one user (or one TCP peer address)
+  int max_connections_per_uid; /* 64: one user (or one TCP peer address)
                               cannot hold every slot */
   int min_frame_rate;      /* bytes/s, 1024: a frame in progress must
                               arrive at least this fast (after a grace of

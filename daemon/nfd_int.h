@@ -84,6 +84,10 @@ void nfd_kernel_unref(nfd_kernel *k);
  * connection that would take one of them is refused with BUSY. */
 #define NFD_FD_HEADROOM 16
 
+/* The exit status of a configuration that cannot work (sysexits'
+ * EX_CONFIG): the systemd unit does not restart on it. */
+#define NFD_EXIT_CONFIG 78
+
 /* Logging once per burst: the first event is logged, then at most one
  * line per 10 s saying how many came meanwhile (nfd_burst_log). */
 typedef struct nfd_burst {
@@ -237,6 +241,7 @@ struct nfd_server {
   uint64_t emfile;        /* accepts that failed for lack of descriptors
                              (libuv closes the connection) */
   uint64_t cache_busy;    /* cache reads or writes that found it locked */
+  int cache_moved_aside;  /* the cache was damaged at start and moved aside */
   int64_t writer_busy_ms; /* when the writer thread last found the cache
                              locked (nfd_now() in ms; atomic): requests
                              within a minute are told CACHE_BUSY */

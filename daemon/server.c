@@ -978,10 +978,11 @@ static void on_connection(uv_stream_t *ls, int status) {
         same++;
     if (same >= S->cfg.max_connections_per_uid) {
       S->refused++;
-      nfd_burst_log(&S->burst_refused, "refused a connection from %s %s%s: it holds %d already "
-                                       "(max_connections_per_uid)",
-                    c->tcp ? "address" : "uid", c->tcp ? c->peer : "", c->tcp ? "" : "",
-                    same);
+      char who[96];
+      if (c->tcp) snprintf(who, sizeof who, "address %s", c->peer);
+      else snprintf(who, sizeof who, "uid %u", (unsigned)c->uid);
+      nfd_burst_log(&S->burst_refused, "refused a connection from %s: it holds %d already "
+                                       "(max_connections_per_uid)", who, same);
       nfd_conn_error(c, 0, NEOFLOW__ERROR_CODE__ERR_BUSY, 1,
                      "too many connections from this %s (%d; max_connections_per_uid)",
                      c->tcp ? "address" : "user", same);

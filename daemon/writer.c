@@ -116,12 +116,31 @@ static void adopt_sign(void *user, const uint8_t key[32], const uint8_t sha[32],
 int nfd_writer_start(nfd_server *S, nf_buf *err) {
   nfd_writer *w = calloc(1, sizeof *w);
   if (!w) return NF_ENOMEM;
+  int damaged = 0;
   nf_cache_opts co = {.writer_lock = 1,
                       .allow_network_fs = S->cfg.allow_network_fs,
                       .sync_full = S->cfg.cache_sync_full,
                       .soft_cap_bytes = S->cfg.cache_soft_cap,
-                      .hard_cap_bytes = S->cfg.cache_hard_cap};
+                      .hard_cap_bytes = S->cfg.cache_hard_cap,
+                      .damaged = &damaged};
   int rc = nf_cache_open(S->cfg.cache_path, &co, &w->cache, err);
+  if (rc != NF_OK && damaged) {
+    /* a damaged cache is no reason to stay down: aside (named, logged),
+     * a fresh one, and the way to bring back what can be verified */
+    char moved[4300];
+    nf_buf why = NF_BUF_INIT;
+    nf_buf_puts(&why, nf_buf_str(err));
+    nf_buf_reset(err);
+    rc = nf_cache_move_aside(S->cfg.cache_path, moved, sizeof moved, err);
+    if (rc == NF_OK) {
+      NFD_ERROR("cache %s is damaged (%s); moved it to %s and starting on a fresh cache; "
+                "`neoflow cache recover %s --cache %s` brings back what can be verified",
+                S->cfg.cache_path, nf_buf_str(&why), moved, moved, S->cfg.cache_path);
+      S->cache_moved_aside = 1;
+      rc = nf_cache_open(S->cfg.cache_path, &co, &w->cache, err);
+    }
+    nf_buf_free(&why);
+  }
   if (rc != NF_OK) {
     free(w);
     return rc;

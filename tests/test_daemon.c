@@ -874,6 +874,100 @@ START_TEST(daemon_slots_bounded) {
 }
 END_TEST
 
+/* Issue 31 item 6: a damaged cache is no permanent outage.  A page of the
+ * cache is overwritten; the daemon moves the file aside (named in its
+ * log), starts on a fresh cache and serves; `neoflow cache recover` brings
+ * back what verifies, and the daemon serves it again as a hit (its
+ * signature came back with it).  The tree before refused to start. */
+START_TEST(daemon_damaged_cache) {
+  dm d;
+  dm_init(&d);
+  dm_config(&d, NULL);
+  dm_start(&d);
+  Neoflow__Graph *g1 = mm_wire(20), *g2 = mm_wire(24);
+  nf_dconn *c = open_client(&d, "fill");
+  nf_dkernel k;
+  submit(c, 1, g1, NEOFLOW__MODE__MODE_COMPILE, 0);
+  final_kernel(c, 1, &k, NULL);
+  nf_dkernel_free(&k);
+  submit(c, 2, g2, NEOFLOW__MODE__MODE_COMPILE, 0);
+  final_kernel(c, 2, &k, NULL);
+  nf_dkernel_free(&k);
+  ck_assert_uint_eq(wait_entries(c, 2), 2);
+  nf_dconn_close(c);
+  ck_assert_int_eq(dm_stop(&d, SIGTERM), 0);
+  /* everything into the main file, then an index page overwritten */
+  sqlite3 *db = NULL;
+  ck_assert_int_eq(sqlite3_open(d.cache, &db), SQLITE_OK);
+  ck_assert_int_eq(sqlite3_exec(db, "PRAGMA wal_checkpoint(TRUNCATE)", NULL, NULL, NULL), SQLITE_OK);
+  sqlite3_stmt *st = NULL;
+  ck_assert_int_eq(sqlite3_prepare_v2(db, "SELECT (SELECT rootpage FROM sqlite_schema WHERE "
+                                          "name='entries_last_used'), (SELECT page_size FROM "
+                                          "pragma_page_size)",
+                                      -1, &st, NULL),
+                   SQLITE_OK);
+  ck_assert_int_eq(sqlite3_step(st), SQLITE_ROW);
+  long root = (long)sqlite3_column_int64(st, 0), psize = (long)sqlite3_column_int64(st, 1);
+  sqlite3_finalize(st);
+  sqlite3_close(db);
+  int fd = open(d.cache, O_WRONLY);
+  ck_assert_int_ge(fd, 0);
+  uint8_t junk[16];
+  memset(junk, 0xee, sizeof junk);
+  ck_assert_int_eq(pwrite(fd, junk, sizeof junk, (root - 1) * psize), (ssize_t)sizeof junk);
+  close(fd);
+  /* the daemon starts anyway, says where the old file went, and serves */
+  dm_start(&d);
+  ck_assert(log_has(&d, "is damaged"));
+  ck_assert(log_has(&d, "neoflow cache recover"));
+  char cmd[1400], moved[700] = "";
+  snprintf(cmd, sizeof cmd, "ls %s | grep damaged- | grep -v -- '-wal\\|-shm' | head -1", d.dir);
+  FILE *ls = popen(cmd, "r");
+  ck_assert_ptr_nonnull(ls);
+  ck_assert_ptr_nonnull(fgets(moved, sizeof moved, ls));
+  pclose(ls);
+  moved[strcspn(moved, "\n")] = 0;
+  c = open_client(&d, "after");
+  submit(c, 1, g1, NEOFLOW__MODE__MODE_COMPILE, 0);
+  final_kernel(c, 1, &k, NULL);
+  check_kernel(&k, 20);
+  nf_dkernel_free(&k);
+  nf_dconn_close(c);
+  ck_assert_int_eq(dm_stop(&d, SIGTERM), 0);
+  /* recover: both entries come back, g2's with its signature */
+  snprintf(cmd, sizeof cmd, "%s cache recover %s/%s --cache %s > %s/recover.out 2>&1",
+           getenv("NF_NEOFLOW"), d.dir, moved, d.cache, d.dir);
+  int rs = system(cmd);
+  char out_path[400];
+  snprintf(out_path, sizeof out_path, "%s/recover.out", d.dir);
+  FILE *f = fopen(out_path, "r");
+  char text[2048] = "";
+  if (f) {
+    size_t got = fread(text, 1, sizeof text - 1, f);
+    text[got] = 0;
+    fclose(f);
+  }
+  ck_assert_msg(rs == 0, "neoflow cache recover failed: %s", text);
+  ck_assert_msg(strstr(text, "2 entries read back"), "%s", text);
+  dm_start(&d);
+  c = open_client(&d, "recovered");
+  submit(c, 3, g2, NEOFLOW__MODE__MODE_COMPILE, 0);
+  final_kernel(c, 3, &k, NULL);
+  check_kernel(&k, 24);
+  nf_dkernel_free(&k);
+  Neoflow__ServerMessage *hold;
+  Neoflow__StatusReply *sr = status_of(c, &hold);
+  ck_assert_uint_eq(sr->cache_hits, 1);
+  ck_assert_uint_eq(sr->jobs_done, 0);
+  nf_wire_free_server(hold);
+  nf_dconn_close(c);
+  nf_wire_graph_free(g1);
+  nf_wire_graph_free(g2);
+  ck_assert_int_eq(dm_stop(&d, SIGTERM), 0);
+  dm_done(&d);
+}
+END_TEST
+
 START_TEST(daemon_disconnect_mid_job) {
   dm d;
   dm_init(&d);
@@ -1336,6 +1430,12 @@ START_TEST(daemon_second_instance_refused) {
   snprintf(cmd, sizeof cmd, "grep -qi 'already\\|in use' '%s/second.log'", d.dir);
   ck_assert_int_eq(system(cmd), 0);
   served(&d, 6); /* the first one is unharmed */
+  /* a configuration that cannot work exits 78, which systemd does not
+   * restart (issue 31 item 6) */
+  snprintf(cmd, sizeof cmd, "printf '[daemon]\\nmax_connections = many\\n' > '%s/bad.conf'; "
+           "'%s' --config '%s/bad.conf' 2>/dev/null", d.dir, exe, d.dir);
+  st = system(cmd);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 78, "status %d", WEXITSTATUS(st));
   ck_assert_int_eq(dm_stop(&d, SIGTERM), 0);
   dm_done(&d);
 }
@@ -1930,6 +2030,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, daemon_connection_limit);
   tcase_add_test(tc, daemon_tcp_key);
   tcase_add_test(tc, daemon_slots_bounded);
+  tcase_add_test(tc, daemon_damaged_cache);
   tcase_add_test(tc, daemon_tcp_mitm);
   tcase_add_test(tc, daemon_second_instance_refused);
   tcase_add_test(tc, daemon_sighup_reload);

@@ -168,7 +168,7 @@ START_TEST(dunits_config_defaults) {
   ck_assert_int_eq(c.handshake_timeout_ms, 5000);
   ck_assert_int_eq(c.progress_timeout_ms, 10000);
   ck_assert_int_eq(c.idle_timeout_s, 600);
-  ck_assert_int_eq(c.max_connections_per_uid, 32);
+  ck_assert_int_eq(c.max_connections_per_uid, 64);
   ck_assert_int_eq(c.min_frame_rate, 1024);
   ck_assert_int_eq(c.output_soft_limit, 8 << 20);
   ck_assert_int_eq(c.output_hard_limit, 64 << 20);

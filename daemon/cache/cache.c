@@ -660,6 +660,7 @@ int nf_cache_open(const char *path, const nf_cache_opts *o, nf_cache **out, nf_b
     free(c);
     return NF_ENOMEM;
   }
+  if (o->damaged) *o->damaged = 0;
   c->read_only = o->read_only != 0;
   c->busy_ms = o->busy_timeout_ms ? o->busy_timeout_ms : 5000;
   c->soft_cap = o->soft_cap_bytes;
@@ -708,6 +709,13 @@ int nf_cache_open(const char *path, const nf_cache_opts *o, nf_cache **out, nf_b
       rc = nf__cache_migrate(c->db, path, err);
   }
   if (rc != NF_OK) {
+    /* damage, as this file's messages name it (header_err, the integrity
+     * check): never a foreign or newer cache */
+    const char *m = err ? nf_buf_str(err) : "";
+    if (o->damaged && rc == NF_EFORMAT &&
+        (strstr(m, "damaged database") || strstr(m, "file is not a database") ||
+         strstr(m, "quick_check") || strstr(m, "malformed")))
+      *o->damaged = 1;
     nf_cache_close(c);
     return rc;
   }

@@ -19,7 +19,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cache_int.h"
@@ -808,5 +811,209 @@ int nf_cache_list(nf_cache *c, int (*fn)(void *user, const nf_cache_entry *e), v
   }
   if (s != SQLITE_DONE) rc = nf__cache_sqlerr(c->path, c->db, s, "list", err);
   sqlite3_finalize(st);
+  return rc;
+}
+
+/* ---- damaged caches: moving aside, recovering ---- */
+
+int nf_cache_move_aside(const char *path, char *moved, size_t n, nf_buf *err) {
+  time_t now = time(NULL);
+  struct tm tm;
+  gmtime_r(&now, &tm);
+  char stamp[32];
+  strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
+  char base[4200];
+  struct stat sb;
+  for (int k = 0;; k++) {
+    if (k == 0) snprintf(base, sizeof base, "%s.damaged-%s", path, stamp);
+    else snprintf(base, sizeof base, "%s.damaged-%s.%d", path, stamp, k);
+    if (lstat(base, &sb) != 0 && errno == ENOENT) break;
+    if (k > 100) return nf__cache_fail(err, NF_EIO, path, "cannot find a free name to move it to");
+  }
+  if (strlen(base) >= n) return nf__cache_fail(err, NF_EIO, path, "the new name is too long");
+  if (rename_noreplace(path, base) != 0)
+    return nf__cache_fail(err, NF_EIO, path, "cannot move it to %s: %s", base, strerror(errno));
+  static const char *const sfx[] = {"-wal", "-shm", "-journal"};
+  for (size_t i = 0; i < sizeof sfx / sizeof sfx[0]; i++) {
+    char a[4300], b[4300];
+    snprintf(a, sizeof a, "%s%s", path, sfx[i]);
+    snprintf(b, sizeof b, "%s%s", base, sfx[i]);
+    if (lstat(a, &sb) == 0 && rename_noreplace(a, b) != 0)
+      return nf__cache_fail(err, NF_EIO, path, "cannot move %s to %s: %s", a, b, strerror(errno));
+  }
+  char *dir = dir_of(path);
+  if (dir) sync_path(dir, 1);
+  free(dir);
+  memcpy(moved, base, strlen(base) + 1);
+  return NF_OK;
+}
+
+/* Copies a file (the damaged one is never opened for writing). */
+static int copy_file(const char *from, const char *to) {
+  int in = open(from, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (in < 0) return -1;
+  int out = open(to, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (out < 0) {
+    close(in);
+    return -1;
+  }
+  char buf[1 << 16];
+  ssize_t r;
+  int rc = 0;
+  while ((r = read(in, buf, sizeof buf)) > 0)
+    if (write(out, buf, (size_t)r) != r) {
+      rc = -1;
+      break;
+    }
+  if (r < 0) rc = -1;
+  close(in);
+  if (close(out) != 0) rc = -1;
+  return rc;
+}
+
+/* Runs `sqlite3 db CMD` (.recover, or .dump) with its output in sql_path;
+ * 0 on success, 127 when there is no sqlite3 program, else its status. */
+static int run_sqlite3(const char *db, const char *cmd, const char *sql_path) {
+  pid_t p = fork();
+  if (p < 0) return -1;
+  if (p == 0) {
+    int fd = open(sql_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    int nul = open("/dev/null", O_RDWR);
+    if (fd < 0 || nul < 0) _exit(126);
+    dup2(nul, 0);
+    dup2(fd, 1);
+    dup2(nul, 2);
+    execlp("sqlite3", "sqlite3", db, cmd, (char *)NULL);
+    _exit(127);
+  }
+  int st = 0;
+  while (waitpid(p, &st, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+/* Reads a whole file (the recovered SQL) into a NUL-terminated buffer. */
+static char *slurp(const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  nf_buf b = NF_BUF_INIT;
+  char chunk[1 << 16];
+  size_t r;
+  while ((r = fread(chunk, 1, sizeof chunk, f)) > 0) nf_buf_add(&b, chunk, r);
+  fclose(f);
+  if (b.oom) {
+    nf_buf_free(&b);
+    return NULL;
+  }
+  nf_buf_putc(&b, 0);
+  return b.data;
+}
+
+int nf_cache_recover(nf_cache *c, const char *src, nf_cache_import_report *r, nf_buf *err) {
+  memset(r, 0, sizeof *r);
+  struct stat sb;
+  if (stat(src, &sb) != 0)
+    return nf__cache_fail(err, errno == ENOENT ? NF_ENOENT : NF_EIO, src, "%s", strerror(errno));
+  char *dir = dir_of(c->path);
+  if (!dir) return nf__cache_fail(err, NF_ENOMEM, c->path, "out of memory");
+  char tmp[4200], copy[4300], sql[4300], out[4300];
+  snprintf(tmp, sizeof tmp, "%s/.recover-XXXXXX", dir);
+  free(dir);
+  if (!mkdtemp(tmp))
+    return nf__cache_fail(err, NF_EIO, c->path, "recover: cannot make a work directory: %s",
+                          strerror(errno));
+  snprintf(copy, sizeof copy, "%s/damaged.db", tmp);
+  snprintf(sql, sizeof sql, "%s/recovered.sql", tmp);
+  snprintf(out, sizeof out, "%s/recovered.db", tmp);
+  int rc = NF_OK;
+  char wal_from[4400], wal_to[4400];
+  snprintf(wal_from, sizeof wal_from, "%s-wal", src);
+  snprintf(wal_to, sizeof wal_to, "%s-wal", copy);
+  if (copy_file(src, copy) != 0 || (stat(wal_from, &sb) == 0 && copy_file(wal_from, wal_to) != 0))
+    rc = nf__cache_fail(err, NF_EIO, src, "recover: cannot copy it: %s", strerror(errno));
+  /* .recover reads the pages themselves, but needs the sqlite_dbpage table
+   * that Debian's SQLite is built without; .dump reads what each table's
+   * scan still reaches (a damaged index does not matter to it) */
+  int st = rc == NF_OK ? run_sqlite3(copy, ".recover", sql) : 0;
+  if (rc == NF_OK && st != 0 && st != 127) st = run_sqlite3(copy, ".dump", sql);
+  if (rc == NF_OK && st == 127)
+    rc = nf__cache_fail(err, NF_EUNSUPPORTED, src,
+                        "recover needs SQLite's sqlite3 program (apt install sqlite3)");
+  char *text = rc == NF_OK ? slurp(sql) : NULL;
+  if (rc == NF_OK && !text) rc = nf__cache_fail(err, NF_EIO, src, "recover: cannot read its output");
+  sqlite3 *db = NULL;
+  if (rc == NF_OK && sqlite3_open_v2(out, &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) !=
+                         SQLITE_OK)
+    rc = nf__cache_fail(err, NF_EIO, out, "recover: cannot create it");
+  /* statement by statement in one transaction of ours: a statement that
+   * fails (a row cut short) is skipped, and the tool's own BEGIN, COMMIT
+   * or "ROLLBACK; -- due to errors" do not decide for us */
+  int64_t n_ok = 0, n_bad = 0;
+  if (rc == NF_OK) rc = nf__cache_exec(db, out, "BEGIN", err);
+  for (const char *p = text; rc == NF_OK && p && *p;) {
+    sqlite3_stmt *q = NULL;
+    const char *tail = NULL;
+    int prc = sqlite3_prepare_v2(db, p, -1, &q, &tail);
+    if (prc != SQLITE_OK) {
+      /* skip to the next statement */
+      const char *semi = strchr(p, ';');
+      n_bad++;
+      p = semi ? semi + 1 : NULL;
+      continue;
+    }
+    p = tail;
+    if (!q) continue;
+    const char *sqltext = sqlite3_sql(q);
+    while (*sqltext == ' ' || *sqltext == '\n') sqltext++;
+    if (!strncasecmp(sqltext, "BEGIN", 5) || !strncasecmp(sqltext, "COMMIT", 6) ||
+        !strncasecmp(sqltext, "ROLLBACK", 8) || !strncasecmp(sqltext, "END", 3)) {
+      sqlite3_finalize(q);
+      continue;
+    }
+    int s2;
+    while ((s2 = sqlite3_step(q)) == SQLITE_ROW) {
+    }
+    if (s2 == SQLITE_DONE) n_ok++;
+    else n_bad++;
+    sqlite3_finalize(q);
+  }
+  if (rc == NF_OK) rc = nf__cache_exec(db, out, "COMMIT", err);
+  if (rc == NF_OK && n_bad)
+    line(err, src, "recover: %lld of %lld statements read back could not be replayed (rows "
+                   "cut short by the damage)", (long long)n_bad, (long long)(n_ok + n_bad));
+  free(text);
+  /* the header's application_id and schema are not part of what .recover
+   * writes: the tables say which schema it was */
+  int64_t has_entries = 0, has_sigs = 0;
+  if (rc == NF_OK)
+    rc = nf__cache_query_i64(db, out,
+                             "SELECT count(*) FROM sqlite_schema WHERE type='table' AND name='entries'",
+                             &has_entries, err);
+  if (rc == NF_OK)
+    rc = nf__cache_query_i64(
+        db, out, "SELECT count(*) FROM sqlite_schema WHERE type='table' AND name='signatures'",
+        &has_sigs, err);
+  if (rc == NF_OK && !has_entries)
+    rc = nf__cache_fail(err, NF_EFORMAT, src, "recover: no entries table could be read back");
+  if (rc == NF_OK) {
+    char pragma[128];
+    snprintf(pragma, sizeof pragma, "PRAGMA application_id=%d; PRAGMA user_version=%d",
+             (int)NF_CACHE_APPLICATION_ID, has_sigs ? 2 : 1);
+    rc = nf__cache_exec(db, out, pragma, err);
+  }
+  if (db) sqlite3_close(db);
+  /* migrated to this schema, then merged like an import: every row is
+   * checked again */
+  if (rc == NF_OK) {
+    nf_cache *rcv = NULL;
+    nf_cache_opts o = {0};
+    rc = nf_cache_open(out, &o, &rcv, err);
+    nf_cache_close(rcv);
+  }
+  if (rc == NF_OK) rc = nf_cache_import(c, out, r, err);
+  unlink_db(copy);
+  unlink_db(out);
+  unlink(sql);
+  rmdir(tmp);
   return rc;
 }

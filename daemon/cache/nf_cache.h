@@ -58,7 +58,28 @@ typedef struct nf_cache_opts {
                              recently used entries */
   int64_t hard_cap_bytes; /* 0: none; a put that would exceed it fails
                              with NF_ELIMIT */
+  int *damaged;           /* may be NULL: set to 1 when the open failed
+                             because the file is damaged (quick_check
+                             failed, a corrupt header, not a database at
+                             all), 0 otherwise (a foreign or newer cache
+                             is not damaged: it is refused, never moved) */
 } nf_cache_opts;
+
+/* Moves a damaged cache aside: path (and its -wal, -shm, -journal files)
+ * renamed to "<path>.damaged-YYYYMMDD-HHMMSS" (UTC; a suffix .N when that
+ * exists), the directory fsynced (the .lock file stays: it guards the
+ * path, not the file).  The new name goes to moved (n bytes).
+ * Nothing is deleted.  NF_OK, NF_EIO. */
+int nf_cache_move_aside(const char *path, char *moved, size_t n, nf_buf *err);
+/* Recovers what can be read from the damaged cache file at src (SQLite's
+ * own recovery: the sqlite3 program's .recover, run as a child process
+ * over a copy) into c, through nf_cache_import: every entry is checked
+ * again (digest, key, sizes), signatures come along as data (a daemon
+ * serves only what its own key signed).  *r as for nf_cache_import.
+ * NF_OK; NF_ENOENT (no src); NF_EUNSUPPORTED (no sqlite3 program: "apt
+ * install sqlite3"); NF_EFORMAT (nothing recoverable); NF_EIO. */
+typedef struct nf_cache_import_report nf_cache_import_report;
+int nf_cache_recover(nf_cache *c, const char *src, nf_cache_import_report *r, nf_buf *err);
 
 /* Opens (creating if absent and not read_only) the database at path.
  * Runs quick_check; migrates an older schema; sweeps nothing else; does
