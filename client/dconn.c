@@ -40,6 +40,8 @@ struct nf_dconn {
   nf_wire_box box;        /* TCP: every frame after the handshake (nf_wire_box.h) */
   nf_buf tx;              /* a frame being sealed */
   int cache_busy;         /* an Accepted said CACHE_BUSY */
+  int cancel_fd;          /* opts.cancel_fd, or -1 */
+  int cancelled;
   /* accepted keys by request (the last few) */
   uint64_t acc_id[64];
   uint8_t acc_key[64][32];
@@ -211,6 +213,23 @@ static void why_closed(nf_dconn *c, nf_buf *err) {
 
 int nf_dconn_recv(nf_dconn *c, int timeout_ms, Neoflow__ServerMessage **m, nf_buf *err) {
   *m = NULL;
+  if (c->cancel_fd >= 0) {
+    /* wait for the first byte, or for the owner to give up on us (a
+     * session closing while a daemon does not answer) */
+    struct pollfd p[2] = {{.fd = c->fd, .events = POLLIN}, {.fd = c->cancel_fd, .events = POLLIN}};
+    int r;
+    do r = poll(p, 2, timeout_ms > 0 ? timeout_ms : -1);
+    while (r < 0 && errno == EINTR);
+    if (r > 0 && p[1].revents) {
+      c->cancelled = 1;
+      nf_buf_printf(err, "cancelled");
+      return NF_EIO;
+    }
+    if (r == 0) {
+      nf_buf_printf(err, "receiving from the daemon: timed out");
+      return NF_EIO;
+    }
+  }
   int rc = nf_wire_read_frame(c->fd, NF_WIRE_FRAME_MAX, timeout_ms, &c->rx);
   if (rc == NF_ENOENT) {
     nf_buf_printf(err, "the daemon closed the connection");
@@ -304,7 +323,14 @@ static int handshake(nf_dconn *c, const nf_dconn_opts *o, const nf_trust *trust,
     why_closed(c, err);
     return rc;
   }
-  if ((rc = nf_dconn_recv(c, timeout_ms, &m, err)) != NF_OK) return rc;
+  if ((rc = nf_dconn_recv(c, timeout_ms, &m, err)) != NF_OK) {
+    if (rc == NF_EIO && !c->cancelled) {
+      nf_buf_reset(err);
+      nf_buf_printf(err, "the daemon accepted the connection but did not answer within %d ms "
+                         "(is it stopped, e.g. by SIGSTOP, or overloaded?)", timeout_ms);
+    }
+    return rc;
+  }
   if (m->msg_case == NEOFLOW__SERVER_MESSAGE__MSG_ERROR) {
     nf_buf_printf(err, "the daemon refused the session: %s", m->error->message);
     rc = m->error->code == NEOFLOW__ERROR_CODE__ERR_UNSUPPORTED_VERSION ? NF_EUNSUPPORTED
@@ -405,6 +431,7 @@ int nf_dconn_open(const nf_dconn_opts *o, nf_dconn **out, nf_buf *err) {
   nf_dconn *c = calloc(1, sizeof *c);
   if (!c) return NF_ENOMEM;
   c->fd = -1;
+  c->cancel_fd = o->cancel_fd > 0 ? o->cancel_fd : -1;
   int rc;
   if (strncmp(addr, "tcp:", 4) == 0) {
     c->tcp = 1;

@@ -503,7 +503,8 @@ static void *link_main(void *arg) {
       }
       nf_buf err = NF_BUF_INIT;
       nf_dconn_opts o = {.address = s->daemon_addr, .client_name = "libneoflow-client",
-                         .timeout_ms = 2000, .trust = &s->trust, .key_file = s->daemon_key};
+                         .timeout_ms = 2000, .trust = &s->trust, .key_file = s->daemon_key,
+                         .cancel_fd = s->link_cancel[0]};
       /* a GPU session asks for kernels for its device */
       o.cuda_sm = nf__gpu_sm(s, &o.cuda_name);
       int rc = nf_dconn_open(&o, &L->c, &err);
@@ -618,9 +619,12 @@ int nf__dlink_start(nf_session *s) {
     return NF_ENOMEM;
   }
   for (int i = 0; i < s->n_kents; i++) L->as[i].kent = -1;
+  if (pipe2(s->link_cancel, O_CLOEXEC | O_NONBLOCK) != 0) s->link_cancel[0] = s->link_cancel[1] = -1;
   s->link_first = 1;
   if (pthread_create(&s->link_th, NULL, link_main, L) != 0) {
     s->link_first = 0;
+    if (s->link_cancel[0] >= 0) close(s->link_cancel[0]);
+    if (s->link_cancel[1] >= 0) close(s->link_cancel[1]);
     free(L->as);
     free(L);
     nf_buf_printf(&s->err, "cannot start the daemon thread");
@@ -636,6 +640,13 @@ void nf__dlink_stop(nf_session *s) {
   s->link_stop = 1;
   pthread_cond_broadcast(&s->cv);
   pthread_mutex_unlock(&s->mu);
+  if (s->link_cancel[1] >= 0) {
+    ssize_t w = write(s->link_cancel[1], "x", 1); /* ends a wait on a silent daemon */
+    (void)w;
+  }
   pthread_join(s->link_th, NULL);
   s->link_started = 0;
+  if (s->link_cancel[0] >= 0) close(s->link_cancel[0]);
+  if (s->link_cancel[1] >= 0) close(s->link_cancel[1]);
+  s->link_cancel[0] = s->link_cancel[1] = -1;
 }

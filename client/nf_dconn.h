@@ -38,6 +38,9 @@ typedef struct nf_dconn_opts {
   int cuda_sm;             /* > 0: kernels for this GPU architecture (a CUDA
                               target), not for this machine's CPU */
   const char *cuda_name;   /* the GPU's name as the driver reports it */
+  int cancel_fd;           /* > 0: a descriptor that becomes readable when
+                              the caller gives up; waits for the daemon end
+                              at once then (NF_EIO, "cancelled") */
 } nf_dconn_opts;
 
 /* Connects and completes the handshake.  NF_OK with *out; NF_EIO (cannot

@@ -181,6 +181,8 @@ struct nf_session {
   pthread_t link_th;
   int link_started;
   int link_stop;         /* under mu */
+  int link_cancel[2];    /* a pipe: written when the link must stop at
+                            once, even inside a handshake */
   int connected;         /* under mu */
   int link_first;        /* under mu: the first connection is still being tried
                             (a daemon may be starting) */

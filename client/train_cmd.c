@@ -114,6 +114,13 @@ static int bad(const char *fmt, const char *a) {
   return 2;
 }
 
+/* Prints a library error: a located diagnostic ("file:line:col: error:
+ * ...") as it is, after the command's name; anything else with "error: ". */
+static void train_err(const char *msg) {
+  const char *m = msg ? msg : "out of memory";
+  fprintf(stderr, "neoflow train: %s%s\n", strstr(m, ": error: ") ? "" : "error: ", m);
+}
+
 /* ---- MNIST-style datasets (--data fashion-mnist) ---- */
 
 typedef struct dsrun {
@@ -196,7 +203,7 @@ static int ds_setup(nf_session *s, feed *f, int nf, int64_t bdim, const char *di
   char *err = NULL;
   if (nf_dataset_mnist_load(dir, "train", &r->train, &err) != NF_OK ||
       nf_dataset_mnist_load(dir, "test", &r->test, &err) != NF_OK) {
-    fprintf(stderr, "neoflow train: error: %s\n", err ? err : "out of memory");
+    train_err(err);
     if (!dir && err && strstr(err, "No such file"))
       fprintf(stderr, "(install Debian's dataset-fashion-mnist package, or give --data-dir)\n");
     free(err);
@@ -500,12 +507,12 @@ int nf__cli_train(int argc, char **argv) {
   double *step_ms = NULL;
   unsigned char *step_ph = NULL;
   if (!s) {
-    fprintf(stderr, "neoflow train: error: %s\n", err ? err : "out of memory");
+    train_err(err);
     free(err);
     goto out;
   }
   if (load && nf_session_load(s, load) != NF_OK) {
-    fprintf(stderr, "neoflow train: error: %s\n", nf_session_error(s));
+    train_err(nf_session_error(s));
     goto out;
   }
   /* the synthetic pool */
@@ -594,7 +601,7 @@ train:
       if (st % spe == 0) shuffle(ds.perm, ds.train.n);
       idx = ds.perm + (st % spe) * bdim;
       if (ds_feed(s, f, &ds, &ds.train, idx, bdim)) {
-        fprintf(stderr, "neoflow train: error: %s\n", nf_session_error(s));
+        train_err(nf_session_error(s));
         goto out;
       }
     }
@@ -609,12 +616,12 @@ train:
         }
       }
       if (nf_session_feed(s, f[i].name, f[i].buf, f[i].bytes) != NF_OK) {
-        fprintf(stderr, "neoflow train: error: %s\n", nf_session_error(s));
+        train_err(nf_session_error(s));
         goto out;
       }
     }
     if (nf_session_step(s, &loss) != NF_OK) {
-      fprintf(stderr, "neoflow train: error: %s\n", nf_session_error(s));
+      train_err(nf_session_error(s));
       goto out;
     }
     if (st == 0) loss0 = loss;
@@ -685,7 +692,7 @@ train:
     }
   }
   if (save && nf_session_save(s, save) != NF_OK) {
-    fprintf(stderr, "neoflow train: error: %s\n", nf_session_error(s));
+    train_err(nf_session_error(s));
     goto out;
   }
   if (!json) {
