@@ -286,6 +286,49 @@ START_TEST(cli_grad_evaluates) {
 }
 END_TEST
 
+/* Issue 31 item 9: the daemon options of the tool say what happened.
+ * `neoflow train` takes --key (it read it as "expected an integer"),
+ * --trust-key and --trust-uid, and names a bad one; a TCP address written
+ * without its tcp: prefix is pointed out; a located error is not
+ * prefixed twice. */
+START_TEST(cli_daemon_messages) {
+  write_text("t.nf", "import nn\n"
+                     "def t<batch = 4>(X: f32[batch, 3], W: f32[3, 2]) -> (L: f32[]) {\n"
+                     "  Y = matmul(X, W)\n"
+                     "  L() +=! Y(i, j) * Y(i, j)\n"
+                     "}\n");
+  char *out = NULL;
+  /* --key is an option of train now; the key file is checked when used */
+  int st = run(&out, "train t.nf t --params W --data synthetic --steps 1 --daemon none "
+                     "--key /nonexistent/key --trust-uid root");
+  ck_assert_msg(st == 0, "%s", out);
+  ck_assert_msg(!strstr(out, "expected an integer"), "%s", out);
+  free(out);
+  st = run(&out, "train t.nf t --params W --data synthetic --steps 1 --daemon none "
+                 "--trust-key ed25519:1234");
+  ck_assert_int_ne(st, 0);
+  ck_assert_msg(strstr(out, "trust_key: expected ed25519:<64 hex digits>"), "%s", out);
+  free(out);
+  st = run(&out, "train t.nf t --params W --data synthetic --steps 1 --daemon none "
+                 "--trust-uid no_such_user_here");
+  ck_assert_int_ne(st, 0);
+  ck_assert_msg(strstr(out, "no user named 'no_such_user_here'"), "%s", out);
+  free(out);
+  /* status at HOST:PORT without tcp: */
+  st = run(&out, "status --socket 127.0.0.1:17117");
+  ck_assert_int_eq(st, 1);
+  ck_assert_msg(strstr(out, "write tcp:127.0.0.1:17117"), "%s", out);
+  free(out);
+  /* a located error once */
+  st = run(&out, "train t.nf t --params W --data synthetic --steps 1 --daemon none "
+                 "--shape X=2");
+  ck_assert_int_ne(st, 0);
+  ck_assert_msg(!strstr(out, "error: t.nf"), "%s", out);
+  ck_assert_msg(strstr(out, "neoflow train: t.nf:"), "%s", out);
+  free(out);
+}
+END_TEST
+
 START_TEST(cli_grad_bad_uses) {
   expect("grad mm.nf mm --shape A=3,4 --shape B=4,5", 2, "grad needs --wrt");
   expect("grad mm.nf mm --wrt Z --shape A=3,4 --shape B=4,5", 1,
@@ -432,6 +475,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, cli_grad_prints_checkable_nf);
   tcase_add_test(tc, cli_grad_evaluates);
   tcase_add_test(tc, cli_grad_bad_uses);
+  tcase_add_test(tc, cli_daemon_messages);
   tcase_add_test(tc, cli_lower_and_schedules);
 #if NF_HAVE_LLVM
   tcase_add_test(tc, cli_compile_and_run_compiled);

@@ -31,6 +31,7 @@
 #include <errno.h>
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <math.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -963,6 +964,48 @@ START_TEST(daemon_damaged_cache) {
   nf_dconn_close(c);
   nf_wire_graph_free(g1);
   nf_wire_graph_free(g2);
+  ck_assert_int_eq(dm_stop(&d, SIGTERM), 0);
+  dm_done(&d);
+}
+END_TEST
+
+/* Issue 31 item 9: a uid the daemon refuses sees the daemon's reason
+ * (it saw "sending to the daemon: Broken pipe"); a daemon that accepts and
+ * never answers (stopped) is named as such. */
+START_TEST(daemon_messages) {
+  if (geteuid() != 0) return;
+  dm d;
+  dm_init(&d);
+  dm_config(&d, "[daemon]\nsocket_group = nogroup\n");
+  ck_assert_int_eq(chmod(d.dir, 0755), 0);
+  dm_start(&d);
+  pid_t p = fork();
+  if (p == 0) {
+    if (setgroups(0, NULL) != 0 || setgid(65534) != 0 || setuid(65534) != 0) _exit(3);
+    nf_trust tr;
+    memset(&tr, 0, sizeof tr);
+    nf_buf err = NF_BUF_INIT;
+    if (nf_trust_add_uid(&tr, "0", &err) != NF_OK) _exit(4);
+    nf_dconn *c = NULL;
+    nf_dconn_opts o = {.address = d.sock, .timeout_ms = 3000, .trust = &tr};
+    int rc = nf_dconn_open(&o, &c, &err);
+    int ok = rc != NF_OK && strstr(nf_buf_str(&err), "refused the session") &&
+             strstr(nf_buf_str(&err), "may not use this daemon");
+    if (!ok) fprintf(stderr, "daemon_messages: %s\n", nf_buf_str(&err));
+    _exit(ok ? 0 : 1);
+  }
+  int st;
+  waitpid(p, &st, 0);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d", WEXITSTATUS(st));
+  /* stopped: accepted by the kernel, never answered */
+  kill(d.pid, SIGSTOP);
+  nf_dconn *c = NULL;
+  nf_buf err = NF_BUF_INIT;
+  nf_dconn_opts o = {.address = d.sock, .timeout_ms = 800};
+  ck_assert_int_eq(nf_dconn_open(&o, &c, &err), NF_EIO);
+  ck_assert_msg(strstr(nf_buf_str(&err), "did not answer within 800 ms"), "%s", nf_buf_str(&err));
+  kill(d.pid, SIGCONT);
+  nf_buf_free(&err);
   ck_assert_int_eq(dm_stop(&d, SIGTERM), 0);
   dm_done(&d);
 }
@@ -2031,6 +2074,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, daemon_tcp_key);
   tcase_add_test(tc, daemon_slots_bounded);
   tcase_add_test(tc, daemon_damaged_cache);
+  tcase_add_test(tc, daemon_messages);
   tcase_add_test(tc, daemon_tcp_mitm);
   tcase_add_test(tc, daemon_second_instance_refused);
   tcase_add_test(tc, daemon_sighup_reload);
