@@ -187,6 +187,14 @@ static void on_record(void *user, const nf_search_record *rec) {
   }
 }
 
+/* NF_JOB_FAKE_TIMES (the daemon's tests): every correct candidate takes
+ * 0.5 ms, the default 1 ms, so that a tuned kernel wins whatever the
+ * machine's noise; candidates are still compiled and checked for real. */
+static void fake_time(void *user, int is_default, nf_search_record *rec) {
+  (void)user;
+  rec->time_ms = is_default ? 1.0 : 0.5;
+}
+
 static int code_of(int rc) {
   switch (rc) {
     case NF_EINVAL: return NEOFLOW__ERROR_CODE__ERR_UNSUPPORTED_GRAPH;
@@ -247,6 +255,7 @@ static void run(job *J, const Neoflow__JobRequest *rq) {
   o.progress = on_progress;
   o.on_record = on_record;
   o.user = J;
+  if (getenv("NF_JOB_FAKE_TIMES")) o.time_hook = fake_time;
   nf_search_result res;
   memset(&res, 0, sizeof res);
   int rc = nf_search_run(J->g, &o, &res, &err);

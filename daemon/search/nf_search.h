@@ -117,6 +117,11 @@ typedef struct nf_search_opts {
   /* tests (fault injection): may replace a compiled candidate's bytes
    * before it is measured; trial is its trial number (0: the default). */
   void (*candidate_hook)(void *user, int trial, nf_blob *so);
+  /* tests: called for every candidate that passed the real check and was
+   * timed (is_default: the default schedule); may replace rec->time_ms,
+   * so that which correct candidate wins is made up while what is correct
+   * is not (neoflowd's NF_JOB_FAKE_TIMES). */
+  void (*time_hook)(void *user, int is_default, nf_search_record *rec);
 } nf_search_opts;
 
 typedef struct nf_search_result {

@@ -179,6 +179,8 @@ static int measure_schedule(run *R, const nf_schedule *s, nf_search_record *rec)
       rec->status = mr.status;
       rec->time_ms = mr.status == NF_MEAS_OK ? mr.median_ms : 0;
       snprintf(rec->reason, sizeof rec->reason, "%s", mr.reason);
+      if (mr.status == NF_MEAS_OK && R->o->time_hook)
+        R->o->time_hook(R->o->user, R->measuring_default, rec);
       if (rc == NF_EIO) nf_buf_printf(R->err, "measurement: %s", mr.reason);
     }
     nf_blob_free(&so);
