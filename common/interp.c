@@ -599,11 +599,12 @@ static double sm(double x, double e) { return e == 0 ? 0 : fabs(x) * e; }
 
 /* The final bound of a value v of dtype t whose propagated and own
  * error is e: undetermined (+inf) where v may overflow t, or where v is
- * not finite though its operands were inexact; a non-finite v from exact
- * operands is reproduced exactly (the same operation overflows or has no
- * value in any precision). */
-static double settle(unsigned t, double v, double e, int exact_in) {
-  if (!isfinite(v)) return exact_in ? 0 : INFINITY;
+ * not finite unless certainly so (`certain`: from exact operands, the same
+ * operation overflows or has no value in any precision; a NaN operand
+ * that is certainly NaN propagates; an argument certainly outside the
+ * domain). */
+static double settle(unsigned t, double v, double e, int certain) {
+  if (!isfinite(v)) return certain ? 0 : INFINITY;
   if (!(e >= 0)) return INFINITY;
   if (fabs(v) + e > max_fin(t)) return INFINITY;
   return e;
@@ -629,6 +630,11 @@ static void bound_float(rt *r, int32_t k) {
   for (int l = 0; l < n; l++) {
     double x = a ? a[l] : 0, y = b ? b[l] : 0, ex = ea ? ea[l] : 0, ey = eb ? eb[l] : 0;
     double v = d[l], e, m, lo, q, eq;
+    /* a NaN result is certain when an operand is certainly NaN (every
+     * operator here propagates NaN) or the argument is certainly outside
+     * the domain (below) */
+    int certain = (ex == 0 && ey == 0) ||
+                  (isnan(v) && ((a && isnan(x) && ex == 0) || (b && isnan(y) && ey == 0)));
     switch (in->op) {
     case NF_OP_NEG:
     case NF_OP_ABS:
@@ -639,20 +645,24 @@ static void bound_float(rt *r, int32_t k) {
     case NF_OP_DIV:
       /* |a'/b' - a/b| = |da - (a/b) db| / |b'| */
       e = ey < fabs(y) ? (ex + sm(v, ey)) / (fabs(y) - ey) + own(t, v) : INFINITY;
+      certain |= y == 0 && ey == 0 && fabs(x) > ex; /* +-inf, the sign of a */
       break;
     case NF_OP_SQRT:
       /* |sqrt(a') - sqrt(a)| = |da| / (sqrt(a') + sqrt(a)) <= min(|da| / sqrt(a), sqrt(|da|)) */
       if (x - ex < 0) e = INFINITY;
       else e = (x > 0 ? fmin(ex / sqrt(x), sqrt(ex)) : sqrt(ex)) + own(t, v);
+      certain |= x + ex < 0;
       break;
     case NF_OP_RSQRT:
       lo = x - ex;
       e = lo > 0 ? ex * 0.5 / (lo * sqrt(lo)) + fu * fabs(v) + mn : INFINITY;
+      certain |= x + ex < 0;
       break;
     case NF_OP_EXP: e = sm(v, expm1(ex)) + fu * fabs(v) + mn; break;
     case NF_OP_LOG:
       lo = x - ex;
       e = lo > 0 ? ex / lo + fu * fabs(v) + mn : INFINITY;
+      certain |= x + ex < 0;
       break;
     case NF_OP_TANH:
       m = tanh(nearest0(x, ex));
@@ -694,7 +704,7 @@ static void bound_float(rt *r, int32_t k) {
     case NF_OP_MAX: e = fmax(ex, ey); break;
     default: e = INFINITY; break;
     }
-    E[l] = settle(t, v, e, ex == 0 && ey == 0);
+    E[l] = settle(t, v, e, certain);
   }
 }
 
@@ -717,11 +727,13 @@ static void bound_cast(rt *r, int32_t k) {
 }
 
 /* Folds the bounds of one term per lane (values v, bounds ev) into
- * accumulators that hold acc before this term; first: the first term. */
+ * accumulators that hold acc before this term; first: the first term;
+ * cnan[l] set once a term is certainly NaN (every reduction propagates it). */
 static void fold_bound(unsigned red, unsigned dt, const double *acc, const double *v,
-                       const double *ev, double *eacc, double *eabs, double *eq, int first,
-                       int n) {
+                       const double *ev, double *eacc, double *eabs, double *eq, uint8_t *cnan,
+                       int first, int n) {
   for (int l = 0; l < n; l++) {
+    if (isnan(v[l]) && ev[l] == 0) cnan[l] = 1;
     switch (red) {
     case NF_RED_SUM: {
       double s = acc[l] + v[l];
@@ -743,15 +755,16 @@ static void fold_bound(unsigned red, unsigned dt, const double *acc, const doubl
 }
 
 /* The bound of an accumulated value v of dtype dt: its terms' bounds,
- * plus for a sum of n_terms its own rounding (nf_interp.h). */
+ * plus for a sum of n_terms its own rounding (nf_interp.h); cnan: a term
+ * was certainly NaN. */
 static double acc_bound(unsigned red, unsigned dt, double v, double n_terms, double eacc,
-                        double eabs, double eq) {
+                        double eabs, double eq, int cnan) {
   double e = eacc;
   if (red == NF_RED_SUM && n_terms > 1) {
     double w = unit_ro(dt) * fmin((n_terms - 1) * eabs, 16 * sqrt(eq));
     e += w == w ? w : INFINITY;
   }
-  return settle(dt, v, e, eacc == 0);
+  return settle(dt, v, e, eacc == 0 || (cnan && isnan(v)));
 }
 
 static int exec_float(rt *r, int32_t k) {
@@ -1130,6 +1143,7 @@ static int run_stmt(rt *r) {
   if (rank == 0) {
     acc_val s = id;
     double se = 0, sabs = 0, sq = 0;
+    uint8_t scn = 0;
     int first = 1;
     r->vvar = nv > 0 ? nv - 1 : -1;
     if (nv == 0) {
@@ -1148,7 +1162,7 @@ static int run_stmt(rt *r) {
           for (int l = 0; l < r->n; l++) {
             if (bnd) {
               fold_bound(st->red, dt, &s.f, REG_F(r, root) + l, REG_E(r, root) + l, &se, &sabs,
-                         &sq, first, 1);
+                         &sq, &scn, first, 1);
               first = 0;
             }
             if (fl)
@@ -1160,11 +1174,12 @@ static int run_stmt(rt *r) {
       } while (odometer(r, lo, ext, rank, nv, vv));
     }
     store(r, out, 0, &s, 1);
-    if (bnd) out->eb[0] = acc_bound(st->red, dt, out->f[0], n_terms, se, sabs, sq);
+    if (bnd) out->eb[0] = acc_bound(st->red, dt, out->f[0], n_terms, se, sabs, sq, scn);
     return NF_OK;
   }
 
   double eacc[BLK], eabs[BLK], eq[BLK];
+  uint8_t cnan[BLK];
 
   int vv = rank - 1;
   r->vvar = vv;
@@ -1180,6 +1195,7 @@ static int run_stmt(rt *r) {
         memset(eacc, 0, (size_t)n * sizeof *eacc);
         memset(eabs, 0, (size_t)n * sizeof *eabs);
         memset(eq, 0, (size_t)n * sizeof *eq);
+        memset(cnan, 0, (size_t)n);
       }
       if (!any_empty_red) {
         int first = 1;
@@ -1188,7 +1204,7 @@ static int run_stmt(rt *r) {
           if ((rc = run_block(r)) < 0) return rc;
           if (bnd) {
             fold_bound(st->red, dt, (const double *)acc, REG_F(r, root), REG_E(r, root), eacc,
-                       eabs, eq, first, n);
+                       eabs, eq, cnan, first, n);
             first = 0;
           }
           if (fl)
@@ -1199,8 +1215,8 @@ static int run_stmt(rt *r) {
       }
       store(r, out, base + b0, acc, n);
       for (int l = 0; bnd && l < n; l++)
-        out->eb[base + b0 + l] =
-            acc_bound(st->red, dt, out->f[base + b0 + l], n_terms, eacc[l], eabs[l], eq[l]);
+        out->eb[base + b0 + l] = acc_bound(st->red, dt, out->f[base + b0 + l], n_terms, eacc[l],
+                                           eabs[l], eq[l], cnan[l]);
     }
     r->vals[vv] = 0;
   } while (odometer(r, lo, ext, 0, vv, -1));

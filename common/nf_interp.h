@@ -59,7 +59,10 @@ int nf_interp_run(const nf_graph *g, const nf_array *inputs, nf_precision p,
  *    the argument of sqrt, rsqrt or log, that may reach zero; a result that
  *    may overflow the dtype; a non-finite value computed from inexact
  *    operands) has the bound +inf: undetermined, no f32 evaluation can be
- *    told right or wrong there;
+ *    told right or wrong there; a non-finite value that is certain (from
+ *    exact operands, from a certainly NaN operand or reduction term, from
+ *    an argument certainly below zero, a certain nonzero over an exact
+ *    zero) has the bound 0 and must be matched;
  *  - integers and bools are exact: a comparison or a float-to-integer cast
  *    is taken to go the way the reference goes (an evaluation that flips a
  *    near tie of computed values is not covered).
