@@ -44,7 +44,10 @@ static const char cache_usage[] =
     "  stats                 entry, record and quarantine counts and sizes\n"
     "  list                  one line per entry, most recently used first: key (first\n"
     "                        16 hex digits), tier, time and default time in ms,\n"
-    "                        speedup, binary size, hits, last use, graph, codegen\n"
+    "                        speedup, binary size, hits, last use, graph, codegen;\n"
+    "                        under an entry that tuning found no correct candidate\n"
+    "                        for, why (it is not tuned again until the code\n"
+    "                        generator or the search's check changes)\n"
     "  export FILE           write every verified entry and all records to a new\n"
     "                        cache file (an existing FILE is refused)\n"
     "  import FILE           merge a cache file: per key the better entry stays;\n"
@@ -357,6 +360,13 @@ static int list_one(void *user, const nf_cache_entry *e) {
     json_str(e->target_desc);
     printf(",\"schedule\":");
     json_str(e->schedule);
+    if (e->tune_error && *e->tune_error) {
+      printf(",\"tune_error\":");
+      json_str(e->tune_error);
+      printf(",\"tune_check\":%d", e->tune_check);
+    } else {
+      printf(",\"tune_error\":null");
+    }
     printf("}");
   } else {
     if (l->n == 0)
@@ -376,6 +386,11 @@ static int list_one(void *user, const nf_cache_entry *e) {
     key[16] = '\0';
     printf("%-16s  %4d  %10s  %10s  %7s  %10s  %6" PRId64 "  %-16s  %s  %s\n", key, e->tier, t, d,
            sp, sz, e->hits, when, graph, cg);
+    if (e->tune_error && *e->tune_error) {
+      char why[512];
+      printable(e->tune_error, why, sizeof why);
+      printf("%-16s  not tuned (check r%d, %d trials): %s\n", "", e->tune_check, e->trials, why);
+    }
   }
   l->n++;
   return 0;

@@ -37,10 +37,19 @@
  * offset and a lane stride per block and check the bounds at the first and
  * last lane only; other accesses check every active lane.
  *
+ * Bounds (nf_interp_run_bounded): every float register and tensor has a
+ * twin holding a bound on how far a correct evaluation in the dtype's
+ * own precision may be from its value (the rules are in nf_interp.h).
+ * They are computed next to the values, lane by lane, from the f64
+ * values and the operands' bounds (bound_float, fold_bound); the
+ * reductions keep per accumulator the bound of its terms, sum |t| and
+ * the sum of its squared partial sums.  Integer registers carry none.
+ *
  * Not done here: graph checking beyond nf_graph_validate, any speed beyond
  * "fast enough to be the oracle", threads. */
 #include "nf_interp.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -53,6 +62,7 @@ enum { ST_NONE = 0, ST_PARTIAL, ST_ALL };
 typedef struct tstore {
   double *f;  /* float tensors */
   int64_t *i; /* int and bool tensors */
+  double *eb; /* bounded runs: the bound of each element of a float tensor */
   int64_t numel;
   int64_t stride[NF_MAX_RANK]; /* elements, row-major */
   const nf_tensor *t;
@@ -77,11 +87,13 @@ typedef struct prog {
   unsigned char *regs; /* n * BLK slots of 8 bytes */
   uint8_t *state;      /* ST_* per instruction, reset every block */
   uint8_t *have;       /* n * BLK lane masks for ST_PARTIAL */
+  unsigned char *eregs; /* bounded runs: n * BLK bounds of the float registers */
 } prog;
 
 typedef struct rt {
   const nf_graph *g;
   nf_precision prec;
+  int bnd; /* compute bounds (nf_interp_run_bounded) */
   tstore *ts;
   nf_buf *err;
   /* the statement being run */
@@ -96,6 +108,7 @@ typedef struct rt {
 
 #define REG_F(r, k) ((double *)((r)->p->regs + (size_t)(k) * BLK * 8))
 #define REG_I(r, k) ((int64_t *)((r)->p->regs + (size_t)(k) * BLK * 8))
+#define REG_E(r, k) ((double *)((r)->p->eregs + (size_t)(k) * BLK * 8))
 
 static int is_fl(unsigned t) {
   return t == NF_F16 || t == NF_BF16 || t == NF_F32 || t == NF_F64;
@@ -223,6 +236,7 @@ static void prog_free(prog *p) {
   free(p->regs);
   free(p->state);
   free(p->have);
+  free(p->eregs);
   memset(p, 0, sizeof *p);
 }
 
@@ -318,7 +332,7 @@ static int push(fstack *st, const nf_expr *e) {
 
 /* Builds the program of rhs: post-order, each distinct node once, with an
  * explicit stack (expressions may be deep). */
-static int compile(prog *p, const nf_expr *rhs) {
+static int compile(prog *p, const nf_expr *rhs, int bnd) {
   ptrmap m = {0};
   fstack st = {0};
   int rc;
@@ -349,7 +363,8 @@ static int compile(prog *p, const nf_expr *rhs) {
   p->regs = calloc((size_t)p->n * BLK, 8);
   p->state = calloc((size_t)p->n, 1);
   p->have = calloc((size_t)p->n * BLK, 1);
-  if (!p->uncond || !p->regs || !p->state || !p->have) {
+  if (bnd) p->eregs = calloc((size_t)p->n * BLK, 8);
+  if (!p->uncond || !p->regs || !p->state || !p->have || (bnd && !p->eregs)) {
     rc = NF_ENOMEM;
     goto out;
   }
@@ -388,6 +403,12 @@ static void load_lanes(rt *r, const inst *in, int64_t off0, int64_t ds,
       for (int l = 0; l < n; l++)
         if (need[l]) d[l] = s[(int64_t)l * ds];
     }
+    if (r->bnd) {
+      double *restrict e = REG_E(r, k);
+      const double *restrict se = t->eb + off0;
+      for (int l = 0; l < n; l++)
+        if (!need || need[l]) e[l] = se[(int64_t)l * ds];
+    }
   } else {
     int64_t *restrict d = REG_I(r, k);
     const int64_t *restrict s = t->i + off0;
@@ -409,10 +430,12 @@ static void load_one(rt *r, const inst *in, const int64_t *idx, int l,
   const tstore *t = &r->ts[in->e->u.tensor];
   int64_t off = 0;
   for (int d = 0; d < t->t->rank; d++) off += idx[d] * t->stride[d];
-  if (in->fl)
+  if (in->fl) {
     REG_F(r, k)[l] = t->f[off];
-  else
+    if (r->bnd) REG_E(r, k)[l] = t->eb[off];
+  } else {
     REG_I(r, k)[l] = t->i[off];
+  }
 }
 
 static int in_range(int64_t v, int64_t n) { return v >= 0 && v < n; }
@@ -547,6 +570,201 @@ static int unsupported(rt *r, const inst *in) {
                 nf_op_name((nf_op)in->op),
                 dtype_str(in->n_args ? in->e->args[0]->dtype : in->dtype));
   return NF_EINVAL;
+}
+
+/* ---- error bounds (nf_interp_run_bounded; the rules: nf_interp.h) ---- */
+
+/* Unit roundoff, largest finite and smallest normal value of float dtype t. */
+static double unit_ro(unsigned t) {
+  return t == NF_F64 ? 0x1p-53 : t == NF_F16 ? 0x1p-11 : t == NF_BF16 ? 0x1p-8 : 0x1p-24;
+}
+
+static double max_fin(unsigned t) {
+  return t == NF_F64 ? DBL_MAX : t == NF_F16 ? 65504.0 : FLT_MAX;
+}
+
+static double min_norm(unsigned t) {
+  return t == NF_F64 ? DBL_MIN : t == NF_F16 ? 0x1p-14 : FLT_MIN;
+}
+
+/* The rounding of one operation's result v to dtype t (the smallest
+ * normal number covers a result flushed to zero). */
+static double own(unsigned t, double v) {
+  return isfinite(v) ? unit_ro(t) * fabs(v) + min_norm(t) : 0;
+}
+
+/* |x| e, where an exact operand (e = 0) contributes nothing even next to
+ * an infinite x. */
+static double sm(double x, double e) { return e == 0 ? 0 : fabs(x) * e; }
+
+/* The final bound of a value v of dtype t whose propagated and own
+ * error is e: undetermined (+inf) where v may overflow t, or where v is
+ * not finite unless certainly so (`certain`: from exact operands, the same
+ * operation overflows or has no value in any precision; a NaN operand
+ * that is certainly NaN propagates; an argument certainly outside the
+ * domain). */
+static double settle(unsigned t, double v, double e, int certain) {
+  if (!isfinite(v)) return certain ? 0 : INFINITY;
+  if (!(e >= 0)) return INFINITY;
+  if (fabs(v) + e > max_fin(t)) return INFINITY;
+  return e;
+}
+
+/* Max of |f'| over [x - ex, x + ex] for an f' that is even and falls
+ * away from 0 (tanh, sigmoid, erf): f' at the point nearest 0. */
+static double nearest0(double x, double ex) { return fmax(fabs(x) - ex, 0); }
+
+/* The bound of float instruction k (an operator) on every lane, from its
+ * operands' values and bounds. */
+static void bound_float(rt *r, int32_t k) {
+  const inst *in = &r->p->in[k];
+  unsigned t = in->dtype;
+  int n = r->n;
+  double *restrict E = REG_E(r, k);
+  const double *d = REG_F(r, k);
+  const double *a = in->n_args > 0 ? REG_F(r, in->arg[0]) : NULL;
+  const double *b = in->n_args > 1 ? REG_F(r, in->arg[1]) : NULL;
+  const double *ea = in->n_args > 0 ? REG_E(r, in->arg[0]) : NULL;
+  const double *eb = in->n_args > 1 ? REG_E(r, in->arg[1]) : NULL;
+  double u = unit_ro(t), fu = 16 * u, mn = min_norm(t);
+  for (int l = 0; l < n; l++) {
+    double x = a ? a[l] : 0, y = b ? b[l] : 0, ex = ea ? ea[l] : 0, ey = eb ? eb[l] : 0;
+    double v = d[l], e, m, lo, q, eq;
+    /* a NaN result is certain when an operand is certainly NaN (every
+     * operator here propagates NaN) or the argument is certainly outside
+     * the domain (below) */
+    int certain = (ex == 0 && ey == 0) ||
+                  (isnan(v) && ((a && isnan(x) && ex == 0) || (b && isnan(y) && ey == 0)));
+    switch (in->op) {
+    case NF_OP_NEG:
+    case NF_OP_ABS:
+    case NF_OP_STOPGRAD: e = ex; break;
+    case NF_OP_ADD:
+    case NF_OP_SUB: e = ex + ey + own(t, v); break;
+    case NF_OP_MUL: e = sm(y, ex) + sm(x, ey) + sm(ex, ey) + own(t, v); break;
+    case NF_OP_DIV:
+      /* |a'/b' - a/b| = |da - (a/b) db| / |b'| */
+      e = ey < fabs(y) ? (ex + sm(v, ey)) / (fabs(y) - ey) + own(t, v) : INFINITY;
+      certain |= y == 0 && ey == 0 && fabs(x) > ex; /* +-inf, the sign of a */
+      break;
+    case NF_OP_SQRT:
+      /* |sqrt(a') - sqrt(a)| = |da| / (sqrt(a') + sqrt(a)) <= min(|da| / sqrt(a), sqrt(|da|)) */
+      if (x - ex < 0) e = INFINITY;
+      else e = (x > 0 ? fmin(ex / sqrt(x), sqrt(ex)) : sqrt(ex)) + own(t, v);
+      certain |= x + ex < 0;
+      break;
+    case NF_OP_RSQRT:
+      lo = x - ex;
+      e = lo > 0 ? ex * 0.5 / (lo * sqrt(lo)) + fu * fabs(v) + mn : INFINITY;
+      certain |= x + ex < 0;
+      break;
+    case NF_OP_EXP: e = sm(v, expm1(ex)) + fu * fabs(v) + mn; break;
+    case NF_OP_LOG:
+      lo = x - ex;
+      e = lo > 0 ? ex / lo + fu * fabs(v) + mn : INFINITY;
+      certain |= x + ex < 0;
+      break;
+    case NF_OP_TANH:
+      m = tanh(nearest0(x, ex));
+      e = sm(1 - m * m, ex) + fu * fabs(v) + mn;
+      break;
+    case NF_OP_SIGMOID:
+      m = sigmoid(nearest0(x, ex));
+      e = sm(m * (1 - m), ex) + fu * fabs(v) + mn;
+      break;
+    case NF_OP_ERF:
+      m = nearest0(x, ex);
+      e = sm(M_2_SQRTPI * exp(-m * m), ex) + fu * fabs(v) + mn;
+      break;
+    case NF_OP_FLOOR: e = floor(x - ex) == floor(x + ex) ? 0 : ex + 1; break;
+    case NF_OP_CEIL: e = ceil(x - ex) == ceil(x + ex) ? 0 : ex + 1; break;
+    case NF_OP_FLOORDIV:
+    case NF_OP_MOD:
+      /* floor(a / b): exact unless a' / b' may cross an integer, then off
+       * by up to the quotient's bound + 1; a mod b = a - b floor(a / b) */
+      q = x / y;
+      eq = ey < fabs(y) ? (ex + sm(q, ey)) / (fabs(y) - ey) + own(t, q) : INFINITY;
+      m = floor(q - eq) == floor(q + eq) ? 0 : eq + 1;
+      if (in->op == NF_OP_FLOORDIV) {
+        e = m;
+      } else {
+        double fq = floor(q);
+        e = ex + sm(fq, ey) + sm(y, m) + sm(ey, m) + own(t, y * fq) + own(t, v);
+      }
+      break;
+    case NF_OP_POW:
+      if (x > 0) {
+        lo = x - ex;
+        e = lo > 0 ? sm(v, fabs(y) * ex / lo + sm(log(x), ey)) + fu * fabs(v) + mn : INFINITY;
+      } else {
+        e = ex == 0 && ey == 0 ? fu * fabs(v) + mn : INFINITY;
+      }
+      break;
+    case NF_OP_MIN:
+    case NF_OP_MAX: e = fmax(ex, ey); break;
+    default: e = INFINITY; break;
+    }
+    E[l] = settle(t, v, e, certain);
+  }
+}
+
+/* The bound of float cast k on every lane: a float narrowed to t rounds,
+ * an integer converts exactly or rounds; integers themselves are exact. */
+static void bound_cast(rt *r, int32_t k) {
+  const inst *in = &r->p->in[k];
+  unsigned to = in->dtype, from = in->e->args[0]->dtype;
+  const double *d = REG_F(r, k);
+  double *E = REG_E(r, k);
+  if (in->argfl) {
+    const double *ea = REG_E(r, in->arg[0]);
+    int narrows = unit_ro(to) > unit_ro(from);
+    for (int l = 0; l < r->n; l++)
+      E[l] = settle(to, d[l], ea[l] + (narrows ? own(to, d[l]) : 0), ea[l] == 0);
+  } else {
+    for (int l = 0; l < r->n; l++)
+      E[l] = to == NF_F64 ? 0 : fabs(d[l] - (double)(float)d[l]);
+  }
+}
+
+/* Folds the bounds of one term per lane (values v, bounds ev) into
+ * accumulators that hold acc before this term; first: the first term;
+ * cnan[l] set once a term is certainly NaN (every reduction propagates it). */
+static void fold_bound(unsigned red, unsigned dt, const double *acc, const double *v,
+                       const double *ev, double *eacc, double *eabs, double *eq, uint8_t *cnan,
+                       int first, int n) {
+  for (int l = 0; l < n; l++) {
+    if (isnan(v[l]) && ev[l] == 0) cnan[l] = 1;
+    switch (red) {
+    case NF_RED_SUM: {
+      double s = acc[l] + v[l];
+      eacc[l] += ev[l];
+      eabs[l] += fabs(v[l]);
+      if (!first) eq[l] += s * s;
+      break;
+    }
+    case NF_RED_PROD:
+      eacc[l] = first ? ev[l]
+                      : sm(v[l], eacc[l]) + sm(acc[l], ev[l]) + sm(eacc[l], ev[l]) +
+                            own(dt, acc[l] * v[l]);
+      break;
+    case NF_RED_MAX:
+    case NF_RED_MIN: eacc[l] = first ? ev[l] : fmax(eacc[l], ev[l]); break;
+    default: eacc[l] = ev[l]; break;
+    }
+  }
+}
+
+/* The bound of an accumulated value v of dtype dt: its terms' bounds,
+ * plus for a sum of n_terms its own rounding (nf_interp.h); cnan: a term
+ * was certainly NaN. */
+static double acc_bound(unsigned red, unsigned dt, double v, double n_terms, double eacc,
+                        double eabs, double eq, int cnan) {
+  double e = eacc;
+  if (red == NF_RED_SUM && n_terms > 1) {
+    double w = unit_ro(dt) * fmin((n_terms - 1) * eabs, 16 * sqrt(eq));
+    e += w == w ? w : INFINITY;
+  }
+  return settle(dt, v, e, eacc == 0 || (cnan && isnan(v)));
 }
 
 static int exec_float(rt *r, int32_t k) {
@@ -698,6 +916,12 @@ static int exec_select(rt *r, int32_t k, const uint8_t *need) {
     const double *a = REG_F(r, in->arg[1]), *b = REG_F(r, in->arg[2]);
     for (int l = 0; l < n; l++)
       if (ACTIVE(l)) d[l] = c[l] ? a[l] : b[l];
+    if (r->bnd) {
+      double *e = REG_E(r, k);
+      const double *ea = REG_E(r, in->arg[1]), *eb = REG_E(r, in->arg[2]);
+      for (int l = 0; l < n; l++)
+        if (ACTIVE(l)) e[l] = c[l] ? ea[l] : eb[l];
+    }
   } else {
     int64_t *d = REG_I(r, k);
     const int64_t *a = REG_I(r, in->arg[1]), *b = REG_I(r, in->arg[2]);
@@ -717,6 +941,11 @@ static int exec(rt *r, int32_t k, const uint8_t *need) {
     if (in->fl) {
       double *d = REG_F(r, k);
       for (int l = 0; l < n; l++) d[l] = in->e->u.f;
+      if (r->bnd) {
+        /* a constant is off by its rounding to its dtype */
+        double c = in->e->u.f, e = in->dtype == NF_F64 ? 0 : fabs(c - (double)(float)c);
+        for (int l = 0; l < n; l++) REG_E(r, k)[l] = e;
+      }
     } else {
       int64_t *d = REG_I(r, k);
       for (int l = 0; l < n; l++) d[l] = in->e->u.i;
@@ -734,8 +963,11 @@ static int exec(rt *r, int32_t k, const uint8_t *need) {
   }
   case NF_OP_ACCESS:
     return exec_access(r, k, need);
-  case NF_OP_CAST:
-    return exec_cast(r, k, need);
+  case NF_OP_CAST: {
+    int rc = exec_cast(r, k, need);
+    if (rc == NF_OK && r->bnd && in->fl) bound_cast(r, k);
+    return rc;
+  }
   case NF_OP_SELECT:
     return exec_select(r, k, need);
   case NF_OP_LT:
@@ -746,7 +978,12 @@ static int exec(rt *r, int32_t k, const uint8_t *need) {
   case NF_OP_NE:
     return exec_compare(r, k);
   default:
-    return in->fl ? exec_float(r, k) : exec_int(r, k, need);
+    if (in->fl) {
+      int rc = exec_float(r, k);
+      if (rc == NF_OK && r->bnd) bound_float(r, k);
+      return rc;
+    }
+    return exec_int(r, k, need);
   }
 }
 
@@ -897,13 +1134,23 @@ static int run_stmt(rt *r) {
     if (ext[v] == 0) return NF_OK; /* no elements */
   acc_val id = identity(st->red, dt);
 
+  /* bounded runs: per accumulator, its terms' bound, sum |t| and the sum
+   * of its squared partial sums (fold_bound) */
+  int bnd = r->bnd && fl;
+  double n_terms = 1;
+  for (int v = rank; v < nv; v++) n_terms *= (double)ext[v];
+
   if (rank == 0) {
     acc_val s = id;
+    double se = 0, sabs = 0, sq = 0;
+    uint8_t scn = 0;
+    int first = 1;
     r->vvar = nv > 0 ? nv - 1 : -1;
     if (nv == 0) {
       r->n = 1;
       if ((rc = run_block(r)) < 0) return rc;
       if (fl) s.f = REG_F(r, root)[0]; else s.i = REG_I(r, root)[0];
+      if (bnd) se = REG_E(r, root)[0];
     } else if (!any_empty_red) {
       int vv = r->vvar;
       do {
@@ -913,6 +1160,11 @@ static int run_stmt(rt *r) {
           if ((rc = run_block(r)) < 0) return rc;
           /* Lane order is sequential order: fold one lane at a time. */
           for (int l = 0; l < r->n; l++) {
+            if (bnd) {
+              fold_bound(st->red, dt, &s.f, REG_F(r, root) + l, REG_E(r, root) + l, &se, &sabs,
+                         &sq, &scn, first, 1);
+              first = 0;
+            }
             if (fl)
               fold_f(st->red, &s.f, REG_F(r, root) + l, 1);
             else
@@ -922,8 +1174,12 @@ static int run_stmt(rt *r) {
       } while (odometer(r, lo, ext, rank, nv, vv));
     }
     store(r, out, 0, &s, 1);
+    if (bnd) out->eb[0] = acc_bound(st->red, dt, out->f[0], n_terms, se, sabs, sq, scn);
     return NF_OK;
   }
+
+  double eacc[BLK], eabs[BLK], eq[BLK];
+  uint8_t cnan[BLK];
 
   int vv = rank - 1;
   r->vvar = vv;
@@ -935,10 +1191,22 @@ static int run_stmt(rt *r) {
       r->vals[vv] = b0;
       r->n = n;
       for (int l = 0; l < n; l++) acc[l] = id;
+      if (bnd) {
+        memset(eacc, 0, (size_t)n * sizeof *eacc);
+        memset(eabs, 0, (size_t)n * sizeof *eabs);
+        memset(eq, 0, (size_t)n * sizeof *eq);
+        memset(cnan, 0, (size_t)n);
+      }
       if (!any_empty_red) {
+        int first = 1;
         for (int v = rank; v < nv; v++) r->vals[v] = lo[v];
         do { /* reduction variables, lexicographic */
           if ((rc = run_block(r)) < 0) return rc;
+          if (bnd) {
+            fold_bound(st->red, dt, (const double *)acc, REG_F(r, root), REG_E(r, root), eacc,
+                       eabs, eq, cnan, first, n);
+            first = 0;
+          }
           if (fl)
             fold_f(st->red, (double *)acc, REG_F(r, root), n);
           else
@@ -946,6 +1214,9 @@ static int run_stmt(rt *r) {
         } while (odometer(r, lo, ext, rank, nv, -1));
       }
       store(r, out, base + b0, acc, n);
+      for (int l = 0; bnd && l < n; l++)
+        out->eb[base + b0 + l] = acc_bound(st->red, dt, out->f[base + b0 + l], n_terms, eacc[l],
+                                           eabs[l], eq[l], cnan[l]);
     }
     r->vals[vv] = 0;
   } while (odometer(r, lo, ext, 0, vv, -1));
@@ -1097,12 +1368,17 @@ static int alloc_tensors(rt *r) {
       ts->f = mem;
     else
       ts->i = mem;
+    if (r->bnd && is_fl(t->dtype) && !(ts->eb = calloc(numel ? (size_t)numel : 1, 8))) {
+      nf_buf_printf(r->err, "tensor %s: out of memory (%lld bounds)", tname(r, k),
+                    (long long)numel);
+      return NF_ENOMEM;
+    }
   }
   return NF_OK;
 }
 
-int nf_interp_run(const nf_graph *g, const nf_array *inputs, nf_precision p,
-                  nf_array *outputs, nf_buf *err) {
+static int interp(const nf_graph *g, const nf_array *inputs, nf_precision p, nf_array *outputs,
+                  double **bounds, nf_buf *err) {
   nf_buf scratch = NF_BUF_INIT;
   rt r;
   int rc;
@@ -1111,6 +1387,7 @@ int nf_interp_run(const nf_graph *g, const nf_array *inputs, nf_precision p,
   if (!err) err = &scratch;
   r.g = g;
   r.prec = p;
+  r.bnd = bounds != NULL;
   r.err = err;
   if (!g || (p != NF_INTERP_F32 && p != NF_INTERP_F64)) {
     nf_buf_puts(err, "interp: invalid arguments");
@@ -1134,7 +1411,7 @@ int nf_interp_run(const nf_graph *g, const nf_array *inputs, nf_precision p,
     prog pr;
     r.si = k;
     r.st = &g->stmts[k];
-    if ((rc = compile(&pr, r.st->rhs)) < 0) {
+    if ((rc = compile(&pr, r.st->rhs, r.bnd)) < 0) {
       nf_buf_printf(err, "statement %u: cannot compile: %s", k, nf_strerror(rc));
       goto out;
     }
@@ -1153,13 +1430,42 @@ int nf_interp_run(const nf_graph *g, const nf_array *inputs, nf_precision p,
       goto out;
     }
   }
+  for (k = 0; bounds && k < g->n_outputs; k++) {
+    const tstore *ts = &r.ts[g->outputs[k]];
+    bounds[k] = NULL;
+    if (!ts->eb) continue;
+    if (!(bounds[k] = malloc(ts->numel ? (size_t)ts->numel * sizeof(double) : 1))) {
+      nf_buf_puts(err, "interp: out of memory for the bounds");
+      while (k > 0) free(bounds[--k]);
+      for (k = 0; k < g->n_outputs; k++) nf_array_free(&outputs[k]);
+      rc = NF_ENOMEM;
+      goto out;
+    }
+    if (ts->numel) memcpy(bounds[k], ts->eb, (size_t)ts->numel * sizeof(double));
+  }
   rc = NF_OK;
 out:
   for (k = 0; k < g->n_tensors; k++) {
     free(r.ts[k].f);
     free(r.ts[k].i);
+    free(r.ts[k].eb);
   }
   free(r.ts);
   nf_buf_free(&scratch);
   return rc;
+}
+
+int nf_interp_run(const nf_graph *g, const nf_array *inputs, nf_precision p,
+                  nf_array *outputs, nf_buf *err) {
+  return interp(g, inputs, p, outputs, NULL, err);
+}
+
+int nf_interp_run_bounded(const nf_graph *g, const nf_array *inputs, nf_array *outputs,
+                          double **bounds, nf_buf *err) {
+  if (!bounds && g && g->n_outputs) {
+    if (err) nf_buf_puts(err, "interp: no bounds array");
+    return NF_EINVAL;
+  }
+  double *none = NULL; /* no outputs: nothing is written to it */
+  return interp(g, inputs, NF_INTERP_F64, outputs, bounds ? bounds : &none, err);
 }

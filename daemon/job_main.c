@@ -187,6 +187,23 @@ static void on_record(void *user, const nf_search_record *rec) {
   }
 }
 
+/* NF_JOB_FAKE_TIMES (the daemon's tests): every correct candidate takes
+ * 0.5 ms, the default 1 ms, so that a tuned kernel wins whatever the
+ * machine's noise; candidates are still compiled and checked for real. */
+static void fake_time(void *user, int is_default, nf_search_record *rec) {
+  (void)user;
+  rec->time_ms = is_default ? 1.0 : 0.5;
+}
+
+/* NF_JOB_FAULT=candidates (the daemon's tests): every candidate of a
+ * tuning, the default's included, is replaced by bytes that do not load,
+ * so that tuning finds no correct candidate. */
+static void bad_candidate(void *user, int trial, nf_blob *so) {
+  (void)user;
+  (void)trial;
+  if (so->len > 64) memset(so->data, 0x5a, 64);
+}
+
 static int code_of(int rc) {
   switch (rc) {
     case NF_EINVAL: return NEOFLOW__ERROR_CODE__ERR_UNSUPPORTED_GRAPH;
@@ -247,6 +264,9 @@ static void run(job *J, const Neoflow__JobRequest *rq) {
   o.progress = on_progress;
   o.on_record = on_record;
   o.user = J;
+  if (getenv("NF_JOB_FAKE_TIMES")) o.time_hook = fake_time;
+  const char *fault = getenv("NF_JOB_FAULT");
+  if (fault && !strcmp(fault, "candidates")) o.candidate_hook = bad_candidate;
   nf_search_result res;
   memset(&res, 0, sizeof res);
   int rc = nf_search_run(J->g, &o, &res, &err);
@@ -270,9 +290,14 @@ static void run(job *J, const Neoflow__JobRequest *rq) {
   } else if (rc != NF_OK) {
     emit_error(J, code_of(rc), "tune: %s", err.len ? nf_buf_str(&err) : nf_strerror(rc));
   } else if (res.best_ms <= 0 || !res.best_schedule) {
+    /* why, in the default's words (the first record): the daemon
+     * remembers this message with the key */
+    const nf_search_record *d = res.n_records ? &res.records[0] : NULL;
     emit_error(J, NEOFLOW__ERROR_CODE__ERR_NO_VALID_CANDIDATE,
-               "tune: no candidate of %d ran correctly%s", res.trials,
-               res.gave_up ? " (gave up after consecutive failures)" : "");
+               "tune: no candidate of %d ran correctly%s%s%s%s%s", res.trials,
+               res.gave_up ? " (gave up after consecutive failures)" : "",
+               d ? "; the default: " : "", d ? nf_measure_status_name(d->status) : "",
+               d && d->reason[0] ? ": " : "", d ? d->reason : "");
   } else {
     int better = res.default_ms > 0 && res.best_ms < res.default_ms * 0.99;
     const char *text = res.best_schedule;

@@ -19,6 +19,11 @@
  * subscriber; improvements found during tuning are streamed (not cached:
  * the job's confirmed result replaces them).  Records are stored in
  * batches as they come, so a job killed half-way loses no measurement.
+ * A tuning that found no correct candidate (or cannot check this graph)
+ * is remembered: the key's tier-1 entry is stored again with the trials,
+ * the reason and the search's check revision (nfd_entry_tuned), so that
+ * no session tunes the key again until the key or the check changes; the
+ * subscribers get the error and keep the tier-1 kernel they hold.
  *
  * A job whose last subscriber leaves is dropped: its process group is
  * killed.  Timeouts: compile_timeout_s for a compile, max_seconds + 120 s
@@ -30,6 +35,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "nf_kernel.h"
+#include "nf_search.h"
+#include "nf_wire_sign.h"
 #include "nfd_int.h"
 
 enum { PH_QUEUED_COMPILE = 0, PH_COMPILING, PH_QUEUED_TUNE, PH_TUNING };
@@ -71,6 +79,7 @@ struct nfd_job {
   uv_write_t wr;
   /* progress */
   uint32_t trial, trials_max, failures;
+  uint32_t n_phase_records; /* records received in this phase */
   double best_ms, default_ms;
   /* records not yet stored */
   nf_cache_record recs[REC_BATCH];
@@ -169,6 +178,40 @@ static void add_record(nfd_job *j, const Neoflow__Record *r) {
   if (++j->n_recs == REC_BATCH) flush_records(j);
 }
 
+int nfd_entry_tuned(const nf_cache_entry *e) {
+  if (e->tier >= 2) return 1;
+  if (e->trials <= 0) return 0;
+  /* a failure to tune stands while the check that judged it does */
+  return !(e->tune_error && *e->tune_error) || e->tune_check == NF_SEARCH_CHECK_REVISION;
+}
+
+/* Tuning found no correct candidate (or cannot check the graph): the
+ * key's tier-1 entry is stored again as tuned, with why, so that the key
+ * is not tuned again by every session (nfd_entry_tuned). */
+static void remember_failure(nfd_job *j, const char *why) {
+  nfd_server *S = j->S;
+  nf_cache_entry e;
+  memset(&e, 0, sizeof e);
+  nf_buf err = NF_BUF_INIT;
+  int hit = S->cache ? nf_cache_get(S->cache, j->key, &e, &err) : NF_ENOENT;
+  if (hit != NF_OK) hit = nfd_writer_lookup(S, j->key, &e);
+  nf_buf_free(&err);
+  if (hit != NF_OK) return; /* nothing to keep: a later request compiles and tunes */
+  if (e.tier == 1 && !(e.time_ms > 0)) {
+    char *msg = strdup(why);
+    if (msg) {
+      free(e.tune_error);
+      e.tune_error = msg;
+      e.tune_check = NF_SEARCH_CHECK_REVISION;
+      e.trials = j->n_phase_records > 1 ? (int)j->n_phase_records - 1 : 1;
+      nfd_writer_put(S, &e);
+      NFD_INFO("job %s: remembered as not tunable until the code generator or the check "
+               "changes (%d trials)", j->name[0] ? j->name : "(unnamed)", e.trials);
+    }
+  }
+  nf_cache_entry_free(&e);
+}
+
 /* ---- events from the job process ---- */
 
 static void deliver(nfd_job *j, nfd_kernel *k, int final);
@@ -208,8 +251,16 @@ static int finish_with_best(nfd_job *j) {
     if (hit != NF_OK) hit = nfd_writer_lookup(S, j->key, &e);
     nf_buf_free(&err);
     if (hit != NF_OK) return 0;
+    /* only what this daemon signed is ever served (docs/security.md) */
+    if (!(e.has_sig && !memcmp(e.sig.signer, S->sign_pk, 32) &&
+          nf_sign_kernel_ok(S->sign_pk, e.sig.sig, j->key, e.sha256, j->target.fingerprint,
+                            NF_KERNEL_ABI_VERSION))) {
+      nf_cache_entry_free(&e);
+      return 0;
+    }
     k = nfd_kernel_new(j->key, e.tier, e.schedule, e.time_ms, e.default_ms, e.trials, e.binary,
                        e.binary_len);
+    if (k) memcpy(k->sig, e.sig.sig, 64);
     nf_cache_entry_free(&e);
     if (!k) return 0;
   }
@@ -282,10 +333,18 @@ static void on_event(nfd_job *j, const Neoflow__JobEvent *ev) {
       send_progress(j, j->phase == PH_TUNING ? NEOFLOW__JOB_STATE__JOB_TUNING
                                              : NEOFLOW__JOB_STATE__JOB_COMPILING);
       break;
-    case NEOFLOW__JOB_EVENT__MSG_RECORD: add_record(j, ev->record); break;
+    case NEOFLOW__JOB_EVENT__MSG_RECORD:
+      j->n_phase_records++;
+      add_record(j, ev->record);
+      break;
     case NEOFLOW__JOB_EVENT__MSG_ERROR:
       j->got_error = 1;
       NFD_WARN("job %.16s…: %s", j->name[0] ? j->name : "(unnamed)", ev->error->message);
+      /* what does not change until the key or the check does */
+      if (j->phase == PH_TUNING &&
+          (ev->error->code == NEOFLOW__ERROR_CODE__ERR_NO_VALID_CANDIDATE ||
+           ev->error->code == NEOFLOW__ERROR_CODE__ERR_UNSUPPORTED_GRAPH))
+        remember_failure(j, ev->error->message);
       fail_all(j, ev->error->code ? (int)ev->error->code : NEOFLOW__ERROR_CODE__ERR_INTERNAL,
                ev->error->message);
       break;
@@ -345,7 +404,7 @@ static void phase_over(nfd_job *j) {
     j->phase = PH_QUEUED_TUNE;
     j->got_final = j->got_error = j->killed_why = 0;
     j->running = j->exit_seen = 0;
-    j->trial = j->failures = 0;
+    j->trial = j->failures = j->n_phase_records = 0;
     send_progress(j, NEOFLOW__JOB_STATE__JOB_QUEUED);
   } else {
     /* requests still subscribed got what the phase gave; end them */

@@ -170,6 +170,12 @@ int nfd_jobs_busy(const nfd_server *S);
  * event loop only reads.  Operations are copied (or, for records, taken
  * over) and run in order. */
 
+/* Whether cache entry e answers a request to tune (no tuning job): a
+ * tuned kernel (tier 2), or a tier-1 kernel a tuning job ended with
+ * (trials > 0), unless that job found no correct candidate under another
+ * revision of the search's check (NF_SEARCH_CHECK_REVISION) than ours. */
+int nfd_entry_tuned(const nf_cache_entry *e);
+
 /* Opens the writer's handle on cfg.cache_path and starts its thread. */
 int nfd_writer_start(nfd_server *S, nf_buf *err);
 /* Queues a copy of e for nf_cache_put. */

@@ -488,8 +488,20 @@ static void on_submit(nfd_conn *c, const Neoflow__Submit *s) {
   /* the writer found the cache locked lately: this result may not be kept */
   int64_t wb = __atomic_load_n(&S->writer_busy_ms, __ATOMIC_RELAXED);
   if (wb > 0 && nfd_now() * 1000 - (double)wb < 60000) busy = 1;
-  /* a result stored a moment ago may still wait in the writer's queue */
-  if (hit != NF_OK) hit = nfd_writer_lookup(S, key, &e);
+  /* a result stored a moment ago may still wait in the writer's queue:
+   * it is newer than the cache's entry (a job's tuned kernel, or its
+   * failure to tune, over the tier-1 kernel its compile stored), and the
+   * job that made it may be ending: joining it would get nothing */
+  nf_cache_entry pend;
+  if (nfd_writer_lookup(S, key, &pend) == NF_OK) {
+    if (hit != NF_OK || nfd_entry_tuned(&pend) || !nfd_entry_tuned(&e)) {
+      if (hit == NF_OK) nf_cache_entry_free(&e);
+      e = pend;
+      hit = NF_OK;
+    } else {
+      nf_cache_entry_free(&pend);
+    }
+  }
   /* a binary is served only under this daemon's own signature, made when
    * it compiled it: an entry without one (imported, edited by hand,
    * written by another program) is moved aside and built afresh */
@@ -504,7 +516,10 @@ static void on_submit(nfd_conn *c, const Neoflow__Submit *s) {
     hit = NF_ENOENT;
   }
   hit = hit == NF_OK;
-  int tuned = hit && (e.tier >= 2 || e.trials > 0);
+  int tuned = hit && nfd_entry_tuned(&e);
+  if (tuned && e.tune_error && *e.tune_error && s->mode == NEOFLOW__MODE__MODE_TUNE)
+    NFD_DEBUG("submit %.16s: not tuned again: %s", s->graph->name ? s->graph->name : "",
+              e.tune_error);
   int done = hit && (s->mode == NEOFLOW__MODE__MODE_COMPILE || tuned);
   if (hit) S->hits++;
   else S->misses++;

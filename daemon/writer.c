@@ -9,7 +9,8 @@
  * the failure policy says).  Until an entry is committed,
  * nfd_writer_lookup finds it in the queue, so a request arriving between
  * a job's end and the commit is answered like a hit and never starts a
- * second job for the key.
+ * second job for the key (the server prefers it over an older committed
+ * entry of the key: a tuning's result over its compile's).
  *
  * Bounds: at most NFD_WRITER_MAX_BYTES of pending operations; beyond it
  * records and hit counts are dropped with a warning (kernels are always

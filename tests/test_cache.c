@@ -6,6 +6,11 @@
  *  - the better rule: tier 2 beats tier 1, faster beats slower, an
  *    unmeasured time never replaces a measured one, tier 1 never replaces
  *    tier 2;
+ *  - a failure to tune (tune_error, tune_check) is stored on a tier-1
+ *    entry, replaces one never tuned and one found under another check
+ *    revision, travels through export and import, shows in `cache list`,
+ *    and is cleared by a measured kernel; a schema-1 database migrates
+ *    (its entries kept, with no failure);
  *  - reopening keeps entries and records; records are ordered best first,
  *    duplicates keep the faster, the per-key limit drops failures first;
  *  - corruption: flipped binary bytes, a wrong digest, a changed codegen
@@ -25,7 +30,7 @@
  *  - a file size limit (SQLITE_FULL / I/O error) fails a put with nothing
  *    partial;
  *  - SIGKILL at every write step of several iterations, and during the
- *    first migration: the database reopens, quick_check is ok, every
+ *    migrations: the database reopens, quick_check is ok, every
  *    entry verifies, exactly the committed entries and records exist;
  *  - the command: stats (text, JSON), list, verify's exit status, export,
  *    import, gc, usage errors (2) and open errors (1, "neoflow cache: ").
@@ -447,6 +452,125 @@ START_TEST(cache_better_rule) {
   ck_assert(memcmp(g.key, u_key, 32) == 0);
   nf_cache_entry_free(&g);
   nf_cache_close(c);
+  rm_dir(d);
+}
+END_TEST
+
+/* A failure to tune, remembered on the key's tier-1 entry: stored over
+ * an entry never tuned, kept against the same failure again, replaced by
+ * the failure under a newer check revision and by a measured kernel
+ * (which clears it); refused without a revision; read back by get and
+ * list; carried by export and import. */
+START_TEST(cache_tune_failure) {
+  char *d = tmp_dir();
+  const char *p = in(d, "cache.db"), *x = in(d, "x.db"), *q = in(d, "b.db");
+  nf_cache *c = open_default(p);
+  nf_cache_entry u, g;
+  mk_entry(&u, 3, 1, 0, CG, 100);
+  u.trials = 0;
+  ck_assert_int_eq(put(c, &u), 1);
+  ck_assert_int_eq(get_st(c, 3, &g), NF_OK);
+  ck_assert_str_eq(g.tune_error, "");
+  ck_assert_int_eq(g.tune_check, 0);
+  nf_cache_entry_free(&g);
+  /* no revision: refused */
+  u.trials = 6;
+  u.tune_error = strdup("tune: no candidate of 6 ran correctly; the default: WRONG: output 2");
+  nf_buf err = NF_BUF_INIT;
+  ck_assert_int_eq(nf_cache_put(c, &u, NULL, &err), NF_EINVAL);
+  ck_assert_msg(contains(nf_buf_str(&err), "without its check revision"), "%s", nf_buf_str(&err));
+  u.tune_check = 1;
+  ck_assert_int_eq(put(c, &u), 1);
+  ck_assert_int_eq(put(c, &u), 0); /* the same failure again: nothing new */
+  ck_assert_int_eq(get_st(c, 3, &g), NF_OK);
+  ck_assert_str_eq(g.tune_error, u.tune_error);
+  ck_assert_int_eq(g.tune_check, 1);
+  ck_assert_int_eq(g.trials, 6);
+  ck_assert_int_eq(g.tier, 1);
+  nf_cache_entry_free(&g);
+  /* an entry no job tuned does not replace it */
+  free(u.tune_error);
+  u.tune_error = NULL;
+  u.tune_check = 0;
+  u.trials = 0;
+  ck_assert_int_eq(put(c, &u), 0);
+  /* found again under check revision 2: replaces */
+  u.trials = 4;
+  u.tune_error = strdup("tune: no candidate of 4 ran correctly");
+  u.tune_check = 2;
+  ck_assert_int_eq(put(c, &u), 1);
+  ck_assert_int_eq(get_st(c, 3, &g), NF_OK);
+  ck_assert_int_eq(g.tune_check, 2);
+  ck_assert_int_eq(g.trials, 4);
+  nf_cache_entry_free(&g);
+  /* list shows it; export and import carry it */
+  nf_cache_close(c);
+  c = open_default(p);
+  ck_assert_int_eq(nf_cache_export(c, x, NULL, NULL), NF_OK);
+  nf_cache *b = open_default(q);
+  nf_cache_import_report ir;
+  ck_assert_int_eq(nf_cache_import(b, x, &ir, NULL), NF_OK);
+  ck_assert_int_eq(ir.added, 1);
+  ck_assert_int_eq(get_st(b, 3, &g), NF_OK);
+  ck_assert_str_eq(g.tune_error, "tune: no candidate of 4 ran correctly");
+  ck_assert_int_eq(g.tune_check, 2);
+  nf_cache_entry_free(&g);
+  nf_cache_close(b);
+  /* a measured kernel replaces it and clears the failure */
+  free(u.tune_error);
+  u.tune_error = NULL;
+  u.tune_check = 0;
+  u.time_ms = 3.0;
+  u.trials = 9;
+  ck_assert_int_eq(put(c, &u), 1);
+  ck_assert_int_eq(get_st(c, 3, &g), NF_OK);
+  ck_assert_str_eq(g.tune_error, "");
+  ck_assert_int_eq(g.tune_check, 0);
+  ck_assert(g.time_ms == 3.0);
+  nf_cache_entry_free(&g);
+  nf_cache_entry_free(&u);
+  nf_buf_free(&err);
+  nf_cache_close(c);
+  rm_dir(d);
+}
+END_TEST
+
+/* A database of schema 1 (no tune_error, tune_check) migrates in place:
+ * its entries are kept and read as never failed. */
+/* Takes a cache of this schema back to schema 1 (the previous release):
+ * no signatures, no adoption list, no tuning failures. */
+#define SCHEMA_1                                                                          \
+  "DROP TABLE signatures; DROP TABLE adopt; ALTER TABLE entries DROP COLUMN tune_error; "  \
+  "ALTER TABLE entries DROP COLUMN tune_check; ALTER TABLE quarantine DROP COLUMN "        \
+  "tune_error; ALTER TABLE quarantine DROP COLUMN tune_check; PRAGMA user_version=1"
+
+START_TEST(cache_migrate_schema_1) {
+  char *d = tmp_dir();
+  const char *p = in(d, "cache.db");
+  nf_cache *c = open_default(p);
+  for (unsigned i = 0; i < 3; i++) ck_assert_int_eq(put_new(c, i, 1 + i % 2, 2.0 + i, 300), 1);
+  nf_cache_close(c);
+  /* back to schema 1: the columns of schema 2 dropped */
+  raw_exec(p, SCHEMA_1);
+  ck_assert_int_eq(raw_i64(p, "SELECT count(*) FROM pragma_table_info('entries')"), 17);
+  c = open_default(p);
+  ck_assert_int_eq(stats(c).schema, NF_CACHE_SCHEMA);
+  ck_assert_int_eq(stats(c).entries, 3);
+  for (unsigned i = 0; i < 3; i++) {
+    nf_cache_entry g, w;
+    ck_assert_int_eq(get_st(c, i, &g), NF_OK);
+    mk_entry(&w, i, 1 + i % 2, 2.0 + i, CG, 300);
+    assert_same(&g, &w);
+    ck_assert_str_eq(g.tune_error, "");
+    ck_assert_int_eq(g.tune_check, 0);
+    nf_cache_entry_free(&g);
+    nf_cache_entry_free(&w);
+  }
+  nf_cache_close(c);
+  ck_assert_int_eq(raw_i64(p, "PRAGMA user_version"), NF_CACHE_SCHEMA);
+  ck_assert_int_eq(raw_i64(p, "SELECT count(*) FROM pragma_table_info('entries')"), 19);
+  /* the entries it held are listed for the daemon to sign (adoption) */
+  ck_assert_int_eq(raw_i64(p, "SELECT count(*) FROM adopt"), 3);
   rm_dir(d);
 }
 END_TEST
@@ -1048,7 +1172,7 @@ START_TEST(cache_adopt_old_entries) {
   put_new(c, 2, 1, 2.0, 50);
   nf_cache_close(c);
   /* back to schema 1: what a cache of the previous release holds */
-  raw_exec(p, "DROP TABLE signatures; DROP TABLE adopt; PRAGMA user_version=1");
+  raw_exec(p, SCHEMA_1);
   c = open_default(p); /* migrates */
   put_new(c, 3, 2, 1.0, 50);
   int calls = 0;
@@ -1589,6 +1713,12 @@ START_TEST(cache_cli) {
   nf_cache *c = open_default(p);
   put_new(c, 1, 2, 0.5, 2048);
   put_new(c, 2, 1, 0, 100);
+  nf_cache_entry f;
+  mk_entry(&f, 2, 1, 0, CG, 100);
+  f.tune_error = strdup("tune: no candidate of 7 ran correctly");
+  f.tune_check = 1;
+  ck_assert_int_eq(put(c, &f), 1);
+  nf_cache_entry_free(&f);
   nf_cache_close(c);
 
   ck_assert_int_eq(cli(d, "--help", NULL), 0);
@@ -1617,11 +1747,16 @@ START_TEST(cache_cli) {
   for (int i = 0; i < 8; i++) snprintf(hex + 2 * i, 3, "%02x", key[i]);
   ck_assert_msg(contains(cli_out, "KEY") && contains(cli_out, hex) && contains(cli_out, "20.00x") &&
                     contains(cli_out, "2.0 KiB") && contains(cli_out, "graph1") &&
-                    contains(cli_out, CG),
+                    contains(cli_out, CG) &&
+                    contains(cli_out,
+                             "not tuned (check r1, 7 trials): tune: no candidate of 7 ran correctly"),
                 "%s", cli_out);
   ck_assert_int_eq(cli(d, "list", "--json", "--cache", p, NULL), 0);
-  ck_assert_msg(contains(cli_out, "\"speedup\":20,") && contains(cli_out, "\"speedup\":null"), "%s",
-                cli_out);
+  ck_assert_msg(contains(cli_out, "\"speedup\":20,") && contains(cli_out, "\"speedup\":null") &&
+                    contains(cli_out, "\"tune_error\":\"tune: no candidate of 7 ran correctly\","
+                                      "\"tune_check\":1}") &&
+                    contains(cli_out, "\"tune_error\":null}"),
+                "%s", cli_out);
 
   ck_assert_int_eq(cli(d, "verify", "--cache", p, NULL), 0);
   ck_assert(contains(cli_out, "2 entries checked, 0 bad"));
@@ -1669,6 +1804,8 @@ int main(void) {
   tcase_add_test(tc, cache_garbage_file);
   tcase_add_test(tc, cache_foreign_db);
   tcase_add_test(tc, cache_newer_schema);
+  tcase_add_test(tc, cache_tune_failure);
+  tcase_add_test(tc, cache_migrate_schema_1);
   tcase_add_test(tc, cache_network_fs);
   tcase_add_test(tc, cache_writer_lock);
   tcase_add_test(tc, cache_read_only);

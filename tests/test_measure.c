@@ -11,6 +11,8 @@
  *  - wrong values, an output left unwritten (caught by the NaN poisoning
  *    even after a correct kernel filled the buffer), and a kernel writing
  *    to its inputs are WRONG and never timed; the inputs are restored;
+ *  - with bounds only the error beyond each element's bound counts, and
+ *    an element of infinite bound is not judged;
  *  - garbage bytes, an object without the symbol and a non-zero return
  *    code are LOAD; a kernel reserving 64 GiB fails under RLIMIT_AS;
  *  - a worker killed from outside is reported as a crash without SIGPIPE
@@ -381,6 +383,46 @@ START_TEST(measure_wrong) {
   nf_measurer_free(m);
   assert_no_children();
   free(g);
+  free(f);
+}
+END_TEST
+
+/* Bounds: an error within them is accepted, the excess is held to rtol,
+ * an undetermined element (bound +inf) is not judged, and an absent array
+ * means exact. */
+START_TEST(measure_bounds) {
+  fixture *f = fixture_new();
+  static double bc[MM_M * MM_N], br[MM_M];
+  const double *bounds[2] = {NULL, br};
+  f->pb.bound = bounds;
+  /* "wrong" is off by 0.5 on every element of R */
+  for (int i = 0; i < MM_M; i++) br[i] = 0.5 + 1e-9;
+  nf_measurer *m = new_measurer(f, &quick);
+  nf_measure_result r = measure_kernel(m, "wrong");
+  expect_status(&r, NF_MEAS_OK, "wrong within bounds of 0.5");
+  expect_good(m);
+  nf_measurer_free(m);
+  for (int i = 0; i < MM_M; i++) br[i] = 0.25;
+  m = new_measurer(f, &quick);
+  r = measure_kernel(m, "wrong");
+  expect_status(&r, NF_MEAS_WRONG, "wrong beyond bounds of 0.25");
+  ck_assert_msg(strstr(r.reason, "output 1: relative L2 error") &&
+                    strstr(r.reason, "beyond the rounding bounds") && strstr(r.reason, "+- 0.25"),
+                "reason: %s", r.reason);
+  nf_measurer_free(m);
+  /* "partial" leaves C's last element NaN: judged where the bound is
+   * finite (C's array absent: exact), not where it is infinite */
+  m = new_measurer(f, &quick);
+  r = measure_kernel(m, "partial");
+  expect_status(&r, NF_MEAS_WRONG, "partial, C exact");
+  nf_measurer_free(m);
+  bounds[0] = bc;
+  bc[MM_M * MM_N - 1] = INFINITY;
+  m = new_measurer(f, &quick);
+  r = measure_kernel(m, "partial");
+  expect_status(&r, NF_MEAS_OK, "partial, its unwritten element undetermined");
+  nf_measurer_free(m);
+  assert_no_children();
   free(f);
 }
 END_TEST
@@ -822,6 +864,7 @@ int main(void) {
   tcase_add_test(tc, measure_hang);
   tcase_add_test(tc, measure_wrong);
   tcase_add_test(tc, measure_poison);
+  tcase_add_test(tc, measure_bounds);
   tcase_add_test(tc, measure_inwrite);
   tcase_add_test(tc, measure_load);
   tcase_add_test(tc, measure_hog);

@@ -156,14 +156,17 @@ void nf_cache_make_key(const uint8_t graph_hash[32], const uint8_t target[32],
   crypto_hash_sha256_final(&s, key);
 }
 
-int nf__cache_better(int tier, double time_ms, int64_t trials, int old_tier, double old_ms,
-                     int64_t old_trials) {
+int nf__cache_better(int tier, double time_ms, int64_t trials, int64_t check, int old_tier,
+                     double old_ms, int64_t old_trials, int64_t old_check) {
   if (tier != old_tier) return tier > old_tier;
   /* unmeasured never replaces a measured entry; between two unmeasured
    * ones, the one a tuning job ended with (trials > 0: the job gave up,
-   * say over its time budget, and kept this kernel) replaces one that no
-   * job has tuned, so that the key is not tuned again by every session */
-  if (!(time_ms > 0)) return !(old_ms > 0) && trials > 0 && old_trials <= 0;
+   * say over its time budget, or found no correct candidate, and kept
+   * this kernel) replaces one that no job has tuned, so that the key is
+   * not tuned again by every session; a failure to tune found again under
+   * a newer check replaces the stale one */
+  if (!(time_ms > 0))
+    return !(old_ms > 0) && trials > 0 && (old_trials <= 0 || (check > 0 && check != old_check));
   if (!(old_ms > 0)) return 1;
   return time_ms < old_ms;
 }
@@ -213,6 +216,10 @@ const char *nf__cache_check_row(sqlite3_stmt *st, const uint8_t *want) {
   for (int c = 13; c <= 16; c++)
     if (sqlite3_column_type(st, c) != SQLITE_INTEGER) return "timestamp or hits not an integer";
   if (sqlite3_column_int64(st, 16) < 0) return "negative hits";
+  if (!nf__cache_col_text(st, 17)) return "missing text field";
+  if (sqlite3_column_type(st, 18) != SQLITE_INTEGER || sqlite3_column_int64(st, 18) < 0 ||
+      sqlite3_column_int64(st, 18) > INT_MAX)
+    return "impossible check revision";
   uint8_t k[32];
   nf_cache_make_key(gh, tg, codegen, k);
   if (memcmp(k, key, 32) != 0) return "key does not match its graph hash, target and codegen";
@@ -249,7 +256,10 @@ int nf__cache_fill_entry(sqlite3_stmt *st, nf_cache_entry *e) {
   e->updated = sqlite3_column_int64(st, 14);
   e->last_used = sqlite3_column_int64(st, 15);
   e->hits = sqlite3_column_int64(st, 16);
-  if (!e->codegen || !e->graph_name || !e->target_desc || !e->schedule || !e->binary) {
+  e->tune_error = dup_str((const char *)sqlite3_column_text(st, 17));
+  e->tune_check = (int)sqlite3_column_int64(st, 18);
+  if (!e->codegen || !e->graph_name || !e->target_desc || !e->schedule || !e->binary ||
+      !e->tune_error) {
     nf_cache_entry_free(e);
     return NF_ENOMEM;
   }
@@ -265,6 +275,9 @@ const char *nf__cache_check_entry(const nf_cache_entry *e) {
     return "times must be finite and non-negative";
   if (e->trials < 0) return "negative trial count";
   if (e->hits < 0) return "negative hits";
+  if (e->tune_check < 0) return "negative check revision";
+  if (e->tune_error && *e->tune_error && e->tune_check <= 0)
+    return "a failure to tune without its check revision";
   uint8_t k[32];
   nf_cache_make_key(e->graph_hash, e->target, e->codegen, k);
   if (memcmp(k, e->key, 32) != 0)
@@ -281,9 +294,11 @@ int nf_cache_entry_copy(nf_cache_entry *dst, const nf_cache_entry *src) {
   dst->graph_name = dup_str(src->graph_name ? src->graph_name : "");
   dst->target_desc = dup_str(src->target_desc ? src->target_desc : "");
   dst->schedule = dup_str(src->schedule ? src->schedule : "");
+  dst->tune_error = dup_str(src->tune_error ? src->tune_error : "");
   dst->binary = malloc(src->binary_len ? src->binary_len : 1);
   if (dst->binary && src->binary_len) memcpy(dst->binary, src->binary, src->binary_len);
-  if (!dst->codegen || !dst->graph_name || !dst->target_desc || !dst->schedule || !dst->binary) {
+  if (!dst->codegen || !dst->graph_name || !dst->target_desc || !dst->schedule || !dst->binary ||
+      !dst->tune_error) {
     nf_cache_entry_free(dst);
     return NF_ENOMEM;
   }
@@ -296,6 +311,7 @@ void nf_cache_entry_free(nf_cache_entry *e) {
   free(e->graph_name);
   free(e->target_desc);
   free(e->schedule);
+  free(e->tune_error);
   free(e->binary);
   memset(e, 0, sizeof *e);
 }
@@ -579,11 +595,16 @@ static int migrate_0_to_1(sqlite3 *db, const char *path, nf_buf *err) {
   return nf__cache_exec(db, path, sql, err);
 }
 
-/* Schema 2: each kernel's signature (docs/security.md).  The entries a
- * daemon held before are listed in adopt: the daemon signs them at its
- * next start (nf_cache_adopt), as they are what it served before; an
- * entry that arrives later without a signature (an import, a hand edit)
- * is never adopted. */
+/* Schema 2: each kernel's signature (docs/security.md), and a failure to
+ * tune remembered on the entry.
+ *  - signatures: the entries a daemon held before are listed in adopt:
+ *    the daemon signs them at its next start (nf_cache_adopt), as they are
+ *    what it served before; an entry that arrives later without a
+ *    signature (an import, a hand edit) is never adopted.
+ *  - tune_error, tune_check: why tuning found no correct candidate, and
+ *    under which revision of the search's check, so that the key is not
+ *    tuned again by every session.  Rows of schema 1 get "" and 0: no
+ *    failure. */
 static int migrate_1_to_2(sqlite3 *db, const char *path, nf_buf *err) {
   static const char sql[] =
       "CREATE TABLE signatures("
@@ -592,7 +613,13 @@ static int migrate_1_to_2(sqlite3 *db, const char *path, nf_buf *err) {
       " signer BLOB NOT NULL CHECK(typeof(signer)='blob' AND length(signer)=32),"
       " sig BLOB NOT NULL CHECK(typeof(sig)='blob' AND length(sig)=64));"
       "CREATE TABLE adopt(key BLOB PRIMARY KEY NOT NULL);"
-      "INSERT INTO adopt SELECT key FROM entries;";
+      "INSERT INTO adopt SELECT key FROM entries;"
+      "ALTER TABLE entries ADD COLUMN tune_error TEXT NOT NULL DEFAULT ''"
+      " CHECK(typeof(tune_error)='text');"
+      "ALTER TABLE entries ADD COLUMN tune_check INTEGER NOT NULL DEFAULT 0"
+      " CHECK(tune_check>=0);"
+      "ALTER TABLE quarantine ADD COLUMN tune_error;"
+      "ALTER TABLE quarantine ADD COLUMN tune_check;";
   return nf__cache_exec(db, path, sql, err);
 }
 
@@ -819,7 +846,7 @@ int nf_cache_get(nf_cache *c, const uint8_t key[32], nf_cache_entry *out, nf_buf
   int64_t rowid = 0;
   char reason[160];
   if (s == SQLITE_ROW) {
-    rowid = sqlite3_column_int64(st, 17);
+    rowid = sqlite3_column_int64(st, NF__CACHE_ENTRY_NCOLS);
     why = nf__cache_check_row(st, key);
     if (!why) rc = nf__cache_fill_entry(st, out);
     if (!why && rc == NF_OK) {
@@ -964,12 +991,12 @@ int nf__cache_put_tx(nf_cache *c, const nf_cache_entry *e, const int64_t times[4
   sqlite3_bind_blob(st, 1, e->key, 32, SQLITE_STATIC);
   int s = sqlite3_step(st), exists = 0, old_tier = 0;
   double old_ms = 0;
-  int64_t old_trials = 0;
+  int64_t old_trials = 0, old_check = 0;
   int64_t old_len = 0, rowid = 0;
   const char *why = NULL;
   char reason[160];
   if (s == SQLITE_ROW) {
-    rowid = sqlite3_column_int64(st, 17);
+    rowid = sqlite3_column_int64(st, NF__CACHE_ENTRY_NCOLS);
     why = nf__cache_check_row(st, e->key);
     if (!why) {
       exists = 1;
@@ -977,6 +1004,7 @@ int nf__cache_put_tx(nf_cache *c, const nf_cache_entry *e, const int64_t times[4
       old_ms = sqlite3_column_double(st, 8);
       old_trials = sqlite3_column_int64(st, 10);
       old_len = sqlite3_column_bytes(st, 11);
+      old_check = sqlite3_column_int64(st, 18);
     }
   } else if ((s & 0xff) == SQLITE_CORRUPT || (s & 0xff) == SQLITE_NOTADB) {
     why = sqlite3_errmsg(c->db);
@@ -991,7 +1019,9 @@ int nf__cache_put_tx(nf_cache *c, const nf_cache_entry *e, const int64_t times[4
     rc = nf__cache_quarantine_tx(c, e->key, rowid, reason, err);
     if (rc != NF_OK) return rc;
   }
-  if (exists && !nf__cache_better(e->tier, e->time_ms, e->trials, old_tier, old_ms, old_trials))
+  int64_t check = e->tune_error && *e->tune_error ? e->tune_check : 0;
+  if (exists && !nf__cache_better(e->tier, e->time_ms, e->trials, check, old_tier, old_ms,
+                                  old_trials, old_check))
     return NF_OK;
 
   if (c->soft_cap > 0 || c->hard_cap > 0) {
@@ -1022,7 +1052,7 @@ int nf__cache_put_tx(nf_cache *c, const nf_cache_entry *e, const int64_t times[4
       nf__cache_prepare(c->db, c->path,
                         "INSERT INTO entries(" NF__CACHE_ENTRY_COLS
                         ")"
-                        " VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17)"
+                        " VALUES(" NF__CACHE_ENTRY_PARAMS ")"
                         " ON CONFLICT(key) DO UPDATE SET graph_hash=excluded.graph_hash,"
                         " target=excluded.target, codegen=excluded.codegen,"
                         " graph_name=excluded.graph_name, target_desc=excluded.target_desc,"
@@ -1032,7 +1062,8 @@ int nf__cache_put_tx(nf_cache *c, const nf_cache_entry *e, const int64_t times[4
                         " created=min(created, excluded.created), updated=excluded.updated,"
                         " last_used=max(last_used, excluded.last_used),"
                         " hits=CASE WHEN hits>9223372036854775807-excluded.hits"
-                        " THEN 9223372036854775807 ELSE hits+excluded.hits END",
+                        " THEN 9223372036854775807 ELSE hits+excluded.hits END,"
+                        " tune_error=excluded.tune_error, tune_check=excluded.tune_check",
                         &st, err);
   if (rc != NF_OK) return rc;
   sqlite3_bind_blob(st, 1, e->key, 32, SQLITE_STATIC);
@@ -1049,6 +1080,8 @@ int nf__cache_put_tx(nf_cache *c, const nf_cache_entry *e, const int64_t times[4
   sqlite3_bind_blob64(st, 12, e->binary, e->binary_len, SQLITE_STATIC);
   sqlite3_bind_blob(st, 13, e->sha256, 32, SQLITE_STATIC);
   for (int i = 0; i < 4; i++) sqlite3_bind_int64(st, 14 + i, times[i]);
+  sqlite3_bind_text(st, 18, check ? e->tune_error : "", -1, SQLITE_STATIC);
+  sqlite3_bind_int64(st, 19, check);
   s = sqlite3_step(st);
   if (s != SQLITE_DONE) rc = nf__cache_sqlerr(c->path, c->db, s, "store", err);
   sqlite3_finalize(st);

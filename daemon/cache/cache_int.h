@@ -27,10 +27,15 @@ struct nf_cache {
   int64_t hits, misses, corrupt;
 };
 
-/* The entry columns in the order every SELECT of a full row uses. */
+/* The entry columns in the order every SELECT of a full row uses, and
+ * their number. */
 #define NF__CACHE_ENTRY_COLS                                                    \
   "key, graph_hash, target, codegen, graph_name, target_desc, tier, schedule, " \
-  "time_ms, default_ms, trials, binary, sha256, created, updated, last_used, hits"
+  "time_ms, default_ms, trials, binary, sha256, created, updated, last_used, hits, " \
+  "tune_error, tune_check"
+#define NF__CACHE_ENTRY_NCOLS 19
+#define NF__CACHE_ENTRY_PARAMS \
+  "?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19"
 
 /* Calls nf__cache_test_hook when set. */
 void nf__cache_hook(const char *step);
@@ -82,12 +87,14 @@ int nf__cache_fill_entry(sqlite3_stmt *st, nf_cache_entry *e);
  * key = its parts, digest.  NULL when acceptable, else the reason. */
 const char *nf__cache_check_entry(const nf_cache_entry *e);
 
-/* Whether an entry of (tier, time_ms, trials) should replace one of
- * (old_tier, old_ms, old_trials): a higher tier wins, then a lower
- * measured time; an unmeasured entry replaces only an unmeasured one that
- * no tuning job ended with (trials > 0 against 0). */
-int nf__cache_better(int tier, double time_ms, int64_t trials, int old_tier, double old_ms,
-                     int64_t old_trials);
+/* Whether an entry of (tier, time_ms, trials, tune_check) should replace
+ * one of (old_tier, old_ms, old_trials, old_check): a higher tier wins,
+ * then a lower measured time; an unmeasured entry replaces only an
+ * unmeasured one that no tuning job ended with (trials > 0 against 0), or
+ * as a failure to tune (check > 0) one whose failure was under another
+ * check revision (or that was no failure). */
+int nf__cache_better(int tier, double time_ms, int64_t trials, int64_t check, int old_tier,
+                     double old_ms, int64_t old_trials, int64_t old_check);
 
 /* Moves the entry at rowid (or, when rowid <= 0, the one of key) into
  * the quarantine table with reason, inside the open transaction. */

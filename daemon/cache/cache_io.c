@@ -209,7 +209,8 @@ static int export_row(void *user, sqlite3_stmt *st, int64_t rowid, const char *w
     return NF_OK;
   }
   sqlite3_reset(x->ins);
-  for (int i = 0; i < 17; i++) sqlite3_bind_value(x->ins, i + 1, sqlite3_column_value(st, i));
+  for (int i = 0; i < NF__CACHE_ENTRY_NCOLS; i++)
+    sqlite3_bind_value(x->ins, i + 1, sqlite3_column_value(st, i));
   int s = sqlite3_step(x->ins);
   if (s != SQLITE_DONE) return nf__cache_sqlerr(x->dest, x->dst, s, "export", err);
   x->copied++;
@@ -379,8 +380,7 @@ int nf_cache_export(nf_cache *c, const char *dest, int64_t *n_entries, nf_buf *e
   if (rc == NF_OK)
     rc = nf__cache_prepare(dst, dest,
                            "INSERT INTO entries(" NF__CACHE_ENTRY_COLS
-                           ") VALUES(?1,?2,?3,?4,?5,?6,"
-                           "?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17)",
+                           ") VALUES(" NF__CACHE_ENTRY_PARAMS ")",
                            &x.ins, err);
   int incomplete = 0;
   if (rc == NF_OK) rc = each_entry(c->db, c->path, export_row, &x, &incomplete, err);
@@ -471,6 +471,8 @@ static int import_row(void *user, sqlite3_stmt *st, int64_t rowid, const char *w
   e.binary = (uint8_t *)sqlite3_column_blob(st, 11);
   e.binary_len = (size_t)sqlite3_column_bytes(st, 11);
   memcpy(e.sha256, sqlite3_column_blob(st, 12), 32);
+  e.tune_error = (char *)sqlite3_column_text(st, 17);
+  e.tune_check = (int)sqlite3_column_int64(st, 18);
   int64_t times[4];
   for (int i = 0; i < 4; i++) times[i] = sqlite3_column_int64(st, 13 + i);
   /* the binary's signature comes along when src has one; whether its
@@ -777,7 +779,8 @@ int nf_cache_list(nf_cache *c, int (*fn)(void *user, const nf_cache_entry *e), v
       nf__cache_prepare(c->db, c->path,
                         "SELECT key, graph_hash, target, codegen, graph_name, target_desc, tier,"
                         " schedule, time_ms, default_ms, trials, length(binary), sha256, created,"
-                        " updated, last_used, hits FROM entries ORDER BY last_used DESC, key",
+                        " updated, last_used, hits, tune_error, tune_check FROM entries"
+                        " ORDER BY last_used DESC, key",
                         &st, err);
   if (rc != NF_OK) return rc;
   int s;
@@ -804,6 +807,8 @@ int nf_cache_list(nf_cache *c, int (*fn)(void *user, const nf_cache_entry *e), v
     e.updated = sqlite3_column_int64(st, 14);
     e.last_used = sqlite3_column_int64(st, 15);
     e.hits = sqlite3_column_int64(st, 16);
+    e.tune_error = (char *)((t = nf__cache_col_text(st, 17)) ? t : "");
+    e.tune_check = (int)sqlite3_column_int64(st, 18);
     if (fn(user, &e)) {
       s = SQLITE_DONE;
       break;

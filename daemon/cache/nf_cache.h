@@ -8,7 +8,11 @@
  *
  * Entry: the key's parts, the graph's name and the target's description
  * (for people), the tier (1 default schedule, 2 tuned), the schedule text,
- * the measured time and the default's, the kernel binary and its SHA-256.
+ * the measured time and the default's, the kernel binary and its SHA-256,
+ * and when tuning found no correct candidate, why (tune_error) and under
+ * which revision of the search's correctness check (tune_check): the
+ * key is not tuned again until the key (code generator, LLVM, CPU) or the
+ * check changes.  A tier-1 entry counts as tuned when trials > 0.
  * Records: every measured candidate (schedule, status, time, features),
  * for warm-starting a later search.
  *
@@ -44,7 +48,7 @@
 #include "nf_buf.h"
 
 #define NF_CACHE_APPLICATION_ID 0x4e46434b /* "NFCK" */
-#define NF_CACHE_SCHEMA 2
+#define NF_CACHE_SCHEMA 2 /* 2: signatures; entries.tune_error, tune_check */
 
 typedef struct nf_cache nf_cache;
 
@@ -131,6 +135,11 @@ typedef struct nf_cache_entry {
   int has_sig;        /* sig holds the kernel's signature (get: when one
                          is stored for this binary; put: store it) */
   nf_cache_sig sig;
+  char *tune_error;   /* "" (or NULL when storing): tuning gave a kernel or
+                         never ran; else why it found no correct candidate
+                         (a tier-1 entry with trials > 0) */
+  int tune_check;     /* with tune_error: the search's check revision
+                         (NF_SEARCH_CHECK_REVISION) it failed under; else 0 */
 } nf_cache_entry;
 
 /* Deep copy of src into dst (strings and binary duplicated; NULL strings
@@ -162,7 +171,9 @@ int nf_cache_adopt(nf_cache *c, void (*sign)(void *user, const uint8_t key[32],
 int nf_cache_touch(nf_cache *c, const uint8_t key[32], int64_t n, nf_buf *err);
 /* Stores e if it is better than what the key holds: a higher tier wins,
  * then a lower time_ms (an unmeasured time never replaces a measured
- * one).  Computes nothing: e->sha256 must be the binary's digest and
+ * one; between unmeasured ones, one a tuning job ended with (trials > 0)
+ * replaces one never tuned, and a failure to tune under another check
+ * revision than the stored one's replaces it).  Computes nothing: e->sha256 must be the binary's digest and
  * e->key nf_cache_make_key(graph_hash, target, codegen) (both checked,
  * NF_EINVAL otherwise; so are tier, sizes and times).  NULL schedule,
  * graph_name, target_desc are stored as "".  e's created, updated,

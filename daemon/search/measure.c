@@ -63,6 +63,7 @@ struct nf_measurer {
   size_t *bytes;    /* per tensor */
   void **inputs;    /* n_in */
   double **expected; /* n_out */
+  double **bound;    /* n_out, or NULL: no bounds */
   double rtol;
   /* options, defaults applied */
   char *worker_path;
@@ -485,6 +486,10 @@ static int start_worker(nf_measurer *m, nf_buf *err) {
   put(&pb, &i32, 4);
   put(&pb, &m->rtol, 8);
   put(&pb, &m->min_time_ms, 8);
+  u = m->bound ? NF__MEAS_PB_BOUNDS : 0;
+  put(&pb, &u, 4);
+  u = 0;
+  put(&pb, &u, 4);
   for (uint32_t i = 0; i < m->n_in + m->n_out; i++) {
     const nf_measure_tensor *t = &m->tensors[i];
     put(&pb, &t->dtype, 1);
@@ -503,6 +508,9 @@ static int start_worker(nf_measurer *m, nf_buf *err) {
     io = send_frame(m, NF__MEAS_F_DATA, m->inputs[i], m->bytes[i], deadline);
   for (uint32_t o = 0; io == IO_OK && o < m->n_out; o++)
     io = send_frame(m, NF__MEAS_F_DATA, m->expected[o], (size_t)m->n_elem[m->n_in + o] * 8,
+                    deadline);
+  for (uint32_t o = 0; io == IO_OK && m->bound && o < m->n_out; o++)
+    io = send_frame(m, NF__MEAS_F_DATA, m->bound[o], (size_t)m->n_elem[m->n_in + o] * 8,
                     deadline);
   uint32_t type = 0;
   char msg[NF__MEAS_MAX_MSG + 1];
@@ -538,8 +546,10 @@ static int start_worker(nf_measurer *m, nf_buf *err) {
 static void measurer_free_data(nf_measurer *m) {
   for (uint32_t i = 0; m->inputs && i < m->n_in; i++) free(m->inputs[i]);
   for (uint32_t i = 0; m->expected && i < m->n_out; i++) free(m->expected[i]);
+  for (uint32_t i = 0; m->bound && i < m->n_out; i++) free(m->bound[i]);
   free(m->inputs);
   free(m->expected);
+  free(m->bound);
   free(m->tensors);
   free(m->n_elem);
   free(m->bytes);
@@ -603,6 +613,7 @@ int nf_measurer_new(const nf_measure_opts *o, const nf_measure_problem *pb, nf_m
   m->bytes = calloc(n_t, sizeof *m->bytes);
   m->inputs = calloc(m->n_in ? m->n_in : 1, sizeof *m->inputs);
   m->expected = calloc(m->n_out, sizeof *m->expected);
+  if (pb->bound && !(m->bound = calloc(m->n_out, sizeof *m->bound))) goto oom;
   m->gpu = o->gpu != 0;
   m->gpu_device = o->gpu_device >= 0 && o->gpu_device < 1024 ? o->gpu_device : 0;
   m->gpu_sm = o->gpu_sm > 0 && o->gpu_sm < 10000 ? o->gpu_sm : 0;
@@ -653,6 +664,15 @@ int nf_measurer_new(const nf_measure_opts *o, const nf_measure_problem *pb, nf_m
     } else {
       m->expected[i - m->n_in] = dst;
       out_bytes += m->bytes[i];
+      ref_bytes += copy;
+    }
+    if (i >= m->n_in && m->bound) {
+      /* the bounds travel in full (an absent array: zeros, exact) */
+      const double *b = pb->bound[i - m->n_in];
+      double *bd = calloc(copy ? copy / 8 : 1, 8);
+      if (!bd) goto oom;
+      if (b && copy) memcpy(bd, b, copy);
+      m->bound[i - m->n_in] = bd;
       ref_bytes += copy;
     }
   }

@@ -9,7 +9,9 @@
  *   1. loads it (nf_kernel_load), poisons the outputs with NaN, runs it
  *      on the check inputs and compares every output with the reference
  *      (relative L2 error <= rtol, every element finite where the
- *      reference is): a wrong answer is recorded and never timed;
+ *      reference is; with bounds, each element's error beyond its bound
+ *      counts, and an element whose bound is infinite is not judged): a
+ *      wrong answer is recorded and never timed;
  *   2. times it: warm-up runs, then runs repeated until min_time_ms has
  *      passed (at least 3, at most max_repeat), each run on the next of
  *      several copies of the inputs (rotated, so caches do not flatter);
@@ -47,6 +49,12 @@ typedef struct nf_measure_problem {
   const void *const *check_inputs;  /* n_inputs dense arrays, tensor dtype */
   const double *const *expected;    /* n_outputs arrays: the reference
                                        (f64 interpreter) for check_inputs */
+  const double *const *bound;       /* NULL, or n_outputs arrays (an array
+                                       may be NULL: zeros): how far from
+                                       each expected value a correct kernel
+                                       may be (nf_interp_run_bounded).
+                                       Only the error beyond it counts;
+                                       +inf: undetermined, not judged */
   double rtol; /* relative L2 error allowed per output; 0: 1e-4 */
 } nf_measure_problem;
 
@@ -128,7 +136,8 @@ const char *nf_measure_status_name(int status);
  * conversation (the worker exits with status 2, the measurer kills it).
  *   parent -> worker: PROBLEM (version, counts, options, tensors), then
  *     one DATA per input (its dense bytes) and one per output (the
- *     expected values as f64); then any number of CANDIDATE (the shared
+ *     expected values as f64), then with flag BOUNDS one DATA per output
+ *     (the bounds as f64); then any number of CANDIDATE (the shared
  *     object's bytes) and finally EXIT.
  *   worker -> parent: READY after the problem, one RESULT per candidate
  *     (i32 status, i32 n_runs, f64 median_ms, min_ms, max_rel_err, then
@@ -136,7 +145,7 @@ const char *nf_measure_status_name(int status);
  * The worker's argv carries what it needs before reading anything:
  * --parent=PID --mem-limit=BYTES --threads=N [--cuda=DEVICE
  * [--cuda-sm=SM] [--cuda-name=NAME]]. */
-#define NF__MEAS_PROTO_VERSION 1u
+#define NF__MEAS_PROTO_VERSION 2u
 enum {
   NF__MEAS_F_PROBLEM = 1,
   NF__MEAS_F_DATA = 2,
@@ -155,9 +164,10 @@ enum {
 #define NF__MEAS_MAX_REPEAT 100000            /* timed runs */
 #define NF__MEAS_MAX_COPIES 8u                /* rotated input copies */
 /* PROBLEM: u32 version, n_inputs, n_outputs, n_copies; i32 warmup,
- * max_repeat; f64 rtol, min_time_ms; per tensor u8 dtype, u8 rank and
- * rank i64 dims. */
-#define NF__MEAS_PROBLEM_FIXED 40u
+ * max_repeat; f64 rtol, min_time_ms; u32 flags, u32 zero; per tensor u8
+ * dtype, u8 rank and rank i64 dims. */
+#define NF__MEAS_PROBLEM_FIXED 48u
+#define NF__MEAS_PB_BOUNDS 1u /* flags: bounds follow the expected values */
 /* RESULT: the fixed part, then up to 255 bytes of reason. */
 #define NF__MEAS_RESULT_FIXED 32u
 

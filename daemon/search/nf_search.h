@@ -5,7 +5,9 @@
  *
  * One run:
  *   1. check inputs are drawn from the seed and the reference interpreter
- *      (f64) computes the outputs every candidate must reproduce;
+ *      (f64) computes the outputs every candidate must reproduce, with
+ *      each element's rounding bound (nf_interp_run_bounded): only the
+ *      error beyond it counts;
  *   2. the default (tier-1) schedule is measured first: default_ms;
  *   3. prior records (a resumed search, or the cache's) train the model
  *      and count as seen, and their best is the starting best;
@@ -53,6 +55,13 @@
 #include "nf_ir.h"
 #include "nf_lower.h"
 #include "nf_measure.h"
+
+/* The revision of the correctness check (what step 1 and the worker's
+ * comparison accept).  neoflowd remembers a failure to tune ("no candidate
+ * ran correctly") in the cache under it, and tunes such a key again once
+ * the revision differs: bump it when the check changes what it accepts.
+ * 1: errors judged beyond the reference's rounding bounds. */
+#define NF_SEARCH_CHECK_REVISION 1
 
 typedef struct nf_search_record {
   char *schedule;  /* canonical text (nf_schedule_print), malloc'd */
@@ -117,6 +126,11 @@ typedef struct nf_search_opts {
   /* tests (fault injection): may replace a compiled candidate's bytes
    * before it is measured; trial is its trial number (0: the default). */
   void (*candidate_hook)(void *user, int trial, nf_blob *so);
+  /* tests: called for every candidate that passed the real check and was
+   * timed (is_default: the default schedule); may replace rec->time_ms,
+   * so that which correct candidate wins is made up while what is correct
+   * is not (neoflowd's NF_JOB_FAKE_TIMES). */
+  void (*time_hook)(void *user, int is_default, nf_search_record *rec);
 } nf_search_opts;
 
 typedef struct nf_search_result {

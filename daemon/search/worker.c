@@ -17,10 +17,12 @@
  *
  * Buffers: the pristine check inputs (never given to a kernel), n_copies
  * copies of inputs + outputs (64-byte aligned) which timing runs rotate
- * through, and the expected outputs (f64).  Per candidate: load; poison
+ * through, the expected outputs (f64) and, when the problem has them,
+ * their bounds.  Per candidate: load; poison
  * copy 0's outputs (NaN for floats, 0xA5 bytes for ints and bools); run
- * on copy 0; compare each output (relative L2 error, non-finite values
- * where the reference is finite are wrong); check copy 0's inputs are
+ * on copy 0; compare each output (relative L2 error of what lies beyond
+ * each element's bound, non-finite values where the reference is finite
+ * are wrong, elements of infinite bound are not judged); check copy 0's inputs are
  * untouched; then warm up and time; check every copy's inputs again
  * (restoring any that changed); unload (dlclose: nothing else runs
  * kernels here), so memory does not grow with the number of candidates.
@@ -179,6 +181,7 @@ static struct {
   tensor *t;            /* n_in + n_out */
   void **pristine;      /* n_in: the check inputs, never run on */
   double **expected;    /* n_out */
+  double **bound;       /* n_out, or NULL (the PROBLEM's flags) */
   void ***bufs;         /* n_copies arrays of n_in + n_out buffers */
   double *times;        /* max_repeat */
   nf_pool *pool;
@@ -266,6 +269,10 @@ static void read_problem(void) {
   P.max_repeat = i32;
   take(&c, &P.rtol, 8);
   take(&c, &P.min_time_ms, 8);
+  uint32_t flags, zero;
+  take(&c, &flags, 4);
+  take(&c, &zero, 4);
+  if ((flags & ~NF__MEAS_PB_BOUNDS) || zero) die(2, "protocol: PROBLEM flags 0x%x, 0x%x", flags, zero);
   if (P.n_out == 0 || P.n_in > NF__MEAS_MAX_TENSORS || P.n_out > NF__MEAS_MAX_TENSORS - P.n_in)
     die(2, "protocol: %u inputs and %u outputs", P.n_in, P.n_out);
   if (P.n_copies < 1 || P.n_copies > NF__MEAS_MAX_COPIES) die(2, "protocol: %u copies", P.n_copies);
@@ -299,15 +306,20 @@ static void read_problem(void) {
   if (c.left) die(2, "protocol: %zu stray bytes after the PROBLEM frame", c.left);
   free(buf);
 
-  /* the data: inputs, then the expected outputs as f64 */
+  /* the data: inputs, then the expected outputs as f64, then their bounds */
   P.pristine = calloc(P.n_in ? P.n_in : 1, sizeof *P.pristine);
   P.expected = calloc(P.n_out, sizeof *P.expected);
+  if (flags & NF__MEAS_PB_BOUNDS) P.bound = calloc(P.n_out, sizeof *P.bound);
   P.bufs = calloc(P.n_copies, sizeof *P.bufs);
   P.times = malloc((size_t)P.max_repeat * sizeof *P.times);
-  if (!P.pristine || !P.expected || !P.bufs || !P.times) fail("out of memory");
-  for (uint32_t i = 0; i < n_t; i++) {
+  if (!P.pristine || !P.expected || !P.bufs || !P.times ||
+      ((flags & NF__MEAS_PB_BOUNDS) && !P.bound))
+    fail("out of memory");
+  uint32_t n_data = n_t + (P.bound ? P.n_out : 0);
+  for (uint32_t i = 0; i < n_data; i++) {
     int is_in = i < P.n_in;
-    uint64_t want = is_in ? P.t[i].bytes : (uint64_t)P.t[i].n_elem * 8;
+    uint32_t o = i < n_t ? i - P.n_in : i - n_t; /* the output, for i >= n_in */
+    uint64_t want = is_in ? P.t[i].bytes : (uint64_t)P.t[P.n_in + o].n_elem * 8;
     if (!recv_header(&type, &len)) exit(0);
     if (type != NF__MEAS_F_DATA || len != want)
       die(2, "protocol: expected DATA of %" PRIu64 " bytes for tensor %u, got type %u with %" PRIu64,
@@ -318,8 +330,10 @@ static void read_problem(void) {
     recv_payload(dst, len);
     if (is_in)
       P.pristine[i] = dst;
+    else if (i < n_t)
+      P.expected[o] = dst;
     else
-      P.expected[i - P.n_in] = dst;
+      P.bound[o] = dst;
   }
   for (uint32_t k = 0; k < P.n_copies; k++) {
     P.bufs[k] = calloc(n_t, sizeof *P.bufs[k]);
@@ -344,9 +358,11 @@ static void free_problem(void) {
   }
   for (uint32_t i = 0; P.pristine && i < P.n_in; i++) free(P.pristine[i]);
   for (uint32_t i = 0; P.expected && i < P.n_out; i++) free(P.expected[i]);
+  for (uint32_t i = 0; P.bound && i < P.n_out; i++) free(P.bound[i]);
   free(P.bufs);
   free(P.pristine);
   free(P.expected);
+  free(P.bound);
   free(P.times);
   free(P.t);
   if (P.pool) nf_pool_free(P.pool);
@@ -407,16 +423,24 @@ static double elem(const tensor *t, const void *b, int64_t j) {
 }
 
 /* Compares output o of copy 0 with the reference; 0 when it matches.
- * Non-finite reference elements must be matched exactly (same class);
- * the others enter the relative L2 error. */
+ * With bounds, an element whose bound is infinite (or NaN) is not judged:
+ * no evaluation in the kernel's precision can be told right or wrong
+ * there (the reference is ill-conditioned at the check inputs: a divisor
+ * that may vanish, a square root of what may turn negative).  Non-finite
+ * reference elements must be matched exactly (same class).  The others
+ * enter the relative L2 error with what lies beyond their bound: an error
+ * within it is rounding that any correct evaluation may make, so only
+ * the excess can be the kernel's fault, and it is held to rtol as before. */
 static int compare(uint32_t o, result *r) {
   const tensor *t = &P.t[P.n_in + o];
   const void *out = P.bufs[0][P.n_in + o];
   const double *ref = P.expected[o];
+  const double *bnd = P.bound ? P.bound[o] : NULL;
   double num = 0, den = 0, worst = -1;
   int64_t worst_j = -1;
   for (int64_t j = 0; j < t->n_elem; j++) {
-    double v = elem(t, out, j), w = ref[j];
+    double v = elem(t, out, j), w = ref[j], b = bnd ? bnd[j] : 0;
+    if (!(b < INFINITY)) continue; /* (the search makes sure some are judged) */
     if (!isfinite(w) || !isfinite(v)) {
       int same = (isnan(w) && isnan(v)) || (isinf(w) && v == w);
       if (!same) {
@@ -427,21 +451,28 @@ static int compare(uint32_t o, result *r) {
       }
       continue;
     }
-    double d = v - w;
+    double d = fmax(fabs(v - w) - fmax(b, 0), 0);
     num += d * d;
     den += w * w;
-    if (fabs(d) > worst) {
-      worst = fabs(d);
+    if (d > worst) {
+      worst = d;
       worst_j = j;
     }
   }
   double err = sqrt(num) / fmax(sqrt(den), 1e-30);
   if (err > r->max_rel_err) r->max_rel_err = err;
   if (!(err <= P.rtol)) {
-    set_reason(r, NF_MEAS_WRONG,
-               "output %u: relative L2 error %.3g > rtol %.3g (element %" PRId64 ": %g, reference %g)",
-               o, err, P.rtol, worst_j, worst_j >= 0 ? elem(t, out, worst_j) : 0.0,
-               worst_j >= 0 ? ref[worst_j] : 0.0);
+    if (bnd)
+      set_reason(r, NF_MEAS_WRONG,
+                 "output %u: relative L2 error %.3g beyond the rounding bounds > rtol %.3g "
+                 "(element %" PRId64 ": %g, reference %g +- %.3g)",
+                 o, err, P.rtol, worst_j, worst_j >= 0 ? elem(t, out, worst_j) : 0.0,
+                 worst_j >= 0 ? ref[worst_j] : 0.0, worst_j >= 0 ? bnd[worst_j] : 0.0);
+    else
+      set_reason(r, NF_MEAS_WRONG,
+                 "output %u: relative L2 error %.3g > rtol %.3g (element %" PRId64 ": %g, reference %g)",
+                 o, err, P.rtol, worst_j, worst_j >= 0 ? elem(t, out, worst_j) : 0.0,
+                 worst_j >= 0 ? ref[worst_j] : 0.0);
     return 1;
   }
   return 0;
