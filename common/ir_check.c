@@ -156,9 +156,11 @@ static int stmt_ranges(const nf_graph *g, const nf_stmt *s, nf_range *r, int *nv
     if (t->shape[d] == 0) empty = 1;
   }
   for (int k = 0; k < s->n_red; k++, n++) {
-    r[n].lo = s->red_lo[k];
-    r[n].hi = s->red_lo[k] + s->red_ext[k] - 1; /* validated: no overflow */
-    if (s->red_ext[k] == 0) empty = 1;
+    r[n].lo = r[n].hi = s->red_lo[k];
+    if (s->red_ext[k] == 0)
+      empty = 1;
+    else
+      r[n].hi += s->red_ext[k] - 1; /* validated: lo + ext does not overflow */
   }
   *nv = n;
   return !empty;
@@ -531,6 +533,30 @@ static void note_refined(prover *P, const nf_range *base) {
     if (P->r[v].lo != base[v].lo || P->r[v].hi != base[v].hi) P->refined = 1;
 }
 
+/* The facts that define the floor divisions by a constant among l's
+ * atoms, F = a // c (0 < c <= 2^40): 0 <= a - c F <= c - 1, where a is
+ * exact (its interval fits in int64).  With them `x - (x // 8) * 8` and
+ * the index `x + 2 r - 2 ((x + 1) // 2) + 1` of a strided convolution's
+ * data gradient are bounded.  Appends to f[*n] (room for LIN_MAX). */
+static void div_facts(const prover *P, const lin *l, fact *f, int *n) {
+  for (int i = 0; i < l->n; i++) {
+    const nf_expr *F = l->atom[i];
+    if (F->op != NF_OP_FLOORDIV || F->dtype != NF_I64 || F->args[1]->op != NF_OP_CONST ||
+        F->args[1]->u.i <= 0 || F->args[1]->u.i > ((int64_t)1 << 40))
+      continue;
+    int64_t c = F->args[1]->u.i, lo, hi;
+    lin d;
+    memset(&d, 0, sizeof(d));
+    if (!lin_add_expr(&d, F->args[0], 1) || !lin_interval(P, &d, &lo, &hi) ||
+        !lin_term(&d, F, -c))
+      continue;
+    f[*n].d = d;
+    f[*n].lo = 0;
+    f[*n].hi = c - 1;
+    (*n)++;
+  }
+}
+
 /* 1 when index e lies in [0, size) wherever P's facts hold. */
 static int prove_index(const prover *P, const nf_expr *e, int64_t size) {
   if (P->empty) return 1;
@@ -543,11 +569,14 @@ static int prove_index(const prover *P, const nf_expr *e, int64_t size) {
     return atom_range(P, e, &b) && b.lo >= 0 && b.hi < size;
   }
   if (lin_interval(P, &L, &lo, &hi)) have_lo = have_hi = 1;
+  fact dfacts[LIN_MAX];
+  int n_div = 0;
+  div_facts(P, &L, dfacts, &n_div);
   /* L = m * d + (L - m * d) for each fact d and multiplier m that cancels
    * an atom they share: one step of Fourier-Motzkin, which proves the
    * guards of padding, of shifted windows and of loop splits. */
-  for (int i = 0; i < P->n_facts; i++) {
-    const fact *f = &P->f[i];
+  for (int i = 0; i < P->n_facts + n_div; i++) {
+    const fact *f = i < P->n_facts ? &P->f[i] : &dfacts[i - P->n_facts];
     for (int a = 0; a < L.n; a++)
       for (int b = 0; b < f->d.n; b++) {
         if (f->d.atom[b] != L.atom[a] || (f->d.coef[b] == -1 && L.coef[a] == INT64_MIN) ||
