@@ -17,7 +17,9 @@
  *    no capacity field is needed.
  *  - nf_graph_validate never asserts or recurses: expressions are walked
  *    with an explicit stack and a visited set, so deep or shared DAGs cost
- *    time linear in their node count.
+ *    time linear in their node count.  It refuses a right side taller
+ *    than NF_MAX_EXPR_DEPTH, so every later stage may walk a validated
+ *    graph's expressions recursively.
  *
  * Also holds the pointer map (nf__ptrmap_*) shared with ir_hash.c and
  * ir_affine.c for DAG-aware walks.  Encoding lives in ir_hash.c, index
@@ -699,12 +701,18 @@ int64_t nf_tensor_numel(const nf_tensor *t) {
 
 /* ---- validation ---- */
 
+/* A node being walked: its next argument to visit. */
+typedef struct vframe {
+  const nf_expr *e;
+  uint32_t next;
+} vframe;
+
 typedef struct vstate {
   const nf_graph *g;
   nf_buf *err;
   uint8_t *produced; /* per tensor: 1 once its statement was seen */
-  nf__ptrmap *seen;
-  const nf_expr **stack;
+  nf__ptrmap *seen;  /* node -> its height once finished, 0 while open */
+  vframe *stack;
   size_t sp, scap;
 } vstate;
 
@@ -724,17 +732,19 @@ static const char *tname(const nf_graph *g, uint32_t id) {
   return n ? n : "?";
 }
 
+/* Opens e (not seen before): marks it seen and pushes its frame. */
 static int vpush(vstate *st, const nf_expr *e) {
-  if (nf__ptrmap_get(st->seen, e, NULL)) return NF_OK;
-  if (nf__ptrmap_put(st->seen, e, 1)) return NF_ENOMEM;
+  if (nf__ptrmap_put(st->seen, e, 0)) return NF_ENOMEM;
   if (st->sp == st->scap) {
     size_t ncap = st->scap ? st->scap * 2 : 256;
-    const nf_expr **ns = realloc(st->stack, ncap * sizeof(*ns));
+    vframe *ns = realloc(st->stack, ncap * sizeof(*ns));
     if (!ns) return NF_ENOMEM;
     st->stack = ns;
     st->scap = ncap;
   }
-  st->stack[st->sp++] = e;
+  st->stack[st->sp].e = e;
+  st->stack[st->sp].next = 0;
+  st->sp++;
   return NF_OK;
 }
 
@@ -798,17 +808,41 @@ static int check_node(vstate *st, uint32_t si, const nf_expr *e,
   return NF_OK;
 }
 
+/* Checks every node of statement si's right side, each when first
+ * reached (so its arguments are known to be non-NULL before they are
+ * visited), and its height (nodes on the longest path down to a leaf)
+ * when its arguments are done: a right side taller than
+ * NF_MAX_EXPR_DEPTH is refused here, before any later stage walks it
+ * recursively. */
 static int check_expr(vstate *st, uint32_t si, const nf_expr *root,
                       uint32_t nvars) {
   nf__ptrmap_clear(st->seen);
   st->sp = 0;
+  int rc = check_node(st, si, root, nvars);
+  if (rc) return rc;
   if (vpush(st, root)) return NF_ENOMEM;
   while (st->sp) {
-    const nf_expr *e = st->stack[--st->sp];
-    int rc = check_node(st, si, e, nvars);
-    if (rc) return rc;
+    vframe *f = &st->stack[st->sp - 1];
+    const nf_expr *e = f->e;
+    if (f->next < e->n_args) {
+      const nf_expr *a = e->args[f->next++];
+      /* seen: finished, or open on the stack (only a cycle, which
+       * hash-consed expressions cannot form, would reach that) */
+      if (nf__ptrmap_get(st->seen, a, NULL)) continue;
+      if ((rc = check_node(st, si, a, nvars))) return rc;
+      if (vpush(st, a)) return NF_ENOMEM;
+      continue;
+    }
+    uint64_t h = 1, ha;
     for (int k = 0; k < e->n_args; k++)
-      if (vpush(st, e->args[k])) return NF_ENOMEM;
+      if (nf__ptrmap_get(st->seen, e->args[k], &ha) && ha + 1 > h) h = ha + 1;
+    if (h > NF_MAX_EXPR_DEPTH)
+      return verr(st,
+                  "statement %u (%s): right side nested more than %d levels "
+                  "deep (NF_MAX_EXPR_DEPTH)",
+                  si, tname(st->g, st->g->stmts[si].out), NF_MAX_EXPR_DEPTH);
+    if (nf__ptrmap_put(st->seen, e, h)) return NF_ENOMEM;
+    st->sp--;
   }
   return NF_OK;
 }

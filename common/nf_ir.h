@@ -45,6 +45,18 @@
 
 #define NF_MAX_RANK 8  /* dimensions of a tensor */
 #define NF_MAX_VARS 24 /* index variables of one statement (out + red) */
+/* The tallest right side a valid graph may have: nodes on the longest
+ * path from a statement's root down to a leaf.  Later stages (lowering,
+ * the code generators, the schedule search) walk expressions
+ * recursively; the code generator's stack overflows somewhere between
+ * 12,000 and 20,000 levels (8 MiB stack, a release build), so this leaves
+ * a wide margin (and room for sanitizer builds' larger frames), while the
+ * deepest subgraph of the real workloads (examples/, bench/, training
+ * steps included) is 35 levels deep.  The .nf parser's own limit keeps
+ * every source expression far below it.  nf_graph_measure's depth, which counts
+ * the producers a schedule may inline at their use, is held to the same
+ * limit by the wire (nf_wire_graph_to_ir). */
+#define NF_MAX_EXPR_DEPTH 2048
 
 typedef enum nf_dtype {
   NF_BOOL = 0,
@@ -220,11 +232,57 @@ int nf_graph_add_stmt(nf_graph *g, const nf_stmt *s);
 /* Structural validation of a graph from any source (tests, the wire): ids
  * in range, each non-input produced once before use, ranks and dtypes
  * agree, variables in range, sizes non-negative with products that fit in
- * int64.  Writes a message to err (may be NULL) and returns NF_EINVAL on
- * the first problem. */
+ * int64, every right side at most NF_MAX_EXPR_DEPTH nodes tall.  Never
+ * recurses.  Writes a message to err (may be NULL) and returns NF_EINVAL
+ * on the first problem. */
 int nf_graph_validate(const nf_graph *g, nf_buf *err);
 /* Number of elements of tensor t, or -1 on overflow. */
 int64_t nf_tensor_numel(const nf_tensor *t);
+
+/* ---- checks against absurd or hostile graphs (ir_check.c) ---- */
+
+/* What one evaluation of a graph costs, for the daemon's caps. */
+typedef struct nf_graph_cost {
+  double elements;     /* every tensor's element count, summed */
+  double flops;        /* float operations of one evaluation: an upper
+                          bound (every point of every statement's box, both
+                          branches of every select, one per float operator
+                          and per reduction step, at least one per point) */
+  uint32_t flops_stmt; /* the statement that costs the most */
+  uint32_t depth;      /* the tallest right side once every producer a
+                          schedule may inline (a LOCAL tensor defined
+                          without a reduction) is substituted at its
+                          accesses: an upper bound of the expression depth
+                          the code generator sees */
+  uint32_t depth_stmt; /* the statement with that depth */
+} nf_graph_cost;
+
+/* Fills *out for g, which nf_graph_validate accepted.  Iterative; time
+ * linear in the nodes each statement reaches.  NF_OK or NF_ENOMEM. */
+int nf_graph_measure(const nf_graph *g, nf_graph_cost *out);
+
+/* Checks every access of g (validated) against its tensor's shape, under
+ * the guards of the selects it sits in (a select is lazy, so an access
+ * needs to be in bounds only where its guards hold):
+ *  - an index proven in bounds by interval arithmetic (nf_expr_bounds)
+ *    refined by the guards' linear facts is fine;
+ *  - an index that reads a tensor (a gather) is left to the run time, as
+ *    the interpreter checks it per element and compiled code clamps it;
+ *  - otherwise the statement is evaluated at a few points of its box
+ *    (the corners that push the index out, or every point of a small
+ *    box), with the interpreter's rules: a point where the access is
+ *    certainly evaluated (its guards hold whatever the data) with an index
+ *    outside the tensor means every evaluation of g fails, and g is
+ *    refused with NF_EINVAL and a message naming the statement, the
+ *    access, the index and the point ("statement 0 (C): A(v0 + 1000, v2)
+ *    reads out of bounds: index 0 is 1000 at v0=0, v1=0, v2=0; A has
+ *    size 8 in dimension 0");
+ *  - an index neither proven nor caught so is accepted: such a graph may
+ *    well be valid, and the code generator, which proves bounds on the
+ *    loop program with more facts, refuses what it cannot prove.
+ * Never recurses beyond a small fixed depth.  NF_OK, NF_EINVAL (message
+ * appended to err, may be NULL), NF_ENOMEM. */
+int nf_graph_check_bounds(const nf_graph *g, nf_buf *err);
 
 /* ---- canonical encoding and hashing ---- */
 

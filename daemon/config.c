@@ -44,6 +44,7 @@ typedef enum key_kind {
   K_INT,   /* int field, decimal, [lo, hi] */
   K_BYTES, /* int64_t field, bytes with an optional K/M/G suffix, [lo, hi] */
   K_MIB,   /* int64_t field in bytes, the value in MiB, [lo, hi] MiB */
+  K_COUNT, /* int64_t field, a count with an optional K/M/G/T suffix, [lo, hi] */
   K_BOOL,  /* int field, 0/1 */
   K_STR,   /* char array */
   K_LOG,   /* int field, nfd_log_level */
@@ -97,6 +98,8 @@ static const key_def keys[] = {
     {"jobs", "compile_timeout_s", K_INT, FIELD(compile_timeout_s), 1, 86400},
     {"jobs", "measure_timeout_ms", K_INT, FIELD(measure_timeout_ms), 10, 3600000},
     {"jobs", "worker_memory_mb", K_INT, FIELD(worker_memory_mb), 64, 16777216},
+    {"jobs", "max_elements", K_COUNT, FIELD(max_elements), 1, (int64_t)1 << 62},
+    {"jobs", "max_gflops", K_COUNT, FIELD(max_gflops), 1, (int64_t)1 << 50},
 };
 
 #define N_KEYS (sizeof keys / sizeof keys[0])
@@ -216,6 +219,8 @@ void nfd_config_defaults(nfd_config *c) {
   c->compile_timeout_s = 60;
   c->measure_timeout_ms = 10000;
   c->worker_memory_mb = 4096;
+  c->max_elements = NFD_DEFAULT_MAX_ELEMENTS;
+  c->max_gflops = NFD_DEFAULT_MAX_GFLOPS;
   (void)apply_env(c, NULL);
 }
 
@@ -494,6 +499,11 @@ static void set_value(parse_state *ps, const key_def *k, const char *value) {
     why = parse_int(value, k->lo, k->hi, &x);
     if (!why) *(int64_t *)field = x * MIB;
     break;
+  case K_COUNT:
+    why = parse_bytes(value, k->lo, k->hi, &x);
+    if (why && why != OUT_OF_RANGE) why = "is not a count (a number, or one with K, M, G or T)";
+    if (!why) *(int64_t *)field = x;
+    break;
   case K_BOOL:
     why = parse_bool(value, &b);
     if (!why) *(int *)field = b;
@@ -611,7 +621,8 @@ static int64_t field_value(const nfd_config *c, const key_def *k) {
   const char *field = (const char *)c + k->off;
   switch (k->kind) {
   case K_BYTES:
-  case K_MIB: return *(const int64_t *)field;
+  case K_MIB:
+  case K_COUNT: return *(const int64_t *)field;
   default: return *(const int *)field;
   }
 }

@@ -124,6 +124,8 @@ static void print_config(const nfd_config *c) {
   printf("jobs          compile %d, tune %d; trials %d (max %d); seconds %d (max %d)\n",
          c->compile_jobs, c->tune_jobs, c->default_trials, c->max_trials, c->default_seconds,
          c->max_seconds);
+  printf("subgraph caps max_elements %lld, max_gflops %lld\n", (long long)c->max_elements,
+         (long long)c->max_gflops);
   printf("log_level     %s\n", nfd_log_level_name(c->log_level));
 }
 

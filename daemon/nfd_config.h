@@ -10,7 +10,8 @@
  * the keys named in the comments below (lowercase, case-sensitive).
  * Integers are decimal and range-checked; booleans are true/false, yes/no,
  * on/off or 1/0; output limits take plain bytes or a K, M or G suffix
- * (binary: 8M = 8 MiB; "8MB" and "8MiB" mean the same); *_mb keys are in
+ * (binary: 8M = 8 MiB; "8MB" and "8MiB" mean the same), and so do the
+ * counts max_elements and max_gflops (4G = 4 x 2^30); *_mb keys are in
  * MiB.  Comments are lines starting with ';' or '#', and " ;" ends a
  * value.  A key set twice, an indented continuation line, a key outside a
  * section, a line of more than 197 bytes (libinih's 200-byte line buffer;
@@ -25,6 +26,13 @@
 #include "nf_buf.h"
 
 #define NFD_MAX_ALLOWED_UIDS 32
+/* The caps on one submitted subgraph (docs/daemon.md "Checking a
+ * subgraph"): the elements of its tensors, summed, and the float
+ * operations of one evaluation (nf_graph_measure's upper bound), in
+ * GFLOP.  The largest real workloads in examples/ and bench/ stay below
+ * 1/100 of either. */
+#define NFD_DEFAULT_MAX_ELEMENTS ((int64_t)4 << 30) /* 4G: 16 GiB of f32 */
+#define NFD_DEFAULT_MAX_GFLOPS ((int64_t)100000)    /* 100 TFLOP */
 
 typedef enum nfd_log_level { NFD_LOG_ERROR = 0, NFD_LOG_WARN, NFD_LOG_INFO, NFD_LOG_DEBUG } nfd_log_level;
 
@@ -77,6 +85,10 @@ typedef struct nfd_config {
   int compile_timeout_s;   /* 60: a compile job's whole process */
   int measure_timeout_ms;  /* 10000 per candidate */
   int worker_memory_mb;    /* MiB, 4096: RLIMIT_AS of job processes and workers */
+  int64_t max_elements;    /* NFD_DEFAULT_MAX_ELEMENTS: a subgraph whose tensors
+                              hold more elements in all is refused */
+  int64_t max_gflops;      /* NFD_DEFAULT_MAX_GFLOPS: a subgraph whose one
+                              evaluation may take more GFLOP is refused */
   char config_path[4096];  /* the file loaded ("" none) */
 } nfd_config;
 

@@ -16,8 +16,9 @@
  * the connection is dropped with the reason logged.
  *
  * Invariants: nothing a peer sends is used before nf_wire_decode_* has
- * validated it; the graph is checked by nf_wire_graph_to_ir before it is
- * hashed or queued; an undecodable frame closes the connection with a
+ * validated it; the graph is checked by nf_wire_graph_to_ir (structure,
+ * expression depth, index bounds) and against the caps on its elements
+ * and float operations before it is hashed or queued; an undecodable frame closes the connection with a
  * typed error; an invalid request gets a request-level error and the
  * session goes on.  The event loop never runs candidate code: compiling and
  * tuning happen in job processes (jobs.c). */
@@ -408,6 +409,39 @@ static int clampi(int v, int dflt, int max) {
   return v > max ? max : v;
 }
 
+/* The daemon's caps on one subgraph (docs/daemon.md "Checking a
+ * subgraph"): the elements of its tensors and the float operations of one
+ * evaluation, against [jobs] max_elements and max_gflops.  NF_OK,
+ * NF_ELIMIT with the reason and how to raise the cap in err, NF_ENOMEM. */
+static int check_caps(nfd_server *S, const nf_graph *g, nf_buf *err) {
+  nf_graph_cost cost;
+  int rc = nf_graph_measure(g, &cost);
+  if (rc) return rc;
+  double gflops = cost.flops / 1e9;
+  NFD_DEBUG("graph %s: %u statements, depth %u (statement %u), %.4g elements, %.4g GFLOP "
+            "(most in statement %u)",
+            g->name ? g->name : "?", g->n_stmts, cost.depth, cost.depth_stmt, cost.elements,
+            gflops, cost.flops_stmt);
+  if (cost.elements > (double)S->cfg.max_elements) {
+    nf_buf_printf(err,
+                  "its tensors hold %.4g elements, more than this daemon's cap of %lld "
+                  "(raise [jobs] max_elements in neoflowd.conf to accept it)",
+                  cost.elements, (long long)S->cfg.max_elements);
+    return NF_ELIMIT;
+  }
+  if (gflops > (double)S->cfg.max_gflops) {
+    const nf_stmt *st = &g->stmts[cost.flops_stmt];
+    const char *n = g->tensors[st->out].name;
+    nf_buf_printf(err,
+                  "one evaluation may take %.4g GFLOP (most in statement %u, %s), more than "
+                  "this daemon's cap of %lld GFLOP (raise [jobs] max_gflops in neoflowd.conf "
+                  "to accept it)",
+                  gflops, cost.flops_stmt, n ? n : "?", (long long)S->cfg.max_gflops);
+    return NF_ELIMIT;
+  }
+  return NF_OK;
+}
+
 static void on_submit(nfd_conn *c, const Neoflow__Submit *s) {
   nfd_server *S = c->S;
   uint64_t id = s->request_id;
@@ -447,13 +481,18 @@ static void on_submit(nfd_conn *c, const Neoflow__Submit *s) {
   nf_graph *g = NULL;
   uint8_t ghash[32], key[32];
   int rc = ctx ? nf_wire_graph_to_ir(s->graph, ctx, &g, &err) : NF_ENOMEM;
+  if (rc == NF_OK) rc = check_caps(S, g, &err);
   if (rc == NF_OK) rc = nf_graph_hash(g, ghash);
   if (rc != NF_OK) {
     if (rc == NF_ENOMEM)
       nfd_conn_error(c, id, NEOFLOW__ERROR_CODE__ERR_INTERNAL, 0, "submit: out of memory");
     else
-      nfd_conn_error(c, id, NEOFLOW__ERROR_CODE__ERR_INVALID_GRAPH, 0, "submit.graph: %s",
-                     err.len ? nf_buf_str(&err) : nf_strerror(rc));
+      nfd_conn_error(c, id,
+                     rc == NF_ELIMIT ? NEOFLOW__ERROR_CODE__ERR_UNSUPPORTED_GRAPH
+                                     : NEOFLOW__ERROR_CODE__ERR_INVALID_GRAPH,
+                     0, "submit.graph: %s", err.len ? nf_buf_str(&err) : nf_strerror(rc));
+    NFD_INFO("session %llu (%s): request %llu refused: %s", (unsigned long long)c->session,
+             c->name, (unsigned long long)id, err.len ? nf_buf_str(&err) : nf_strerror(rc));
     nf_buf_free(&err);
     nf_ir_ctx_free(ctx);
     return;

@@ -14,6 +14,11 @@
  * constructor assertion can fire; then builds the graph and runs
  * nf_graph_validate for what depends on statement order (a tensor read
  * before it is produced, produced twice or never, variables in range).
+ * Expression depth is checked on the list, before anything is built
+ * (every later stage may recurse over a validated graph's expressions),
+ * and again on the built graph with the producers a schedule may inline
+ * substituted; last come the index bounds (nf_graph_check_bounds: an
+ * access certainly evaluated out of bounds is refused, naming it).
  * Arguments may only point at earlier expressions, so the list is acyclic
  * by construction and nothing here recurses.  The nodes reached per
  * statement, summed over statements, are bounded too
@@ -566,6 +571,28 @@ static int check_work(const Neoflow__Graph *pg, uint32_t *stamp, uint32_t *stack
   return NF_OK;
 }
 
+/* Refuses a statement whose right side is taller than NF_MAX_EXPR_DEPTH
+ * (nodes on its longest path down to a leaf), before anything is built:
+ * every later stage may then walk expressions recursively.  Arguments
+ * point at earlier entries, so one pass in list order computes every
+ * height (into h, n_exprs entries). */
+static int check_depth(const Neoflow__Graph *pg, uint32_t *h, nf_buf *err) {
+  for (size_t i = 0; i < pg->n_exprs; i++) {
+    const Neoflow__Expr *x = pg->exprs[i];
+    uint32_t m = 0;
+    for (size_t k = 0; k < x->n_args; k++)
+      if (h[x->args[k]] > m) m = h[x->args[k]];
+    h[i] = m + 1; /* at most n_exprs: no overflow */
+  }
+  for (size_t si = 0; si < pg->n_stmts; si++) {
+    const Neoflow__Stmt *s = pg->stmts[si];
+    if (h[s->rhs] > NF_MAX_EXPR_DEPTH)
+      return gerr(err, "stmts[%zu] (%s): right side nested %u levels deep, more than %d",
+                  si, tname(pg->tensors[s->out]), h[s->rhs], NF_MAX_EXPR_DEPTH);
+  }
+  return NF_OK;
+}
+
 /* Everything that must hold before a constructor is called; scratch has
  * max(n_tensors, 8 * n_exprs) bytes. */
 static int check_graph(const Neoflow__Graph *pg, uint8_t *scratch, nf_buf *err) {
@@ -579,7 +606,27 @@ static int check_graph(const Neoflow__Graph *pg, uint8_t *scratch, nf_buf *err) 
   for (size_t si = 0; si < pg->n_stmts; si++)
     if ((rc = check_stmt(pg, si, err))) return rc;
   uint32_t *stamp = (uint32_t *)(void *)scratch;
+  if ((rc = check_depth(pg, stamp, err))) return rc;
   return check_work(pg, stamp, stamp + pg->n_exprs, err);
+}
+
+/* The checks on the built (and validated) graph: the expression depth
+ * once inlinable producers are substituted (what the code generator may
+ * see) and the index bounds (nf_graph_check_bounds). */
+static int check_built(const nf_graph *g, nf_buf *err) {
+  nf_graph_cost cost;
+  int rc = nf_graph_measure(g, &cost);
+  if (rc) return rc;
+  if (cost.depth > NF_MAX_EXPR_DEPTH) {
+    const nf_stmt *s = &g->stmts[cost.depth_stmt];
+    const char *n = g->tensors[s->out].name;
+    return gerr(err,
+                "statement %u (%s): right side nested %u levels deep once the producers a "
+                "schedule may inline (local tensors without a reduction) are substituted, "
+                "more than %d",
+                cost.depth_stmt, n ? n : "?", cost.depth, NF_MAX_EXPR_DEPTH);
+  }
+  return nf_graph_check_bounds(g, err);
 }
 
 static const nf_expr *build_expr(nf_ir_ctx *ctx, const Neoflow__Expr *x,
@@ -676,6 +723,7 @@ int nf_wire_graph_to_ir(const Neoflow__Graph *pg, nf_ir_ctx *ctx, nf_graph **out
   if (!rc) rc = build(pg, ctx, built, &g);
   if (rc == NF_ENOMEM) gerr(err, "out of memory");
   if (!rc) rc = nf_graph_validate(g, err);
+  if (!rc) rc = check_built(g, err);
   free(scratch);
   free(built);
   if (rc == NF_OK) *out = g;

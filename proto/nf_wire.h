@@ -141,10 +141,14 @@ void nf_wire_graph_free(Neoflow__Graph *pg);
  * >= 0 with products that fit, tensor kinds and the inputs/outputs lists,
  * every expression's arity, dtype rules, variable and tensor references,
  * args pointing only at earlier expressions, statement order, the nodes
- * reached per statement summed over statements), so that no constructor
- * assertion can fire; then nf_graph_validate.  NF_OK, or
- * NF_EINVAL with a message naming the first offending element
- * ("exprs[17]: ADD of f32 and i64"), NF_ENOMEM. */
+ * reached per statement summed over statements, every right side at most
+ * NF_MAX_EXPR_DEPTH nodes tall), so that no constructor assertion can
+ * fire and nothing recurses; then nf_graph_validate, the depth with
+ * inlinable producers substituted (nf_graph_measure, NF_MAX_EXPR_DEPTH too)
+ * and the index bounds (nf_graph_check_bounds).  NF_OK, or NF_EINVAL with
+ * a message naming the first offending element ("exprs[17]: ADD of f32
+ * and i64", "statement 0 (C): A(v0 + 1000, v2) reads out of bounds:
+ * ..."), NF_ENOMEM. */
 int nf_wire_graph_to_ir(const Neoflow__Graph *pg, nf_ir_ctx *ctx, nf_graph **out,
                         nf_buf *err);
 

@@ -192,6 +192,8 @@ START_TEST(dunits_config_defaults) {
   ck_assert_int_eq(c.compile_timeout_s, 60);
   ck_assert_int_eq(c.measure_timeout_ms, 10000);
   ck_assert_int_eq(c.worker_memory_mb, 4096);
+  ck_assert_int_eq(c.max_elements, (int64_t)4 << 30);
+  ck_assert_int_eq(c.max_gflops, 100000);
   ck_assert_str_eq(c.config_path, "");
   nf_buf err = NF_BUF_INIT;
   ck_assert_msg(nfd_config_check(&c, &err) == NF_OK, "%s", nf_buf_str(&err));
@@ -255,7 +257,9 @@ static const char full_ini[] =
     "max_seconds = 120\n"
     "compile_timeout_s = 90\n"
     "measure_timeout_ms = 2000\n"
-    "worker_memory_mb = 8192\n";
+    "worker_memory_mb = 8192\n"
+    "max_elements = 1G\n"
+    "max_gflops = 2500\n";
 
 START_TEST(dunits_config_full_file) {
   clear_env();
@@ -296,6 +300,8 @@ START_TEST(dunits_config_full_file) {
   ck_assert_int_eq(c.compile_timeout_s, 90);
   ck_assert_int_eq(c.measure_timeout_ms, 2000);
   ck_assert_int_eq(c.worker_memory_mb, 8192);
+  ck_assert_int_eq(c.max_elements, (int64_t)1 << 30);
+  ck_assert_int_eq(c.max_gflops, 2500);
   ck_assert_str_eq(c.config_path, path);
   ck_assert_msg(nfd_config_check(&c, &err) == NF_OK, "%s", nf_buf_str(&err));
 
@@ -351,6 +357,9 @@ START_TEST(dunits_config_bad_int) {
   expect_bad("[jobs]\n# c\nmax_trials = 12abc\n", 3, "[jobs] max_trials: '12abc' is not an integer");
   expect_bad("[daemon]\noutput_soft_limit = 8X\n", 2, "[daemon] output_soft_limit: '8X' is not a size");
   expect_bad("[daemon]\nmax_connections =\n", 2, "[daemon] max_connections: '' is not an integer");
+  expect_bad("[jobs]\nmax_elements = lots\n", 2,
+             "[jobs] max_elements: 'lots' is not a count (a number, or one with K, M, G or T)");
+  expect_bad("[jobs]\nmax_gflops = 1.5\n", 2, "[jobs] max_gflops: '1.5' is not a count");
 }
 END_TEST
 
@@ -363,6 +372,9 @@ START_TEST(dunits_config_out_of_range) {
   expect_bad("[jobs]\ntune_jobs = -1\n", 2, "[jobs] tune_jobs: '-1' is out of range");
   expect_bad("[daemon]\noutput_hard_limit = 1K\n", 2, "[daemon] output_hard_limit: '1K' is out of range");
   expect_bad("[daemon]\noutput_hard_limit = 99999999999G\n", 2, "out of range");
+  expect_bad("[jobs]\nmax_elements = 0\n", 2,
+             "[jobs] max_elements: '0' is out of range (1..4611686018427387904)");
+  expect_bad("[jobs]\nmax_gflops = 2048T\n", 2, "[jobs] max_gflops: '2048T' is out of range");
   expect_bad("[cache]\nsoft_cap_mb = 9999999999\n", 2, "[cache] soft_cap_mb: '9999999999' is out of range");
 }
 END_TEST
@@ -502,7 +514,8 @@ START_TEST(dunits_config_example) {
       "output_hard_limit", "output_soft_seconds", "log_level", "cache", "allow_network_fs",
       "sync", "soft_cap_mb", "hard_cap_mb", "listen", "key_file", "compile_jobs", "tune_jobs",
       "max_queued_jobs", "default_trials", "max_trials", "default_seconds", "max_seconds",
-      "compile_timeout_s", "measure_timeout_ms", "worker_memory_mb"};
+      "compile_timeout_s", "measure_timeout_ms", "worker_memory_mb", "max_elements",
+      "max_gflops"};
   char expath[4096];
   char *text = read_example(expath, sizeof expath);
   /* Every key is documented with its default ("#key = value"). */

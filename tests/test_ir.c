@@ -1288,6 +1288,54 @@ START_TEST(ir_simplify_preserves_value) {
 }
 END_TEST
 
+/* ---- nf_graph_measure ---- */
+
+START_TEST(ir_measure_cost) {
+  /* C(i, j) += A(i, k) * B(k, j), then D(i, j) = exp(C(i, j)) + 1 into a
+   * local L and E(i, j) = L(i, j) * 2 (L inlinable, C not: a reduction) */
+  nf_ir_ctx *c = nf_ir_ctx_new();
+  nf_graph *g = nf_graph_new(c, "m");
+  int64_t sh[2] = {6, 5}, sq[2] = {5, 5};
+  int a = nf_graph_add_tensor(g, "A", NF_F32, NF_T_INPUT, 2, sh);
+  int b = nf_graph_add_tensor(g, "B", NF_F32, NF_T_INPUT, 2, sq);
+  int cc = nf_graph_add_tensor(g, "C", NF_F32, NF_T_LOCAL, 2, sh);
+  int l = nf_graph_add_tensor(g, "L", NF_F32, NF_T_LOCAL, 2, sh);
+  int e = nf_graph_add_tensor(g, "E", NF_F32, NF_T_OUTPUT, 2, sh);
+  const nf_expr *ik[2] = {V(c, 0), V(c, 2)}, *kj[2] = {V(c, 2), V(c, 1)}, *ij[2] = {V(c, 0), V(c, 1)};
+  nf_stmt s;
+  memset(&s, 0, sizeof(s));
+  s.out = (uint32_t)cc;
+  s.red = NF_RED_SUM;
+  s.n_red = 1;
+  s.red_ext[0] = 5;
+  s.rhs = nf_e_binary(c, NF_OP_MUL, nf_e_access(c, (uint32_t)a, NF_F32, 2, ik),
+                      nf_e_access(c, (uint32_t)b, NF_F32, 2, kj));
+  ck_assert_int_eq(nf_graph_add_stmt(g, &s), NF_OK);
+  memset(&s, 0, sizeof(s));
+  s.out = (uint32_t)l;
+  s.rhs = nf_e_binary(c, NF_OP_ADD,
+                      nf_e_unary(c, NF_OP_EXP, nf_e_access(c, (uint32_t)cc, NF_F32, 2, ij)),
+                      nf_e_const_f(c, NF_F32, 1.0));
+  ck_assert_int_eq(nf_graph_add_stmt(g, &s), NF_OK);
+  s.out = (uint32_t)e;
+  s.rhs = nf_e_binary(c, NF_OP_MUL, nf_e_access(c, (uint32_t)l, NF_F32, 2, ij),
+                      nf_e_const_f(c, NF_F32, 2.0));
+  ck_assert_int_eq(nf_graph_add_stmt(g, &s), NF_OK);
+  ck_assert_int_eq(nf_graph_validate(g, NULL), NF_OK);
+  nf_graph_cost cost;
+  ck_assert_int_eq(nf_graph_measure(g, &cost), NF_OK);
+  ck_assert(cost.elements == 30 + 25 + 3 * 30);
+  /* 150 points x (mul + add), 30 x (exp + add), 30 x mul */
+  ck_assert(cost.flops == 300 + 60 + 30);
+  ck_assert_uint_eq(cost.flops_stmt, 0);
+  /* E's right side: mul(L(..), 2) with L's add(exp(C(i, j)), 1) inlined:
+   * mul, add, exp, access, var */
+  ck_assert_uint_eq(cost.depth, 5);
+  ck_assert_uint_eq(cost.depth_stmt, 2);
+  nf_ir_ctx_free(c);
+}
+END_TEST
+
 /* ---- deep expressions and visiting ---- */
 
 static void count_node(const nf_expr *e, void *user) {
@@ -1310,8 +1358,14 @@ START_TEST(ir_deep_expression) {
   ck_assert_int_eq(nf_graph_add_tensor(g, "Y", NF_F32, NF_T_OUTPUT, 2, sh), 1);
   nf_stmt s = {.out = 1, .rhs = f};
   ck_assert_int_eq(nf_graph_add_stmt(g, &s), NF_OK);
+  /* validation walks it without recursion and refuses it: later stages
+   * recurse over validated expressions */
   nf_buf err = NF_BUF_INIT;
-  ck_assert_msg(nf_graph_validate(g, &err) == NF_OK, "%s", nf_buf_str(&err));
+  ck_assert_int_eq(nf_graph_validate(g, &err), NF_EINVAL);
+  ck_assert_msg(strstr(nf_buf_str(&err), "statement 0 (Y): right side nested more than 2048 "
+                                          "levels deep"),
+                "%s", nf_buf_str(&err));
+  /* the other walkers of common/ stay iterative on any graph */
   nf_buf e = NF_BUF_INIT;
   ck_assert_int_eq(nf_graph_encode(g, &e), NF_OK);
   ck_assert_uint_gt(e.len, 4 * DEPTH);
@@ -1405,6 +1459,7 @@ static Suite *ir_suite(void) {
   tcase_add_test(tc, ir_simplify_rewrites);
   tcase_add_test(tc, ir_simplify_preserves_value);
   tcase_add_test(tc, ir_deep_expression);
+  tcase_add_test(tc, ir_measure_cost);
   tcase_add_test(tc, ir_visit_postorder);
   suite_add_tcase(s, tc);
   return s;

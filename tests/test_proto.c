@@ -30,7 +30,14 @@
  *    included); a table of invalid wire graphs is rejected by
  *    nf_wire_graph_to_ir with the expected message (never an assertion);
  *    statements sharing one huge expression are refused past the bound
- *    on per-statement work.
+ *    on per-statement work;
+ *  - the validator (issue 31): a 300,000-deep chain is refused on the
+ *    wire list (and a chain at NF_MAX_EXPR_DEPTH accepted), and so is a
+ *    chain of inlinable producers deeper than that; accesses certainly
+ *    evaluated out of bounds are refused naming the statement, the
+ *    access, the index and a point, while the same accesses under guards
+ *    that exclude the out-of-bounds range, gathers and accesses never
+ *    evaluated are accepted, in agreement with the reference interpreter.
  *
  * With NF_WIRE_CORPUS_DIR set, main() also writes a seed corpus for the
  * fuzz_wire target there (see tests/fuzz/fuzz_wire.c for the format). */
@@ -49,9 +56,11 @@
 #include "nf_autodiff.h"
 #include "nf_config.h"
 #include "nf_diag.h"
+#include "nf_interp.h"
 #include "nf_ir.h"
 #include "nf_lang.h"
 #include "nf_test_cases.h"
+#include "nf_test_graphs.h"
 #include "nf_wire.h"
 
 /* ---- helpers ---- */
@@ -1525,7 +1534,10 @@ START_TEST(proto_budget_amplification) {
 END_TEST
 
 /* A graph of n_stmts statements over 64x64 tensors, each a chain of
- * `depth` distinct float operations: a large legitimate graph. */
+ * `depth` distinct float operations: a large legitimate graph.  Every
+ * statement's tensor is an output, so none is inlined into the next (a
+ * chain of local tensors would be 100 x 1500 levels deep to the code
+ * generator, which nf_wire_graph_to_ir refuses). */
 static nf_graph *chain_graph(nf_ir_ctx *ctx, int n_stmts, int depth) {
   nf_graph *g = nf_graph_new(ctx, "chain");
   int64_t shape[2] = {64, 64};
@@ -1534,8 +1546,7 @@ static nf_graph *chain_graph(nf_ir_ctx *ctx, int n_stmts, int depth) {
   for (int s = 0; s < n_stmts; s++) {
     char name[32];
     snprintf(name, sizeof(name), "t%d", s);
-    int t = nf_graph_add_tensor(g, name, NF_F32, s == n_stmts - 1 ? NF_T_OUTPUT : NF_T_LOCAL,
-                                2, shape);
+    int t = nf_graph_add_tensor(g, name, NF_F32, NF_T_OUTPUT, 2, shape);
     const nf_expr *idx[2] = {nf_e_var(ctx, 0), nf_e_var(ctx, 1)};
     const nf_expr *e = nf_e_access(ctx, (uint32_t)prev, NF_F32, 2, idx);
     for (int k = 0; k < depth; k++) {
@@ -1764,7 +1775,7 @@ START_TEST(proto_graph_roundtrip_every_op) {
   e = nf_e_select(c, cond, e, nf_e_const_f(c, NF_F32, -0.0));
   e = nf_e_binary(c, NF_OP_ADD, e, nf_e_cast(c, NF_F32, nf_e_const_f(c, NF_F64, NAN)));
   e = nf_e_binary(c, NF_OP_ADD, e, nf_e_const_f(c, NF_F32, INFINITY));
-  for (int d = 0; d < 20000; d++) /* a deep chain */
+  for (int d = 0; d < 1900; d++) /* a deep chain, under NF_MAX_EXPR_DEPTH */
     e = nf_e_binary(c, NF_OP_MUL, e, nf_e_const_f(c, NF_F32, 1.0 + (d % 7)));
   nf_stmt s;
   memset(&s, 0, sizeof(s));
@@ -2054,6 +2065,175 @@ START_TEST(proto_graph_template_valid) {
 }
 END_TEST
 
+/* ---- the validator (issue 31): depth and index bounds ---- */
+
+/* nf_wire_graph_to_ir of pg: its status, the message in err. */
+static int to_ir(const Neoflow__Graph *pg, nf_buf *err) {
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  nf_graph *g = (nf_graph *)1;
+  nf_buf_reset(err);
+  int rc = nf_wire_graph_to_ir(pg, ctx, &g, err);
+  if (rc != NF_OK) ck_assert_ptr_null(g);
+  nf_ir_ctx_free(ctx);
+  return rc;
+}
+
+#define ASSERT_HAS(err, text)                                                        \
+  ck_assert_msg(strstr(nf_buf_str(err), text) != NULL, "'%s' lacks '%s'", nf_buf_str(err), \
+                text)
+
+START_TEST(proto_graph_deep_chain_refused) {
+  /* 300,000 levels (the compile job died of a stack overflow on it):
+   * refused from the wire list, before anything walks it */
+  deep_wire *w = malloc(sizeof(*w));
+  nf_buf err = NF_BUF_INIT;
+  deep_wire_init(w, 300000);
+  ck_assert_int_eq(to_ir(&w->g, &err), NF_EINVAL);
+  ASSERT_HAS(&err, "stmts[0] (Y): right side nested 300002 levels deep, more than 2048");
+  deep_wire_free(w);
+  /* at the limit it is a graph like any other; one more level is not */
+  deep_wire_init(w, NF_MAX_EXPR_DEPTH - 2);
+  ck_assert_msg(to_ir(&w->g, &err) == NF_OK, "%s", nf_buf_str(&err));
+  deep_wire_free(w);
+  deep_wire_init(w, NF_MAX_EXPR_DEPTH - 1);
+  ck_assert_int_eq(to_ir(&w->g, &err), NF_EINVAL);
+  ASSERT_HAS(&err, "nested 2049 levels deep");
+  deep_wire_free(w);
+  free(w);
+  nf_buf_free(&err);
+}
+END_TEST
+
+/* T = NOT^a X (kind tk), Y = NOT^b T: each statement under the limit. */
+static Neoflow__Graph *two_chains(int a, int b, nf_tkind tk) {
+  nf_ir_ctx *c = nf_ir_ctx_new();
+  nf_graph *g = nf_graph_new(c, "chains");
+  int64_t sh[1] = {8};
+  int x = nf_graph_add_tensor(g, "X", NF_BOOL, NF_T_INPUT, 1, sh);
+  int t = nf_graph_add_tensor(g, "T", NF_BOOL, tk, 1, sh);
+  int y = nf_graph_add_tensor(g, "Y", NF_BOOL, NF_T_OUTPUT, 1, sh);
+  const nf_expr *i = nf_e_var(c, 0);
+  for (int s = 0; s < 2; s++) {
+    const nf_expr *e = nf_e_access(c, (uint32_t)(s ? t : x), NF_BOOL, 1, &i);
+    for (int k = 0; k < (s ? b : a); k++) e = nf_e_unary(c, NF_OP_NOT, e);
+    nf_stmt st;
+    memset(&st, 0, sizeof(st));
+    st.out = (uint32_t)(s ? y : t);
+    st.rhs = e;
+    ck_assert_int_eq(nf_graph_add_stmt(g, &st), NF_OK);
+  }
+  Neoflow__Graph *pg = NULL;
+  ck_assert_int_eq(nf_wire_graph_from_ir(g, &pg), NF_OK);
+  nf_ir_ctx_free(c);
+  return pg;
+}
+
+START_TEST(proto_graph_inlined_depth_refused) {
+  /* A local tensor defined without a reduction may be inlined at its
+   * use: 1500 + 1000 levels reach the code generator as one expression. */
+  nf_buf err = NF_BUF_INIT;
+  Neoflow__Graph *pg = two_chains(1500, 1000, NF_T_LOCAL);
+  ck_assert_int_eq(to_ir(pg, &err), NF_EINVAL);
+  ASSERT_HAS(&err, "statement 1 (Y): right side nested 2502 levels deep once the producers a "
+                   "schedule may inline");
+  nf_wire_graph_free(pg);
+  /* as an output T is never inlined */
+  pg = two_chains(1500, 1000, NF_T_OUTPUT);
+  ck_assert_msg(to_ir(pg, &err) == NF_OK, "%s", nf_buf_str(&err));
+  nf_wire_graph_free(pg);
+  pg = two_chains(1000, 1000, NF_T_LOCAL);
+  ck_assert_msg(to_ir(pg, &err) == NF_OK, "%s", nf_buf_str(&err));
+  nf_wire_graph_free(pg);
+  nf_buf_free(&err);
+}
+END_TEST
+
+/* Runs bounds_graph(variant, n) in the interpreter on non-zero data
+ * (ix: in bounds); its status. */
+static int interp_bounds(int variant, int64_t n) {
+  nf_ir_ctx *c = nf_ir_ctx_new();
+  nf_graph *g = bounds_graph(c, variant, n);
+  nf_array in[3], out[1];
+  rng r = {7};
+  for (uint32_t k = 0; k < g->n_inputs; k++) {
+    const nf_tensor *t = &g->tensors[g->inputs[k]];
+    ck_assert_int_eq(nf_array_alloc(&in[k], (nf_dtype)t->dtype, t->rank, t->shape), NF_OK);
+    for (int64_t e = 0; e < in[k].numel; e++)
+      if (t->dtype == NF_I64)
+        ((int64_t *)in[k].data)[e] = e % n;
+      else
+        ((float *)in[k].data)[e] = (float)rng_nz(&r, 1.0);
+  }
+  nf_buf err = NF_BUF_INIT;
+  int rc = nf_interp_run(g, in, NF_INTERP_F32, out, &err);
+  if (rc == NF_OK) nf_array_free(&out[0]);
+  for (uint32_t k = 0; k < g->n_inputs; k++) nf_array_free(&in[k]);
+  nf_buf_free(&err);
+  nf_ir_ctx_free(c);
+  return rc;
+}
+
+/* Accesses certainly read out of bounds: variant, message fragments. */
+static const struct {
+  int variant;
+  const char *want[2];
+} oob_cases[] = {
+    {BG_SHIFT_1000,
+     {"statement 0 (C): A(v0 + 1000, v2) reads out of bounds: index 0 is 1007 at v0=7, v1=0, "
+      "v2=0; A has size 8 in dimension 0",
+      ""}},
+    {BG_SHIFT_1, {"statement 0 (C): A(v0 + 1, v2) reads out of bounds: index 0 is 8 at v0=7", ""}},
+    {BG_GUARD_SHORT,
+     {"statement 0 (C): A(v0 - 3, v2) reads out of bounds: index 0 is -1 at v0=2",
+      "A has size 8 in dimension 0"}},
+    {BG_MOD, {"A((v0 * 5) % 11, v2) reads out of bounds: index 0 is 10 at v0=2", ""}},
+};
+
+START_TEST(proto_graph_bounds_refused) {
+  /* refused before codegen, as INVALID_GRAPH material, naming the
+   * statement, the access and a point; the interpreter fails on them too */
+  nf_buf err = NF_BUF_INIT;
+  Neoflow__Graph *pg = bounds_wire(oob_cases[_i].variant, 8);
+  ck_assert_int_eq(to_ir(pg, &err), NF_EINVAL);
+  ASSERT_HAS(&err, oob_cases[_i].want[0]);
+  ASSERT_HAS(&err, oob_cases[_i].want[1]);
+  ck_assert_int_eq(interp_bounds(oob_cases[_i].variant, 8), NF_EBOUNDS);
+  nf_wire_graph_free(pg);
+  nf_buf_free(&err);
+}
+END_TEST
+
+START_TEST(proto_graph_bounds_guarded) {
+  /* Accepted: out of range only where the guard is false (i >= 3 before
+   * A(i - 3, k); padding; a guard on i + k; a guard never true), a
+   * non-affine index in bounds, a gather (checked when it runs), a
+   * guard on data (the graph may well be valid), a reduction over
+   * nothing.  Each runs in the interpreter too, but the data guard. */
+  static const int ok[] = {BG_GUARD_OK, BG_GUARD_NEVER, BG_GUARD_SUM, BG_PAD, BG_PAD_NOT,
+                           BG_MOD_OK, BG_GATHER, BG_DATA_GUARD, BG_EMPTY};
+  nf_buf err = NF_BUF_INIT;
+  for (size_t k = 0; k < sizeof(ok) / sizeof(ok[0]); k++) {
+    Neoflow__Graph *pg = bounds_wire(ok[k], 8);
+    ck_assert_msg(to_ir(pg, &err) == NF_OK, "variant %d: %s", ok[k], nf_buf_str(&err));
+    if (ok[k] != BG_DATA_GUARD) ck_assert_int_eq(interp_bounds(ok[k], 8), NF_OK);
+    nf_wire_graph_free(pg);
+  }
+  /* ... while a guard that lets one row through does not pass */
+  Neoflow__Graph *pg = bounds_wire(BG_GUARD_SHORT, 8);
+  ck_assert_int_eq(to_ir(pg, &err), NF_EINVAL);
+  nf_wire_graph_free(pg);
+  /* big boxes are not enumerated: the corners find it */
+  pg = bounds_wire(BG_SHIFT_1, 1000);
+  ck_assert_int_eq(to_ir(pg, &err), NF_EINVAL);
+  ASSERT_HAS(&err, "index 0 is 1000 at v0=999, v1=0, v2=0");
+  nf_wire_graph_free(pg);
+  pg = bounds_wire(BG_GUARD_OK, 1000);
+  ck_assert_msg(to_ir(pg, &err) == NF_OK, "%s", nf_buf_str(&err));
+  nf_wire_graph_free(pg);
+  nf_buf_free(&err);
+}
+END_TEST
+
 /* ---- the seed corpus for tests/fuzz/fuzz_wire.c ---- */
 
 /* Writes one corpus file: a control byte (0: a stream of frames, 1: one
@@ -2147,7 +2327,15 @@ static Suite *proto_suite(void) {
   tcase_add_test(tc, proto_graph_template_valid);
   tcase_add_test(tc, proto_graph_shared_work_bounded);
   tcase_add_loop_test(tc, proto_graph_invalid, 0, (int)(sizeof(gcases) / sizeof(gcases[0])));
+  TCase *tv = tcase_create("validator"); /* CK_RUN_CASE=validator runs it alone */
+  tcase_set_timeout(tv, 120);
+  tcase_add_test(tv, proto_graph_deep_chain_refused);
+  tcase_add_test(tv, proto_graph_inlined_depth_refused);
+  tcase_add_loop_test(tv, proto_graph_bounds_refused, 0,
+                      (int)(sizeof(oob_cases) / sizeof(oob_cases[0])));
+  tcase_add_test(tv, proto_graph_bounds_guarded);
   suite_add_tcase(s, tc);
+  suite_add_tcase(s, tv);
   return s;
 }
 
