@@ -34,6 +34,8 @@
 
 #include "nf_buf.h"
 #include "nf_cache.h"
+#include "nf_kernel.h"
+#include "nf_wire_sign.h"
 
 int nf__cli_cache(int argc, char **argv);
 
@@ -452,6 +454,39 @@ static int do_import(nf_cache *c, const cache_args *a) {
   return finish_output("import");
 }
 
+/* Imported signatures count only when the daemon of this cache made them:
+ * its public key comes from signing.key beside the cache (readable by the
+ * daemon's user, who maintains its cache).  Without it, everything
+ * imported comes in unsigned (never served as it is). */
+typedef struct judge_key {
+  uint8_t pk[32];
+} judge_key;
+
+static int judge_daemon(void *user, const uint8_t key[32], const uint8_t sha[32],
+                        const uint8_t target[32], const nf_cache_sig *sig) {
+  const judge_key *j = user;
+  return !memcmp(sig->signer, j->pk, 32) &&
+         nf_sign_kernel_ok(j->pk, sig->sig, key, sha, target, NF_KERNEL_ABI_VERSION);
+}
+
+static void set_judge(nf_cache *c, judge_key *j, const char *what) {
+  const char *path = nf_cache_path(c);
+  const char *slash = strrchr(path, '/');
+  char kp[4200];
+  snprintf(kp, sizeof kp, "%.*s%ssigning.key", slash ? (int)(slash - path) : 0, path,
+           slash ? "/" : "");
+  uint8_t sk[64];
+  nf_buf err = NF_BUF_INIT;
+  if (nf_sign_load_key(kp, 0, sk, j->pk, NULL, &err) == NF_OK) {
+    nf_cache_set_judge(c, judge_daemon, j);
+  } else {
+    fprintf(stderr, "neoflow cache: %s: warning: %s: every entry comes in unsigned (its "
+                    "daemon rebuilds each on first use)\n", what, nf_buf_str(&err));
+  }
+  memset(sk, 0, sizeof sk);
+  nf_buf_free(&err);
+}
+
 static int do_recover(nf_cache *c, const cache_args *a) {
   nf_buf err = NF_BUF_INIT;
   nf_cache_import_report r;
@@ -591,6 +626,8 @@ int nf__cli_cache(int argc, char **argv) {
   }
   nf_buf_free(&err);
   nf_buf_free(&path);
+  judge_key jk;
+  if (!strcmp(sub, "import") || recover) set_judge(c, &jk, sub);
   if (!strcmp(sub, "stats"))
     st = do_stats(c, &a);
   else if (!strcmp(sub, "list"))

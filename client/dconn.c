@@ -266,10 +266,10 @@ int nf_dconn_recv(nf_dconn *c, int timeout_ms, Neoflow__ServerMessage **m, nf_bu
 }
 
 static int handshake(nf_dconn *c, const nf_dconn_opts *o, const nf_trust *trust, int timeout_ms,
-                     const uint8_t *key, nf_buf *err) {
+                     const uint8_t *key, uint8_t ce_sk[32], nf_buf *err) {
   Neoflow__ServerMessage *m = NULL;
   uint8_t sn[NF_AUTH_NONCE], cn[NF_AUTH_NONCE], mac[NF_AUTH_MAC];
-  uint8_t se[32], ce[32], ce_sk[32], tr[32];
+  uint8_t se[32], ce[32], tr[32];
   int rc;
   if (c->tcp) {
     if ((rc = nf_dconn_recv(c, timeout_ms, &m, err)) != NF_OK) return rc;
@@ -451,7 +451,9 @@ int nf_dconn_open(const nf_dconn_opts *o, nf_dconn **out, nf_buf *err) {
       rc = connect_unix(path, trust, &c->fd, err);
     }
   }
-  if (rc == NF_OK) rc = handshake(c, o, trust, timeout_ms, have_key ? key : NULL, err);
+  uint8_t ce_sk[32]; /* the ephemeral secret: wiped whatever happens */
+  if (rc == NF_OK) rc = handshake(c, o, trust, timeout_ms, have_key ? key : NULL, ce_sk, err);
+  sodium_memzero(ce_sk, sizeof ce_sk);
   sodium_memzero(key, sizeof key);
   if (rc != NF_OK) {
     if (c->fd >= 0) close(c->fd);
@@ -561,9 +563,13 @@ int nf_dconn_next_kernel(nf_dconn *c, uint64_t request_id, int timeout_ms,
           break;
         }
         want = u->size;
+        if (want == 0 || u->sha256.len != 32) { /* (validation lets an empty one have none) */
+          nf_buf_printf(err, "kernel rejected (ARTIFACT_REJECTED): an empty binary");
+          rc = NF_EREJECTED;
+          break;
+        }
         memcpy(want_sha, u->sha256.data, 32);
         in_kernel = 1;
-        if (want == 0) rc = NF_EFORMAT;
         if (u->kernel_abi != NF_KERNEL_ABI_VERSION ||
             !nf_dconn_kernel_signed(c, u->key.data, want_sha, u->kernel_abi,
                                     u->signature.data, u->signature.len)) {

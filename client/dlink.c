@@ -361,6 +361,9 @@ static int handle(dlink *L, const Neoflow__ServerMessage *m) {
       if (why) {
         pthread_mutex_lock(&s->mu);
         s->link_rejected++;
+        /* a refused final kernel is not asked for again on every reconnect */
+        if (u->final && k >= 0) s->kents[k].dstate = DK_FAILED;
+        pthread_cond_broadcast(&s->cv);
         pthread_mutex_unlock(&s->mu);
         nf__session_warn(s, "kernel for request %llu rejected (ARTIFACT_REJECTED): %s",
                          (unsigned long long)u->request_id, why);

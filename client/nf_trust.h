@@ -10,8 +10,9 @@
  *    authenticates the client to the daemon.
  * Every kernel is also signed by the daemon (Ed25519, proto/nf_wire_sign.h)
  * and verified against the key the daemon presented at the handshake,
- * which must be a trusted key on TCP (and on a Unix socket when the
- * configuration pins keys).
+ * which must be a trusted key on TCP.  On a Unix socket the peer's uid is
+ * the identity: a daemon of a trusted uid may present any key (anything
+ * running as that uid is trusted by that choice).
  *
  * The configuration is the user's file $NEOFLOW_CONFIG, else
  * $XDG_CONFIG_HOME/neoflow/client.conf, else ~/.config/neoflow/client.conf

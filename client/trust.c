@@ -83,7 +83,22 @@ static int read_small(const char *path, char *out, size_t n, nf_buf *err) {
   }
   struct stat st;
   ssize_t got = -1;
-  if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) got = read(fd, out, n - 1);
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    nf_buf_printf(err, "%s: not a readable regular file", path);
+    return NF_EINVAL;
+  }
+  /* it says whom to trust: as guarded as the configuration that names it */
+  if ((st.st_uid != geteuid() && st.st_uid != 0) || (st.st_mode & (S_IWGRP | S_IWOTH))) {
+    char owner[160];
+    nf_trust_uid_name(st.st_uid, owner, sizeof owner);
+    close(fd);
+    nf_buf_printf(err, "%s (owned by %s, mode %04o): a key file must be yours or root's and "
+                       "writable by nobody else: refusing it", path, owner,
+                  (unsigned)st.st_mode & 07777);
+    return NF_EINVAL;
+  }
+  got = read(fd, out, n - 1);
   close(fd);
   if (got < 0) {
     nf_buf_printf(err, "%s: not a readable regular file", path);

@@ -1105,13 +1105,15 @@ static void on_tick(uv_timer_t *t) {
     /* a frame dripped in (a byte now and then resets the stall timer):
      * after the grace, it must arrive at min_frame_rate */
     if (nf_frame_reader_mid_frame(&c->rd) && c->t_frame > 0 && cf->min_frame_rate > 0) {
+      double got = c->rd.n_hdr == 4 ? (double)c->rd.got + 4 : c->rd.n_hdr;
       double want = c->rd.n_hdr == 4 ? (double)c->rd.len + 4 : 4;
-      double allowed = cf->progress_timeout_ms / 1000.0 + want / cf->min_frame_rate;
-      if (now - c->t_frame > allowed) {
+      double late = now - c->t_frame - cf->progress_timeout_ms / 1000.0;
+      /* by now at least min_frame_rate bytes a second since the grace */
+      if (late > 0 && got < want && got < late * cf->min_frame_rate) {
         S->timeouts++;
-        nfd_burst_log(&S->burst_timeout, "session %llu (%s): a frame of %.0f bytes still "
-                                         "incomplete after %.0f s (below min_frame_rate): closed",
-                      (unsigned long long)c->session, c->name, want, now - c->t_frame);
+        nfd_burst_log(&S->burst_timeout, "session %llu (%s): a frame of %.0f bytes has %.0f "
+                                         "after %.0f s (below min_frame_rate): closed",
+                      (unsigned long long)c->session, c->name, want, got, now - c->t_frame);
         nfd_conn_error(c, 0, NEOFLOW__ERROR_CODE__ERR_TIMEOUT, 1,
                        "a frame arriving slower than %d bytes/s (min_frame_rate)",
                        cf->min_frame_rate);

@@ -137,9 +137,22 @@ static nf_cache *open_ok(const char *path, const nf_cache_opts *o) {
   return c;
 }
 
+/* The test's "daemon": its signatures are mk_entry's (signer 0x5a...).
+ * The daemon's real judge verifies Ed25519 (client/cache_cmd.c). */
+static int judge_5a(void *user, const uint8_t key[32], const uint8_t sha[32],
+                    const uint8_t target[32], const nf_cache_sig *sig) {
+  (void)user;
+  (void)key;
+  (void)sha;
+  (void)target;
+  return sig->signer[0] == 0x5a && sig->signer[1] == 0x5b;
+}
+
 static nf_cache *open_default(const char *path) {
   nf_cache_opts o = {0};
-  return open_ok(path, &o);
+  nf_cache *c = open_ok(path, &o);
+  nf_cache_set_judge(c, judge_5a, NULL);
+  return c;
 }
 
 /* nf_cache_open's status, with the message in *msg (caller frees). */
@@ -1101,13 +1114,25 @@ START_TEST(cache_signatures) {
   g.has_sig = 0;
   ck_assert_int_eq(put(x, &g), 1);
   nf_cache_entry_free(&g);
+  /* signed by someone the judge does not vouch for: as if unsigned */
+  nf_cache_entry forged;
+  mk_entry(&forged, 3, 2, 0.0001, CG, 64);
+  forged.sig.signer[0] = 0x77;
+  ck_assert_int_eq(put(x, &forged), 1);
+  nf_cache_entry_free(&forged);
+  mk_entry(&g, 3, 1, 9.0, CG, 100);
+  ck_assert_int_eq(put(a, &g), 1);
+  nf_cache_entry_free(&g);
   nf_cache_close(x);
   nf_cache_import_report ir;
   nf_buf err = NF_BUF_INIT;
   ck_assert_msg(nf_cache_import(a, px, &ir, &err) == NF_OK, "%s", nf_buf_str(&err));
-  ck_assert_int_eq(ir.unsigned_, 2);
-  ck_assert_int_eq(ir.kept, 1);
+  ck_assert_int_eq(ir.unsigned_, 3);
+  ck_assert_int_eq(ir.kept, 2);
   ck_assert_int_eq(ir.added, 1);
+  ck_assert_int_eq(get_st(a, 3, &g), NF_OK);
+  ck_assert(g.binary_len == 100 && g.tier == 1); /* the forged tier 2 did not replace it */
+  nf_cache_entry_free(&g);
   ck_assert_int_eq(get_st(a, 1, &g), NF_OK);
   ck_assert(g.binary_len == 100 && g.has_sig);
   nf_cache_entry_free(&g);
@@ -1162,6 +1187,39 @@ START_TEST(cache_created_private) {
 }
 END_TEST
 
+/* Recovering replays SQL read from a damaged, so untrusted, file: only
+ * tables, indexes and rows are replayed.  A file whose schema holds a
+ * view, a trigger and a table of its own comes back with its entries
+ * only; nothing reaches the live cache but checked rows. */
+START_TEST(cache_recover_replays_rows_only) {
+  if (system("command -v sqlite3 >/dev/null 2>&1") != 0) return; /* setup.sh installs it */
+  char *d = tmp_dir();
+  const char *src = in(d, "damaged.db"), *live = in(d, "live.db");
+  nf_cache *c = open_default(src);
+  put_new(c, 1, 2, 1.0, 40);
+  put_new(c, 2, 1, 2.0, 40);
+  nf_cache_close(c);
+  raw_exec(src, "CREATE TABLE evil(x); CREATE VIEW v AS SELECT 1; CREATE TRIGGER t AFTER "
+                "INSERT ON records BEGIN INSERT INTO evil VALUES(1); END");
+  c = open_default(live);
+  nf_cache_import_report ir;
+  nf_buf err = NF_BUF_INIT;
+  ck_assert_msg(nf_cache_recover(c, src, &ir, &err) == NF_OK, "%s", nf_buf_str(&err));
+  ck_assert_int_eq(ir.seen, 2);
+  ck_assert_int_eq(ir.added, 2);
+  ck_assert_msg(contains(nf_buf_str(&err), "not replayed"), "%s", nf_buf_str(&err));
+  nf_cache_entry g;
+  ck_assert_int_eq(get_st(c, 1, &g), NF_OK);
+  ck_assert(g.has_sig); /* the judge vouched for its signature */
+  nf_cache_entry_free(&g);
+  nf_cache_close(c);
+  ck_assert_int_eq(raw_i64(live, "SELECT count(*) FROM sqlite_schema WHERE name IN "
+                                 "('evil', 'v', 't')"), 0);
+  nf_buf_free(&err);
+  rm_dir(d);
+}
+END_TEST
+
 /* A schema-1 cache's entries are listed for adoption by the migration and
  * signed once; later entries are not. */
 START_TEST(cache_adopt_old_entries) {
@@ -1175,18 +1233,24 @@ START_TEST(cache_adopt_old_entries) {
   raw_exec(p, SCHEMA_1);
   c = open_default(p); /* migrates */
   put_new(c, 3, 2, 1.0, 50);
+  /* entry 1's binary replaced after the migration (an import, say): it is
+   * no longer what the daemon served, and is not adopted */
+  ck_assert_int_eq(put_new(c, 1, 2, 0.5, 60), 1);
   int calls = 0;
   int64_t n = 0;
   nf_buf err = NF_BUF_INIT;
   ck_assert_msg(nf_cache_adopt(c, sign_ff, &calls, &n, &err) == NF_OK, "%s", nf_buf_str(&err));
-  ck_assert_int_eq(n, 2);
-  ck_assert_int_eq(calls, 2);
+  ck_assert_int_eq(n, 1);
+  ck_assert_int_eq(calls, 1);
   nf_cache_entry g;
   ck_assert_int_eq(get_st(c, 2, &g), NF_OK);
   ck_assert(g.has_sig && g.sig.signer[0] == 0xff && !memcmp(g.sig.sig, g.sha256, 32));
   nf_cache_entry_free(&g);
   ck_assert_int_eq(get_st(c, 3, &g), NF_OK);
   ck_assert(g.sig.signer[0] == 0x5a); /* its own, not adopted */
+  nf_cache_entry_free(&g);
+  ck_assert_int_eq(get_st(c, 1, &g), NF_OK);
+  ck_assert(g.sig.signer[0] == 0x5a && g.binary_len == 60);
   nf_cache_entry_free(&g);
   ck_assert_int_eq(nf_cache_adopt(c, sign_ff, &calls, &n, &err), NF_OK);
   ck_assert_int_eq(n, 0);
@@ -1813,6 +1877,7 @@ int main(void) {
   tcase_add_test(tc, cache_import_merge);
   tcase_add_test(tc, cache_signatures);
   tcase_add_test(tc, cache_created_private);
+  tcase_add_test(tc, cache_recover_replays_rows_only);
   tcase_add_test(tc, cache_adopt_old_entries);
   tcase_add_test(tc, cache_gc);
   tcase_add_test(tc, cache_caps);

@@ -597,10 +597,12 @@ static int migrate_0_to_1(sqlite3 *db, const char *path, nf_buf *err) {
 
 /* Schema 2: each kernel's signature (docs/security.md), and a failure to
  * tune remembered on the entry.
- *  - signatures: the entries a daemon held before are listed in adopt:
- *    the daemon signs them at its next start (nf_cache_adopt), as they are
- *    what it served before; an entry that arrives later without a
- *    signature (an import, a hand edit) is never adopted.
+ *  - signatures: the entries a daemon held before are listed in adopt
+ *    with their binary's digest: the daemon signs them at its next start
+ *    (nf_cache_adopt), as they are what it served before, and only while
+ *    the binary is still that one (any later put or quarantine of the key
+ *    drops it from the list); an entry that arrives later (an import, a
+ *    hand edit) is never adopted.
  *  - tune_error, tune_check: why tuning found no correct candidate, and
  *    under which revision of the search's check, so that the key is not
  *    tuned again by every session.  Rows of schema 1 get "" and 0: no
@@ -612,8 +614,8 @@ static int migrate_1_to_2(sqlite3 *db, const char *path, nf_buf *err) {
       " sha256 BLOB NOT NULL CHECK(typeof(sha256)='blob' AND length(sha256)=32),"
       " signer BLOB NOT NULL CHECK(typeof(signer)='blob' AND length(signer)=32),"
       " sig BLOB NOT NULL CHECK(typeof(sig)='blob' AND length(sig)=64));"
-      "CREATE TABLE adopt(key BLOB PRIMARY KEY NOT NULL);"
-      "INSERT INTO adopt SELECT key FROM entries;"
+      "CREATE TABLE adopt(key BLOB PRIMARY KEY NOT NULL, sha256 BLOB NOT NULL);"
+      "INSERT INTO adopt SELECT key, sha256 FROM entries;"
       "ALTER TABLE entries ADD COLUMN tune_error TEXT NOT NULL DEFAULT ''"
       " CHECK(typeof(tune_error)='text');"
       "ALTER TABLE entries ADD COLUMN tune_check INTEGER NOT NULL DEFAULT 0"
@@ -739,6 +741,9 @@ int nf_cache_open(const char *path, const nf_cache_opts *o, nf_cache **out, nf_b
     /* damage, as this file's messages name it (header_err, the integrity
      * check): never a foreign or newer cache */
     const char *m = err ? nf_buf_str(err) : "";
+    /* the verdict follows "cache PATH: " (a path may hold any words) */
+    const char *at = strstr(m, path);
+    if (at) m = at + strlen(path);
     if (o->damaged && rc == NF_EFORMAT &&
         (strstr(m, "damaged database") || strstr(m, "file is not a database") ||
          strstr(m, "quick_check") || strstr(m, "malformed")))
@@ -1086,6 +1091,16 @@ int nf__cache_put_tx(nf_cache *c, const nf_cache_entry *e, const int64_t times[4
   if (s != SQLITE_DONE) rc = nf__cache_sqlerr(c->path, c->db, s, "store", err);
   sqlite3_finalize(st);
   if (rc == NF_OK) *what = exists ? NF__CACHE_REPLACED : NF__CACHE_ADDED;
+  /* a replaced binary is not the one a migration listed for adoption */
+  if (rc == NF_OK) {
+    rc = nf__cache_prepare(c->db, c->path, "DELETE FROM adopt WHERE key=?1", &st, err);
+    if (rc == NF_OK) {
+      sqlite3_bind_blob(st, 1, e->key, 32, SQLITE_STATIC);
+      s = sqlite3_step(st);
+      if (s != SQLITE_DONE) rc = nf__cache_sqlerr(c->path, c->db, s, "store", err);
+      sqlite3_finalize(st);
+    }
+  }
   /* the kernel's signature goes with it (one per key: a replaced entry's
    * signature goes too, so no binary keeps another's) */
   if (rc == NF_OK) {
@@ -1134,6 +1149,11 @@ int nf__cache_sig_get(sqlite3 *db, const char *path, const uint8_t key[32],
   return rc;
 }
 
+void nf_cache_set_judge(nf_cache *c, nf_cache_sig_judge judge, void *user) {
+  c->judge = judge;
+  c->judge_user = user;
+}
+
 int nf_cache_quarantine(nf_cache *c, const uint8_t key[32], const char *reason, nf_buf *err) {
   int rc = writable(c, "quarantine", err);
   if (rc != NF_OK) return rc;
@@ -1155,7 +1175,7 @@ int nf_cache_adopt(nf_cache *c, void (*sign)(void *user, const uint8_t key[32],
   sqlite3_stmt *st = NULL, *ins = NULL;
   rc = nf__cache_prepare(c->db, c->path,
                          "SELECT e.key, e.sha256, e.target FROM adopt a JOIN entries e"
-                         " ON e.key = a.key",
+                         " ON e.key = a.key AND e.sha256 = a.sha256",
                          &st, err);
   if (rc == NF_OK)
     rc = nf__cache_prepare(c->db, c->path,

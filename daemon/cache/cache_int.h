@@ -25,6 +25,8 @@ struct nf_cache {
   int64_t soft_cap, hard_cap;
   int lock_fd; /* -1 when no writer lock is held */
   int64_t hits, misses, corrupt;
+  nf_cache_sig_judge judge; /* which imported signatures are kept (none when NULL) */
+  void *judge_user;
 };
 
 /* The entry columns in the order every SELECT of a full row uses, and

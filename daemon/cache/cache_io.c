@@ -481,6 +481,11 @@ static int import_row(void *user, sqlite3_stmt *st, int64_t rowid, const char *w
    * An unsigned entry never replaces one we have. */
   int rc = nf__cache_sig_get(m->sdb, m->src, e.key, e.sha256, &e.sig, &e.has_sig, err);
   if (rc != NF_OK) return rc;
+  /* a signature is kept only when the judge (a daemon's own key) vouches
+   * for it: anyone can write 64 bytes into an export */
+  if (e.has_sig && !(m->c->judge && m->c->judge(m->c->judge_user, e.key, e.sha256, e.target,
+                                                 &e.sig)))
+    e.has_sig = 0;
   if (!e.has_sig) {
     int64_t have = 0;
     sqlite3_stmt *q = NULL;
@@ -914,6 +919,45 @@ static char *slurp(const char *path) {
   return b.data;
 }
 
+/* What replayed SQL from a damaged (so: untrusted) file may do: create
+ * tables and indexes (which writes the schema) and insert rows into them,
+ * in the database it is replayed into, reading values and calling the few
+ * functions .dump and the schema's CHECKs use.  No ATTACH, PRAGMA,
+ * transaction control, trigger, view, virtual table, update or delete, and
+ * no schema write but a CREATE's own.  The authorizer runs while a
+ * statement is prepared (nothing runs then) and only records; a statement
+ * that did anything else is finalized unrun. */
+typedef struct replay_check {
+  int bad, created, schema_write;
+} replay_check;
+
+static int replay_auth(void *user, int action, const char *a1, const char *a2, const char *db,
+                       const char *trigger) {
+  replay_check *r = user;
+  int main_db = !db || !strcmp(db, "main");
+  int schema = a1 && !strncmp(a1, "sqlite_", 7);
+  if (trigger || !main_db) r->bad = 1;
+  switch (action) {
+    case SQLITE_CREATE_TABLE:
+    case SQLITE_CREATE_INDEX: r->created = 1; break;
+    case SQLITE_INSERT: r->schema_write |= schema; break;
+    case SQLITE_UPDATE:
+      if (schema) r->schema_write = 1;
+      else r->bad = 1;
+      break;
+    case SQLITE_READ:
+    case SQLITE_SELECT:
+    case SQLITE_REINDEX: break;
+    case SQLITE_FUNCTION:
+      if (!a2 || (strcmp(a2, "replace") && strcmp(a2, "char") && strcmp(a2, "unistr") &&
+                  strcmp(a2, "typeof") && strcmp(a2, "length")))
+        r->bad = 1;
+      break;
+    default: r->bad = 1;
+  }
+  return SQLITE_OK;
+}
+
 int nf_cache_recover(nf_cache *c, const char *src, nf_cache_import_report *r, nf_buf *err) {
   memset(r, 0, sizeof *r);
   struct stat sb;
@@ -947,34 +991,50 @@ int nf_cache_recover(nf_cache *c, const char *src, nf_cache_import_report *r, nf
   char *text = rc == NF_OK ? slurp(sql) : NULL;
   if (rc == NF_OK && !text) rc = nf__cache_fail(err, NF_EIO, src, "recover: cannot read its output");
   sqlite3 *db = NULL;
-  if (rc == NF_OK && sqlite3_open_v2(out, &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) !=
-                         SQLITE_OK)
-    rc = nf__cache_fail(err, NF_EIO, out, "recover: cannot create it");
+  if (rc == NF_OK)
+    rc = nf__cache_open_db(out, out,
+                           SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX |
+                               SQLITE_OPEN_EXRESCODE,
+                           1, c->busy_ms, &db, err);
+  if (db) sqlite3_limit(db, SQLITE_LIMIT_ATTACHED, 0);
   /* statement by statement in one transaction of ours: a statement that
    * fails (a row cut short) is skipped, and the tool's own BEGIN, COMMIT
    * or "ROLLBACK; -- due to errors" do not decide for us */
   int64_t n_ok = 0, n_bad = 0;
   if (rc == NF_OK) rc = nf__cache_exec(db, out, "BEGIN", err);
+  replay_check chk;
+  if (rc == NF_OK) sqlite3_set_authorizer(db, replay_auth, &chk);
   for (const char *p = text; rc == NF_OK && p && *p;) {
     sqlite3_stmt *q = NULL;
     const char *tail = NULL;
+    memset(&chk, 0, sizeof chk);
     int prc = sqlite3_prepare_v2(db, p, -1, &q, &tail);
-    if (prc != SQLITE_OK) {
-      /* skip to the next statement */
-      const char *semi = strchr(p, ';');
+    if (prc == SQLITE_OK && (chk.bad || (chk.schema_write && !chk.created))) {
+      sqlite3_finalize(q); /* refused, never run */
       n_bad++;
-      p = semi ? semi + 1 : NULL;
+      p = tail;
+      continue;
+    }
+    if (prc != SQLITE_OK) {
+      /* refused or unreadable: on to the end of this statement (the first
+       * ';' at which the text so far is complete SQL, so that a ';' in a
+       * string does not count) */
+      n_bad++;
+      const char *semi = p;
+      for (;;) {
+        semi = strchr(semi, ';');
+        if (!semi) break;
+        semi++;
+        char *stmt = strndup(p, (size_t)(semi - p));
+        int done = !stmt || sqlite3_complete(stmt);
+        free(stmt);
+        if (done) break;
+      }
+      p = semi;
       continue;
     }
     p = tail;
     if (!q) continue;
-    const char *sqltext = sqlite3_sql(q);
-    while (*sqltext == ' ' || *sqltext == '\n') sqltext++;
-    if (!strncasecmp(sqltext, "BEGIN", 5) || !strncasecmp(sqltext, "COMMIT", 6) ||
-        !strncasecmp(sqltext, "ROLLBACK", 8) || !strncasecmp(sqltext, "END", 3)) {
-      sqlite3_finalize(q);
-      continue;
-    }
     int s2;
     while ((s2 = sqlite3_step(q)) == SQLITE_ROW) {
     }
@@ -982,10 +1042,12 @@ int nf_cache_recover(nf_cache *c, const char *src, nf_cache_import_report *r, nf
     else n_bad++;
     sqlite3_finalize(q);
   }
+  if (db) sqlite3_set_authorizer(db, NULL, NULL);
   if (rc == NF_OK) rc = nf__cache_exec(db, out, "COMMIT", err);
   if (rc == NF_OK && n_bad)
-    line(err, src, "recover: %lld of %lld statements read back could not be replayed (rows "
-                   "cut short by the damage)", (long long)n_bad, (long long)(n_ok + n_bad));
+    line(err, src, "recover: %lld of %lld statements read back were not replayed (refused: "
+                   "only tables, indexes and rows are; or cut short by the damage)",
+         (long long)n_bad, (long long)(n_ok + n_bad));
   free(text);
   /* the header's application_id and schema are not part of what .recover
    * writes: the tables say which schema it was */

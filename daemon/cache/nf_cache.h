@@ -115,6 +115,13 @@ typedef struct nf_cache_sig {
   uint8_t sig[64];
 } nf_cache_sig;
 
+/* Judges a signature an import brings: 1 to keep it (a daemon of ours
+ * signed this binary for this key and target), 0 to drop it (the entry
+ * then comes in unsigned: it never replaces one we have, and no daemon
+ * serves it). */
+typedef int (*nf_cache_sig_judge)(void *user, const uint8_t key[32], const uint8_t sha[32],
+                                  const uint8_t target[32], const nf_cache_sig *sig);
+
 typedef struct nf_cache_entry {
   uint8_t key[32];
   uint8_t graph_hash[32];
@@ -154,6 +161,10 @@ void nf_cache_entry_free(nf_cache_entry *e);
  * Counts a hit or a miss in the statistics of this handle; writes nothing
  * else (see nf_cache_touch). */
 int nf_cache_get(nf_cache *c, const uint8_t key[32], nf_cache_entry *out, nf_buf *err);
+/* Sets the judge of imported signatures (nf_cache_import,
+ * nf_cache_recover); without one, every imported entry comes in
+ * unsigned. */
+void nf_cache_set_judge(nf_cache *c, nf_cache_sig_judge judge, void *user);
 /* Moves key's entry to the quarantine table with reason (never served
  * again; a later put stores afresh).  NF_OK also when there is none. */
 int nf_cache_quarantine(nf_cache *c, const uint8_t key[32], const char *reason, nf_buf *err);
