@@ -319,6 +319,25 @@ START_TEST(cli_daemon_messages) {
   ck_assert_int_eq(st, 1);
   ck_assert_msg(strstr(out, "write tcp:127.0.0.1:17117"), "%s", out);
   free(out);
+  /* NEOFLOW_SOCKET in a directory others may enter: neoflowd would refuse
+   * it, so no daemon is started, and the user is told why (the run went on
+   * silently on fallback kernels) */
+  char cmd[700];
+  snprintf(cmd, sizeof cmd, "mkdir -m 0755 '%s/open'", tmpdir);
+  ck_assert_int_eq(system(cmd), 0);
+  snprintf(cmd, sizeof cmd, "env NEOFLOW_SOCKET='%s/open/s.sock' '%s' train t.nf t --params W "
+           "--data synthetic --steps 2 --wait-kernels 1", tmpdir, tool());
+  {
+    char full[1200];
+    snprintf(full, sizeof full, "cd '%s' && %s 2>&1", tmpdir, cmd);
+    FILE *p = popen(full, "r");
+    ck_assert_ptr_nonnull(p);
+    char buf[8192];
+    size_t got = fread(buf, 1, sizeof buf - 1, p);
+    buf[got] = 0;
+    pclose(p);
+    ck_assert_msg(strstr(buf, "not starting neoflowd") && strstr(buf, "mode 0755"), "%s", buf);
+  }
   /* a located error once */
   st = run(&out, "train t.nf t --params W --data synthetic --steps 1 --daemon none "
                  "--shape X=2");
