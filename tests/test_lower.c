@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "nf_diag.h"
 #include "nf_interp.h"
@@ -795,6 +796,41 @@ START_TEST(lower_default_stencil_fallback) {
 }
 END_TEST
 
+/* An index built of shared min/max nodes (each level uses the one below
+ * twice: a DAG of 2k nodes, a tree of 2^k) used to keep lowering busy
+ * for time exponential in k (a compile job spun until its timeout: its
+ * test for data-dependent indices walked the tree); that walk now visits
+ * each node once, and the bound prover gives up after a budget of steps
+ * ("too costly to prove") rather than spin. */
+START_TEST(lower_costly_index_bounded) {
+  nf_ir_ctx *ctx = nf_ir_ctx_new(), *pctx = nf_ir_ctx_new();
+  nf_graph *g = nf_graph_new(ctx, "costly");
+  int64_t n = 64;
+  int A = nf_graph_add_tensor(g, "A", NF_F32, NF_T_INPUT, 1, &n);
+  int B = nf_graph_add_tensor(g, "B", NF_F32, NF_T_OUTPUT, 1, &n);
+  const nf_expr *x = nf_e_var(ctx, 0);
+  for (int k = 0; k < 30; k++) {
+    const nf_expr *lo = nf_e_binary(ctx, NF_OP_MIN, x, nf_e_const_i(ctx, NF_I64, 63));
+    x = nf_e_binary(ctx, NF_OP_MAX, lo, nf_e_binary(ctx, NF_OP_MIN, x, lo));
+  }
+  const nf_expr *idx[1] = {x};
+  nf_stmt s = {.out = (uint32_t)B, .rhs = nf_e_access(ctx, (uint32_t)A, NF_F32, 1, idx)};
+  ck_assert_int_eq(nf_graph_add_stmt(g, &s), NF_OK);
+  nf_lprog *p = NULL;
+  nf_buf err = NF_BUF_INIT;
+  double t0 = (double)clock() / CLOCKS_PER_SEC;
+  int rc = nf_lower(g, NULL, pctx, &p, &err);
+  double t = (double)clock() / CLOCKS_PER_SEC - t0;
+  /* either proven (a smarter prover) or refused as too costly; never the
+   * 2^30 walk (which took hours) */
+  ck_assert_msg(rc == NF_OK || strstr(nf_buf_str(&err), "too costly"), "%s", nf_buf_str(&err));
+  ck_assert_msg(t < 60.0, "lowering took %.1f s", t);
+  nf_buf_free(&err);
+  nf_ir_ctx_free(pctx);
+  nf_ir_ctx_free(ctx);
+}
+END_TEST
+
 static void free_modules(void) {
   nf_module_free(g_nn);
   nf_module_free(g_wl);
@@ -812,6 +848,7 @@ int main(void) {
   tcase_add_test(tc, lower_index_sets);
   tcase_add_test(tc, lower_default_wgrad);
   tcase_add_test(tc, lower_default_stencil_fallback);
+  tcase_add_test(tc, lower_costly_index_bounded);
   tcase_add_test(tc, lower_default_channels);
   tcase_add_test(tc, lower_illegal);
   tcase_add_test(tc, lower_explicit);

@@ -108,7 +108,14 @@ typedef struct prover {
   lin *facts; /* each fact: form >= 0 */
   int n_facts, cap_facts;
   int oom;
+  /* steps left for the index being proven: the prover does not memoise,
+   * so an index built of shared min/max/select nodes costs time
+   * exponential in its depth; out of steps it says "cannot bound" (a
+   * compile error in milliseconds, not a job spinning until its timeout) */
+  int64_t budget;
 } prover;
+
+#define PROVER_BUDGET 2000000
 
 static int range_of(prover *p, const nf_expr *e, nf_range *out, int depth);
 
@@ -293,7 +300,7 @@ static void div_facts(prover *p, const lin *l) {
 }
 
 static int range_of(prover *p, const nf_expr *e, nf_range *out, int depth) {
-  if (depth > 40) return 0;
+  if (depth > 40 || --p->budget < 0) return 0;
   if (e->dtype != NF_I64) return atom_range(p, e, out, depth);
   lin l;
   memset(&l, 0, sizeof l);
@@ -397,8 +404,10 @@ static int check_index(vstate *v, uint32_t b, int i, const nf_expr *idx,
     nf_buf_printf(v->err, "%s of %s: index %d is not i64", what, buf_name(v->p, b), i);
     return NF_EINVAL;
   }
+  v->pr.budget = PROVER_BUDGET;
   if (!range_of(&v->pr, idx, &r, 0)) {
-    nf_buf_printf(v->err, "%s of %s: cannot bound index %d", what, buf_name(v->p, b), i);
+    nf_buf_printf(v->err, "%s of %s: cannot bound index %d%s", what, buf_name(v->p, b), i,
+                  v->pr.budget < 0 ? " (too costly to prove)" : "");
     return NF_EINVAL;
   }
   if (r.lo < 0 || r.hi >= lb->shape[i]) {

@@ -194,11 +194,65 @@ static int uses_var(const nf_expr *e, uint32_t v) {
   return 0;
 }
 
+/* Whether e reads a tensor.  A walk over the DAG, each node once (by its
+ * id, in a small open-addressing set): a tree walk costs time exponential
+ * in the depth of shared nodes (an index of k nested min/max over the
+ * level below took 2^k steps: a compile job spun until its timeout).  Out
+ * of memory it answers 1, the cautious answer (the index is clamped). */
 static int uses_access(const nf_expr *e) {
-  if (e->op == NF_OP_ACCESS) return 1;
-  for (int i = 0; i < e->n_args; i++)
-    if (uses_access(e->args[i])) return 1;
-  return 0;
+  size_t cap = 64, n = 0, hcap = 256, hn = 0;
+  const nf_expr **st = malloc(cap * sizeof *st);
+  uint32_t *seen = calloc(hcap, sizeof *seen); /* id + 1; 0 empty */
+  int found = 0;
+  if (!st || !seen) {
+    free(st);
+    free(seen);
+    return 1;
+  }
+  st[n++] = e;
+  while (n && !found) {
+    const nf_expr *x = st[--n];
+    if (x->op == NF_OP_ACCESS) {
+      found = 1;
+      break;
+    }
+    size_t h = (x->id * 2654435761u) & (hcap - 1);
+    while (seen[h] && seen[h] != x->id + 1) h = (h + 1) & (hcap - 1);
+    if (seen[h]) continue;
+    seen[h] = x->id + 1;
+    if (++hn * 2 > hcap) { /* grow the set */
+      size_t ncap = hcap * 2;
+      uint32_t *ns = calloc(ncap, sizeof *ns);
+      if (!ns) {
+        found = 1;
+        break;
+      }
+      for (size_t i = 0; i < hcap; i++)
+        if (seen[i]) {
+          size_t k = ((seen[i] - 1) * 2654435761u) & (ncap - 1);
+          while (ns[k]) k = (k + 1) & (ncap - 1);
+          ns[k] = seen[i];
+        }
+      free(seen);
+      seen = ns;
+      hcap = ncap;
+    }
+    for (int i = 0; i < x->n_args; i++) {
+      if (n == cap) {
+        const nf_expr **ns = realloc(st, cap * 2 * sizeof *st);
+        if (!ns) {
+          found = 1;
+          break;
+        }
+        st = ns;
+        cap *= 2;
+      }
+      st[n++] = x->args[i];
+    }
+  }
+  free(st);
+  free(seen);
+  return found;
 }
 
 static int find_loop(const nest *n, const char *name) {
