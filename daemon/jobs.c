@@ -67,6 +67,9 @@ struct nfd_job {
   int64_t exit_status;
   int term_signal;
   int got_final;     /* a final kernel came for this phase */
+  nfd_kernel *final_k; /* this phase's final kernel once delivered (a
+                          reference): a request joining while the job
+                          process exits is answered with it */
   nfd_kernel *best_k; /* the best kernel seen (a reference), final if tuning
                          overruns its budget */
   int got_error;
@@ -252,9 +255,7 @@ static int finish_with_best(nfd_job *j) {
     nf_buf_free(&err);
     if (hit != NF_OK) return 0;
     /* only what this daemon signed is ever served (docs/security.md) */
-    if (!(e.has_sig && !memcmp(e.sig.signer, S->sign_pk, 32) &&
-          nf_sign_kernel_ok(S->sign_pk, e.sig.sig, j->key, e.sha256, j->target.fingerprint,
-                            NF_KERNEL_ABI_VERSION))) {
+    if (!nfd_entry_signed(S, &e, j->key, j->target.fingerprint)) {
       nf_cache_entry_free(&e);
       return 0;
     }
@@ -277,6 +278,9 @@ static void deliver(nfd_job *j, nfd_kernel *k, int final) {
   int tier = k->tier;
   if (final) {
     j->got_final = 1;
+    if (j->final_k) nfd_kernel_unref(j->final_k);
+    nfd_kernel_ref(k);
+    j->final_k = k;
     S->jobs_done++;
     flush_records(j);
     {
@@ -402,6 +406,8 @@ static void phase_over(nfd_job *j) {
   if (!ok) S->jobs_failed++;
   if (ok && j->phase == PH_COMPILING && j->subs && wants_tune(j) && !S->shutting_down) {
     j->phase = PH_QUEUED_TUNE;
+    if (j->final_k) nfd_kernel_unref(j->final_k);
+    j->final_k = NULL;
     j->got_final = j->got_error = j->killed_why = 0;
     j->running = j->exit_seen = 0;
     j->trial = j->failures = j->n_phase_records = 0;
@@ -612,6 +618,7 @@ static nfd_job *find_job(nfd_server *S, const uint8_t key[32]) {
 
 static void job_destroy(nfd_job *j) {
   nfd_server *S = j->S;
+  if (j->final_k) nfd_kernel_unref(j->final_k);
   if (j->best_k) nfd_kernel_unref(j->best_k);
   for (nfd_req *r = j->subs; r; r = r->next_in_job) r->job = NULL;
   if (j->prev) j->prev->next = j->next;
@@ -657,6 +664,16 @@ int nfd_job_subscribe(nfd_server *S, nfd_req *r, const uint8_t graph_hash[32],
     if (S->jobs) S->jobs->prev = j;
     S->jobs = j;
     S->n_jobs++;
+  } else if (j->got_final && j->final_k &&
+             (j->phase == PH_TUNING || r->mode == NEOFLOW__MODE__MODE_COMPILE)) {
+    /* the job has given its answer and only its process is ending: that
+     * answer is this request's too (joining would end "without a
+     * result") */
+    r->got_tier = j->final_k->tier;
+    r->got_ms = j->final_k->time_ms;
+    nfd_conn_send_kernel(r->conn, r->id, j->final_k, 1);
+    nfd_req_finish(r);
+    return NF_OK;
   } else if (r->mode == NEOFLOW__MODE__MODE_TUNE) {
     /* the largest budget asked for wins */
     if (max_trials > j->max_trials) j->max_trials = max_trials;

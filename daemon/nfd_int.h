@@ -68,6 +68,10 @@ typedef struct nfd_kernel {
 
 /* Signs k for target (the session's fingerprint) with the daemon's key. */
 void nfd_kernel_sign(const nfd_server *S, nfd_kernel *k, const uint8_t target[32]);
+/* 1 when cache entry e carries this daemon's own valid signature for key
+ * and target: the only binaries it serves (docs/security.md). */
+int nfd_entry_signed(const nfd_server *S, const nf_cache_entry *e, const uint8_t key[32],
+                     const uint8_t target[32]);
 
 /* A kernel with one reference, copying its parts (the digest computed
  * here); NULL when out of memory. */

@@ -130,6 +130,12 @@ void nfd_kernel_sign(const nfd_server *S, nfd_kernel *k, const uint8_t target[32
   nf_sign_kernel(S->sign_sk, k->key, k->sha256, target, NF_KERNEL_ABI_VERSION, k->sig);
 }
 
+int nfd_entry_signed(const nfd_server *S, const nf_cache_entry *e, const uint8_t key[32],
+                     const uint8_t target[32]) {
+  return e->has_sig && !memcmp(e->sig.signer, S->sign_pk, 32) &&
+         nf_sign_kernel_ok(S->sign_pk, e->sig.sig, key, e->sha256, target, NF_KERNEL_ABI_VERSION);
+}
+
 void nfd_kernel_ref(nfd_kernel *k) { k->refs++; }
 
 void nfd_kernel_unref(nfd_kernel *k) {
@@ -544,9 +550,7 @@ static void on_submit(nfd_conn *c, const Neoflow__Submit *s) {
   /* a binary is served only under this daemon's own signature, made when
    * it compiled it: an entry without one (imported, edited by hand,
    * written by another program) is moved aside and built afresh */
-  if (hit == NF_OK && !(e.has_sig && !memcmp(e.sig.signer, S->sign_pk, 32) &&
-                        nf_sign_kernel_ok(S->sign_pk, e.sig.sig, key, e.sha256,
-                                          c->target.fingerprint, NF_KERNEL_ABI_VERSION))) {
+  if (hit == NF_OK && !nfd_entry_signed(S, &e, key, c->target.fingerprint)) {
     NFD_WARN("cache entry %02x%02x%02x%02x... (%s) is %s: not serving it; quarantined, built "
              "again", key[0], key[1], key[2], key[3], e.graph_name ? e.graph_name : "",
              e.has_sig ? "signed by a key this daemon does not hold" : "not signed");
