@@ -393,6 +393,26 @@ static int handshake(nf_dconn *c, const nf_dconn_opts *o, const nf_trust *trust,
   return NF_OK;
 }
 
+int nf_dconn_address(const char *explicit_addr, const nf_trust *t, char *out, size_t n,
+                     int *origin) {
+  const char *env = getenv("NEOFLOW_SOCKET");
+  int len;
+  if (explicit_addr && *explicit_addr) {
+    *origin = NF_DCONN_ADDR_EXPLICIT;
+    len = snprintf(out, n, "%s", explicit_addr);
+  } else if (env && *env) {
+    *origin = NF_DCONN_ADDR_ENV;
+    len = snprintf(out, n, "%s", env);
+  } else if (t && t->socket[0]) {
+    *origin = NF_DCONN_ADDR_CONFIG;
+    len = snprintf(out, n, "%s", t->socket);
+  } else {
+    *origin = NF_DCONN_ADDR_PER_USER;
+    return nf_wire_default_socket(out, n, 0);
+  }
+  return len >= 0 && (size_t)len < n ? NF_OK : NF_ELIMIT;
+}
+
 int nf_dconn_open(const nf_dconn_opts *o, nf_dconn **out, nf_buf *err) {
   *out = NULL;
   int timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 5000;
@@ -403,23 +423,15 @@ int nf_dconn_open(const nf_dconn_opts *o, nf_dconn **out, nf_buf *err) {
     if (rc != NF_OK) return rc;
     trust = &own;
   }
-  char dflt[108];
-  const char *addr = o->address;
-  int per_user = 0;
-  if (!addr || !*addr) {
-    const char *env = getenv("NEOFLOW_SOCKET");
-    if (!(env && *env) && trust->socket[0]) {
-      addr = trust->socket;
-    } else {
-      if (nf_wire_default_socket(dflt, sizeof dflt, 1) != NF_OK) {
-        nf_buf_printf(err, "the daemon's default socket path is too long (NEOFLOW_SOCKET or "
-                           "XDG_RUNTIME_DIR)");
-        return NF_EINVAL;
-      }
-      addr = dflt;
-      per_user = !(env && *env);
-    }
+  char addr_buf[4096];
+  int origin = 0;
+  if (nf_dconn_address(o->address, trust, addr_buf, sizeof addr_buf, &origin) != NF_OK) {
+    nf_buf_printf(err, "the daemon's address is too long (NEOFLOW_SOCKET, XDG_RUNTIME_DIR or the "
+                       "configuration's socket)");
+    return NF_EINVAL;
   }
+  const char *addr = addr_buf;
+  int per_user = origin == NF_DCONN_ADDR_PER_USER;
   const char *key_file = o->key_file && *o->key_file ? o->key_file : trust->key_file;
   uint8_t key[NF_AUTH_KEY];
   int have_key = 0;

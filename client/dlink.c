@@ -162,9 +162,10 @@ static void spawn_daemon(dlink *L) {
   }
   /* neoflowd refuses a socket directory that other users may enter: say
    * so here rather than start a daemon that exits at once, unseen */
-  char sock[108];
-  if (addr && *addr) snprintf(sock, sizeof sock, "%s", addr);
-  else if (nf_wire_default_socket(sock, sizeof sock, 1) != NF_OK) sock[0] = 0;
+  char sock[4096];
+  int origin;
+  if (nf_dconn_address(addr, &s->trust, sock, sizeof sock, &origin) != NF_OK) sock[0] = 0;
+  if (!strncmp(sock, "unix:", 5)) memmove(sock, sock + 5, strlen(sock + 5) + 1);
   char *slash = strrchr(sock, '/');
   struct stat dst;
   if (slash && slash != sock) {
@@ -511,11 +512,11 @@ static void *link_main(void *arg) {
       /* a GPU session asks for kernels for its device */
       o.cuda_sm = nf__gpu_sm(s, &o.cuda_name);
       int rc = nf_dconn_open(&o, &L->c, &err);
-      if (rc == NF_EPERM || (rc == NF_EINVAL && !L->c && err.len &&
-                             strstr(nf_buf_str(&err), "configuration"))) {
-        /* someone we do not trust answers, or holds the socket's
-         * directory, or the configuration is unsafe: never start a
-         * daemon into that; say why once, keep training on fallbacks */
+      if (rc == NF_EPERM || rc == NF_EINVAL) {
+        /* someone we do not trust answers or holds the socket's
+         * directory, or the daemon refused us, or a key file is unusable:
+         * never start a daemon into that; say why once (retried with
+         * backoff), keep training on fallbacks */
         if (!L->warned_refused)
           nf__session_warn(s, "not using a daemon: %s; training on fallback kernels",
                            nf_buf_str(&err));
@@ -548,8 +549,10 @@ static void *link_main(void *arg) {
          * (at most every 10 s), then poll quickly while it comes up */
         /* a socket named by the configuration is a shared daemon's,
          * which its operator runs: never one of ours */
-        const char *env_sock = getenv("NEOFLOW_SOCKET");
-        int shared = !s->daemon_addr && !(env_sock && *env_sock) && s->trust.socket[0];
+        char where[4096];
+        int origin = NF_DCONN_ADDR_PER_USER;
+        nf_dconn_address(s->daemon_addr, &s->trust, where, sizeof where, &origin);
+        int shared = origin == NF_DCONN_ADDR_CONFIG;
         if (rc == NF_EIO && is_unix_address(s->daemon_addr) && !s->opts.no_spawn && !shared &&
             L->spawned == 0 && (L->last_spawn == 0 || now - L->last_spawn > 10000))
           spawn_daemon(L);

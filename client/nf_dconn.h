@@ -43,6 +43,15 @@ typedef struct nf_dconn_opts {
                               at once then (NF_EIO, "cancelled") */
 } nf_dconn_opts;
 
+/* Where a client connects (out, n bytes): the explicit address, else
+ * $NEOFLOW_SOCKET, else the configuration's socket (t may be NULL), else
+ * the per-user default; *origin says which (a daemon is started only for
+ * an address that is not the configuration's shared one).  NF_OK or
+ * NF_ELIMIT (too long). */
+enum { NF_DCONN_ADDR_EXPLICIT, NF_DCONN_ADDR_ENV, NF_DCONN_ADDR_CONFIG, NF_DCONN_ADDR_PER_USER };
+int nf_dconn_address(const char *explicit_addr, const nf_trust *t, char *out, size_t n,
+                     int *origin);
+
 /* Connects and completes the handshake.  NF_OK with *out; NF_EIO (cannot
  * connect: the message names the address and errno; nothing answers, so
  * a per-user daemon may be started); NF_EPERM (whoever answers, or the

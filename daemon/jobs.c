@@ -188,18 +188,25 @@ int nfd_entry_tuned(const nf_cache_entry *e) {
   return !(e->tune_error && *e->tune_error) || e->tune_check == NF_SEARCH_CHECK_REVISION;
 }
 
+/* The key's entry as the cache holds it, or as it waits in the writer's
+ * queue.  NF_OK with *e (caller frees), else NF_ENOENT. */
+static int job_entry(nfd_job *j, nf_cache_entry *e) {
+  nfd_server *S = j->S;
+  memset(e, 0, sizeof *e);
+  nf_buf err = NF_BUF_INIT;
+  int hit = S->cache ? nf_cache_get(S->cache, j->key, e, &err) : NF_ENOENT;
+  if (hit != NF_OK) hit = nfd_writer_lookup(S, j->key, e);
+  nf_buf_free(&err);
+  return hit == NF_OK ? NF_OK : NF_ENOENT;
+}
+
 /* Tuning found no correct candidate (or cannot check the graph): the
  * key's tier-1 entry is stored again as tuned, with why, so that the key
  * is not tuned again by every session (nfd_entry_tuned). */
 static void remember_failure(nfd_job *j, const char *why) {
   nfd_server *S = j->S;
   nf_cache_entry e;
-  memset(&e, 0, sizeof e);
-  nf_buf err = NF_BUF_INIT;
-  int hit = S->cache ? nf_cache_get(S->cache, j->key, &e, &err) : NF_ENOENT;
-  if (hit != NF_OK) hit = nfd_writer_lookup(S, j->key, &e);
-  nf_buf_free(&err);
-  if (hit != NF_OK) return; /* nothing to keep: a later request compiles and tunes */
+  if (job_entry(j, &e) != NF_OK) return; /* nothing to keep: a later request compiles and tunes */
   if (e.tier == 1 && !(e.time_ms > 0)) {
     char *msg = strdup(why);
     if (msg) {
@@ -248,12 +255,7 @@ static int finish_with_best(nfd_job *j) {
   j->best_k = NULL;
   if (!k) {
     nf_cache_entry e;
-    memset(&e, 0, sizeof e);
-    nf_buf err = NF_BUF_INIT;
-    int hit = S->cache ? nf_cache_get(S->cache, j->key, &e, &err) : NF_ENOENT;
-    if (hit != NF_OK) hit = nfd_writer_lookup(S, j->key, &e);
-    nf_buf_free(&err);
-    if (hit != NF_OK) return 0;
+    if (job_entry(j, &e) != NF_OK) return 0;
     /* only what this daemon signed is ever served (docs/security.md) */
     if (!nfd_entry_signed(S, &e, j->key, j->target.fingerprint)) {
       nf_cache_entry_free(&e);

@@ -251,7 +251,6 @@ struct nfd_server {
   uint64_t emfile;        /* accepts that failed for lack of descriptors
                              (libuv closes the connection) */
   uint64_t cache_busy;    /* cache reads or writes that found it locked */
-  int cache_moved_aside;  /* the cache was damaged at start and moved aside */
   int64_t writer_busy_ms; /* when the writer thread last found the cache
                              locked (nfd_now() in ms; atomic): requests
                              within a minute are told CACHE_BUSY */

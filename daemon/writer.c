@@ -137,7 +137,6 @@ int nfd_writer_start(nfd_server *S, nf_buf *err) {
       NFD_ERROR("cache %s is damaged (%s); moved it to %s and starting on a fresh cache; "
                 "`neoflow cache recover %s --cache %s` brings back what can be verified",
                 S->cfg.cache_path, nf_buf_str(&why), moved, moved, S->cfg.cache_path);
-      S->cache_moved_aside = 1;
       rc = nf_cache_open(S->cfg.cache_path, &co, &w->cache, err);
     }
     nf_buf_free(&why);
