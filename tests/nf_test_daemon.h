@@ -24,6 +24,7 @@ typedef struct dm {
   const char *env; /* "NAME=VALUE" for the daemon, or NULL */
   int nofile;      /* RLIMIT_NOFILE for the daemon (0: inherited) */
   uid_t as_uid;    /* > 0: run the daemon as this uid (root only) */
+  const char *exe; /* the daemon's executable (NULL: $NF_NEOFLOWD) */
   pid_t pid;
 } dm;
 
@@ -72,7 +73,7 @@ static inline int try_connect(const char *path) {
 
 /* Starts the daemon; waits until its socket answers. */
 static inline void dm_start(dm *d) {
-  const char *exe = getenv("NF_NEOFLOWD");
+  const char *exe = d->exe ? d->exe : getenv("NF_NEOFLOWD");
   ck_assert_msg(exe != NULL, "NF_NEOFLOWD is not set");
   d->pid = fork();
   ck_assert_int_ge(d->pid, 0);
