@@ -731,7 +731,7 @@ static int run_canary(nf_session *s, nf__kent *k, nf__op *op, int op_index) {
     if (ok) {
       promote(G, k);
       k->race_left = lib_tier0(G, (int)(k - s->kents)) ? NF_RACE_RUNS : 0;
-      k->prefer_blas = 0;
+      k->prefer_t0 = 0;
       s->swaps++;
       nf__verified_add(s, k->key, k->cand_sha);
     } else {
@@ -796,9 +796,9 @@ static int dispatch(nf_session *s, nf__kent *k, nf__op *op, int op_index, double
       double *b = k->race_ms[1], *c = k->race_ms[0];
       qsort(b, NF_RACE_RUNS / 2, sizeof *b, cmp_ms);
       qsort(c, NF_RACE_RUNS / 2, sizeof *c, cmp_ms);
-      k->prefer_blas = b[NF_RACE_RUNS / 4] < 0.97 * c[NF_RACE_RUNS / 4];
+      k->prefer_t0 = b[NF_RACE_RUNS / 4] < 0.97 * c[NF_RACE_RUNS / 4];
     }
-  } else if (k->gcur && !k->prefer_blas) {
+  } else if (k->gcur && !k->prefer_t0) {
     rc = run_module(s, k->gcur, G->dargs[op_index], op->n_in + op->n_out, &s->err);
   } else {
     rc = run_host(s, k, op);
@@ -814,7 +814,7 @@ static int nf__gpu_run_op(nf_session *s, nf__op *op) {
     /* these very bytes passed a canary for this key before */
     promote(G, k);
     k->race_left = lib_tier0(G, (int)(k - s->kents)) ? NF_RACE_RUNS : 0;
-    k->prefer_blas = 0;
+    k->prefer_t0 = 0;
     s->swaps++;
     s->trusted++;
   }
@@ -823,7 +823,7 @@ static int nf__gpu_run_op(nf_session *s, nf__op *op) {
   /* everything an op runs goes to its stream (cuBLAS and cuDNN through
    * that stream's handle); a canary, a race run and the host's tier 0
    * synchronise as they go */
-  int module = !k->gcand && k->gcur && k->race_left <= 0 && !k->prefer_blas;
+  int module = !k->gcand && k->gcur && k->race_left <= 0 && !k->prefer_t0;
   int st = G->n_streams > 1 ? G->op_stream[op_index] : 0;
   if (G->n_streams > 1) {
     nf_cuda_rt_select(G->rt, st);
@@ -867,7 +867,7 @@ static int op_sig(const nf_session *s, const nf__op *op, uint64_t *sig) {
   const nf__kent *k = &s->kents[op->kent];
   int ki = op->kent;
   if (k->gcand || (k->gcur && k->race_left > 0)) return 0;
-  if (k->gcur && !k->prefer_blas) {
+  if (k->gcur && !k->prefer_t0) {
     *sig = mix(*sig, 3);
     return 1;
   }

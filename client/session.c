@@ -34,6 +34,7 @@
 
 #define ALIGN_ELEMS 16 /* each parameter starts on a 64-byte boundary */
 #define CANARY_TOL 2e-4
+#define NF_COLD_WAIT_MS 60000.0 /* maybe_wait */
 
 double nf__now_ms(void) {
   struct timespec ts;
@@ -730,6 +731,7 @@ static nf_session *session_alloc(const nf_session_opts *o) {
   s->t_start = nf__now_ms();
   s->interp_rate = 2e5; /* flops per ms before anything is measured */
   s->first_wait_left = 1000;
+  s->cold_wait_left = NF_COLD_WAIT_MS;
   s->loss_slot = -1;
   s->daemon_key = o && o->daemon_key ? strdup(o->daemon_key) : NULL;
   s->opts.daemon_key = s->daemon_key;
@@ -811,6 +813,7 @@ static int finish(nf_session *s, const nf_graph *F, int n_gin, const char *const
   warn_blas_misfit(s);
   if ((rc = nf__gpu_open(s))) goto fail;
   nf__verified_load(s);
+  nf__verdicts_load(s);
   if (!(s->daemon_addr && !strcmp(s->daemon_addr, "none")) && !s->trust_bad &&
       (rc = nf__dlink_start(s)))
     goto fail;
@@ -1072,6 +1075,7 @@ void nf_session_free(nf_session *s) {
   free(s->device);
   free(s->verified_path);
   free(s->verified);
+  free(s->verdicts);
   pthread_mutex_destroy(&s->mu);
   pthread_cond_destroy(&s->cv);
   free(s);
@@ -1177,6 +1181,102 @@ static int run_kernel(nf_session *s, nf_kernel *kn, const nf__op *op, void *cons
   return nf_kernel_run(kn, bufs, op->n_in + op->n_out, s->pool, err);
 }
 
+/* k's candidate becomes its kernel (it passed a canary, or these bytes
+ * did before).  Whether it runs instead of tier 0 is decided apart. */
+static void promote(nf_session *s, nf__kent *k) {
+  nf_kernel_free(k->cur); /* the handle only: the code stays loaded */
+  k->cur = k->cand;
+  k->cand = NULL;
+  k->cur_tier = k->cand_tier;
+  k->cur_ms = k->cand_ms;
+  memcpy(k->cur_sha, k->cand_sha, 32);
+  k->verified = 1;
+  k->race_left = 0;
+  k->prefer_t0 = 0;
+  k->probe = 0;
+  s->swaps++;
+}
+
+static const char *tier0_name(const nf__kent *k) { return k->gemm ? "OpenBLAS" : "the interpreter"; }
+
+/* k keeps tier 0: its kernel ran kn_ms per run against tier 0's t0_ms.
+ * Said once per kernel; the link asks the daemon for a faster one. */
+static void hold_t0(nf_session *s, nf__kent *k, double kn_ms, double t0_ms, int remembered) {
+  k->prefer_t0 = 1;
+  k->race_left = 0;
+  k->slow_ratio = t0_ms > 0 ? kn_ms / t0_ms : 0;
+  char hex[65];
+  nf_hash_hex(k->key, hex);
+  hex[16] = 0;
+  nf__session_warn(s, "kernel %s (tier %d) %s %.2fx slower than %s here (%.3g against %.3g ms per "
+                      "run at %d thread%s): keeping %s; the daemon is asked for a faster one",
+                   hex, k->cur_tier, remembered ? "ran" : "runs", k->slow_ratio, tier0_name(k),
+                   kn_ms, t0_ms, s->threads, s->threads == 1 ? "" : "s", tier0_name(k));
+  pthread_mutex_lock(&s->mu);
+  k->ask_better = 1;
+  pthread_mutex_unlock(&s->mu);
+}
+
+/* The kernel just promoted ran kn_ms in its canary, tier 0 t0_ms on the
+ * same data.  Decisive results are final (and recorded); otherwise the
+ * two race.  A canary is a kernel's first run (its code and scratch
+ * pages are touched for the first time, the pool wakes): it says "slower"
+ * only by 2x and a millisecond at least, and OpenBLAS, whose first run is
+ * cold too, races any kernel not decisively slower. */
+static void judge(nf_session *s, nf__kent *k, double kn_ms, double t0_ms) {
+  if (kn_ms > 2 * t0_ms && kn_ms - t0_ms >= 1.0) {
+    nf__verdict_put(s, k->key, k->cur_sha, kn_ms, t0_ms, NF__VERDICT_SLOWER);
+    hold_t0(s, k, kn_ms, t0_ms, 0);
+  } else if (!k->gemm && kn_ms * 1.25 < t0_ms) {
+    nf__verdict_put(s, k->key, k->cur_sha, kn_ms, t0_ms, 0);
+  } else {
+    k->race_left = NF_RACE_RUNS;
+  }
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* The race of k's kernel against tier 0 ends after `pairs` pairs of runs:
+ * the faster by median is kept (tier 0 only when clearly faster), and
+ * the verdict recorded. */
+static void race_end(nf_session *s, nf__kent *k, int pairs) {
+  double t0 = median(k->race_ms[1], pairs), kn = median(k->race_ms[0], pairs);
+  int slower = t0 < 0.97 * kn;
+  k->race_left = 0;
+  k->t0_ms = t0;
+  nf__verdict_put(s, k->key, k->cur_sha, kn, t0,
+                  NF__VERDICT_RACED | (slower ? NF__VERDICT_SLOWER : 0));
+  if (slower) hold_t0(s, k, kn, t0, 0);
+}
+
+/* A candidate whose very bytes passed a canary here before: swapped in
+ * without one.  Its recorded verdict says whether it runs instead of tier
+ * 0; without one, OpenBLAS races it, and a kernel replacing the
+ * interpreter is timed on its first run against the interpreter's
+ * estimated time (a race when that is not clear). */
+static void promote_trusted(nf_session *s, nf__kent *k) {
+  const nf__verdict *v = nf__verdict_get(s, k->key, k->cand_sha);
+  promote(s, k);
+  s->trusted++;
+  if (v) {
+    s->remembered++;
+    k->t0_ms = v->tier0_ms;
+    if (v->flags & NF__VERDICT_SLOWER) hold_t0(s, k, v->kernel_ms, v->tier0_ms, 1);
+  } else if (k->gemm) {
+    k->race_left = NF_RACE_RUNS;
+  } else {
+    k->probe = 1;
+  }
+}
+
 /* Runs op with k's candidate and what it replaces, compares, and promotes
  * or rejects the candidate.  The real outputs come from the reference. */
 static int run_canary(nf_session *s, nf__kent *k, nf__op *op) {
@@ -1208,12 +1308,22 @@ static int run_canary(nf_session *s, nf__kent *k, nf__op *op) {
   }
   nf_buf e = NF_BUF_INIT;
   int crc = NF_OK;
+  /* the scratch outputs touched first: their page faults are not the
+   * candidate's time */
+  for (uint32_t j = op->n_in; rc == NF_OK && j < n; j++)
+    if (scratch[j]) memset(scratch[j], 0, (size_t)s->slots[op->slots[j]].bytes);
+  double c0 = nf__now_ms();
   if (rc == NF_OK) crc = run_kernel(s, k->cand, op, cb, &e);
-  /* the reference, for real */
+  double c_ms = nf__now_ms() - c0;
+  /* the reference, for real: what runs now (tier 0 while the entry keeps
+   * it, else the verified kernel) */
+  int vs_t0 = !(k->cur && k->verified && !k->prefer_t0);
+  double r0 = nf__now_ms();
   if (rc == NF_OK) {
-    if (k->cur && k->verified) rc = run_kernel(s, k->cur, op, op->bufs, &s->err);
+    if (!vs_t0) rc = run_kernel(s, k->cur, op, op->bufs, &s->err);
     else rc = run_tier0(s, k, op, op->bufs, &s->err);
   }
+  double r_ms = nf__now_ms() - r0;
   if (rc == NF_OK) {
     char hex[65];
     nf_hash_hex(k->key, hex);
@@ -1223,15 +1333,19 @@ static int run_canary(nf_session *s, nf__kent *k, nf__op *op) {
     for (uint32_t o = 0; ok && o < op->n_out; o++)
       ok = max_rel_ok(g, o, cb[op->n_in + o], op->bufs[op->n_in + o], &worst);
     if (ok) {
-      nf_kernel_free(k->cur); /* the handle only: the code stays loaded */
-      k->cur = k->cand;
-      k->cur_tier = k->cand_tier;
-      k->cur_ms = k->cand_ms;
-      k->verified = 1;
-      k->race_left = k->gemm ? NF_RACE_RUNS : 0;
-      k->prefer_blas = 0;
-      s->swaps++;
-      nf__verified_add(s, k->key, k->cand_sha);
+      promote(s, k);
+      nf__verified_add(s, k->key, k->cur_sha);
+      if (vs_t0) {
+        k->t0_ms = r_ms;
+        judge(s, k, c_ms, r_ms);
+      } else {
+        /* a better kernel replacing a verified one: OpenBLAS races it
+         * again; one that beats a kernel faster than the interpreter
+         * is faster than the interpreter too */
+        k->race_left = k->gemm ? NF_RACE_RUNS : 0;
+        if (!k->gemm && k->t0_ms > 0 && c_ms < k->t0_ms)
+          nf__verdict_put(s, k->key, k->cur_sha, c_ms, k->t0_ms, 0);
+      }
     } else {
       nf__session_warn(s, "kernel %s (tier %d) rejected: %s%s", hex, k->cand_tier,
                        crc != NF_OK ? "it failed: " : "its results differ from the reference",
@@ -1249,19 +1363,30 @@ static int run_canary(nf_session *s, nf__kent *k, nf__op *op) {
 }
 
 /* Whether to wait for the daemon's first kernel of k rather than run
- * tier 0: only while connected and the kernel is on its way, and only as
- * long as tier 0 would take. */
+ * tier 0 (the interpreter): only while connected and the kernel is on its
+ * way, and only as long as tier 0 would take.
+ *
+ * A kernel verified here before is a cache hit away: worth up to 250 ms
+ * even for a cheap subgraph, within one second for the whole first step.
+ * A kernel never verified here pays one tier-0 run in its canary anyway;
+ * waiting for it while tier 0 would take seconds (a default kernel is
+ * typically a second of compiling away) spares a second one, so a cold
+ * session runs such a subgraph at tier 0 once rather than twice.  The
+ * waits of a session are bounded by NF_COLD_WAIT_MS in all. */
 static void maybe_wait(nf_session *s, nf__kent *k) {
   if (k->cur || k->gemm || k->cand) return;
-  /* a kernel never verified here pays a tier-0 canary anyway: no wait */
-  if (!nf__verified_has(s, k->key, NULL)) return;
   double est = (double)k->flops * k->n_ops / s->interp_rate;
-  if (est < 50) est = 0;
   if (est > 120000) est = 120000;
-  /* a verified kernel is a cache hit away: worth up to 250 ms even for a
-   * cheap subgraph, within one second for the whole first step */
-  double extra = s->first_wait_left < 250 ? s->first_wait_left : 250;
-  double allow = est > extra ? est : extra;
+  double allow;
+  int cold = !nf__verified_has(s, k->key, NULL);
+  if (!cold) {
+    if (est < 50) est = 0;
+    double extra = s->first_wait_left < 250 ? s->first_wait_left : 250;
+    allow = est > extra ? est : extra;
+  } else {
+    if (est < 1000) return;
+    allow = est < s->cold_wait_left ? est : s->cold_wait_left;
+  }
   if (allow <= 0) return;
   double start = nf__now_ms(), until = start + allow;
   pthread_mutex_lock(&s->mu);
@@ -1281,7 +1406,10 @@ static void maybe_wait(nf_session *s, nf__kent *k) {
     pthread_cond_timedwait(&s->cv, &s->mu, &ts);
   }
   double waited = nf__now_ms() - start;
-  s->first_wait_left -= waited > est ? waited - est : 0;
+  if (cold)
+    s->cold_wait_left -= waited;
+  else
+    s->first_wait_left -= waited > est ? waited - est : 0;
   if (k->in_k) {
     k->cand = k->in_k;
     k->cand_tier = k->in_tier;
@@ -1292,49 +1420,43 @@ static void maybe_wait(nf_session *s, nf__kent *k) {
   pthread_mutex_unlock(&s->mu);
 }
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
 static int run_op(nf_session *s, nf__op *op) {
   nf__kent *k = &s->kents[op->kent];
   if (!k->cur && !k->cand && s->step == 0) maybe_wait(s, k);
-  if (k->cand && nf__verified_has(s, k->key, k->cand_sha)) {
-    /* these very bytes passed a canary for this key before */
-    nf_kernel_free(k->cur);
-    k->cur = k->cand;
-    k->cur_tier = k->cand_tier;
-    k->cur_ms = k->cand_ms;
-    k->cand = NULL;
-    k->verified = 1;
-    k->race_left = k->gemm ? NF_RACE_RUNS : 0;
-    k->prefer_blas = 0;
-    s->swaps++;
-    s->trusted++;
-  }
+  if (k->cand && nf__verified_has(s, k->key, k->cand_sha)) promote_trusted(s, k);
   double t0 = nf__now_ms();
   int rc;
   if (k->cand) {
     rc = run_canary(s, k, op);
   } else if (k->cur && k->race_left > 0) {
-    /* OpenBLAS against the compiled kernel, alternating; both are
-     * verified, so either result is the step's */
-    int blas = k->race_left % 2, i = (k->race_left - 1) / 2;
-    rc = blas ? run_tier0(s, k, op, op->bufs, &s->err)
-              : run_kernel(s, k->cur, op, op->bufs, &s->err);
-    k->race_ms[blas][i] = nf__now_ms() - t0;
-    if (--k->race_left == 0) {
-      double *b = k->race_ms[1], *c = k->race_ms[0];
-      qsort(b, NF_RACE_RUNS / 2, sizeof *b, cmp_double);
-      qsort(c, NF_RACE_RUNS / 2, sizeof *c, cmp_double);
-      k->prefer_blas = b[NF_RACE_RUNS / 4] < 0.97 * c[NF_RACE_RUNS / 4];
+    /* tier 0 against the compiled kernel, alternating, the kernel first;
+     * both are verified, so either result is the step's */
+    int t0run = k->race_left % 2, i = (NF_RACE_RUNS - k->race_left) / 2;
+    rc = t0run ? run_tier0(s, k, op, op->bufs, &s->err)
+               : run_kernel(s, k->cur, op, op->bufs, &s->err);
+    k->race_ms[t0run][i] = nf__now_ms() - t0;
+    k->race_left--;
+    if (rc == NF_OK && t0run) {
+      /* a pair done: stop early when one side is 3x the other */
+      double a = k->race_ms[1][i], b = k->race_ms[0][i];
+      if (k->race_left == 0 || a > 3 * b || b > 3 * a) race_end(s, k, i + 1);
     }
-  } else if (k->cur && !k->prefer_blas) {
+  } else if (k->cur && !k->prefer_t0) {
     rc = run_kernel(s, k->cur, op, op->bufs, &s->err);
+    if (k->probe && rc == NF_OK) {
+      /* the first run of a kernel trusted without a verdict: clearly
+       * faster than the interpreter's estimate, or a race */
+      double kn = nf__now_ms() - t0, est = (double)k->flops / s->interp_rate;
+      k->probe = 0;
+      if (kn * 4 < est)
+        nf__verdict_put(s, k->key, k->cur_sha, kn, est, NF__VERDICT_ESTIMATE);
+      else
+        k->race_left = NF_RACE_RUNS;
+    }
   } else {
     rc = run_tier0(s, k, op, op->bufs, &s->err);
     double dt = nf__now_ms() - t0;
+    k->t0_ms = dt;
     if (!k->gemm && dt > 1 && k->flops > 0) {
       double r = (double)k->flops / dt;
       s->interp_rate = 0.7 * s->interp_rate + 0.3 * r;
@@ -1612,7 +1734,7 @@ void nf__session_profile(nf_session *s, FILE *f, int reset) {
       hex[16] = 0;
       const char *first = k->g && k->g->n_outputs ? k->g->tensors[k->g->outputs[0]].name : "?";
       const char *on = k->cand || k->gcand ? "canary"
-                       : (k->cur || k->gcur) && !k->prefer_blas
+                       : (k->cur || k->gcur) && !k->prefer_t0
                        ? (k->cur_tier == 2 ? "tier 2" : k->cur_tier == 1 ? "tier 1" : "generated")
                        : s->gpu ? nf__gpu_tier0_name(s, k) : k->gemm ? "OpenBLAS" : "interp";
       double ms = k->prof_ms / (double)n;
@@ -1657,9 +1779,9 @@ int nf_session_stats_get(const nf_session *s, nf_session_stats *st) {
   for (int i = 0; i < s->n_kents; i++) {
     const nf__kent *k = &s->kents[i];
     int cur = k->cur || k->gcur;
-    if (cur && k->prefer_blas) {
-      st->blas++;
-      st->blas_kept++;
+    if (cur && k->prefer_t0) {
+      st->tier0_kept++;
+      if (k->gemm || s->gpu) st->blas++, st->blas_kept++;
     } else {
       if (cur && k->cur_tier == 1) st->tier1++;
       if (cur && k->cur_tier == 2) st->tier2++;
@@ -1678,6 +1800,7 @@ int nf_session_stats_get(const nf_session *s, nf_session_stats *st) {
   pthread_mutex_unlock(&ms->mu);
   st->swaps = s->swaps;
   st->trusted = s->trusted;
+  st->remembered = s->remembered;
   st->first_step_ms = s->first_step_ms;
   st->graph_runs = nf__gpu_graph_runs(s, NULL);
   return NF_OK;

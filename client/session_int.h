@@ -58,12 +58,20 @@ typedef struct nf__kent {
   int verified;         /* a compiled kernel passed a canary against tier 0 */
   double run_ms;        /* time spent in it during the last step */
   double prof_ms;       /* ... summed over the steps since the profile was reset */
-  /* entries with an OpenBLAS tier 0: after each swap, the next RACE_RUNS
-   * runs alternate between OpenBLAS and the compiled kernel, and the
-   * faster by median is kept (prefer_blas) */
+  uint8_t cur_sha[32];
+  /* Never slower than tier 0: a kernel replaces tier 0 only when it is
+   * faster here.  Its canary times both; when that is not decisive (and
+   * always for OpenBLAS, whose first run is cold), the next RACE_RUNS
+   * runs alternate between tier 0 and the kernel and the faster by median
+   * is kept (prefer_t0).  The verdict is recorded (verify.c), so a later
+   * session with the same kernel neither measures nor races again. */
   int race_left;
-  double race_ms[2][NF_RACE_RUNS / 2];
-  int prefer_blas;
+  double race_ms[2][NF_RACE_RUNS / 2]; /* [1]: tier 0, [0]: the kernel */
+  int prefer_t0;
+  int probe;            /* time the kernel's next run against tier 0's estimate */
+  double t0_ms;         /* tier 0's last measured time per run (0: unknown) */
+  double slow_ratio;    /* prefer_t0: the kernel's time over tier 0's */
+  int ask_better;       /* under mu: the link tells the daemon (slow_ratio) */
   /* a convolution's gathered operand shared with another entry's (the
    * forward's and the weight gradient's im2col): the input it gathers
    * (-1: none), the entry gathering the same cells (-1: none), and the
@@ -169,12 +177,17 @@ struct nf_session {
   double t_start, first_step_ms;
   double interp_rate;    /* flops per ms measured at tier 0 */
   double first_wait_left; /* ms the first step may still wait beyond estimates */
+  double cold_wait_left; /* ms a session may still wait for never-verified kernels */
   int64_t rejected, swaps, trusted;
+  int64_t remembered;    /* trusted kernels whose speed verdict was on record */
   /* kernels (key, SHA-256) that passed a canary on this machine before
    * (verify.c): they are swapped in without one */
   char *verified_path;   /* NULL: not kept */
   int n_verified;
   uint8_t (*verified)[64];
+  /* speed verdicts of kernels against tier 0 on this machine (verify.c) */
+  int n_verdicts;
+  struct nf__verdict *verdicts;
   /* the link */
   pthread_mutex_t mu;
   pthread_cond_t cv;     /* a kernel arrived, or the link's state changed */
@@ -284,6 +297,27 @@ int nf__gpu_gen_wait(nf_session *s, int *made, int *refused, int *failed, double
 void nf__verified_load(nf_session *s);
 int nf__verified_has(const nf_session *s, const uint8_t key[32], const uint8_t *sha);
 void nf__verified_add(nf_session *s, const uint8_t key[32], const uint8_t sha[32]);
+
+/* A kernel's speed against the tier 0 it would replace, measured on this
+ * machine at a thread count (verify.c). */
+typedef struct nf__verdict {
+  uint8_t key[32], sha[32];
+  int threads;
+  unsigned flags;     /* NF__VERDICT_* */
+  double kernel_ms;   /* per run */
+  double tier0_ms;
+} nf__verdict;
+enum {
+  NF__VERDICT_RACED = 1,    /* from alternating runs (else from one canary) */
+  NF__VERDICT_ESTIMATE = 2, /* tier0_ms estimated from the interpreter's rate */
+  NF__VERDICT_SLOWER = 4,   /* the kernel lost: tier 0 is kept */
+};
+void nf__verdicts_load(nf_session *s);
+/* The latest verdict for (key, sha) at the session's thread count, or NULL. */
+const nf__verdict *nf__verdict_get(const nf_session *s, const uint8_t key[32],
+                                   const uint8_t sha[32]);
+void nf__verdict_put(nf_session *s, const uint8_t key[32], const uint8_t sha[32],
+                     double kernel_ms, double tier0_ms, unsigned flags);
 
 /* init.c: fills numel floats of a parameter of the given shape. */
 int nf__init_fill(const nf_init *in, int rank, const int64_t *shape, uint64_t seed,

@@ -285,7 +285,7 @@ static const char *const ph_name[PH_N] = {
  * having its daemon kernel: it is final) */
 
 static int phase_of(const nf_session_stats *st) {
-  int c = st->tier1 + st->tier2 + st->blas_kept; /* entries with their daemon kernel */
+  int c = st->tier1 + st->tier2 + st->tier0_kept; /* entries with their daemon kernel */
   if (c == 0) return PH_T0;
   if (c < st->kernels) return PH_MIXED;
   return st->tier2 ? PH_T2 : PH_T1;
@@ -628,10 +628,10 @@ train:
     nf_session_stats stt;
     nf_session_stats_get(s, &stt);
     step_ms[st] = stt.ms;
-    if (profile && stt.swaps + stt.blas_kept != prof_swaps) {
+    if (profile && stt.swaps + stt.tier0_kept != prof_swaps) {
       /* the profile covers the steps since the kernels last changed */
       nf__session_profile(s, stderr, 1);
-      prof_swaps = stt.swaps + stt.blas_kept;
+      prof_swaps = stt.swaps + stt.tier0_kept;
     }
     step_ph[st] = (unsigned char)phase_of(&stt);
     if (fashion && ds.logits) {

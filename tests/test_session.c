@@ -575,9 +575,10 @@ START_TEST(session_tiers_agree) {
       st = stats(b);
       ck_assert_msg(st.swaps == n_k && st.rejected == 0, "swaps %lld of %d, rejected %lld: %s",
                     (long long)st.swaps, n_k, (long long)st.rejected, session_log(b));
-      ck_assert_int_eq(st.tier1, n_k);
+      /* each runs its kernel, or tier 0 where that was faster here */
+      ck_assert_int_eq(st.tier1 + st.tier0_kept, n_k);
       ck_assert_int_eq(st.trusted, 0);
-      ck_assert_int_eq(st.blas, 0);
+      ck_assert_int_eq(st.blas, st.blas_kept);
       for (int k = 0; k < n_k; k++) {
         ck_assert_ptr_nonnull(b->kents[k].cur);
         ck_assert_ptr_null(b->kents[k].cand);
@@ -610,7 +611,7 @@ START_TEST(session_tiers_agree) {
     free(gb);
   }
   st = stats(b);
-  ck_assert_int_eq(st.tier1, n_k);
+  ck_assert_int_eq(st.tier1 + st.tier0_kept, n_k);
   ck_assert_int_eq(st.swaps, n_k);
   free(pa);
   free(pb);
@@ -618,6 +619,203 @@ START_TEST(session_tiers_agree) {
   nf_session_free(b);
   nf_model_free(m);
   free(d);
+}
+END_TEST
+
+/* ---- never slower than tier 0 ---- */
+
+/* A product big enough that OpenBLAS (tier 0) beats a kernel lowered
+ * without any schedule (scalar loops, the reduction innermost and B read
+ * down its columns) by far more than the 2x a canary needs to decide
+ * alone: about 30x on the machines seen. */
+static const char slow_model[] =
+    "def slowm(X: f32[192, 256]) -> (L: f32[]) {\n"
+    "  param W: f32[256, 256] = uniform(-0.1, 0.1)\n"
+    "  Y(i, j) +=! X(i, k) * W(k, j)\n"
+    "  L() +=! Y(i, j) * Y(i, j)\n"
+    "}\n";
+
+/* Offers entry k a kernel lowered with schedule sch (NULL: the default);
+ * its SHA-256 in sha. */
+static void offer_scheduled(nf_session *s, int k, const nf_schedule *sch, uint8_t sha[32]) {
+  nf_ir_ctx *pctx = nf_ir_ctx_new();
+  nf_buf err = NF_BUF_INIT;
+  nf_lprog *p = NULL;
+  nf_cpu_target tgt = {NULL, NULL, NULL, 0};
+  nf_blob so = NF_BLOB_INIT;
+  int rc = nf_lower(s->kents[k].g, sch, pctx, &p, &err);
+  ck_assert_msg(rc == NF_OK, "lower: %s", nf_buf_str(&err));
+  rc = nf_cpu_compile(p, &tgt, &so, NULL, &err);
+  ck_assert_msg(rc == NF_OK, "compile: %s", nf_buf_str(&err));
+  crypto_hash_sha256(sha, so.data, so.len);
+  rc = nf__session_offer(s, k, so.data, so.len, sha, NULL, 1, 0);
+  ck_assert_msg(rc == NF_OK, "offer: %s: %s", nf_strerror(rc), session_log(s));
+  nf_blob_free(&so);
+  nf_buf_free(&err);
+  nf_ir_ctx_free(pctx);
+}
+
+/* Entry of s whose tier 0 is OpenBLAS and whose graph computes Y (the
+ * forward product). */
+static int forward_gemm_entry(const nf_session *s) {
+  for (int k = 0; k < s->n_kents; k++) {
+    const nf_graph *g = s->kents[k].g;
+    if (!s->kents[k].gemm) continue;
+    for (uint32_t o = 0; o < g->n_outputs; o++)
+      if (!strcmp(g->tensors[g->outputs[o]].name, "Y")) return k;
+  }
+  return -1;
+}
+
+START_TEST(session_slow_kernel_keeps_tier0) {
+  char dir[] = "/tmp/nf_verdict_XXXXXX", rec[256], speed[300];
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  snprintf(rec, sizeof rec, "%s/verified-kernels", dir);
+  snprintf(speed, sizeof speed, "%s.speed", rec);
+  setenv("NEOFLOW_VERIFIED", rec, 1);
+  nf_model *m = load_text("slow.nf", slow_model);
+  nf_session_opts o = {.optim = {.kind = NF_OPTIM_SGD, .lr = 1e-3}, .seed = 3, .daemon = "none",
+                       .threads = 1};
+  static float X[192 * 256];
+  rng_seed(8);
+  fill_gauss(X, 192 * 256);
+  nf_schedule *naive = nf_schedule_new();
+  ck_assert_ptr_nonnull(naive);
+
+  /* session 1: the canary measures the kernel against OpenBLAS */
+  nf_session *a = open_def(m, "slowm", &o);
+  int k = forward_gemm_entry(a);
+  ck_assert_int_ge(k, 0);
+  uint8_t sha[32], sha2[32];
+  offer_scheduled(a, k, naive, sha);
+  feed(a, "X", X, sizeof X);
+  step(a);
+  nf_session_stats st = stats(a);
+  ck_assert_msg(st.swaps == 1 && st.rejected == 0, "swaps %lld, rejected %lld: %s",
+                (long long)st.swaps, (long long)st.rejected, session_log(a));
+  ck_assert_msg(st.tier0_kept == 1 && st.blas_kept == 1 && st.tier1 == 0,
+                "kept %d/%d, tier1 %d: the slow kernel replaced OpenBLAS: %s", st.tier0_kept,
+                st.blas_kept, st.tier1, session_log(a));
+  ck_assert_int_eq(a->kents[k].prefer_t0, 1);
+  ck_assert_int_eq(a->kents[k].race_left, 0); /* decided by the canary, no race */
+  ck_assert_msg(a->kents[k].slow_ratio > 2, "ratio %g", a->kents[k].slow_ratio);
+  ck_assert_int_eq(a->kents[k].ask_better, 1);
+  ck_assert_ptr_nonnull(strstr(session_log(a), "slower than OpenBLAS"));
+  /* later steps stay on OpenBLAS */
+  for (int i = 0; i < 3; i++) step(a);
+  ck_assert_int_eq(stats(a).tier0_kept, 1);
+  /* the verdict is on record: the kernel's key and bytes at 1 thread */
+  struct stat sb;
+  ck_assert_int_eq(stat(speed, &sb), 0);
+  ck_assert_int_eq(sb.st_size, 96);
+  ck_assert_int_eq(sb.st_mode & 0777, 0600);
+  const nf__verdict *v = nf__verdict_get(a, a->kents[k].key, sha);
+  ck_assert_ptr_nonnull(v);
+  ck_assert(v->flags & NF__VERDICT_SLOWER);
+  ck_assert(v->kernel_ms > 2 * v->tier0_ms);
+  nf_session_free(a);
+
+  /* session 2: the same bytes are trusted and left unused at once */
+  nf_session *b = open_def(m, "slowm", &o);
+  ck_assert_int_eq(forward_gemm_entry(b), k);
+  offer_scheduled(b, k, naive, sha2);
+  ck_assert(!memcmp(sha, sha2, 32));
+  feed(b, "X", X, sizeof X);
+  step(b);
+  st = stats(b);
+  ck_assert_msg(st.trusted == 1 && st.remembered == 1, "trusted %lld, remembered %lld: %s",
+                (long long)st.trusted, (long long)st.remembered, session_log(b));
+  ck_assert_int_eq(st.tier0_kept, 1);
+  ck_assert_int_eq(b->kents[k].race_left, 0);
+  ck_assert_int_eq(b->kents[k].probe, 0);
+  ck_assert_int_eq(b->kents[k].ask_better, 1);
+  ck_assert_ptr_nonnull(strstr(session_log(b), "ran"));
+  nf_session_free(b);
+
+  /* at another thread count the verdict does not apply: measured again */
+  o.threads = 2;
+  nf_session *c = open_def(m, "slowm", &o);
+  offer_scheduled(c, k, naive, sha2);
+  feed(c, "X", X, sizeof X);
+  step(c);
+  st = stats(c);
+  ck_assert_int_eq(st.remembered, 0);
+  ck_assert_int_eq(st.trusted, 1);
+  nf_session_free(c);
+
+  /* a torn final entry (a crash mid-write) is ignored, later ones align */
+  int fd = open(speed, O_WRONLY | O_APPEND);
+  ck_assert_int_ge(fd, 0);
+  ck_assert_int_eq(write(fd, "torn", 4), 4);
+  close(fd);
+  o.threads = 1;
+  nf_session *d = open_def(m, "slowm", &o);
+  ck_assert_ptr_nonnull(nf__verdict_get(d, d->kents[k].key, sha));
+  nf__verdict_put(d, d->kents[k].key, sha, 1.0, 2.0, 0); /* overrules: faster */
+  nf_session_free(d);
+  ck_assert_int_eq(stat(speed, &sb), 0);
+  ck_assert_int_eq(sb.st_size % 96, 0);
+  nf_session *e = open_def(m, "slowm", &o);
+  v = nf__verdict_get(e, e->kents[k].key, sha);
+  ck_assert_ptr_nonnull(v);
+  ck_assert_int_eq(v->flags & NF__VERDICT_SLOWER, 0);
+  nf_session_free(e);
+
+  nf_schedule_free(naive);
+  nf_model_free(m);
+  unlink(speed);
+  unlink(rec);
+  rmdir(dir);
+}
+END_TEST
+
+/* A kernel far faster than the interpreter replaces it at once, with a
+ * verdict on record; the next session trusts it without a race. */
+START_TEST(session_fast_kernel_verdict) {
+  char dir[] = "/tmp/nf_verdict_XXXXXX", rec[256];
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  snprintf(rec, sizeof rec, "%s/verified-kernels", dir);
+  setenv("NEOFLOW_VERIFIED", rec, 1);
+  nf_model *m = load_text("slow.nf", slow_model);
+  nf_session_opts o = {.optim = {.kind = NF_OPTIM_SGD, .lr = 1e-3}, .seed = 3, .daemon = "none",
+                       .threads = 1};
+  static float X[192 * 256];
+  rng_seed(9);
+  fill_gauss(X, 192 * 256);
+  int kept_total = 0, judged = 0;
+  uint8_t shas[64][32];
+  nf_session *a = open_def(m, "slowm", &o);
+  ck_assert_int_le(a->n_kents, 64);
+  for (int k = 0; k < a->n_kents; k++)
+    if (!a->kents[k].gemm) offer_scheduled(a, k, NULL, shas[k]);
+  feed(a, "X", X, sizeof X);
+  for (int i = 0; i < 8; i++) step(a); /* canaries, then any race to its end */
+  for (int k = 0; k < a->n_kents; k++) {
+    if (a->kents[k].gemm) continue;
+    ck_assert_int_eq(a->kents[k].race_left, 0);
+    kept_total += a->kents[k].prefer_t0;
+    judged += nf__verdict_get(a, a->kents[k].key, shas[k]) != NULL;
+  }
+  ck_assert_int_gt(judged, 0);
+  ck_assert_msg(kept_total == 0, "%d default kernels lost to the interpreter: %s", kept_total,
+                session_log(a));
+  nf_session_free(a);
+  nf_session *b = open_def(m, "slowm", &o);
+  for (int k = 0; k < b->n_kents; k++)
+    if (!b->kents[k].gemm) offer_scheduled(b, k, NULL, shas[k]);
+  feed(b, "X", X, sizeof X);
+  step(b);
+  nf_session_stats st = stats(b);
+  ck_assert_int_eq(st.remembered, judged);
+  ck_assert_int_eq(st.tier0_kept, 0);
+  for (int k = 0; k < b->n_kents; k++) ck_assert_int_eq(b->kents[k].race_left, 0);
+  nf_session_free(b);
+  nf_model_free(m);
+  char speed[300];
+  snprintf(speed, sizeof speed, "%s.speed", rec);
+  unlink(speed);
+  unlink(rec);
+  rmdir(dir);
 }
 END_TEST
 
@@ -761,13 +959,13 @@ START_TEST(session_daemon_killed_and_back) {
   double t0 = now_ms();
   /* every entry has its daemon kernel: in use, or kept out by OpenBLAS
    * winning the race after the swap */
-  while (st.tier1 + st.blas_kept < st.kernels && now_ms() - t0 < 120000) {
+  while (st.tier1 + st.tier0_kept < st.kernels && now_ms() - t0 < 120000) {
     nf_session_wait_kernels(s, 200, 1);
     mlp_feed(s, data, n++);
     step(s);
     st = stats(s);
   }
-  ck_assert_msg(st.tier1 + st.blas_kept == st.kernels, "%d of %d kernels at tier 1 after %.0f ms (see %s): %s",
+  ck_assert_msg(st.tier1 + st.tier0_kept == st.kernels, "%d of %d kernels at tier 1 after %.0f ms (see %s): %s",
                 st.tier1, st.kernels, now_ms() - t0, d.log, session_log(s));
   ck_assert_int_eq(st.rejected, 0);
   ck_assert_int_eq(st.swaps, st.kernels);
@@ -788,7 +986,7 @@ START_TEST(session_daemon_killed_and_back) {
   st = stats(s);
   ck_assert_int_gt(steps_after, 10);
   ck_assert_int_eq(st.connected, 0);
-  ck_assert_int_eq(st.tier1 + st.blas_kept, st.kernels);
+  ck_assert_int_eq(st.tier1 + st.tier0_kept, st.kernels);
   ck_assert_int_eq(st.step, n);
   ck_assert_msg(strstr(session_log(s), "lost the daemon connection") != NULL, "log: %s",
                 session_log(s));
@@ -805,7 +1003,7 @@ START_TEST(session_daemon_killed_and_back) {
   ck_assert_msg(st.connected == 1 && st.reconnects >= 1,
                 "not reconnected after 20 s: connected %d, reconnects %lld", st.connected,
                 (long long)st.reconnects);
-  ck_assert_int_eq(st.tier1 + st.blas_kept, st.kernels);
+  ck_assert_int_eq(st.tier1 + st.tier0_kept, st.kernels);
   ck_assert_int_eq(st.rejected, 0);
   nf_session_free(s);
   ck_assert_int_eq(dm_stop(&d, SIGTERM), 0);
@@ -1840,6 +2038,8 @@ static Suite *suite(void) {
   tcase_add_test(tc, session_def_outputs);
   tcase_add_test(tc, session_gradients_match_finite_differences);
   tcase_add_test(tc, session_tiers_agree);
+  tcase_add_test(tc, session_slow_kernel_keeps_tier0);
+  tcase_add_test(tc, session_fast_kernel_verdict);
   tcase_add_test(tc, session_corrupted_kernel_rejected);
   tcase_add_test(tc, session_save_load);
   tcase_add_test(tc, session_bad_input);

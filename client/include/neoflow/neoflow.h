@@ -252,6 +252,13 @@ typedef struct nf_session_stats {
                             library takes, until the daemon's arrives) */
   int64_t graph_runs;    /* GPU sessions: steps and evaluations replayed
                             as one CUDA graph */
+  int tier0_kept;        /* entries whose daemon kernel arrived but ran slower
+                            than tier 0 (OpenBLAS or the interpreter) on this
+                            machine: measured on the step's data, or
+                            remembered from an earlier session; they run tier
+                            0 (blas_kept counts the OpenBLAS ones) */
+  int64_t remembered;    /* of trusted: kernels whose speed against tier 0
+                            was on record, so not measured again */
 } nf_session_stats;
 
 NF_API int nf_session_stats_get(const nf_session *s, nf_session_stats *st);
