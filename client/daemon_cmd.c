@@ -63,11 +63,12 @@ static void print_status(const Neoflow__StatusReply *s, int json) {
            looks ? (double)s->cache_hits / (double)looks : 0.0);
     printf("\"jobs_done\":%llu,\"jobs_failed\":%llu,\"connections_refused\":%llu,"
            "\"timeouts\":%llu,\"emfile_closes\":%llu,\"quarantined\":%llu,\"cache_busy\":%llu,"
-           "\"clients\":[",
+           "\"slower_reports\":%llu,\"retunes\":%llu,\"clients\":[",
            (unsigned long long)s->jobs_done, (unsigned long long)s->jobs_failed,
            (unsigned long long)s->connections_refused, (unsigned long long)s->timeouts,
            (unsigned long long)s->emfile_closes, (unsigned long long)s->quarantined,
-           (unsigned long long)s->cache_busy);
+           (unsigned long long)s->cache_busy, (unsigned long long)s->slower_reports,
+           (unsigned long long)s->retunes);
     for (size_t i = 0; i < s->n_clients; i++) {
       const Neoflow__ClientInfo *c = s->clients[i];
       printf("%s{\"session\":%llu,\"name\":", i ? "," : "", (unsigned long long)c->session_id);
@@ -97,6 +98,9 @@ static void print_status(const Neoflow__StatusReply *s, int json) {
   printf("jobs: %llu done, %llu failed; connections refused: %llu\n",
          (unsigned long long)s->jobs_done, (unsigned long long)s->jobs_failed,
          (unsigned long long)s->connections_refused);
+  if (s->slower_reports)
+    printf("kernels slower than a client's fallback: %llu reported, %llu searched further\n",
+           (unsigned long long)s->slower_reports, (unsigned long long)s->retunes);
   printf("faults: %llu timeouts, %llu closed for lack of descriptors, %llu quarantined entries, "
          "%llu cache lock conflicts\n",
          (unsigned long long)s->timeouts, (unsigned long long)s->emfile_closes,

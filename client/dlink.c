@@ -264,6 +264,13 @@ static void drop(dlink *L, const char *why) {
   }
 }
 
+/* Under mu: whether k's final kernel ran slower here than tier 0 and the
+ * daemon is still to be asked for a faster one (a tuning session only:
+ * compile_only asked for no search). */
+static int asks_better(const nf_session *s, const nf__kent *k) {
+  return k->ask_better == 1 && k->dstate == DK_FINAL && !s->opts.compile_only && !s->gpu;
+}
+
 static int submit_all(dlink *L) {
   nf_session *s = L->s;
   nf_buf err = NF_BUF_INIT;
@@ -271,7 +278,11 @@ static int submit_all(dlink *L) {
   for (int i = 0; i < s->n_kents && rc == NF_OK; i++) {
     nf__kent *k = &s->kents[i];
     pthread_mutex_lock(&s->mu);
-    int need = k->dstate == DK_NONE;
+    int better = asks_better(s, k);
+    int need = k->dstate == DK_NONE || better;
+    uint8_t slow_sha[32];
+    double slow_ratio = k->slow_ratio;
+    memcpy(slow_sha, k->slow_sha, 32);
     pthread_mutex_unlock(&s->mu);
     if (!need) continue;
     Neoflow__Graph *pg = NULL;
@@ -288,6 +299,11 @@ static int submit_all(dlink *L) {
     sm.mode = s->opts.compile_only ? NEOFLOW__MODE__MODE_COMPILE : NEOFLOW__MODE__MODE_TUNE;
     sm.max_trials = s->opts.tune_trials > 0 ? (uint32_t)s->opts.tune_trials : 0;
     sm.max_seconds = s->opts.tune_seconds > 0 ? (uint32_t)s->opts.tune_seconds : 0;
+    if (better) {
+      sm.slower_sha256.data = slow_sha;
+      sm.slower_sha256.len = 32;
+      sm.slower_ratio = slow_ratio;
+    }
     Neoflow__ClientMessage cm = NEOFLOW__CLIENT_MESSAGE__INIT;
     cm.msg_case = NEOFLOW__CLIENT_MESSAGE__MSG_SUBMIT;
     cm.submit = &sm;
@@ -295,6 +311,7 @@ static int submit_all(dlink *L) {
     nf_wire_graph_free(pg);
     if (rc == NF_OK) {
       pthread_mutex_lock(&s->mu);
+      if (better) k->ask_better = 2;
       k->req_id = id;
       k->dstate = DK_SUBMITTED;
       k->trial = k->max_trials = 0;
@@ -491,7 +508,8 @@ static void *link_main(void *arg) {
       /* closed for idleness with every kernel final: nothing to ask */
       int need = 0;
       pthread_mutex_lock(&s->mu);
-      for (int i = 0; i < s->n_kents; i++) need |= s->kents[i].dstate == DK_NONE;
+      for (int i = 0; i < s->n_kents; i++)
+        need |= s->kents[i].dstate == DK_NONE || asks_better(s, &s->kents[i]);
       pthread_mutex_unlock(&s->mu);
       if (!need) {
         nap(s, 1000);
@@ -597,7 +615,8 @@ static void *link_main(void *arg) {
     if (L->c) {
       int again = 0;
       pthread_mutex_lock(&s->mu);
-      for (int i = 0; i < s->n_kents; i++) again |= s->kents[i].dstate == DK_NONE;
+      for (int i = 0; i < s->n_kents; i++)
+        again |= s->kents[i].dstate == DK_NONE || asks_better(s, &s->kents[i]);
       pthread_mutex_unlock(&s->mu);
       if (again && submit_all(L) != NF_OK) drop(L, "cannot submit");
     }

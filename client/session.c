@@ -1213,7 +1213,11 @@ static void hold_t0(nf_session *s, nf__kent *k, double kn_ms, double t0_ms, int 
                    hex, k->cur_tier, remembered ? "ran" : "runs", k->slow_ratio, tier0_name(k),
                    kn_ms, t0_ms, s->threads, s->threads == 1 ? "" : "s", tier0_name(k));
   pthread_mutex_lock(&s->mu);
-  k->ask_better = 1;
+  if (!k->ask_better) {
+    k->ask_better = 1;
+    memcpy(k->slow_sha, k->cur_sha, 32);
+  }
+  pthread_cond_broadcast(&s->cv);
   pthread_mutex_unlock(&s->mu);
 }
 

@@ -71,7 +71,11 @@ typedef struct nf__kent {
   int probe;            /* time the kernel's next run against tier 0's estimate */
   double t0_ms;         /* tier 0's last measured time per run (0: unknown) */
   double slow_ratio;    /* prefer_t0: the kernel's time over tier 0's */
-  int ask_better;       /* under mu: the link tells the daemon (slow_ratio) */
+  /* under mu: 1 when the link is to ask the daemon for a faster kernel
+   * than the one (slow_sha) that ran slow_ratio times tier 0's time; 2 once
+   * asked (once per session) */
+  int ask_better;
+  uint8_t slow_sha[32];
   /* a convolution's gathered operand shared with another entry's (the
    * forward's and the weight gradient's im2col): the input it gathers
    * (-1: none), the entry gathering the same cells (-1: none), and the

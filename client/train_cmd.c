@@ -643,12 +643,14 @@ train:
       printf("{\"step\":%lld,\"loss\":%.9g,\"ms\":%.4f,\"tier1\":%d,\"tier2\":%d,\"kernels\":%d,"
              "\"blas\":%d,\"tuning\":%d,\"trials\":%lld,\"trials_max\":%lld,\"connected\":%s,"
              "\"swaps\":%lld,\"trusted\":%lld,\"rejected\":%lld,\"reconnects\":%lld,\"first_step_ms\":%.1f,"
-             "\"generated\":%d,\"graph_runs\":%lld,\"elapsed_ms\":%.1f}\n",
+             "\"generated\":%d,\"graph_runs\":%lld,\"tier0_kept\":%d,\"remembered\":%lld,"
+             "\"elapsed_ms\":%.1f}\n",
              (long long)stt.step, loss, stt.ms, stt.tier1, stt.tier2, stt.kernels, stt.blas,
              stt.tuning, (long long)stt.trials, (long long)stt.trials_max,
              stt.connected ? "true" : "false", (long long)stt.swaps, (long long)stt.trusted,
              (long long)stt.rejected, (long long)stt.reconnects, stt.first_step_ms,
-             stt.generated, (long long)stt.graph_runs, nf__now_ms() - t_start);
+             stt.generated, (long long)stt.graph_runs, stt.tier0_kept, (long long)stt.remembered,
+             nf__now_ms() - t_start);
       fflush(stdout);
     } else if (tty) {
       fprintf(stderr, "\rstep %lld/%ld  loss %.5g  %.2f ms/step  tier1 %d/%d  tier2 %d/%d",

@@ -251,6 +251,8 @@ struct nfd_server {
   uint64_t emfile;        /* accepts that failed for lack of descriptors
                              (libuv closes the connection) */
   uint64_t cache_busy;    /* cache reads or writes that found it locked */
+  uint64_t slower_reports; /* submits saying a kernel lost to the client's fallback */
+  uint64_t retunes;       /* of them, searches resumed with one more budget */
   int64_t writer_busy_ms; /* when the writer thread last found the cache
                              locked (nfd_now() in ms; atomic): requests
                              within a minute are told CACHE_BUSY */

@@ -24,6 +24,7 @@
  * tuning happen in job processes (jobs.c). */
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -448,6 +449,57 @@ static int check_caps(nfd_server *S, const nf_graph *g, nf_buf *err) {
   return NF_OK;
 }
 
+/* A client says the kernel it got for this graph (s->slower_sha256) ran
+ * slower than its own fallback.  When that kernel is the one the cache
+ * holds, the request asks to tune, and the key's search has not yet had
+ * NFD_RETUNE_BUDGETS budgets of `trials` measurements (its records count
+ * them, every run's), the search resumes from those records with one more
+ * budget: the answer is not final.  Otherwise the kernel is final: what a
+ * longer search could not beat, the client keeps its fallback for. */
+#define NFD_RETUNE_BUDGETS 4
+static int retune_wanted(nfd_conn *c, const Neoflow__Submit *s, const uint8_t key[32],
+                         const nf_cache_entry *e, int trials) {
+  nfd_server *S = c->S;
+  S->slower_reports++;
+  char hex[17];
+  for (int i = 0; i < 8; i++) snprintf(hex + 2 * i, 3, "%02x", key[i]);
+  const char *g = s->graph->name ? s->graph->name : "";
+  double ratio = isfinite(s->slower_ratio) && s->slower_ratio > 0 ? s->slower_ratio : 0;
+  if (s->mode != NEOFLOW__MODE__MODE_TUNE || s->slower_sha256.len != 32 ||
+      memcmp(s->slower_sha256.data, e->sha256, 32)) {
+    NFD_INFO("session %llu (%s): kernel %s (%s) ran %.2fx slower than its fallback there; the "
+             "cache holds another kernel now: serving that", (unsigned long long)c->session,
+             c->name, hex, g, ratio);
+    return 0;
+  }
+  if (e->tune_error && *e->tune_error) {
+    NFD_INFO("session %llu (%s): kernel %s (%s) ran %.2fx slower than its fallback there; its "
+             "search found no correct candidate (%s): not tuned again",
+             (unsigned long long)c->session, c->name, hex, g, ratio, e->tune_error);
+    return 0;
+  }
+  size_t limit = (size_t)trials * NFD_RETUNE_BUDGETS, n = 0;
+  if (limit > 2000) limit = 2000; /* a tuning job's prior records (add_prior) */
+  nf_cache_record *recs = NULL;
+  nf_buf err = NF_BUF_INIT;
+  if (S->cache && nf_cache_get_records(S->cache, key, limit, &recs, &n, &err) == NF_OK)
+    nf_cache_records_free(recs, n);
+  else
+    n = limit; /* records unreadable: no search could resume from them */
+  nf_buf_free(&err);
+  if (n >= limit) {
+    NFD_INFO("session %llu (%s): kernel %s (%s) ran %.2fx slower than its fallback there; "
+             "%zu trials already went into it: final", (unsigned long long)c->session, c->name,
+             hex, g, ratio, n);
+    return 0;
+  }
+  S->retunes++;
+  NFD_INFO("session %llu (%s): kernel %s (%s) ran %.2fx slower than its fallback there: the "
+           "search resumes from its %zu records with %d more trials",
+           (unsigned long long)c->session, c->name, hex, g, ratio, n, trials);
+  return 1;
+}
+
 static void on_submit(nfd_conn *c, const Neoflow__Submit *s) {
   nfd_server *S = c->S;
   uint64_t id = s->request_id;
@@ -563,7 +615,9 @@ static void on_submit(nfd_conn *c, const Neoflow__Submit *s) {
   if (tuned && e.tune_error && *e.tune_error && s->mode == NEOFLOW__MODE__MODE_TUNE)
     NFD_DEBUG("submit %.16s: not tuned again: %s", s->graph->name ? s->graph->name : "",
               e.tune_error);
-  int done = hit && (s->mode == NEOFLOW__MODE__MODE_COMPILE || tuned);
+  int trials = clampi((int)s->max_trials, S->cfg.default_trials, S->cfg.max_trials);
+  int retune = s->slower_sha256.len && tuned && retune_wanted(c, s, key, &e, trials);
+  int done = hit && (s->mode == NEOFLOW__MODE__MODE_COMPILE || (tuned && !retune));
   if (hit) S->hits++;
   else S->misses++;
   send_accepted(c, id, key, hit, busy);
@@ -596,8 +650,7 @@ static void on_submit(nfd_conn *c, const Neoflow__Submit *s) {
   /* a job: compile (miss), or tune (tier-1 hit, TUNE mode) */
   uint8_t *pb = malloc(protobuf_c_message_get_packed_size(&s->graph->base) + 1);
   size_t pb_len = pb ? protobuf_c_message_pack(&s->graph->base, pb) : 0;
-  rc = pb ? nfd_job_subscribe(S, r, ghash, s->graph->name, pb, pb_len, hit,
-                              clampi((int)s->max_trials, S->cfg.default_trials, S->cfg.max_trials),
+  rc = pb ? nfd_job_subscribe(S, r, ghash, s->graph->name, pb, pb_len, hit, trials,
                               clampi((int)s->max_seconds, S->cfg.default_seconds, S->cfg.max_seconds))
           : NF_ENOMEM;
   free(pb);
@@ -645,6 +698,8 @@ static void on_status(nfd_conn *c) {
   st.timeouts = S->timeouts;
   st.emfile_closes = S->emfile;
   st.cache_busy = __atomic_load_n(&S->cache_busy, __ATOMIC_RELAXED);
+  st.slower_reports = S->slower_reports;
+  st.retunes = S->retunes;
   char cache_path[NF_WIRE_TEXT_MAX + 1];
   snprintf(cache_path, sizeof cache_path, "%s", S->cache ? nf_cache_path(S->cache) : "");
   st.cache_path = nf_wire_text_sanitize(cache_path, NF_WIRE_TEXT_MAX, 0);

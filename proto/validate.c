@@ -351,7 +351,11 @@ static int v_hello(vctx *v, const Neoflow__Hello *h) {
 
 static int v_submit(vctx *v, const Neoflow__Submit *s) {
   int rc = check_enum(v, "mode", &neoflow__mode__descriptor, (int)s->mode);
-  if (rc) return rc;
+  if (rc || (rc = check_key(v, "slower_sha256", s->slower_sha256, 1)) ||
+      (rc = check_time(v, "slower_ratio", s->slower_ratio)))
+    return rc;
+  if (s->slower_ratio > 0 && !s->slower_sha256.len)
+    return fail(v, "slower_ratio", "a ratio without the kernel's slower_sha256");
   SUB(v, "graph", s->graph, v_graph);
   return NF_OK;
 }

@@ -838,6 +838,90 @@ START_TEST(daemon_remembers_untunable) {
 }
 END_TEST
 
+/* A client whose fallback beat the final kernel asks for a faster one:
+ * the search resumes from the key's records with one more budget (not
+ * final at once), until NFD_RETUNE_BUDGETS budgets of records stand; a
+ * report naming another kernel, or a compile-only request, gets the
+ * cache's kernel as final. */
+static void submit_slower(nf_dconn *c, uint64_t id, Neoflow__Graph *pg, int mode, int trials,
+                          const nf_dkernel *slow) {
+  Neoflow__Submit s = NEOFLOW__SUBMIT__INIT;
+  s.request_id = id;
+  s.graph = pg;
+  s.mode = mode;
+  s.max_trials = (uint32_t)trials;
+  s.max_seconds = 60;
+  uint8_t sha[32];
+  crypto_hash_sha256(sha, slow->binary, slow->len);
+  s.slower_sha256.data = sha;
+  s.slower_sha256.len = 32;
+  s.slower_ratio = 3.5;
+  Neoflow__ClientMessage m = NEOFLOW__CLIENT_MESSAGE__INIT;
+  m.msg_case = NEOFLOW__CLIENT_MESSAGE__MSG_SUBMIT;
+  m.submit = &s;
+  nf_buf err = NF_BUF_INIT;
+  ck_assert_int_eq(nf_dconn_send(c, &m, &err), NF_OK);
+  nf_buf_free(&err);
+}
+
+START_TEST(daemon_retunes_slower_kernel) {
+  dm d;
+  dm_init(&d);
+  dm_config(&d, NULL);
+  dm_start(&d);
+  Neoflow__Graph *pg = mm_wire(24);
+  nf_dconn *c = open_client(&d, "first");
+  submit(c, 1, pg, NEOFLOW__MODE__MODE_TUNE, 3);
+  nf_dkernel k, k2;
+  final_kernel(c, 1, &k, NULL);
+  ck_assert_int_eq(wait_no_jobs(c), 0);
+  /* the kernel lost to the client's fallback: a further search */
+  uint64_t id = 2;
+  int resumed = 0, n = 0;
+  for (; id < 12; id++) {
+    submit_slower(c, id, pg, NEOFLOW__MODE__MODE_TUNE, 3, &k);
+    final_kernel(c, id, &k2, &n);
+    ck_assert_int_eq(wait_no_jobs(c), 0);
+    if (n == 1) break; /* final at once: no more searching */
+    resumed++;
+    nf_dkernel_free(&k);
+    k = k2; /* whatever it found is reported slower again */
+  }
+  nf_dkernel_free(&k2);
+  /* 3 trials a budget, up to 4 budgets of records (the first search's
+   * 3 and a default's records included): a few resumptions, then final */
+  ck_assert_msg(resumed >= 1 && resumed <= 4, "%d searches resumed", resumed);
+  Neoflow__ServerMessage *hold;
+  Neoflow__StatusReply *st = status_of(c, &hold);
+  ck_assert_uint_eq(st->retunes, (uint64_t)resumed);
+  ck_assert_uint_eq(st->slower_reports, (uint64_t)resumed + 1);
+  nf_wire_free_server(hold);
+  ck_assert(log_has(&d, "the search resumes from its"));
+  ck_assert(log_has(&d, "trials already went into it: final"));
+  /* a report about a kernel the cache no longer holds, and compile-only:
+   * final at once */
+  nf_dkernel other = k;
+  uint8_t junk[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  other.binary = junk;
+  other.len = sizeof junk;
+  submit_slower(c, 20, pg, NEOFLOW__MODE__MODE_TUNE, 3, &other);
+  final_kernel(c, 20, &k2, &n);
+  ck_assert_int_eq(n, 1);
+  nf_dkernel_free(&k2);
+  submit_slower(c, 21, pg, NEOFLOW__MODE__MODE_COMPILE, 3, &k);
+  final_kernel(c, 21, &k2, &n);
+  ck_assert_int_eq(n, 1);
+  nf_dkernel_free(&k2);
+  st = status_of(c, &hold);
+  ck_assert_uint_eq(st->retunes, (uint64_t)resumed);
+  nf_wire_free_server(hold);
+  nf_dkernel_free(&k);
+  nf_dconn_close(c);
+  nf_wire_graph_free(pg);
+  ck_assert_int_eq(dm_stop(&d, SIGTERM), 0);
+}
+END_TEST
+
 START_TEST(daemon_single_flight_32) {
   dm d;
   dm_init(&d);
@@ -2466,6 +2550,7 @@ static Suite *suite(void) {
   tcase_set_timeout(tune, 300);
   tcase_add_test(tune, daemon_tunes_adam);
   tcase_add_test(tune, daemon_remembers_untunable);
+  tcase_add_test(tune, daemon_retunes_slower_kernel);
   suite_add_tcase(s, tune);
   TCase *tv = tcase_create("validator"); /* CK_RUN_CASE=validator runs it alone */
   tcase_set_timeout(tv, 300);
