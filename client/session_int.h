@@ -70,6 +70,7 @@ typedef struct nf__kent {
   int prefer_t0;
   int probe;            /* time the kernel's next run against tier 0's estimate */
   double t0_ms;         /* tier 0's last measured time per run (0: unknown) */
+  double kn_ms;         /* the kernel's, as judged against t0_ms (0: unknown) */
   double slow_ratio;    /* prefer_t0: the kernel's time over tier 0's */
   /* under mu: 1 when the link is to ask the daemon for a faster kernel
    * than the one (slow_sha) that ran slow_ratio times tier 0's time; 2 once

@@ -626,11 +626,11 @@ END_TEST
 
 /* A product big enough that OpenBLAS (tier 0) beats a kernel lowered
  * without any schedule (scalar loops, the reduction innermost and B read
- * down its columns) by far more than the 2x a canary needs to decide
- * alone: about 30x on the machines seen. */
+ * down its columns) by far more than the 3x and 20 ms a canary needs to
+ * decide alone. */
 static const char slow_model[] =
-    "def slowm(X: f32[192, 256]) -> (L: f32[]) {\n"
-    "  param W: f32[256, 256] = uniform(-0.1, 0.1)\n"
+    "def slowm(X: f32[256, 512]) -> (L: f32[]) {\n"
+    "  param W: f32[512, 512] = uniform(-0.05, 0.05)\n"
     "  Y(i, j) +=! X(i, k) * W(k, j)\n"
     "  L() +=! Y(i, j) * Y(i, j)\n"
     "}\n";
@@ -676,9 +676,9 @@ START_TEST(session_slow_kernel_keeps_tier0) {
   nf_model *m = load_text("slow.nf", slow_model);
   nf_session_opts o = {.optim = {.kind = NF_OPTIM_SGD, .lr = 1e-3}, .seed = 3, .daemon = "none",
                        .threads = 1};
-  static float X[192 * 256];
+  static float X[256 * 512];
   rng_seed(8);
-  fill_gauss(X, 192 * 256);
+  fill_gauss(X, 256 * 512);
   nf_schedule *naive = nf_schedule_new();
   ck_assert_ptr_nonnull(naive);
 
@@ -779,9 +779,9 @@ START_TEST(session_fast_kernel_verdict) {
   nf_model *m = load_text("slow.nf", slow_model);
   nf_session_opts o = {.optim = {.kind = NF_OPTIM_SGD, .lr = 1e-3}, .seed = 3, .daemon = "none",
                        .threads = 1};
-  static float X[192 * 256];
+  static float X[256 * 512];
   rng_seed(9);
-  fill_gauss(X, 192 * 256);
+  fill_gauss(X, 256 * 512);
   int kept_total = 0, judged = 0;
   uint8_t shas[64][32];
   nf_session *a = open_def(m, "slowm", &o);
@@ -843,7 +843,8 @@ START_TEST(session_corrupted_kernel_rejected) {
   nf_session_stats st = stats(s);
   ck_assert_int_eq(st.swaps, 1);
   ck_assert_int_eq(st.rejected, 0);
-  ck_assert_int_eq(st.tier1, 1);
+  /* its kernel, or the interpreter where that ran faster (a tiny op) */
+  ck_assert_int_eq(st.tier1 + st.tier0_kept, 1);
   nf_kernel *cur = s->kents[k].cur;
   ck_assert_ptr_nonnull(cur);
   ck_assert_int_eq(s->kents[k].cur_tier, 1);
@@ -902,7 +903,7 @@ START_TEST(session_corrupted_kernel_rejected) {
   ck_assert_int_eq(s->kents[k].cur_tier, 1);
   ck_assert_ptr_null(s->kents[k].cand);
   ck_assert_ptr_null(s->kents[k].in_k);
-  ck_assert_int_eq(st.tier1, 1);
+  ck_assert_int_eq(st.tier1 + st.tier0_kept, 1);
   ck_assert_int_eq(st.tier2, 0);
   ck_assert_msg(strstr(session_log(s), "differ from the reference") != NULL, "log: %s",
                 session_log(s));
