@@ -58,7 +58,8 @@ def train_cmd(a, name, sock):
     defn, inputs, lr = run.WORKLOADS[name]
     cmd = [os.path.join(a.build, "client", "neoflow"), "train",
            os.path.join(ROOT, "examples", "workloads.nf"), defn, "--steps", str(a.steps),
-           "--json", "--profile", "--threads", str(a.threads), "--daemon", sock,
+           "--data", "synthetic", "--json", "--profile", "--threads", str(a.threads),
+           "--daemon", sock,
            "--no-spawn", "--optim", "sgd", "--lr", repr(lr)]
     params = [n for n, _, kind in inputs if kind != "data" and kind != "onehot"]
     for n, shape, _ in inputs:

@@ -1221,24 +1221,34 @@ static void hold_t0(nf_session *s, nf__kent *k, double kn_ms, double t0_ms, int 
   pthread_mutex_unlock(&s->mu);
 }
 
+/* Flags for a verdict made now: BUSY while the daemon still works for
+ * this session (compiling or tuning on the cores the race ran on). */
+static unsigned verdict_flags(nf_session *s) {
+  unsigned f = 0;
+  pthread_mutex_lock(&s->mu);
+  for (int i = 0; i < s->n_kents; i++)
+    if (s->kents[i].dstate == DK_SUBMITTED || s->kents[i].dstate == DK_ACCEPTED)
+      f = NF__VERDICT_BUSY;
+  pthread_mutex_unlock(&s->mu);
+  return f;
+}
+
 /* The kernel just promoted ran kn_ms in its canary, tier 0 t0_ms on the
- * same data.  Decisive results are final (and recorded); otherwise the
- * two race.  A canary is one run, and a kernel's first (its code and
- * scratch pages are touched for the first time, the pool wakes), on a
- * machine others share: it says "slower" only by 3x and 20 ms at least
- * (more than a thread waits for a core on a loaded machine), a verdict
- * that later sessions keep; and OpenBLAS, whose first run is cold too,
- * races any kernel not decisively slower. */
+ * same data.  A canary is one run, the kernel's first (its code and
+ * scratch pages are touched for the first time, the pool wakes), often
+ * while the daemon compiles on the same cores: a kernel of a few
+ * microseconds was seen taking 150 ms there, as its second thread waited
+ * for a core.  So a canary decides only for the kernel (noise does not
+ * make a kernel look faster): by a quarter against the interpreter.
+ * Otherwise, and always against OpenBLAS (whose first run is cold too),
+ * the two race. */
 static void judge(nf_session *s, nf__kent *k, double kn_ms, double t0_ms) {
   k->kn_ms = kn_ms;
-  if (kn_ms > 3 * t0_ms && kn_ms - t0_ms >= 20.0) {
-    nf__verdict_put(s, k->key, k->cur_sha, kn_ms, t0_ms, NF__VERDICT_SLOWER);
-    hold_t0(s, k, kn_ms, t0_ms, 0);
-  } else if (!k->gemm && kn_ms * 1.25 < t0_ms) {
-    nf__verdict_put(s, k->key, k->cur_sha, kn_ms, t0_ms, 0);
-  } else {
+  k->t0_ms = t0_ms;
+  if (!k->gemm && kn_ms * 1.25 < t0_ms)
+    nf__verdict_put(s, k->key, k->cur_sha, kn_ms, t0_ms, verdict_flags(s));
+  else
     k->race_left = NF_RACE_RUNS;
-  }
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -1261,7 +1271,7 @@ static void race_end(nf_session *s, nf__kent *k, int pairs) {
   k->t0_ms = t0;
   k->kn_ms = kn;
   nf__verdict_put(s, k->key, k->cur_sha, kn, t0,
-                  NF__VERDICT_RACED | (slower ? NF__VERDICT_SLOWER : 0));
+                  NF__VERDICT_RACED | (slower ? NF__VERDICT_SLOWER : 0) | verdict_flags(s));
   if (slower) hold_t0(s, k, kn, t0, 0);
 }
 
@@ -1274,7 +1284,11 @@ static void promote_trusted(nf_session *s, nf__kent *k) {
   const nf__verdict *v = nf__verdict_get(s, k->key, k->cand_sha);
   promote(s, k);
   s->trusted++;
-  if (v) {
+  if (v && (v->flags & (NF__VERDICT_SLOWER | NF__VERDICT_BUSY)) ==
+               (NF__VERDICT_SLOWER | NF__VERDICT_BUSY)) {
+    /* lost while the daemon worked beside it: raced again */
+    k->race_left = NF_RACE_RUNS;
+  } else if (v) {
     s->remembered++;
     k->t0_ms = v->tier0_ms;
     k->kn_ms = v->kernel_ms;
@@ -1354,7 +1368,7 @@ static int run_canary(nf_session *s, nf__kent *k, nf__op *op) {
         k->race_left = k->gemm ? NF_RACE_RUNS : 0;
         if (!k->gemm && k->t0_ms > 0 && c_ms < k->t0_ms) {
           k->kn_ms = c_ms;
-          nf__verdict_put(s, k->key, k->cur_sha, c_ms, k->t0_ms, 0);
+          nf__verdict_put(s, k->key, k->cur_sha, c_ms, k->t0_ms, verdict_flags(s));
         }
       }
     } else {
@@ -1448,9 +1462,14 @@ static int run_op(nf_session *s, nf__op *op) {
     k->race_ms[t0run][i] = nf__now_ms() - t0;
     k->race_left--;
     if (rc == NF_OK && t0run) {
-      /* a pair done: stop early when one side is 3x the other */
-      double a = k->race_ms[1][i], b = k->race_ms[0][i];
-      if (k->race_left == 0 || a > 3 * b || b > 3 * a) race_end(s, k, i + 1);
+      /* a pair done: stop after two when one side took 3x the other's
+       * time in both (a slow kernel is not run a third time) */
+      int far = 0;
+      for (int q = 0; i >= 1 && q < 2; q++) {
+        double a = k->race_ms[1][i - q], b = k->race_ms[0][i - q];
+        far += a > 3 * b ? 1 : b > 3 * a ? -1 : 0;
+      }
+      if (k->race_left == 0 || far == 2 || far == -2) race_end(s, k, i + 1);
     }
   } else if (k->cur && !k->prefer_t0) {
     rc = run_kernel(s, k->cur, op, op->bufs, &s->err);
@@ -1462,7 +1481,7 @@ static int run_op(nf_session *s, nf__op *op) {
       k->kn_ms = kn;
       k->t0_ms = est;
       if (kn * 4 < est)
-        nf__verdict_put(s, k->key, k->cur_sha, kn, est, NF__VERDICT_ESTIMATE);
+        nf__verdict_put(s, k->key, k->cur_sha, kn, est, NF__VERDICT_ESTIMATE | verdict_flags(s));
       else
         k->race_left = NF_RACE_RUNS;
     }

@@ -60,11 +60,11 @@ typedef struct nf__kent {
   double prof_ms;       /* ... summed over the steps since the profile was reset */
   uint8_t cur_sha[32];
   /* Never slower than tier 0: a kernel replaces tier 0 only when it is
-   * faster here.  Its canary times both; when that is not decisive (and
-   * always for OpenBLAS, whose first run is cold), the next RACE_RUNS
-   * runs alternate between tier 0 and the kernel and the faster by median
-   * is kept (prefer_t0).  The verdict is recorded (verify.c), so a later
-   * session with the same kernel neither measures nor races again. */
+   * faster here.  Its canary times both; unless the kernel is clearly
+   * faster than the interpreter, the next RACE_RUNS runs alternate
+   * between tier 0 and the kernel and the faster by median is kept
+   * (prefer_t0).  The verdict is recorded (verify.c), so a later session
+   * with the same kernel neither measures nor races again. */
   int race_left;
   double race_ms[2][NF_RACE_RUNS / 2]; /* [1]: tier 0, [0]: the kernel */
   int prefer_t0;
@@ -316,6 +316,8 @@ enum {
   NF__VERDICT_RACED = 1,    /* from alternating runs (else from one canary) */
   NF__VERDICT_ESTIMATE = 2, /* tier0_ms estimated from the interpreter's rate */
   NF__VERDICT_SLOWER = 4,   /* the kernel lost: tier 0 is kept */
+  NF__VERDICT_BUSY = 8,     /* made while the daemon worked for the session
+                               (on the same cores): a loss is raced again */
 };
 void nf__verdicts_load(nf_session *s);
 /* The latest verdict for (key, sha) at the session's thread count, or NULL. */
