@@ -667,18 +667,33 @@ static int forward_gemm_entry(const nf_session *s) {
   return -1;
 }
 
-START_TEST(session_slow_kernel_keeps_tier0) {
-  char dir[] = "/tmp/nf_verdict_XXXXXX", rec[256], speed[300];
+/* A record of verified kernels (and its .speed verdicts) in a new
+ * directory, for this test process; X filled from seed. */
+static float slow_X[256 * 512];
+static nf_session_opts verdict_setup(char dir[], char rec[256], char speed[300], uint64_t seed) {
   ck_assert_ptr_nonnull(mkdtemp(dir));
-  snprintf(rec, sizeof rec, "%s/verified-kernels", dir);
-  snprintf(speed, sizeof speed, "%s.speed", rec);
+  snprintf(rec, 256, "%s/verified-kernels", dir);
+  snprintf(speed, 300, "%s.speed", rec);
   setenv("NEOFLOW_VERIFIED", rec, 1);
-  nf_model *m = load_text("slow.nf", slow_model);
+  rng_seed(seed);
+  fill_gauss(slow_X, 256 * 512);
   nf_session_opts o = {.optim = {.kind = NF_OPTIM_SGD, .lr = 1e-3}, .seed = 3, .daemon = "none",
                        .threads = 1};
-  static float X[256 * 512];
-  rng_seed(8);
-  fill_gauss(X, 256 * 512);
+  return o;
+}
+
+static void verdict_cleanup(const char *dir, const char *rec, const char *speed) {
+  unlink(speed);
+  unlink(rec);
+  rmdir(dir);
+}
+
+START_TEST(session_slow_kernel_keeps_tier0) {
+  char dir[] = "/tmp/nf_verdict_XXXXXX", rec[256], speed[300];
+  nf_session_opts o = verdict_setup(dir, rec, speed, 8);
+  nf_model *m = load_text("slow.nf", slow_model);
+  float *X = slow_X;
+  const size_t xbytes = sizeof slow_X;
   nf_schedule *naive = nf_schedule_new();
   ck_assert_ptr_nonnull(naive);
 
@@ -688,7 +703,7 @@ START_TEST(session_slow_kernel_keeps_tier0) {
   ck_assert_int_ge(k, 0);
   uint8_t sha[32], sha2[32];
   offer_scheduled(a, k, naive, sha);
-  feed(a, "X", X, sizeof X);
+  feed(a, "X", X, xbytes);
   step(a);
   nf_session_stats st = stats(a);
   ck_assert_msg(st.swaps == 1 && st.rejected == 0, "swaps %lld, rejected %lld: %s",
@@ -729,7 +744,7 @@ START_TEST(session_slow_kernel_keeps_tier0) {
   ck_assert_int_eq(forward_gemm_entry(b), k);
   offer_scheduled(b, k, naive, sha2);
   ck_assert(!memcmp(sha, sha2, 32));
-  feed(b, "X", X, sizeof X);
+  feed(b, "X", X, xbytes);
   step(b);
   st = stats(b);
   ck_assert_msg(st.trusted == 1 && st.remembered == 1, "trusted %lld, remembered %lld: %s",
@@ -745,7 +760,7 @@ START_TEST(session_slow_kernel_keeps_tier0) {
   o.threads = 2;
   nf_session *c = open_def(m, "slowm", &o);
   offer_scheduled(c, k, naive, sha2);
-  feed(c, "X", X, sizeof X);
+  feed(c, "X", X, xbytes);
   step(c);
   st = stats(c);
   ck_assert_int_eq(st.remembered, 0);
@@ -770,7 +785,7 @@ START_TEST(session_slow_kernel_keeps_tier0) {
     nf_session_free(f);
     nf_session *g = open_def(m, "slowm", &o);
     offer_scheduled(g, k, naive, sha2);
-    feed(g, "X", X, sizeof X);
+    feed(g, "X", X, xbytes);
     step(g);
     ck_assert_int_eq(stats(g).remembered, 0);
     ck_assert_int_gt(g->kents[k].race_left, 0);
@@ -789,32 +804,25 @@ START_TEST(session_slow_kernel_keeps_tier0) {
 
   nf_schedule_free(naive);
   nf_model_free(m);
-  unlink(speed);
-  unlink(rec);
-  rmdir(dir);
+  verdict_cleanup(dir, rec, speed);
 }
 END_TEST
 
 /* A kernel far faster than the interpreter replaces it at once, with a
  * verdict on record; the next session trusts it without a race. */
 START_TEST(session_fast_kernel_verdict) {
-  char dir[] = "/tmp/nf_verdict_XXXXXX", rec[256];
-  ck_assert_ptr_nonnull(mkdtemp(dir));
-  snprintf(rec, sizeof rec, "%s/verified-kernels", dir);
-  setenv("NEOFLOW_VERIFIED", rec, 1);
+  char dir[] = "/tmp/nf_verdict_XXXXXX", rec[256], speed[300];
+  nf_session_opts o = verdict_setup(dir, rec, speed, 9);
   nf_model *m = load_text("slow.nf", slow_model);
-  nf_session_opts o = {.optim = {.kind = NF_OPTIM_SGD, .lr = 1e-3}, .seed = 3, .daemon = "none",
-                       .threads = 1};
-  static float X[256 * 512];
-  rng_seed(9);
-  fill_gauss(X, 256 * 512);
+  float *X = slow_X;
+  const size_t xbytes = sizeof slow_X;
   int kept_total = 0, judged = 0;
   uint8_t shas[64][32];
   nf_session *a = open_def(m, "slowm", &o);
   ck_assert_int_le(a->n_kents, 64);
   for (int k = 0; k < a->n_kents; k++)
     if (!a->kents[k].gemm) offer_scheduled(a, k, NULL, shas[k]);
-  feed(a, "X", X, sizeof X);
+  feed(a, "X", X, xbytes);
   for (int i = 0; i < 8; i++) step(a); /* canaries, then any race to its end */
   for (int k = 0; k < a->n_kents; k++) {
     if (a->kents[k].gemm) continue;
@@ -829,7 +837,7 @@ START_TEST(session_fast_kernel_verdict) {
   nf_session *b = open_def(m, "slowm", &o);
   for (int k = 0; k < b->n_kents; k++)
     if (!b->kents[k].gemm) offer_scheduled(b, k, NULL, shas[k]);
-  feed(b, "X", X, sizeof X);
+  feed(b, "X", X, xbytes);
   step(b);
   nf_session_stats st = stats(b);
   ck_assert_int_eq(st.remembered, judged);
@@ -837,11 +845,7 @@ START_TEST(session_fast_kernel_verdict) {
   for (int k = 0; k < b->n_kents; k++) ck_assert_int_eq(b->kents[k].race_left, 0);
   nf_session_free(b);
   nf_model_free(m);
-  char speed[300];
-  snprintf(speed, sizeof speed, "%s.speed", rec);
-  unlink(speed);
-  unlink(rec);
-  rmdir(dir);
+  verdict_cleanup(dir, rec, speed);
 }
 END_TEST
 
