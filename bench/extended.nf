@@ -110,21 +110,25 @@ def sru_loss(X: f32[T, B, D], C0: f32[B, D], W: f32[G, D], vf: f32[D], vr: f32[D
 # ---- attention ----
 
 # Causal multi-head self-attention (Vaswani et al. 2017): one projection
-# to q, k, v ([3D, D]: q, then k, then v, each `heads` heads of E), the
-# scaled dot-product softmax(q k^T / sqrt(E)) over the keys j <= i (the
-# others masked to the lowest f32, as -inf), the heads concatenated and
-# projected by Wo.
+# to q, k, v ([3D, D]: q, then k, then v, each `heads` heads of E) split
+# into heads [B, heads, S, E], the scaled dot-product softmax(q k^T /
+# sqrt(E)) over the keys j <= i (the others masked to the lowest f32, as
+# -inf), the heads concatenated and projected by Wo.  (Reading the scores
+# straight from the packed projection, QKV(b, i, h * E + e), is the same
+# def, but its gradient does not compile: bench/repro/grad_packed_heads.nf.)
 def causal_mha<heads>(X: f32[B, S, D], Wqkv: f32[G, D], bqkv: f32[G], Wo: f32[D, D],
                       bo: f32[D]) -> (Y: f32[B, S, D])
     where E = D // heads
     require heads > 0, D % heads == 0, G == 3 * D
 {
   QKV = linear(X, Wqkv, bqkv)
-  Sc(b, h, i, j) +=! QKV(b, i, h * E + e) * QKV(b, j, D + h * E + e)
-      where h in 0:heads, e in 0:E
+  Q(b, h, s, e) = QKV(b, s, h * E + e) where h in 0:heads, e in 0:E
+  K(b, h, s, e) = QKV(b, s, D + h * E + e) where h in 0:heads, e in 0:E
+  V(b, h, s, e) = QKV(b, s, 2 * D + h * E + e) where h in 0:heads, e in 0:E
+  Sc(b, h, i, j) +=! Q(b, h, i, e) * K(b, h, j, e)
   Sm(b, h, i, j) = j <= i ? Sc(b, h, i, j) * rsqrt(f32(E)) : -3.4028234663852886e38
   P = softmax(Sm)
-  O(b, i, h, e) +=! P(b, h, i, j) * QKV(b, j, 2 * D + h * E + e) where e in 0:E
+  O(b, i, h, e) +=! P(b, h, i, j) * V(b, h, j, e)
   Oc(b, i, c) = O(b, i, c // E, c % E) where c in 0:D
   Y = linear(Oc, Wo, bo)
 }
