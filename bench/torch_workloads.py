@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """torch_workloads.py - PyTorch's side of the peer benchmark (bench/run,
-bench/README.md): the six workloads of WORKLOADS.md in PyTorch eager mode,
+bench/README.md): the six workloads of WORKLOADS.md in PyTorch eager mode
+(and the extended suite's, whose twins are in bench/extended.py),
 with exactly the semantics of examples/workloads.nf (the functions are
 tests/torch_check.py's t_*_loss, checked there against NeoFlow's
 gradients, written the way an eager user would: one GEMM for all of
@@ -139,9 +140,12 @@ def main():
     with open(os.path.join(a.dir, "meta.json")) as f:
         meta = json.load(f)
     fn = FUNCTIONS.get(a.workload)
+    if fn is None:  # the extended suite's twins (bench/extended.py)
+        import extended
+        fn = extended.FUNCTIONS.get(a.workload)
     if fn is None:
-        raise SystemExit("torch_workloads: unknown workload %r (known: %s)"
-                         % (a.workload, ", ".join(FUNCTIONS)))
+        raise SystemExit("torch_workloads: unknown workload %r (known: %s, and the extended "
+                         "suite's)" % (a.workload, ", ".join(FUNCTIONS)))
     torch.set_num_threads(a.threads)
     fp32 = strict_fp32() if a.device == "cuda" else "ieee"
 
