@@ -601,6 +601,63 @@ static int add_prior(run *R) {
   return NF_OK;
 }
 
+/* Other subgraphs' records, for the cost model only (group 0 is this
+ * run; theirs follow). */
+static int add_corpus(run *R) {
+  const nf_search_opts *o = R->o;
+  float w = o->corpus_weight > 0 ? (float)o->corpus_weight : 0.5f;
+  for (size_t i = 0; i < o->n_corpus; i++) {
+    const nf_search_sample *c = &o->corpus[i];
+    if (!(c->time_ms > 0) || c->group >= UINT32_MAX - 1) continue;
+    int rc = nf_cost_model_add_sample(R->model, c->feat, c->time_ms, c->group + 1, w);
+    if (rc != NF_OK) return rc;
+    R->res->corpus++;
+  }
+  return NF_OK;
+}
+
+/* The best schedules of similar subgraphs, adapted to this graph, as the
+ * first trials after the default (a schedule already seen, or that does
+ * not apply here, is skipped). */
+static int transfer_trials(run *R) {
+  const nf_search_opts *o = R->o;
+  for (size_t i = 0; i < o->n_transfer && budget_left(R); i++) {
+    nf_schedule *s = NULL;
+    nf_buf e = NF_BUF_INIT;
+    int rc = o->transfer[i] ? nf_search_adapt(R->g, o->transfer[i], &s, &e) : NF_EINVAL;
+    nf_buf_free(&e);
+    if (rc == NF_ENOMEM) return rc;
+    if (rc != NF_OK) {
+      R->res->transfer_dropped++;
+      continue;
+    }
+    nf_buf_reset(&R->tmp);
+    nf_schedule_print(s, &R->tmp);
+    uint64_t h = fnv(nf_buf_str(&R->tmp), R->tmp.len);
+    if (hset_has(&R->seen, h)) {
+      nf_schedule_free(s);
+      continue;
+    }
+    nf_search_record rec;
+    memset(&rec, 0, sizeof rec);
+    rec.schedule = strdup(nf_buf_str(&R->tmp));
+    rc = rec.schedule ? hset_add(&R->seen, h) : NF_ENOMEM;
+    if (R->meas) nf_measurer_set_cutoff(R->meas, R->res->best_ms > 0 ? 2 * R->res->best_ms : 0);
+    if (rc == NF_OK) rc = measure_schedule(R, s, &rec);
+    nf_schedule_free(s);
+    if (rc != NF_OK) {
+      free(rec.schedule);
+      return rc;
+    }
+    int best = 0;
+    rc = count_learnt(R, &rec, &best);
+    R->res->transferred++;
+    rc = finish_trial(R, &rec, rc);
+    if (rc != NF_OK) return rc;
+  }
+  return NF_OK;
+}
+
 /* The winner's curse: the best of many noisy medians is flattering.  The
  * default, the best few of this run and a resumed run's prior best are
  * measured once more, in turn, and the best and default times become
@@ -974,6 +1031,8 @@ int nf_search_run(const nf_graph *g, const nf_search_opts *o, nf_search_result *
     }
   }
   if (rc == NF_OK) rc = add_prior(&R);
+  if (rc == NF_OK) rc = add_corpus(&R);
+  if (rc == NF_OK && o->cuda_sm <= 0) rc = transfer_trials(&R);
   if (rc == NF_OK && nf_cost_model_n_records(R.model) >= 2 && !o->random_search) {
     nf_buf e = NF_BUF_INIT;
     nf_cost_model_train(R.model, &e); /* too few successes is fine: random */
