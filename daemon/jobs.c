@@ -700,6 +700,7 @@ static int start_job(nfd_job *j) {
     double w = share_weight(j);
     nfd_tune_budget(&S->cfg, w, j->max_trials, j->max_seconds, &trials, &seconds);
     j->tune_seconds = seconds;
+    j->trials_max = (uint32_t)trials; /* status shows the budget from the start */
     if (w > 0)
       NFD_INFO("job %s: tuning budget %d trials, %d s (its step time is %.2f x its client's mean "
                "subgraph's; asked %d trials, %d s)", j->name[0] ? j->name : "(unnamed)", trials,
