@@ -12,7 +12,12 @@
  * tuning (up to tune_jobs).  Among compile jobs, fair share: the job whose
  * least-served subscriber has been served least goes first, then the
  * oldest.  Among tuning jobs: the largest step time reported by the
- * subscribers (StepTimes), then fair share, then age.
+ * subscribers (StepTimes), then fair share, then age.  A tuning's budget
+ * is the asked one scaled by its share of its clients' step time
+ * (nfd_tune_budget), fixed when it starts; it brings what the whole
+ * cache knows: a key never tuned the best schedules of similar keys
+ * (their shape's signature), and every tuning other keys' recent records
+ * for its cost model.
  *
  * Results: a final kernel is stored in the cache (failures there are
  * logged and the clients are served anyway), then sent to every

@@ -10,7 +10,10 @@
  *      error beyond it counts;
  *   2. the default (tier-1) schedule is measured first: default_ms;
  *   3. prior records (a resumed search, or the cache's) train the model
- *      and count as seen, and their best is the starting best;
+ *      and count as seen, and their best is the starting best; records
+ *      of other subgraphs (corpus) train the model too, and a graph never
+ *      tuned measures the best schedules of similar ones first
+ *      (transfer, adapted by nf_search_adapt);
  *   4. rounds until a budget ends: a population (the best measured
  *      points, random samples) evolves for a few generations by mutation
  *      and crossover; every legal candidate (its schedule lowers) is
