@@ -97,6 +97,25 @@ int nf_cost_model_add(nf_cost_model *m, const float *feat, double time_ms) {
 
 size_t nf_cost_model_n_records(const nf_cost_model *m) { return m ? m->n : 0; }
 
+void nf_cost_model_forget_others(nf_cost_model *m) {
+  if (!m) return;
+  size_t w = 0;
+  for (size_t i = 0; i < m->n; i++) {
+    if (m->group[i] != 0) continue;
+    if (w != i) {
+      memmove(m->feat + w * NF_FEAT_N, m->feat + i * NF_FEAT_N, NF_FEAT_N * sizeof *m->feat);
+      m->time[w] = m->time[i];
+      m->group[w] = 0;
+      m->weight[w] = m->weight[i];
+    }
+    w++;
+  }
+  m->n = w;
+  m->n_groups = w ? 1 : 0;
+  m->weighted = 0;
+  for (size_t i = 0; i < w; i++) m->weighted |= m->weight[i] != 1.0f;
+}
+
 int nf_cost_model_trained(const nf_cost_model *m) { return m && m->bst != NULL; }
 
 /* Appends XGBoost's last error after what; returns NF_EINTERNAL. */

@@ -34,6 +34,9 @@ int nf_cost_model_add(nf_cost_model *m, const float *feat, double time_ms);
 int nf_cost_model_add_sample(nf_cost_model *m, const float *feat, double time_ms,
                              uint32_t group, float weight);
 size_t nf_cost_model_n_records(const nf_cost_model *m);
+/* Drops every record not of group 0 (the next training is on this run's
+ * records alone; the current trees stay until then). */
+void nf_cost_model_forget_others(nf_cost_model *m);
 /* (Re)trains on every record.  NF_OK, NF_EINVAL (fewer than 2 records or
  * no successful one), NF_EINTERNAL (XGBoost failed: message in err). */
 int nf_cost_model_train(nf_cost_model *m, nf_buf *err);

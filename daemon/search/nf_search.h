@@ -132,8 +132,9 @@ typedef struct nf_search_opts {
   size_t n_transfer;
   /* records of other subgraphs the cost model learns from too (from the
    * start: the first round is ranked by the model), each weighing
-   * corpus_weight (0: 0.5) against 1 for this run's records; group
-   * numbers their subgraphs (this run is a group of its own) */
+   * corpus_weight (0: 0.5) against 1 for this run's records, until this
+   * run has 64 records of its own (then they only slow retraining down);
+   * group numbers their subgraphs (this run is a group of its own) */
   const nf_search_sample *corpus;
   size_t n_corpus;
   double corpus_weight;
