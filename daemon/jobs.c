@@ -706,7 +706,7 @@ static int start_job(nfd_job *j) {
     nfd_tune_budget(&S->cfg, w, j->max_trials, j->max_seconds, &trials, &seconds);
     j->tune_seconds = seconds;
     j->trials_max = (uint32_t)trials; /* status shows the budget from the start */
-    if (w > 0)
+    if (w > 0 && S->cfg.share_budget)
       NFD_INFO("job %s: tuning budget %d trials, %d s (its step time is %.2f x its client's mean "
                "subgraph's; asked %d trials, %d s)", j->name[0] ? j->name : "(unnamed)", trials,
                seconds, w, j->max_trials, j->max_seconds);
