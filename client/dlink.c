@@ -449,19 +449,23 @@ static void report(dlink *L) {
   nf_session *s = L->s;
   uint64_t *ids = malloc(sizeof(uint64_t) * (size_t)(s->n_kents + 1));
   double *ms = malloc(sizeof(double) * (size_t)(s->n_kents + 1));
-  size_t n = 0;
+  size_t n = 0, n_open = 0;
   if (ids && ms) {
+    /* every subgraph's time, also those whose kernel is final: the daemon
+     * divides its tuning budget by each open request's part of the whole
+     * step (it ignores the ids it no longer has open) */
     pthread_mutex_lock(&s->mu);
-    for (int i = 0; i < s->n_kents; i++) {
+    for (int i = 0; i < s->n_kents && n < NF_WIRE_MAX_STEP_TIMES; i++) {
       const nf__kent *k = &s->kents[i];
-      if ((k->dstate == DK_ACCEPTED || k->dstate == DK_SUBMITTED) && k->share_ms > 0) {
-        ids[n] = k->req_id;
+      if (k->share_ms > 0) {
+        ids[n] = k->dstate == DK_NONE ? 0 : k->req_id;
         ms[n++] = k->share_ms;
+        n_open += k->dstate == DK_ACCEPTED || k->dstate == DK_SUBMITTED;
       }
     }
     pthread_mutex_unlock(&s->mu);
   }
-  if (n) {
+  if (n_open) {
     Neoflow__StepTimes st = NEOFLOW__STEP_TIMES__INIT;
     st.n_request_id = n;
     st.request_id = ids;

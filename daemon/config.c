@@ -100,6 +100,11 @@ static const key_def keys[] = {
     {"jobs", "worker_memory_mb", K_INT, FIELD(worker_memory_mb), 64, 16777216},
     {"jobs", "max_elements", K_COUNT, FIELD(max_elements), 1, (int64_t)1 << 62},
     {"jobs", "max_gflops", K_COUNT, FIELD(max_gflops), 1, (int64_t)1 << 50},
+    {"jobs", "share_budget", K_BOOL, FIELD(share_budget), 0, 1},
+    {"jobs", "min_trials", K_INT, FIELD(min_trials), 1, 1000000},
+    {"jobs", "min_seconds", K_INT, FIELD(min_seconds), 1, 604800},
+    {"jobs", "similar_records", K_INT, FIELD(similar_records), 0, 1024},
+    {"jobs", "model_records", K_INT, FIELD(model_records), 0, 65536},
 };
 
 #define N_KEYS (sizeof keys / sizeof keys[0])
@@ -221,6 +226,11 @@ void nfd_config_defaults(nfd_config *c) {
   c->worker_memory_mb = 4096;
   c->max_elements = NFD_DEFAULT_MAX_ELEMENTS;
   c->max_gflops = NFD_DEFAULT_MAX_GFLOPS;
+  c->share_budget = 1;
+  c->min_trials = 16;
+  c->min_seconds = 15;
+  c->similar_records = 16;
+  c->model_records = 4096;
   (void)apply_env(c, NULL);
 }
 

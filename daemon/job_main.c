@@ -247,6 +247,26 @@ static void run(job *J, const Neoflow__JobRequest *rq) {
     p->trial = -1;
     n_prior++;
   }
+  /* a key never tuned: similar subgraphs' best schedules, and every
+   * subgraph's records for the model (groups renumbered below n_corpus:
+   * the cost model sizes its table by them) */
+  const char **transfer = calloc(rq->n_transfer ? rq->n_transfer : 1, sizeof *transfer);
+  size_t n_transfer = 0;
+  for (size_t i = 0; transfer && i < rq->n_transfer; i++)
+    if (rq->transfer[i]->schedule && *rq->transfer[i]->schedule)
+      transfer[n_transfer++] = rq->transfer[i]->schedule;
+  nf_search_sample *corpus = calloc(rq->n_corpus ? rq->n_corpus : 1, sizeof *corpus);
+  size_t n_corpus = 0;
+  for (size_t i = 0; corpus && i < rq->n_corpus; i++) {
+    const Neoflow__Record *r = rq->corpus[i];
+    nf_search_sample *c = &corpus[n_corpus];
+    if (r->group >= rq->n_corpus || !(r->time_ms > 0) ||
+        !nf_search_record_feat(r->features.data, r->features.len, J->cuda_sm > 0, c->feat))
+      continue;
+    c->time_ms = r->time_ms;
+    c->group = r->group;
+    n_corpus++;
+  }
   nf_search_opts o;
   memset(&o, 0, sizeof o);
   o.max_trials = (int)rq->max_trials;
@@ -261,6 +281,10 @@ static void run(job *J, const Neoflow__JobRequest *rq) {
   o.measure.n_threads = (int)rq->threads;
   o.prior = prior;
   o.n_prior = n_prior;
+  o.transfer = transfer;
+  o.n_transfer = transfer ? n_transfer : 0;
+  o.corpus = corpus;
+  o.n_corpus = corpus ? n_corpus : 0;
   o.progress = on_progress;
   o.on_record = on_record;
   o.user = J;
@@ -316,7 +340,13 @@ static void run(job *J, const Neoflow__JobRequest *rq) {
                  nf_buf_str(&err));
     nf_buf_free(&dtext);
   }
+  if (res.transferred || res.transfer_dropped || res.corpus)
+    fprintf(stderr, "neoflowd --job: warm start: %d transferred schedules measured, %d did not "
+            "apply; the model learnt from %zu records of other subgraphs\n", res.transferred,
+            res.transfer_dropped, res.corpus);
   nf_search_result_free(&res);
+  free(transfer);
+  free(corpus);
   free(prior);
   nf_buf_free(&err);
 }

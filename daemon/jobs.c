@@ -12,7 +12,12 @@
  * tuning (up to tune_jobs).  Among compile jobs, fair share: the job whose
  * least-served subscriber has been served least goes first, then the
  * oldest.  Among tuning jobs: the largest step time reported by the
- * subscribers (StepTimes), then fair share, then age.
+ * subscribers (StepTimes), then fair share, then age.  A tuning's budget
+ * is the asked one scaled by its share of its clients' step time
+ * (nfd_tune_budget), fixed when it starts; it brings what the whole
+ * cache knows: a key never tuned the best schedules of similar keys
+ * (their shape's signature), and every tuning other keys' recent records
+ * for its cost model.
  *
  * Results: a final kernel is stored in the cache (failures there are
  * logged and the clients are served anyway), then sent to every
@@ -28,6 +33,7 @@
  * A job whose last subscriber leaves is dropped: its process group is
  * killed.  Timeouts: compile_timeout_s for a compile, max_seconds + 120 s
  * for tuning. */
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,6 +60,8 @@ struct nfd_job {
   size_t graph_len;
   int phase;
   int max_trials, max_seconds;
+  int tune_seconds;  /* the running tuning's time budget (nfd_tune_budget) */
+  nfd_shape shape;   /* how the cache finds subgraphs similar to this one */
   nfd_req *subs;
   int n_subs;
   uint64_t seq;
@@ -520,6 +528,170 @@ static void add_prior(nfd_job *j, Neoflow__JobRequest *rq, nf_cache_record **rec
   rq->n_prior = *n;
 }
 
+/* Appends recs (schedules: transfer; features, time and group: corpus)
+ * to a JobRequest list: *list and *n set, the array in *arr (freed by the
+ * caller with free(*arr) and free(*list)). */
+static int records_to_wire(const nf_cache_record *recs, size_t n, Neoflow__Record ***list,
+                           size_t *count, Neoflow__Record **arr) {
+  *list = NULL;
+  *count = 0;
+  *arr = NULL;
+  if (!n) return NF_OK;
+  Neoflow__Record *r = calloc(n, sizeof *r);
+  Neoflow__Record **rp = calloc(n, sizeof *rp);
+  if (!r || !rp) {
+    free(r);
+    free(rp);
+    return NF_ENOMEM;
+  }
+  for (size_t i = 0; i < n; i++) {
+    neoflow__record__init(&r[i]);
+    r[i].schedule = recs[i].schedule ? recs[i].schedule : (char *)"";
+    r[i].status = recs[i].status;
+    r[i].time_ms = recs[i].time_ms;
+    r[i].features.data = recs[i].features;
+    r[i].features.len = recs[i].features ? recs[i].n_features : 0;
+    r[i].reason = (char *)"";
+    r[i].group = recs[i].group;
+    rp[i] = &r[i];
+  }
+  *list = rp;
+  *count = n;
+  *arr = r;
+  return NF_OK;
+}
+
+typedef struct near_key {
+  const nf_cache_similar *s;
+  double dist;
+} near_key;
+
+static int cmp_near(const void *a, const void *b) {
+  const near_key *x = a, *y = b;
+  if (x->dist != y->dist) return x->dist < y->dist ? -1 : 1;
+  return memcmp(x->s->key, y->s->key, 32);
+}
+
+#define NEAR_KEYS 4 /* similar subgraphs a never-tuned one starts from */
+
+/* A key never tuned: the best schedules of the NEAR_KEYS subgraphs of its
+ * signature nearest to it (L1 distance of the log2 extents), taken in
+ * turn (the nearest's best first), at most similar_records. */
+static void find_transfer(nfd_job *j, nf_cache_record **out, size_t *n_out, int *n_keys) {
+  nfd_server *S = j->S;
+  *out = NULL;
+  *n_out = 0;
+  *n_keys = 0;
+  size_t want = (size_t)S->cfg.similar_records;
+  if (!S->cache || !j->shape.ok || !want) return;
+  nf_buf err = NF_BUF_INIT;
+  nf_cache_similar *sim = NULL;
+  size_t n_sim = 0;
+  if (nf_cache_find_similar(S->cache, j->shape.sig, j->target.fingerprint, j->target.codegen,
+                            j->key, 256, &sim, &n_sim, &err) != NF_OK)
+    NFD_WARN("cache: no similar subgraphs: %s", nf_buf_str(&err));
+  near_key nk[256];
+  size_t nn = 0;
+  for (size_t i = 0; i < n_sim && nn < 256; i++) {
+    if (sim[i].n_desc != j->shape.n_desc) continue;
+    double d = 0;
+    for (size_t q = 0; q < sim[i].n_desc; q++) d += fabs((double)sim[i].desc[q] - j->shape.desc[q]);
+    nk[nn].s = &sim[i];
+    nk[nn++].dist = d;
+  }
+  qsort(nk, nn, sizeof *nk, cmp_near);
+  if (nn > NEAR_KEYS) nn = NEAR_KEYS;
+  nf_cache_record *per[NEAR_KEYS] = {0};
+  size_t n_per[NEAR_KEYS] = {0};
+  for (size_t k = 0; k < nn; k++) {
+    nf_buf_reset(&err);
+    if (nf_cache_get_records(S->cache, nk[k].s->key, want, &per[k], &n_per[k], &err) != NF_OK)
+      n_per[k] = 0;
+    /* best first: the successful ones lead */
+    size_t ok = 0;
+    while (ok < n_per[k] && per[k][ok].status == 0 && per[k][ok].time_ms > 0) ok++;
+    for (size_t q = ok; q < n_per[k]; q++) {
+      free(per[k][q].schedule);
+      free(per[k][q].features);
+      free(per[k][q].reason);
+    }
+    n_per[k] = ok;
+    *n_keys += ok > 0;
+  }
+  nf_cache_record *v = calloc(want, sizeof *v);
+  size_t n = 0;
+  for (size_t rank = 0; v && n < want; rank++) {
+    int any = 0;
+    for (size_t k = 0; k < nn && n < want; k++)
+      if (rank < n_per[k]) {
+        v[n++] = per[k][rank];
+        memset(&per[k][rank], 0, sizeof per[k][rank]); /* taken over */
+        any = 1;
+      }
+    if (!any) break;
+  }
+  for (size_t k = 0; k < nn; k++) nf_cache_records_free(per[k], n_per[k]);
+  free(sim);
+  nf_buf_free(&err);
+  if (!n) {
+    free(v);
+    *n_keys = 0;
+    return;
+  }
+  *out = v;
+  *n_out = n;
+}
+
+/* What a tuning job brings from the whole cache: for a key never tuned,
+ * similar subgraphs' best schedules (transfer); and every subgraph's
+ * recent records for the cost model (corpus).  Logged with the time the
+ * queries took. */
+static void add_shared(nfd_job *j, Neoflow__JobRequest *rq, nf_cache_record **tr, size_t *n_tr,
+                       nf_cache_record **co, size_t *n_co, Neoflow__Record **arr_tr,
+                       Neoflow__Record **arr_co) {
+  nfd_server *S = j->S;
+  double t0 = nfd_now();
+  int n_keys = 0;
+  *tr = *co = NULL;
+  *n_tr = *n_co = 0;
+  if (rq->n_prior == 0) find_transfer(j, tr, n_tr, &n_keys);
+  if (S->cache && S->cfg.model_records > 0) {
+    nf_buf err = NF_BUF_INIT;
+    if (nf_cache_get_corpus(S->cache, j->target.fingerprint, j->target.codegen, j->key,
+                            (size_t)S->cfg.model_records, co, n_co, &err) != NF_OK) {
+      NFD_WARN("cache: no records of other subgraphs for the model: %s", nf_buf_str(&err));
+      *n_co = 0;
+    }
+    nf_buf_free(&err);
+  }
+  if (records_to_wire(*tr, *n_tr, &rq->transfer, &rq->n_transfer, arr_tr) != NF_OK ||
+      records_to_wire(*co, *n_co, &rq->corpus, &rq->n_corpus, arr_co) != NF_OK) {
+    free(*arr_tr);
+    free(rq->transfer);
+    rq->transfer = NULL;
+    rq->n_transfer = 0;
+    *arr_tr = NULL;
+    *arr_co = NULL;
+  }
+  uint32_t groups = 0;
+  for (size_t i = 0; i < *n_co; i++)
+    if ((*co)[i].group + 1 > groups) groups = (*co)[i].group + 1;
+  if (*n_tr || *n_co)
+    NFD_INFO("job %s: starts from %zu schedules of %d similar subgraphs; the model learns from "
+             "%zu records of %u other subgraphs (%.1f ms)",
+             j->name[0] ? j->name : "(unnamed)", *n_tr, n_keys, *n_co, groups,
+             (nfd_now() - t0) * 1000);
+}
+
+/* The weight of a job's share of its clients' step time: the largest of
+ * its subscribers' (0: none reported). */
+static double share_weight(const nfd_job *j) {
+  double w = 0;
+  for (nfd_req *r = j->subs; r; r = r->next_in_job)
+    if (r->step_weight > w) w = r->step_weight;
+  return w;
+}
+
 static int start_job(nfd_job *j) {
   nfd_server *S = j->S;
   int tune = j->phase == PH_QUEUED_TUNE;
@@ -528,8 +700,21 @@ static int start_job(nfd_job *j) {
   Neoflow__JobRequest rq = NEOFLOW__JOB_REQUEST__INIT;
   rq.graph = g;
   rq.mode = tune ? NEOFLOW__MODE__MODE_TUNE : NEOFLOW__MODE__MODE_COMPILE;
-  rq.max_trials = (uint32_t)j->max_trials;
-  rq.max_seconds = (uint32_t)j->max_seconds;
+  int trials = j->max_trials, seconds = j->max_seconds;
+  if (tune) {
+    double w = share_weight(j);
+    nfd_tune_budget(&S->cfg, w, j->max_trials, j->max_seconds, &trials, &seconds);
+    j->tune_seconds = seconds;
+    j->trials_max = (uint32_t)trials; /* status shows the budget from the start */
+    if (w > 0 && S->cfg.share_budget)
+      NFD_INFO("job %s: tuning budget %d trials, %d s (its step time is %.2f x its client's mean "
+               "subgraph's; asked %d trials, %d s)", j->name[0] ? j->name : "(unnamed)", trials,
+               seconds, w, j->max_trials, j->max_seconds);
+    /* the shape, for the subgraphs tuned after this one */
+    nfd_writer_shape(S, j->key, &j->shape);
+  }
+  rq.max_trials = (uint32_t)trials;
+  rq.max_seconds = (uint32_t)seconds;
   rq.seed = 1;
   rq.measure_timeout_ms = (uint32_t)S->cfg.measure_timeout_ms;
   rq.worker_memory_mb = (uint64_t)S->cfg.worker_memory_mb;
@@ -539,16 +724,24 @@ static int start_job(nfd_job *j) {
   rq.threads = ncpu > 0 ? (uint32_t)ncpu : 1;
   rq.cuda_sm = (uint32_t)j->target.cuda_sm;
   rq.cuda_name = j->target.cuda_name;
-  nf_cache_record *prior = NULL;
-  size_t n_prior = 0;
+  nf_cache_record *prior = NULL, *tr = NULL, *co = NULL;
+  size_t n_prior = 0, n_tr = 0, n_co = 0;
+  Neoflow__Record *arr_tr = NULL, *arr_co = NULL;
   if (tune) add_prior(j, &rq, &prior, &n_prior);
+  if (tune) add_shared(j, &rq, &tr, &n_tr, &co, &n_co, &arr_tr, &arr_co);
   nf_buf b = NF_BUF_INIT;
   int rc = nf_wire_pack(&rq.base, NF_WIRE_JOB_FRAME_MAX, &b);
   if (rq.n_prior) {
     free(rq.prior[0]);
     free(rq.prior);
   }
+  free(arr_tr);
+  free(rq.transfer);
+  free(arr_co);
+  free(rq.corpus);
   nf_cache_records_free(prior, n_prior);
+  nf_cache_records_free(tr, n_tr);
+  nf_cache_records_free(co, n_co);
   neoflow__graph__free_unpacked(g, NULL);
   if (rc != NF_OK) {
     nf_buf_free(&b);
@@ -638,7 +831,7 @@ static void job_destroy(nfd_job *j) {
 
 int nfd_job_subscribe(nfd_server *S, nfd_req *r, const uint8_t graph_hash[32],
                       const char *graph_name, const uint8_t *graph_pb, size_t graph_len,
-                      int have_tier1, int max_trials, int max_seconds) {
+                      const nfd_shape *shape, int have_tier1, int max_trials, int max_seconds) {
   nfd_job *j = find_job(S, r->key);
   if (!j) {
     if (S->n_jobs >= S->cfg.max_queued_jobs) return NF_ELIMIT;
@@ -660,6 +853,7 @@ int nfd_job_subscribe(nfd_server *S, nfd_req *r, const uint8_t graph_hash[32],
     j->have_tier1 = have_tier1;
     j->max_trials = max_trials;
     j->max_seconds = max_seconds;
+    if (shape) j->shape = *shape;
     j->seq = ++S->job_seq;
     j->t_created = nfd_now();
     j->next = S->jobs;
@@ -677,6 +871,7 @@ int nfd_job_subscribe(nfd_server *S, nfd_req *r, const uint8_t graph_hash[32],
     nfd_req_finish(r);
     return NF_OK;
   } else if (r->mode == NEOFLOW__MODE__MODE_TUNE) {
+    if (!j->shape.ok && shape) j->shape = *shape;
     /* the largest budget asked for wins */
     if (max_trials > j->max_trials) j->max_trials = max_trials;
     if (max_seconds > j->max_seconds) j->max_seconds = max_seconds;
@@ -776,7 +971,7 @@ void nfd_jobs_tick(nfd_server *S, double now) {
     double age = now - j->t_started;
     if (j->phase == PH_COMPILING && age > S->cfg.compile_timeout_s)
       kill_job(j, NEOFLOW__ERROR_CODE__ERR_COMPILE_TIMEOUT);
-    else if (j->phase == PH_TUNING && age > j->max_seconds + 120)
+    else if (j->phase == PH_TUNING && age > j->tune_seconds + 120)
       kill_job(j, NEOFLOW__ERROR_CODE__ERR_TIMEOUT);
   }
 }

@@ -89,8 +89,30 @@ typedef struct nfd_config {
                               hold more elements in all is refused */
   int64_t max_gflops;      /* NFD_DEFAULT_MAX_GFLOPS: a subgraph whose one
                               evaluation may take more GFLOP is refused */
+  int share_budget;        /* 1: a tuning job's budget follows its share of
+                              its clients' step time (nfd_tune_budget) */
+  int min_trials;          /* 16: the least a subgraph of negligible share gets */
+  int min_seconds;         /* 15 */
+  int similar_records;     /* 16: schedules of similar subgraphs a job never
+                              tuned starts from (0: none) */
+  int model_records;       /* 4096: records of other subgraphs the cost
+                              model also learns from (0: none) */
   char config_path[4096];  /* the file loaded ("" none) */
 } nfd_config;
+
+/* The most a share of step time multiplies a tuning budget by. */
+#define NFD_SHARE_BOOST 4
+
+/* A tuning job's budget (docs/daemon.md "Tuning budget"): the budget
+ * asked for (trials, seconds: the request's, within the caps) scaled by
+ * weight, the subgraph's step time over the mean step time of its
+ * client's subgraphs (1: an average subgraph), so that a client's
+ * subgraphs share the sum of their budgets by their measured share of the
+ * step.  The result stays within [min(min_*, asked), min(max_*,
+ * NFD_SHARE_BOOST x asked)].  A weight <= 0 or not finite (no profile
+ * reported yet), or share_budget off, leaves the budget as asked. */
+void nfd_tune_budget(const nfd_config *c, double weight, int trials, int seconds,
+                     int *out_trials, int *out_seconds);
 
 /* Built-in defaults with the environment applied.  socket_path:
  * $NEOFLOW_SOCKET, else $XDG_RUNTIME_DIR/neoflowd/neoflowd.sock, else

@@ -110,6 +110,15 @@ typedef struct nfd_target {
   char cuda_name[256];      /* the GPU's name as the client's driver says */
 } nfd_target;
 
+/* A subgraph's shape (nf_search_shape): how the cache finds similar
+ * ones.  ok 0: unknown (not computed, or the graph had none). */
+typedef struct nfd_shape {
+  int ok;
+  uint8_t sig[NF_CACHE_SIG];
+  float desc[NF_CACHE_DESC];
+  size_t n_desc;
+} nfd_shape;
+
 /* ---- requests ---- */
 struct nfd_req {
   nfd_req *next_in_conn, *next_in_job;
@@ -118,6 +127,9 @@ struct nfd_req {
   uint64_t id;
   int mode;           /* Neoflow__Mode */
   double step_ms;     /* reported by the client (StepTimes) */
+  double step_weight; /* step_ms over the mean of the client's subgraphs in
+                         the same report (0: none yet): scales the tuning
+                         budget (nfd_tune_budget) */
   uint8_t key[32];
   nfd_target target;  /* the session's */
   int got_tier;       /* best kernel delivered so far */
@@ -148,11 +160,12 @@ void nfd_req_finish(nfd_req *r);
 /* Subscribes r to the job of its key, creating it when there is none
  * (single flight).  tuned_in_cache: the cache holds a tier-1 entry, so a
  * new job starts at the tuning phase.  graph_pb: the packed wire graph
- * (copied when a job is created).  NF_OK, NF_ELIMIT (queue full),
+ * (copied when a job is created); shape (may be NULL): the graph's, stored
+ * with the key when tuning starts and used to find similar subgraphs.  NF_OK, NF_ELIMIT (queue full),
  * NF_ENOMEM. */
 int nfd_job_subscribe(nfd_server *S, nfd_req *r, const uint8_t graph_hash[32],
                       const char *graph_name, const uint8_t *graph_pb, size_t graph_len,
-                      int have_tier1, int max_trials, int max_seconds);
+                      const nfd_shape *shape, int have_tier1, int max_trials, int max_seconds);
 /* Removes r from its job (if any); a job left without subscribers is
  * dropped (a running job process is killed; its records so far are kept). */
 void nfd_job_unsubscribe(nfd_req *r);
@@ -192,6 +205,8 @@ void nfd_writer_touch(nfd_server *S, const uint8_t key[32], int64_t n);
 /* Queues moving key's entry to the quarantine (a binary it will not
  * serve: unsigned or signed by another key). */
 void nfd_writer_quarantine(nfd_server *S, const uint8_t key[32], const char *reason);
+/* Queues storing key's shape (nf_cache_put_shape). */
+void nfd_writer_shape(nfd_server *S, const uint8_t key[32], const nfd_shape *shape);
 /* A copy of the latest queued, not yet committed entry for key: NF_OK,
  * NF_ENOENT, NF_ENOMEM. */
 int nfd_writer_lookup(nfd_server *S, const uint8_t key[32], nf_cache_entry *out);

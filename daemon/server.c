@@ -40,6 +40,7 @@
 #include "nf_wire_auth.h"
 #include "nf_wire_box.h"
 #include "nf_wire_sign.h"
+#include "nf_search.h"
 #include "nfd_int.h"
 #include "nfd_net.h"
 
@@ -541,6 +542,13 @@ static void on_submit(nfd_conn *c, const Neoflow__Submit *s) {
   int rc = ctx ? nf_wire_graph_to_ir(s->graph, ctx, &g, &err) : NF_ENOMEM;
   if (rc == NF_OK) rc = check_caps(S, g, &err);
   if (rc == NF_OK) rc = nf_graph_hash(g, ghash);
+  /* the shape finds similar subgraphs in the cache when this one is tuned
+   * (only then: a compile never looks) */
+  nfd_shape shape;
+  memset(&shape, 0, sizeof shape);
+  if (rc == NF_OK && s->mode == NEOFLOW__MODE__MODE_TUNE &&
+      nf_search_shape(g, shape.sig, shape.desc, NF_CACHE_DESC, &shape.n_desc) == NF_OK)
+    shape.ok = 1;
   if (rc != NF_OK) {
     if (rc == NF_ENOMEM)
       nfd_conn_error(c, id, NEOFLOW__ERROR_CODE__ERR_INTERNAL, 0, "submit: out of memory");
@@ -650,7 +658,12 @@ static void on_submit(nfd_conn *c, const Neoflow__Submit *s) {
   /* a job: compile (miss), or tune (tier-1 hit, TUNE mode) */
   uint8_t *pb = malloc(protobuf_c_message_get_packed_size(&s->graph->base) + 1);
   size_t pb_len = pb ? protobuf_c_message_pack(&s->graph->base, pb) : 0;
+<<<<<<< HEAD
   rc = pb ? nfd_job_subscribe(S, r, ghash, s->graph->name, pb, pb_len, hit, trials,
+=======
+  rc = pb ? nfd_job_subscribe(S, r, ghash, s->graph->name, pb, pb_len, &shape, hit,
+                              clampi((int)s->max_trials, S->cfg.default_trials, S->cfg.max_trials),
+>>>>>>> tune-share
                               clampi((int)s->max_seconds, S->cfg.default_seconds, S->cfg.max_seconds))
           : NF_ENOMEM;
   free(pb);
@@ -676,10 +689,23 @@ static void on_cancel(nfd_conn *c, const Neoflow__Cancel *m) {
   nfd_req_finish(r);
 }
 
+/* Each open request's step time, and its weight: its time over the mean
+ * of every subgraph the report lists (a client lists its finished ones
+ * too: the budget of its open ones is its share of the whole step). */
 static void on_step_times(nfd_conn *c, const Neoflow__StepTimes *m) {
+  double total = 0;
+  size_t n = 0;
+  for (size_t i = 0; i < m->n_ms; i++)
+    if (m->ms[i] > 0) {
+      total += m->ms[i];
+      n++;
+    }
+  double mean = n ? total / (double)n : 0;
   for (size_t i = 0; i < m->n_request_id; i++) {
     nfd_req *r = find_req(c, m->request_id[i]);
-    if (r) r->step_ms = m->ms[i];
+    if (!r) continue;
+    r->step_ms = m->ms[i];
+    r->step_weight = mean > 0 ? m->ms[i] / mean : 0;
   }
 }
 

@@ -27,7 +27,7 @@
 
 #define NFD_WRITER_MAX_BYTES (256u << 20)
 
-enum { OP_PUT, OP_RECORDS, OP_TOUCH, OP_QUARANTINE };
+enum { OP_PUT, OP_RECORDS, OP_TOUCH, OP_QUARANTINE, OP_SHAPE };
 
 typedef struct op {
   struct op *next;
@@ -38,6 +38,7 @@ typedef struct op {
   size_t n_recs;
   int64_t touches;      /* OP_TOUCH */
   char reason[64];      /* OP_QUARANTINE */
+  nfd_shape shape;      /* OP_SHAPE */
   size_t bytes;
 } op;
 
@@ -68,6 +69,10 @@ static void run_op(nfd_writer *w, op *o) {
     case OP_RECORDS: rc = nf_cache_add_records(w->cache, o->key, o->recs, o->n_recs, &err); break;
     case OP_TOUCH: rc = nf_cache_touch(w->cache, o->key, o->touches, &err); break;
     case OP_QUARANTINE: rc = nf_cache_quarantine(w->cache, o->key, o->reason, &err); break;
+    case OP_SHAPE:
+      rc = nf_cache_put_shape(w->cache, o->key, o->shape.sig, o->shape.desc, o->shape.n_desc,
+                              &err);
+      break;
   }
   if (rc != NF_OK && strstr(nf_buf_str(&err), ": busy: ")) {
     __atomic_store_n(&w->S->writer_busy_ms, (int64_t)(nfd_now() * 1000), __ATOMIC_RELAXED);
@@ -78,6 +83,7 @@ static void run_op(nfd_writer *w, op *o) {
              o->kind == OP_PUT       ? "a kernel"
              : o->kind == OP_RECORDS ? "records"
              : o->kind == OP_TOUCH   ? "hit counts"
+             : o->kind == OP_SHAPE   ? "a shape"
                                      : "a quarantine",
              nf_buf_str(&err));
     w->failed++;
@@ -175,7 +181,7 @@ static void enqueue(nfd_writer *w, op *o) {
     w->dropped++;
     pthread_mutex_unlock(&w->mu);
     NFD_WARN("cache: the write queue is full (%zu bytes): %s dropped", w->bytes,
-             o->kind == OP_RECORDS ? "records" : "hit counts");
+             o->kind == OP_RECORDS ? "records" : o->kind == OP_SHAPE ? "a shape" : "hit counts");
     op_free(o);
     return;
   }
@@ -228,6 +234,17 @@ void nfd_writer_quarantine(nfd_server *S, const uint8_t key[32], const char *rea
   o->kind = OP_QUARANTINE;
   memcpy(o->key, key, 32);
   snprintf(o->reason, sizeof o->reason, "%s", reason);
+  o->bytes = sizeof *o;
+  enqueue(S->writer, o);
+}
+
+void nfd_writer_shape(nfd_server *S, const uint8_t key[32], const nfd_shape *shape) {
+  if (!S->writer || !shape->ok) return;
+  op *o = calloc(1, sizeof *o);
+  if (!o) return;
+  o->kind = OP_SHAPE;
+  memcpy(o->key, key, 32);
+  o->shape = *shape;
   o->bytes = sizeof *o;
   enqueue(S->writer, o);
 }

@@ -53,6 +53,8 @@
 #define NF_WIRE_DESCRIPTION_MAX 256          /* Target.description */
 #define NF_WIRE_MAX_STATUS_ITEMS 16384       /* StatusReply.clients, .jobs */
 #define NF_WIRE_MAX_PRIOR 65536              /* JobRequest.prior */
+#define NF_WIRE_MAX_TRANSFER 1024            /* JobRequest.transfer */
+#define NF_WIRE_MAX_CORPUS 65536             /* JobRequest.corpus */
 #define NF_WIRE_FEATURES_MAX (16u << 10)     /* Record.features bytes */
 /* The decode budget of a frame of n bytes: n + clamp(FACTOR * n,
  * BUDGET_MIN, BUDGET_MAX) bytes allocated in all (decode.c). */

@@ -554,16 +554,24 @@ int nf_wire_validate_job_request(const Neoflow__JobRequest *m, nf_wire_err *e) {
   int rc;
   if ((rc = check_enum(&v, "mode", &neoflow__mode__descriptor, (int)m->mode)) ||
       (rc = check_count(&v, "prior", m->n_prior, NF_WIRE_MAX_PRIOR)) ||
+      (rc = check_count(&v, "transfer", m->n_transfer, NF_WIRE_MAX_TRANSFER)) ||
+      (rc = check_count(&v, "corpus", m->n_corpus, NF_WIRE_MAX_CORPUS)) ||
       (rc = check_text(&v, "cuda_name", m->cuda_name, NF_WIRE_DESCRIPTION_MAX, 0)))
     return rc;
   if (m->n_prior && !m->prior) return missing(&v, "prior");
+  if (m->n_transfer && !m->transfer) return missing(&v, "transfer");
+  if (m->n_corpus && !m->corpus) return missing(&v, "corpus");
   SUB(&v, "graph", m->graph, v_graph);
-  for (size_t i = 0; i < m->n_prior; i++) {
-    size_t old = enter(&v, "prior", (long)i);
-    rc = m->prior[i] ? v_record(&v, m->prior[i]) : missing(&v, NULL);
-    leave(&v, old);
-    if (rc) return rc;
-  }
+  static const char *const names[] = {"prior", "transfer", "corpus"};
+  Neoflow__Record *const *lists[] = {m->prior, m->transfer, m->corpus};
+  const size_t counts[] = {m->n_prior, m->n_transfer, m->n_corpus};
+  for (int l = 0; l < 3; l++)
+    for (size_t i = 0; i < counts[l]; i++) {
+      size_t old = enter(&v, names[l], (long)i);
+      rc = lists[l][i] ? v_record(&v, lists[l][i]) : missing(&v, NULL);
+      leave(&v, old);
+      if (rc) return rc;
+    }
   return NF_OK;
 }
 

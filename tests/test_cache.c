@@ -553,7 +553,8 @@ END_TEST
 /* Takes a cache of this schema back to schema 1 (the previous release):
  * no signatures, no adoption list, no tuning failures. */
 #define SCHEMA_1                                                                          \
-  "DROP TABLE signatures; DROP TABLE adopt; ALTER TABLE entries DROP COLUMN tune_error; "  \
+  "DROP TABLE shapes; DROP TABLE signatures; DROP TABLE adopt; "                           \
+  "ALTER TABLE entries DROP COLUMN tune_error; "                                            \
   "ALTER TABLE entries DROP COLUMN tune_check; ALTER TABLE quarantine DROP COLUMN "        \
   "tune_error; ALTER TABLE quarantine DROP COLUMN tune_check; PRAGMA user_version=1"
 
@@ -589,7 +590,7 @@ START_TEST(cache_migrate_schema_1) {
 END_TEST
 
 static nf_cache_record rec(const char *sched, int status, double ms) {
-  nf_cache_record r = {(char *)sched, status, ms, NULL, 0, (char *)(status ? "crash" : "")};
+  nf_cache_record r = {(char *)sched, status, ms, NULL, 0, (char *)(status ? "crash" : ""), 0};
   return r;
 }
 
@@ -631,6 +632,142 @@ START_TEST(cache_reopen) {
   ck_assert_int_eq(s.tier1, 3);
   ck_assert_int_eq(s.tier2, 2);
   nf_cache_close(c);
+  rm_dir(d);
+}
+END_TEST
+
+/* Schema 3: shapes.  Similar keys are those of one signature with an
+ * entry of the same target and code generator, the asking key excepted;
+ * the corpus is every other key's successful records with features,
+ * newest first, numbered by key; both survive export and import, and a
+ * shape whose entry is gone is never returned (gc drops it). */
+START_TEST(cache_shapes_similar_corpus) {
+  char *d = tmp_dir();
+  const char *p = in(d, "cache.db");
+  nf_cache *c = open_default(p);
+  for (unsigned i = 0; i < 5; i++) ck_assert_int_eq(put_new(c, i, 2, 1.0 + i, 100), 1);
+  /* one of another code generator: never similar, never in the corpus */
+  nf_cache_entry other;
+  mk_entry(&other, 9, 2, 1.0, "nf-other-codegen", 100);
+  ck_assert_int_eq(put(c, &other), 1);
+  uint8_t key[6][32], sig_a[NF_CACHE_SIG], sig_b[NF_CACHE_SIG];
+  for (unsigned i = 0; i < 5; i++) key_of(i, key[i]);
+  memcpy(key[5], other.key, 32);
+  memset(sig_a, 0xa1, sizeof sig_a);
+  memset(sig_b, 0xb2, sizeof sig_b);
+  float desc[3] = {6, 7, 8};
+  nf_buf err = NF_BUF_INIT;
+  for (unsigned i = 0; i < 6; i++) {
+    desc[0] = (float)i;
+    ck_assert_msg(nf_cache_put_shape(c, key[i], i == 4 ? sig_b : sig_a, desc, 3, &err) == NF_OK,
+                  "%s", nf_buf_str(&err));
+  }
+  ck_assert_int_eq(nf_cache_put_shape(c, key[0], sig_a, desc, NF_CACHE_DESC + 1, NULL), NF_EINVAL);
+  /* records: two per key, one failed */
+  float feat[4] = {1, 2, 3, 4};
+  for (unsigned i = 0; i < 6; i++) {
+    nf_cache_record r[3] = {rec("a", 0, 2.0 + i), rec("b", 0, 1.0 + i), rec("c", 3, 0)};
+    for (int q = 0; q < 3; q++) {
+      r[q].features = (uint8_t *)feat;
+      r[q].n_features = sizeof feat;
+    }
+    ck_assert_int_eq(nf_cache_add_records(c, key[i], r, 3, NULL), NF_OK);
+  }
+  nf_cache_similar *sim;
+  size_t n;
+  ck_assert_int_eq(nf_cache_find_similar(c, sig_a, other.target, CG, key[1], 0, &sim, &n, &err),
+                   NF_OK);
+  ck_assert_uint_eq(n, 3); /* 0, 2, 3: not 1 (asking), 4 (other signature), 5 (codegen) */
+  int seen[6] = {0};
+  for (size_t i = 0; i < n; i++) {
+    ck_assert_uint_eq(sim[i].n_desc, 3);
+    for (unsigned k = 0; k < 6; k++)
+      if (!memcmp(sim[i].key, key[k], 32)) {
+        seen[k] = 1;
+        ck_assert(sim[i].desc[0] == (float)k && sim[i].desc[2] == 8);
+      }
+  }
+  ck_assert(seen[0] && seen[2] && seen[3] && !seen[1] && !seen[4] && !seen[5]);
+  free(sim);
+  nf_cache_record *co;
+  ck_assert_int_eq(nf_cache_get_corpus(c, other.target, CG, key[0], 0, &co, &n, &err), NF_OK);
+  ck_assert_uint_eq(n, 8); /* keys 1..4, two successful records each */
+  uint32_t max_group = 0;
+  for (size_t i = 0; i < n; i++) {
+    ck_assert_ptr_null(co[i].schedule);
+    ck_assert_uint_eq(co[i].n_features, sizeof feat);
+    ck_assert(co[i].time_ms > 0);
+    if (co[i].group > max_group) max_group = co[i].group;
+    /* a key's records share a group: the same key's two are neighbours */
+    if (i % 2) ck_assert_uint_eq(co[i].group, co[i - 1].group);
+  }
+  ck_assert_uint_eq(max_group, 3);
+  /* newest first: key 4's records came last */
+  ck_assert(co[0].time_ms == 1.0 + 4 || co[0].time_ms == 2.0 + 4);
+  nf_cache_records_free(co, n);
+  ck_assert_int_eq(nf_cache_get_corpus(c, other.target, CG, NULL, 3, &co, &n, &err), NF_OK);
+  ck_assert_uint_eq(n, 3);
+  nf_cache_records_free(co, n);
+  /* export and import carry the shapes */
+  const char *x = in(d, "x.db"), *q = in(d, "q.db");
+  ck_assert_int_eq(nf_cache_export(c, x, NULL, &err), NF_OK);
+  nf_cache *b = open_default(q);
+  nf_cache_import_report ir;
+  ck_assert_msg(nf_cache_import(b, x, &ir, &err) == NF_OK, "%s", nf_buf_str(&err));
+  ck_assert_int_eq(nf_cache_find_similar(b, sig_a, other.target, CG, NULL, 0, &sim, &n, &err),
+                   NF_OK);
+  ck_assert_uint_eq(n, 4);
+  free(sim);
+  nf_cache_close(b);
+  /* an entry gone: its shape is not found, and gc drops it */
+  ck_assert_int_eq(nf_cache_quarantine(c, key[0], "test", NULL), NF_OK);
+  ck_assert_int_eq(nf_cache_find_similar(c, sig_a, other.target, CG, NULL, 0, &sim, &n, &err),
+                   NF_OK);
+  ck_assert_uint_eq(n, 3);
+  free(sim);
+  nf_cache_gc_report gr;
+  ck_assert_int_eq(nf_cache_gc(c, NULL, &gr, &err), NF_OK);
+  nf_cache_close(c);
+  ck_assert_int_eq(raw_i64(p, "SELECT count(*) FROM shapes"), 5);
+  /* a read-only handle stores no shape */
+  nf_cache_opts ro = {.read_only = 1};
+  c = open_ok(p, &ro);
+  ck_assert_int_eq(nf_cache_put_shape(c, key[1], sig_a, desc, 3, NULL), NF_EINVAL);
+  nf_cache_close(c);
+  nf_cache_entry_free(&other);
+  nf_buf_free(&err);
+  rm_dir(d);
+}
+END_TEST
+
+/* A cache of schema 2 (before shapes) migrates: its entries are kept and
+ * have no shape until a job stores one. */
+START_TEST(cache_migrate_schema_2) {
+  char *d = tmp_dir();
+  const char *p = in(d, "cache.db");
+  nf_cache *c = open_default(p);
+  ck_assert_int_eq(put_new(c, 1, 2, 1.0, 100), 1);
+  nf_cache_close(c);
+  raw_exec(p, "DROP TABLE shapes; PRAGMA user_version=2");
+  c = open_default(p);
+  ck_assert_int_eq(stats(c).schema, 3);
+  ck_assert_int_eq(stats(c).entries, 1);
+  uint8_t key[32], sig[NF_CACHE_SIG] = {1};
+  key_of(1, key);
+  nf_cache_similar *sim;
+  size_t n;
+  nf_cache_entry e;
+  mk_entry(&e, 1, 2, 1.0, CG, 100);
+  ck_assert_int_eq(nf_cache_find_similar(c, sig, e.target, CG, NULL, 0, &sim, &n, NULL), NF_OK);
+  ck_assert_uint_eq(n, 0);
+  ck_assert_int_eq(nf_cache_put_shape(c, key, sig, NULL, 0, NULL), NF_OK);
+  ck_assert_int_eq(nf_cache_find_similar(c, sig, e.target, CG, NULL, 0, &sim, &n, NULL), NF_OK);
+  ck_assert_uint_eq(n, 1);
+  ck_assert_uint_eq(sim[0].n_desc, 0);
+  free(sim);
+  nf_cache_entry_free(&e);
+  nf_cache_close(c);
+  ck_assert_int_eq(raw_i64(p, "PRAGMA user_version"), 3);
   rm_dir(d);
 }
 END_TEST
@@ -835,17 +972,17 @@ START_TEST(cache_newer_schema) {
   nf_cache *c = open_default(p);
   put_new(c, 1, 2, 1.0, 100);
   nf_cache_close(c);
-  raw_exec(p, "PRAGMA user_version=3");
+  raw_exec(p, "PRAGMA user_version=4");
   char *msg;
   nf_cache_opts o = {0};
   ck_assert_int_eq(open_fails(p, &o, &msg), NF_EFORMAT);
-  ck_assert_msg(contains(msg, "DB schema 3 > supported 2"), "%s", msg);
+  ck_assert_msg(contains(msg, "DB schema 4 > supported 3"), "%s", msg);
   free(msg);
   o.read_only = 1;
   ck_assert_int_eq(open_fails(p, &o, &msg), NF_EFORMAT);
-  ck_assert_msg(contains(msg, "DB schema 3 > supported 2"), "%s", msg);
+  ck_assert_msg(contains(msg, "DB schema 4 > supported 3"), "%s", msg);
   free(msg);
-  ck_assert_int_eq(raw_i64(p, "PRAGMA user_version"), 3);
+  ck_assert_int_eq(raw_i64(p, "PRAGMA user_version"), 4);
   rm_dir(d);
 }
 END_TEST
@@ -1306,7 +1443,7 @@ START_TEST(cache_import_merge) {
   raw_exec(x, "PRAGMA user_version=9");
   nf_buf_reset(&err);
   ck_assert_int_eq(nf_cache_import(a, x, &ir, &err), NF_EFORMAT);
-  ck_assert_msg(contains(nf_buf_str(&err), "DB schema 9 > supported 2"), "%s", nf_buf_str(&err));
+  ck_assert_msg(contains(nf_buf_str(&err), "DB schema 9 > supported 3"), "%s", nf_buf_str(&err));
   ck_assert_int_eq(nf_cache_import(a, pa, &ir, NULL), NF_EINVAL);
   ck_assert_int_eq(nf_cache_import(a, in(d, "missing.db"), &ir, NULL), NF_ENOENT);
   ck_assert_int_eq(stats(a).entries, 4);
@@ -1870,6 +2007,8 @@ int main(void) {
   tcase_add_test(tc, cache_newer_schema);
   tcase_add_test(tc, cache_tune_failure);
   tcase_add_test(tc, cache_migrate_schema_1);
+  tcase_add_test(tc, cache_migrate_schema_2);
+  tcase_add_test(tc, cache_shapes_similar_corpus);
   tcase_add_test(tc, cache_network_fs);
   tcase_add_test(tc, cache_writer_lock);
   tcase_add_test(tc, cache_read_only);

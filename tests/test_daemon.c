@@ -2245,6 +2245,84 @@ START_TEST(daemon_step_time_order) {
 }
 END_TEST
 
+/* The tuning budget follows the share of step time, and a subgraph never
+ * tuned starts from similar ones.  X and Y (two matmuls) each ask for 8
+ * trials; the client reports X at 30 ms of a step, Y at 10 ms, and a
+ * finished subgraph at 20 ms (mean 20): X gets 12 trials, Y 4 (both run
+ * them all: every correct candidate takes the same made-up time, so none
+ * stops early).  Then Z, a matmul of a third size never tuned, starts
+ * from X's and Y's best schedules and its model from their records. */
+START_TEST(daemon_budget_by_share) {
+  dm d;
+  dm_init(&d);
+  d.env = "NF_JOB_FAKE_TIMES=1";
+  dm_config(&d, "[jobs]\ntune_jobs = 1\nmin_trials = 2\n");
+  dm_start(&d);
+  /* one connection per request (the test's client reads one request at
+   * a time); each reports the whole step, its own request as id 1 */
+  nf_dconn *c = open_client(&d, "shares x"), *cy = open_client(&d, "shares y");
+  Neoflow__Graph *x = mm_wire(40), *y = mm_wire(24), *z = mm_wire(32);
+  nf_buf err = NF_BUF_INIT;
+  submit(c, 1, x, NEOFLOW__MODE__MODE_TUNE, 8);
+  submit(cy, 1, y, NEOFLOW__MODE__MODE_TUNE, 8);
+  /* at once: the compiles come first, tuning starts after them */
+  for (int q = 0; q < 2; q++) {
+    uint64_t ids[3] = {1, 98, 99};
+    double ms[3] = {q ? 10.0 : 30.0, q ? 30.0 : 10.0, 20.0};
+    Neoflow__StepTimes stt = NEOFLOW__STEP_TIMES__INIT;
+    stt.n_request_id = stt.n_ms = 3;
+    stt.request_id = ids;
+    stt.ms = ms;
+    Neoflow__ClientMessage m = NEOFLOW__CLIENT_MESSAGE__INIT;
+    m.msg_case = NEOFLOW__CLIENT_MESSAGE__MSG_STEP_TIMES;
+    m.step_times = &stt;
+    ck_assert_int_eq(nf_dconn_send(q ? cy : c, &m, &err), NF_OK);
+  }
+  nf_dkernel kx, ky, kz;
+  final_kernel(c, 1, &kx, NULL);
+  final_kernel(cy, 1, &ky, NULL);
+  ck_assert_int_eq(kx.tier, 2);
+  ck_assert_int_eq(ky.tier, 2);
+  ck_assert(log_has(&d, "tuning budget 12 trials"));
+  ck_assert(log_has(&d, "tuning budget 4 trials"));
+  /* no profile: the budget asked for */
+  submit(c, 3, z, NEOFLOW__MODE__MODE_TUNE, 6);
+  final_kernel(c, 3, &kz, NULL);
+  nf_dconn_close(cy);
+  ck_assert_msg(log_has(&d, "schedules of 2 similar subgraphs; the model learns from") &&
+                    log_has(&d, "records of 2 other subgraphs"),
+                "Z did not start from X and Y (log %s)", d.log);
+  nf_dkernel_free(&kx);
+  nf_dkernel_free(&ky);
+  nf_dkernel_free(&kz);
+  nf_buf_free(&err);
+  nf_wire_graph_free(x);
+  nf_wire_graph_free(y);
+  nf_wire_graph_free(z);
+  nf_dconn_close(c);
+  ck_assert_int_eq(dm_stop(&d, SIGTERM), 0);
+  /* the trials behind each kernel, as the cache keeps them */
+  const int64_t n[3] = {40, 24, 32}, want[3] = {12, 4, 6};
+  sqlite3 *db = NULL;
+  ck_assert_int_eq(sqlite3_open_v2(d.cache, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+  for (int i = 0; i < 3; i++) {
+    uint8_t key[32];
+    mm_key(n[i], key);
+    sqlite3_stmt *st = NULL;
+    ck_assert_int_eq(sqlite3_prepare_v2(db, "SELECT trials FROM entries WHERE key=?1", -1, &st,
+                                        NULL),
+                     SQLITE_OK);
+    sqlite3_bind_blob(st, 1, key, 32, SQLITE_STATIC);
+    ck_assert_int_eq(sqlite3_step(st), SQLITE_ROW);
+    ck_assert_msg(sqlite3_column_int64(st, 0) == want[i], "matmul %lld: %lld trials, not %lld",
+                  (long long)n[i], (long long)sqlite3_column_int64(st, 0), (long long)want[i]);
+    sqlite3_finalize(st);
+  }
+  sqlite3_close(db);
+  dm_done(&d);
+}
+END_TEST
+
 /* Fair share: client A queues 10 compiles (one compile slot), then B asks
  * for one; B's job goes next, not after A's ten. */
 START_TEST(daemon_fair_share) {
@@ -2549,6 +2627,7 @@ static Suite *suite(void) {
   tcase_add_test(tune, daemon_tunes_adam);
   tcase_add_test(tune, daemon_remembers_untunable);
   tcase_add_test(tune, daemon_retunes_slower_kernel);
+  tcase_add_test(tune, daemon_budget_by_share);
   suite_add_tcase(s, tune);
   TCase *tv = tcase_create("validator"); /* CK_RUN_CASE=validator runs it alone */
   tcase_set_timeout(tv, 300);

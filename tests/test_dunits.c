@@ -32,6 +32,7 @@
  *    threads.
  * Tests that need another uid chown to 65534 when running as root. */
 #include <check.h>
+#include <math.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -515,7 +516,8 @@ START_TEST(dunits_config_example) {
       "sync", "soft_cap_mb", "hard_cap_mb", "listen", "key_file", "compile_jobs", "tune_jobs",
       "max_queued_jobs", "default_trials", "max_trials", "default_seconds", "max_seconds",
       "compile_timeout_s", "measure_timeout_ms", "worker_memory_mb", "max_elements",
-      "max_gflops"};
+      "max_gflops", "share_budget", "min_trials", "min_seconds", "similar_records",
+      "model_records"};
   char expath[4096];
   char *text = read_example(expath, sizeof expath);
   /* Every key is documented with its default ("#key = value"). */
@@ -561,6 +563,60 @@ START_TEST(dunits_config_example) {
   nf_buf_free(&out);
   nf_buf_free(&err);
   free(text);
+}
+END_TEST
+
+/* The tuning budget follows the share of step time: an average subgraph
+ * gets what it asked, one taking 40% of a ten-subgraph step four times
+ * that (the boost's cap), a negligible one the minimum; the caps hold,
+ * the budgets of one client's subgraphs add up to about what they asked
+ * together, and without a profile (or with share_budget off) nothing
+ * changes. */
+START_TEST(dunits_tune_budget) {
+  clear_env();
+  nfd_config c;
+  nfd_config_defaults(&c);
+  int t, sec;
+  nfd_tune_budget(&c, 1.0, 64, 60, &t, &sec);
+  ck_assert_int_eq(t, 64);
+  ck_assert_int_eq(sec, 60);
+  /* ten subgraphs: 40%, 1%, and eight sharing 59% */
+  double ms[10] = {40, 1};
+  for (int i = 2; i < 10; i++) ms[i] = 59.0 / 8;
+  int sum = 0, got[10];
+  for (int i = 0; i < 10; i++) {
+    nfd_tune_budget(&c, ms[i] / 10.0, 64, 60, &got[i], &sec);
+    sum += got[i];
+  }
+  ck_assert_int_eq(got[0], 256); /* 4.0 x 64: at the boost's cap */
+  ck_assert_int_eq(got[1], 16);  /* 0.1 x 64 = 6: the minimum */
+  ck_assert_int_eq(got[2], 47);  /* 0.7375 x 64 */
+  ck_assert_int_gt(got[0], got[2]);
+  ck_assert_int_gt(got[2], got[1]);
+  ck_assert_int_le(abs(sum - 640), 640 / 10);
+  nfd_tune_budget(&c, 4.0, 64, 60, &t, &sec);
+  ck_assert_int_eq(sec, 240);
+  nfd_tune_budget(&c, 0.01, 64, 60, &t, &sec);
+  ck_assert_int_eq(sec, 15);
+  /* the configuration's caps win over the boost */
+  c.max_trials = 100;
+  c.max_seconds = 90;
+  nfd_tune_budget(&c, 3.0, 64, 60, &t, &sec);
+  ck_assert_int_eq(t, 100);
+  ck_assert_int_eq(sec, 90);
+  /* a request asking for less than the minimum keeps what it asked */
+  nfd_tune_budget(&c, 0.01, 8, 5, &t, &sec);
+  ck_assert_int_eq(t, 8);
+  ck_assert_int_eq(sec, 5);
+  /* no profile yet, a broken one, or the feature off: as asked */
+  nfd_tune_budget(&c, 0, 64, 60, &t, &sec);
+  ck_assert_int_eq(t, 64);
+  nfd_tune_budget(&c, NAN, 64, 60, &t, &sec);
+  ck_assert_int_eq(t, 64);
+  c.share_budget = 0;
+  nfd_tune_budget(&c, 3.0, 64, 60, &t, &sec);
+  ck_assert_int_eq(t, 64);
+  ck_assert_int_eq(sec, 60);
 }
 END_TEST
 
@@ -1490,6 +1546,7 @@ int main(void) {
   tcase_add_test(tc, dunits_config_syntax);
   tcase_add_test(tc, dunits_config_env_overrides);
   tcase_add_test(tc, dunits_config_example);
+  tcase_add_test(tc, dunits_tune_budget);
   tcase_add_test(tc, dunits_check_tcp_key);
   tcase_add_test(tc, dunits_check_limits);
   tcase_add_test(tc, dunits_socket_dir_created);

@@ -499,6 +499,194 @@ START_TEST(budgets) {
 }
 END_TEST
 
+/* ---- what a search takes from other subgraphs ---- */
+
+/* The first trial whose best so far is within ratio of the default (the
+ * default's time over it at least 1 / ratio); trials + 1 when none. */
+static int trials_to(const nf_search_result *r, double ratio) {
+  double def = r->records[0].time_ms, best = def;
+  for (size_t i = 1; i < r->n_records; i++) {
+    if (r->records[i].status == NF_MEAS_OK && r->records[i].time_ms < best)
+      best = r->records[i].time_ms;
+    if (best <= def * ratio) return r->records[i].trial;
+  }
+  return r->trials + 1;
+}
+
+static int cmp_rec_time(const void *a, const void *b) {
+  const nf_search_record *x = a, *y = b;
+  return (x->time_ms > y->time_ms) - (x->time_ms < y->time_ms);
+}
+
+/* Two matmuls of other sizes have one shape signature (a convolution
+ * another), and their descriptors differ by the extents. */
+START_TEST(shape_signature) {
+  nf_module *m = load("nn.nf");
+  tcase cs[3] = {{"matmul", "matmul", P0, 2, {NZ(1, 2, 64, 64), NZ(1, 2, 64, 64)}, NULL, 0, 0},
+                 {"matmul", "matmul", P0, 2, {NZ(1, 2, 48, 96), NZ(1, 2, 96, 80)}, NULL, 0, 0},
+                 {"conv2d", "conv2d", P1("pad", 1), 2,
+                  {NZ(1, 4, 2, 8, 14, 14), NZ(1, 4, 16, 8, 3, 3)}, NULL, 0, 0}};
+  uint8_t sig[3][16];
+  float desc[3][64];
+  size_t nd[3];
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  for (int i = 0; i < 3; i++)
+    ck_assert_int_eq(nf_search_shape(inst_graph(m, &cs[i], ctx), sig[i], desc[i], 64, &nd[i]),
+                     NF_OK);
+  ck_assert(memcmp(sig[0], sig[1], 16) == 0);
+  ck_assert(memcmp(sig[0], sig[2], 16) != 0);
+  ck_assert_uint_eq(nd[0], 3); /* i, j, k */
+  ck_assert_uint_eq(nd[1], 3);
+  ck_assert(desc[0][0] == 6 && desc[1][0] == (float)log2(48.0) && desc[1][2] == (float)log2(96.0));
+  nf_ir_ctx_free(ctx);
+  nf_module_free(m);
+}
+END_TEST
+
+/* Warm start: a matmul tuned (made-up timing, a function of the
+ * features), then one of other sizes searched from its best schedules.
+ * They are adapted (a split larger than its loop cut to it) and measured
+ * first, and the second search reaches the first's best-to-default ratio
+ * in fewer trials than the same search from scratch.  A schedule of
+ * another structure is dropped, never measured. */
+START_TEST(warm_start_transfer) {
+  nf_module *m = load("nn.nf");
+  tcase ca = {"matmul", "matmul", P0, 2, {NZ(1, 2, 64, 64), NZ(1, 2, 64, 64)}, NULL, 0, 0},
+        cb = {"matmul", "matmul", P0, 2, {NZ(1, 2, 48, 96), NZ(1, 2, 96, 80)}, NULL, 0, 0},
+        cc = {"conv2d", "conv2d", P1("pad", 1), 2,
+              {NZ(1, 4, 2, 8, 14, 14), NZ(1, 4, 16, 8, 3, 3)}, NULL, 0, 0};
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  nf_graph *ga = inst_graph(m, &ca, ctx), *gb = inst_graph(m, &cb, ctx),
+           *gc = inst_graph(m, &cc, ctx);
+  nf_search_result a = fake_run(ga, 3, 60, NULL, 0);
+  double ratio = a.best_ms / a.records[0].time_ms;
+  /* its best eight, best first (what the daemon sends) */
+  nf_search_record *sorted = malloc(a.n_records * sizeof *sorted);
+  memcpy(sorted, a.records, a.n_records * sizeof *sorted);
+  qsort(sorted, a.n_records, sizeof *sorted, cmp_rec_time);
+  const char *tr[9];
+  int n_tr = 0;
+  for (size_t i = 0; i < a.n_records && n_tr < 8; i++)
+    if (sorted[i].status == NF_MEAS_OK && sorted[i].trial > 0) tr[n_tr++] = sorted[i].schedule;
+  nf_search_result conv = fake_run(gc, 3, 10, NULL, 0);
+  tr[n_tr++] = conv.records[conv.n_records - 1].schedule; /* another structure */
+  nf_search_opts o = quick_opts(60, 5);
+  o.measure_hook = fake_measure;
+  o.transfer = tr;
+  o.n_transfer = (size_t)n_tr;
+  nf_search_result with, without;
+  nf_buf err = NF_BUF_INIT;
+  ck_assert_msg(nf_search_run(gb, &o, &with, &err) == NF_OK, "%s", nf_buf_str(&err));
+  o.transfer = NULL;
+  o.n_transfer = 0;
+  ck_assert_msg(nf_search_run(gb, &o, &without, &err) == NF_OK, "%s", nf_buf_str(&err));
+  /* the transferred ones are the first trials, each adapted to gb */
+  ck_assert_int_ge(with.transferred, 6);
+  ck_assert_int_ge(with.transfer_dropped, 1); /* the convolution's */
+  for (int t = 0; t < with.transferred; t++) {
+    const nf_search_record *r = &with.records[1 + t];
+    ck_assert_int_eq(r->trial, 1 + t);
+    nf_schedule *s = NULL;
+    ck_assert_int_eq(nf_search_adapt(gb, r->schedule, &s, &err), NF_OK);
+    nf_schedule_free(s);
+  }
+  /* the made-up timing grows with the extents: what ratio a size allows
+   * differs (0.55 for the first, about 0.65 for this one), so the bar is
+   * what the search from scratch reaches with its whole budget */
+  double bar = without.best_ms / without.records[0].time_ms;
+  int tw = trials_to(&with, bar), t0 = trials_to(&without, bar);
+  fprintf(stderr, "warm_start_transfer: the first graph's best is %.3f of its default; here the "
+          "search from scratch reached %.3f at trial %d, from the first's schedules at trial %d "
+          "(%d transferred, %d dropped; best %.3f)\n", ratio, bar, t0, tw, with.transferred,
+          with.transfer_dropped, with.best_ms / with.records[0].time_ms);
+  ck_assert_int_lt(tw, t0);
+  ck_assert_int_le(tw, with.transferred);
+  /* an adapted split never exceeds its loop (gb's i is 48 long), and the
+   * packing of a tensor the statement does not read by that name goes */
+  nf_schedule *s = NULL;
+  nf_buf_reset(&err);
+  ck_assert_msg(nf_search_adapt(gb,
+                                "neoflow-schedule 1\nstmts 1\nstmt 0 split i 64\n"
+                                "stmt 0 cache_read i.o Zz\n",
+                                &s, &err) == NF_OK,
+                "%s", nf_buf_str(&err));
+  ck_assert_int_eq(s->n_items, 1);
+  ck_assert_int_eq(s->items[0].factor, 48);
+  nf_schedule_free(s);
+  free(sorted);
+  nf_search_result_free(&a);
+  nf_search_result_free(&conv);
+  nf_search_result_free(&with);
+  nf_search_result_free(&without);
+  nf_buf_free(&err);
+  nf_ir_ctx_free(ctx);
+  nf_module_free(m);
+}
+END_TEST
+
+/* The cost model learns from other subgraphs' records (their features
+ * and times, labels relative to each one's best): a matmul's search given
+ * the records of two matmuls of other sizes ranks its very first round
+ * with the model, and reaches their best-to-default ratio in fewer trials
+ * than from scratch. */
+START_TEST(model_from_corpus) {
+  nf_module *m = load("nn.nf");
+  tcase c1 = {"matmul", "matmul", P0, 2, {NZ(1, 2, 64, 64), NZ(1, 2, 64, 64)}, NULL, 0, 0},
+        c2 = {"matmul", "matmul", P0, 2, {NZ(1, 2, 32, 128), NZ(1, 2, 128, 96)}, NULL, 0, 0},
+        cb = {"matmul", "matmul", P0, 2, {NZ(1, 2, 48, 96), NZ(1, 2, 96, 80)}, NULL, 0, 0};
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  nf_search_result r1 = fake_run(inst_graph(m, &c1, ctx), 3, 60, NULL, 0),
+                   r2 = fake_run(inst_graph(m, &c2, ctx), 4, 60, NULL, 0);
+  nf_search_sample *corpus = calloc(r1.n_records + r2.n_records, sizeof *corpus);
+  size_t n = 0;
+  for (int g = 0; g < 2; g++) {
+    const nf_search_result *r = g ? &r2 : &r1;
+    for (size_t i = 0; i < r->n_records; i++) {
+      memcpy(corpus[n].feat, r->records[i].feat, sizeof corpus[n].feat);
+      corpus[n].time_ms = r->records[i].time_ms;
+      corpus[n++].group = (uint32_t)g;
+    }
+  }
+  double ratio = r1.best_ms / r1.records[0].time_ms;
+  nf_graph *gb = inst_graph(m, &cb, ctx);
+  nf_search_opts o = quick_opts(60, 5);
+  o.measure_hook = fake_measure;
+  o.corpus = corpus;
+  o.n_corpus = n;
+  nf_search_result with, without;
+  nf_buf err = NF_BUF_INIT;
+  ck_assert_msg(nf_search_run(gb, &o, &with, &err) == NF_OK, "%s", nf_buf_str(&err));
+  o.corpus = NULL;
+  o.n_corpus = 0;
+  ck_assert_msg(nf_search_run(gb, &o, &without, &err) == NF_OK, "%s", nf_buf_str(&err));
+  ck_assert_uint_eq(with.corpus, n);
+  ck_assert_uint_eq(without.corpus, 0);
+  double bar = without.best_ms / without.records[0].time_ms;
+  int tw = trials_to(&with, bar), t0 = trials_to(&without, bar);
+  fprintf(stderr, "model_from_corpus: the other matmuls' best is %.3f of their default; here "
+          "the search from scratch reached %.3f at trial %d, with their %zu records at trial %d "
+          "(best %.3f)\n", ratio, bar, t0, n, tw, with.best_ms / with.records[0].time_ms);
+  ck_assert_int_lt(tw, t0);
+  /* the same run again: the same trials (training stays deterministic) */
+  o.corpus = corpus;
+  o.n_corpus = n;
+  nf_search_result again;
+  ck_assert_int_eq(nf_search_run(gb, &o, &again, &err), NF_OK);
+  ck_assert_uint_eq(again.n_records, with.n_records);
+  for (size_t i = 0; i < with.n_records; i++)
+    ck_assert_str_eq(again.records[i].schedule, with.records[i].schedule);
+  nf_search_result_free(&again);
+  free(corpus);
+  nf_search_result_free(&r1);
+  nf_search_result_free(&r2);
+  nf_search_result_free(&with);
+  nf_search_result_free(&without);
+  nf_buf_free(&err);
+  nf_ir_ctx_free(ctx);
+  nf_module_free(m);
+}
+END_TEST
+
 /* ---- GPU mode on the emulated CUDA driver ---- */
 
 /* A GPU search (cuda_sm 90) of a matmul and a reduction to a scalar on
@@ -609,6 +797,12 @@ static Suite *suite(void) {
   tcase_add_test(t, reproducible);
   tcase_add_test(t, budgets);
   tcase_add_test(t, gpu_model_ranks);
+  suite_add_tcase(s, t);
+  t = tcase_create("shared"); /* from other subgraphs: CK_RUN_CASE=shared */
+  tcase_set_timeout(t, 300);
+  tcase_add_test(t, shape_signature);
+  tcase_add_test(t, warm_start_transfer);
+  tcase_add_test(t, model_from_corpus);
   suite_add_tcase(s, t);
   t = tcase_create("gpu"); /* CK_RUN_CASE=gpu runs it alone */
   tcase_set_timeout(t, 600);

@@ -625,9 +625,26 @@ static int migrate_1_to_2(sqlite3 *db, const char *path, nf_buf *err) {
   return nf__cache_exec(db, path, sql, err);
 }
 
+/* Schema 3: each key's shape (nf_cache_put_shape): a structural
+ * signature, indexed, and a descriptor of its extents, so that a search
+ * of a subgraph never tuned can start from the best schedules of similar
+ * ones.  Entries of schema 2 get no shape (the graph itself was never
+ * stored): they are found as similar once a job stores theirs. */
+static int migrate_2_to_3(sqlite3 *db, const char *path, nf_buf *err) {
+  static const char sql[] =
+      "CREATE TABLE shapes("
+      " key BLOB PRIMARY KEY NOT NULL CHECK(typeof(key)='blob' AND length(key)=32),"
+      " sig BLOB NOT NULL CHECK(typeof(sig)='blob' AND length(sig)=16),"
+      " descr BLOB NOT NULL CHECK(typeof(descr)='blob' AND length(descr)%4=0"
+      " AND length(descr)<=256));"
+      "CREATE INDEX shapes_sig ON shapes(sig);";
+  return nf__cache_exec(db, path, sql, err);
+}
+
 /* migrations[k] takes a database from schema k to k + 1. */
 typedef int (*migration_fn)(sqlite3 *db, const char *path, nf_buf *err);
-static const migration_fn migrations[NF_CACHE_SCHEMA] = {migrate_0_to_1, migrate_1_to_2};
+static const migration_fn migrations[NF_CACHE_SCHEMA] = {migrate_0_to_1, migrate_1_to_2,
+                                                         migrate_2_to_3};
 
 int nf__cache_migrate(sqlite3 *db, const char *path, nf_buf *err) {
   int rc = nf__cache_begin(db, path, err);

@@ -148,6 +148,11 @@ const uint8_t *nf__cache_col_blob(sqlite3_stmt *st, int c, int n);
 /* Column c of st is text without an embedded NUL (else NULL). */
 const char *nf__cache_col_text(sqlite3_stmt *st, int c);
 
+/* Copies src's shapes (schema 3) into dst, keeping the shapes dst has;
+ * damaged rows are skipped (cache_shape.c). */
+int nf__cache_copy_shapes(sqlite3 *src, const char *spath, sqlite3 *dst, const char *dpath,
+                          nf_buf *err);
+
 /* Lowercase hex of the first n bytes of p into out (2n+1 bytes). */
 void nf__cache_hex(const uint8_t *p, size_t n, char *out);
 

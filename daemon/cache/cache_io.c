@@ -391,6 +391,7 @@ int nf_cache_export(nf_cache *c, const char *dest, int64_t *n_entries, nf_buf *e
                            &rins, err);
   int64_t n_rec = 0, bad_rec = 0;
   if (rc == NF_OK) rc = copy_records(c->db, c->path, dst, dest, rins, &n_rec, &bad_rec, err);
+  if (rc == NF_OK) rc = nf__cache_copy_shapes(c->db, c->path, dst, dest, err);
   sqlite3_finalize(x.ins);
   sqlite3_finalize(rins);
   if (src_tx) nf__cache_rollback(c->db);
@@ -627,6 +628,7 @@ int nf_cache_import(nf_cache *c, const char *src, nf_cache_import_report *r, nf_
     if (rc == NF_OK && r->rejected > MAX_LINES)
       line(err, src, "import rejected %lld entries in all", (long long)r->rejected);
     if (rc == NF_OK) rc = import_records(c, sdb, src, &r->records, err);
+    if (rc == NF_OK) rc = nf__cache_copy_shapes(sdb, src, c->db, c->path, err);
     if (rc == NF_OK) {
       nf__cache_hook("import:commit");
       rc = nf__cache_commit(c->db, c->path, err);
@@ -714,6 +716,11 @@ int nf_cache_gc(nf_cache *c, const nf_cache_gc_opts *o, nf_cache_gc_report *r, n
       rc = nf__cache_evict(c, NULL, o->max_bytes, &total, &r->removed, err);
     if (rc == NF_OK) r->freed_bytes += before - total;
   }
+  /* shapes of keys without an entry are never read (they are joined
+   * with entries): dropped with them */
+  if (rc == NF_OK)
+    rc = nf__cache_exec(c->db, c->path,
+                        "DELETE FROM shapes WHERE key NOT IN (SELECT key FROM entries)", err);
   if (rc == NF_OK && o->drop_quarantine)
     rc = nf__cache_exec(c->db, c->path, "DELETE FROM quarantine", err);
   if (rc == NF_OK) {
@@ -1051,7 +1058,7 @@ int nf_cache_recover(nf_cache *c, const char *src, nf_cache_import_report *r, nf
   free(text);
   /* the header's application_id and schema are not part of what .recover
    * writes: the tables say which schema it was */
-  int64_t has_entries = 0, has_sigs = 0;
+  int64_t has_entries = 0, has_sigs = 0, has_shapes = 0;
   if (rc == NF_OK)
     rc = nf__cache_query_i64(db, out,
                              "SELECT count(*) FROM sqlite_schema WHERE type='table' AND name='entries'",
@@ -1060,12 +1067,16 @@ int nf_cache_recover(nf_cache *c, const char *src, nf_cache_import_report *r, nf
     rc = nf__cache_query_i64(
         db, out, "SELECT count(*) FROM sqlite_schema WHERE type='table' AND name='signatures'",
         &has_sigs, err);
+  if (rc == NF_OK)
+    rc = nf__cache_query_i64(
+        db, out, "SELECT count(*) FROM sqlite_schema WHERE type='table' AND name='shapes'",
+        &has_shapes, err);
   if (rc == NF_OK && !has_entries)
     rc = nf__cache_fail(err, NF_EFORMAT, src, "recover: no entries table could be read back");
   if (rc == NF_OK) {
     char pragma[128];
     snprintf(pragma, sizeof pragma, "PRAGMA application_id=%d; PRAGMA user_version=%d",
-             (int)NF_CACHE_APPLICATION_ID, has_sigs ? 2 : 1);
+             (int)NF_CACHE_APPLICATION_ID, has_sigs && has_shapes ? 3 : has_sigs ? 2 : 1);
     rc = nf__cache_exec(db, out, pragma, err);
   }
   if (db) sqlite3_close(db);

@@ -48,7 +48,8 @@
 #include "nf_buf.h"
 
 #define NF_CACHE_APPLICATION_ID 0x4e46434b /* "NFCK" */
-#define NF_CACHE_SCHEMA 2 /* 2: signatures; entries.tune_error, tune_check */
+#define NF_CACHE_SCHEMA 3 /* 2: signatures; entries.tune_error, tune_check;
+                             3: shapes (each key's structural signature) */
 
 typedef struct nf_cache nf_cache;
 
@@ -205,6 +206,9 @@ typedef struct nf_cache_record {
   uint8_t *features; /* opaque bytes (the search's feature vector) */
   size_t n_features;
   char *reason;      /* may be empty */
+  uint32_t group;    /* nf_cache_get_corpus: the records of one key share
+                        it (0, 1, ... in the order keys first appear);
+                        0 elsewhere */
 } nf_cache_record;
 
 /* Appends records for key (one transaction; duplicates of a schedule keep
@@ -220,6 +224,46 @@ int nf_cache_add_records(nf_cache *c, const uint8_t key[32], const nf_cache_reco
 int nf_cache_get_records(nf_cache *c, const uint8_t key[32], size_t max,
                          nf_cache_record **out, size_t *n, nf_buf *err);
 void nf_cache_records_free(nf_cache_record *r, size_t n);
+
+/* ---- similar subgraphs (schema 3) ----
+ *
+ * A key's shape: a structural signature (NF_CACHE_SIG bytes: equal for
+ * subgraphs of the same sketch class and loop structure, whatever their
+ * extents and scalar operators; the search computes it) and a descriptor
+ * (at most NF_CACHE_DESC floats: its extents, for the distance between
+ * two subgraphs of one signature).  Entries stored before schema 3 have
+ * none: they are never found as similar. */
+#define NF_CACHE_SIG 16
+#define NF_CACHE_DESC 64
+
+/* Stores key's shape (replacing the one it had).  NF_OK; NF_EINVAL (read-
+ * only handle, n_desc > NF_CACHE_DESC); NF_EIO. */
+int nf_cache_put_shape(nf_cache *c, const uint8_t key[32], const uint8_t sig[NF_CACHE_SIG],
+                       const float *desc, size_t n_desc, nf_buf *err);
+
+typedef struct nf_cache_similar {
+  uint8_t key[32];
+  float desc[NF_CACHE_DESC];
+  size_t n_desc;
+} nf_cache_similar;
+
+/* The keys with an entry of target and codegen whose shape has signature
+ * sig, except `except` (may be NULL), at most max (0: 256), most recently
+ * used first.  *out is malloc'd (NULL when none; free()).  Rows whose
+ * descriptor is damaged are skipped. */
+int nf_cache_find_similar(nf_cache *c, const uint8_t sig[NF_CACHE_SIG], const uint8_t target[32],
+                          const char *codegen, const uint8_t *except, size_t max,
+                          nf_cache_similar **out, size_t *n, nf_buf *err);
+
+/* The most recent successful records (status 0, with features) of every
+ * key with an entry of target and codegen, except `except` (may be
+ * NULL): at most max (0: 4096), newest first, without their schedules
+ * (schedule NULL) or reasons; r.group numbers their keys.  For training
+ * the cost model on what the whole cache has measured.  *out as for
+ * nf_cache_get_records. */
+int nf_cache_get_corpus(nf_cache *c, const uint8_t target[32], const char *codegen,
+                        const uint8_t *except, size_t max, nf_cache_record **out, size_t *n,
+                        nf_buf *err);
 
 typedef struct nf_cache_stats {
   int64_t entries, tier1, tier2, records, quarantined;

@@ -10,7 +10,10 @@
  *      error beyond it counts;
  *   2. the default (tier-1) schedule is measured first: default_ms;
  *   3. prior records (a resumed search, or the cache's) train the model
- *      and count as seen, and their best is the starting best;
+ *      and count as seen, and their best is the starting best; records
+ *      of other subgraphs (corpus) train the model too, and a graph never
+ *      tuned measures the best schedules of similar ones first
+ *      (transfer, adapted by nf_search_adapt);
  *   4. rounds until a budget ends: a population (the best measured
  *      points, random samples) evolves for a few generations by mutation
  *      and crossover; every legal candidate (its schedule lowers) is
@@ -84,6 +87,15 @@ typedef struct nf_search_record {
  * for another feature version (the record is then not a prior). */
 int nf_search_record_feat(const void *data, size_t len, int gpu, float *out);
 
+/* A record of another subgraph for the cost model: features, time (ms,
+ * > 0) and its subgraph (group: labels are relative to the best time of
+ * the record's own group). */
+typedef struct nf_search_sample {
+  float feat[NF_FEAT_N];
+  double time_ms;
+  uint32_t group;
+} nf_search_sample;
+
 typedef struct nf_search_progress {
   int trial, max_trials, failures;
   double best_ms, default_ms, last_ms; /* last_ms 0 when it failed */
@@ -112,6 +124,20 @@ typedef struct nf_search_opts {
   /* resume: records of an earlier run on the same graph */
   const nf_search_record *prior;
   size_t n_prior;
+  /* warm start of a graph never tuned (CPU mode): the best schedules of
+   * similar subgraphs (nf_search_shape), nearest first.  Each is adapted
+   * to g (nf_search_adapt) and measured as one of the first trials, after
+   * the default; one that does not apply is dropped. */
+  const char *const *transfer;
+  size_t n_transfer;
+  /* records of other subgraphs the cost model learns from too (from the
+   * start: the first round is ranked by the model), each weighing
+   * corpus_weight (0: 0.5) against 1 for this run's records, until this
+   * run has 64 records of its own (then they only slow retraining down);
+   * group numbers their subgraphs (this run is a group of its own) */
+  const nf_search_sample *corpus;
+  size_t n_corpus;
+  double corpus_weight;
   /* called after every trial (may be NULL) */
   void (*progress)(void *user, const nf_search_progress *p);
   /* called with every record as it is made, the default's first (may be
@@ -144,6 +170,9 @@ typedef struct nf_search_result {
   char *best_schedule; /* its schedule's text */
   double flops;       /* floating-point operations of one run */
   double seconds;     /* wall time of the run */
+  int transferred;    /* trials that measured a transferred schedule */
+  int transfer_dropped; /* transferred schedules that did not apply to g */
+  size_t corpus;      /* other subgraphs' records the cost model learnt from */
   int stopped_early;  /* patience ran out */
   int gave_up;        /* max_failures consecutive failures */
 } nf_search_result;
@@ -154,6 +183,18 @@ typedef struct nf_search_result {
 int nf_search_run(const nf_graph *g, const nf_search_opts *o, nf_search_result *res,
                   nf_buf *err);
 void nf_search_result_free(nf_search_result *r);
+
+/* g's shape (nf_sk_shape, nf_sketch.h): its structural signature (16
+ * bytes: the sketch class and loop structure, blind to extents, names and
+ * scalar operators) and the descriptor of its extents (at most max floats,
+ * *n_desc of them), by which the cache finds similar subgraphs.  NF_OK or
+ * NF_ENOMEM. */
+int nf_search_shape(const nf_graph *g, uint8_t sig[16], float *desc, size_t max, size_t *n_desc);
+/* Another subgraph's schedule text adapted to g (transfer.c): packing of
+ * tensors g's statement does not read by that name dropped, split factors
+ * cut to the loops' extents, then checked by lowering.  NF_OK with *out
+ * (nf_schedule_free), or the parse or lowering status with err. */
+int nf_search_adapt(const nf_graph *g, const char *text, nf_schedule **out, nf_buf *err);
 void nf_search_record_free(nf_search_record *r);
 
 #endif

@@ -81,6 +81,20 @@ void nf_sk_space_free(nf_sk_space *sp);
 /* Number of statements whose genes vary (0: nothing to search). */
 int nf_sk_space_n_tunable(const nf_sk_space *sp);
 
+/* The space's shape, for finding similar subgraphs (the cache's shapes,
+ * docs/search.md "Warm start"): sig (16 bytes) is a hash of the sketch
+ * class and loop structure of every statement (its role: inlined, fixed,
+ * tiled, and the epilogue it may fuse into; its output rank, reduction
+ * variables and combiner; for each tensor access, which tensor it reads
+ * by position and which variables each index uses), blind to extents,
+ * constants, names and scalar operators: a matmul of other sizes, or with
+ * another activation in its epilogue, has the same signature.  desc gets
+ * the log2 extents of every tiled statement's loops (spatial, then
+ * reduction), at most max of them; *n_desc their number.  Subgraphs of one
+ * signature have descriptors of one length (unless cut at max). */
+void nf_sk_shape(const nf_sk_space *sp, uint8_t sig[16], float *desc, size_t max,
+                 size_t *n_desc);
+
 /* Points: allocated by nf_sk_point_init, freed by nf_sk_point_free. */
 int nf_sk_point_init(const nf_sk_space *sp, nf_sk_point *p);
 void nf_sk_point_free(nf_sk_point *p);

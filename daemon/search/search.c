@@ -92,6 +92,7 @@ typedef struct run {
   int last_gain_trial;
   int measuring_default;
   int consec_failures; /* failed trials in a row */
+  int corpus_kept;     /* the model still holds other subgraphs' records */
   nf_gpu_knobs *kbest; /* GPU mode: the knobs of the best so far */
   nf_buf *err;
   nf_buf tmp;
@@ -601,6 +602,77 @@ static int add_prior(run *R) {
   return NF_OK;
 }
 
+/* Other subgraphs' records, for the cost model only (group 0 is this
+ * run; theirs follow). */
+static int add_corpus(run *R) {
+  const nf_search_opts *o = R->o;
+  float w = o->corpus_weight > 0 ? (float)o->corpus_weight : 0.5f;
+  for (size_t i = 0; i < o->n_corpus; i++) {
+    const nf_search_sample *c = &o->corpus[i];
+    if (!(c->time_ms > 0) || c->group >= UINT32_MAX - 1) continue;
+    int rc = nf_cost_model_add_sample(R->model, c->feat, c->time_ms, c->group + 1, w);
+    if (rc != NF_OK) return rc;
+    R->res->corpus++;
+  }
+  R->corpus_kept = R->res->corpus > 0;
+  return NF_OK;
+}
+
+/* Other subgraphs' records help while this run has few of its own; past
+ * CORPUS_UNTIL they only make every retraining slower (4096 of them took
+ * 1.8 s, against 0.3 s for 200 of the run's own), so the model forgets
+ * them before training. */
+#define CORPUS_UNTIL 64
+
+static void maybe_forget_corpus(run *R) {
+  if (!R->corpus_kept) return;
+  if (nf_cost_model_n_records(R->model) < R->res->corpus + CORPUS_UNTIL) return;
+  nf_cost_model_forget_others(R->model);
+  R->corpus_kept = 0;
+}
+
+/* The best schedules of similar subgraphs, adapted to this graph, as the
+ * first trials after the default (a schedule already seen, or that does
+ * not apply here, is skipped). */
+static int transfer_trials(run *R) {
+  const nf_search_opts *o = R->o;
+  for (size_t i = 0; i < o->n_transfer && budget_left(R); i++) {
+    nf_schedule *s = NULL;
+    nf_buf e = NF_BUF_INIT;
+    int rc = o->transfer[i] ? nf_search_adapt(R->g, o->transfer[i], &s, &e) : NF_EINVAL;
+    nf_buf_free(&e);
+    if (rc == NF_ENOMEM) return rc;
+    if (rc != NF_OK) {
+      R->res->transfer_dropped++;
+      continue;
+    }
+    nf_buf_reset(&R->tmp);
+    nf_schedule_print(s, &R->tmp);
+    uint64_t h = fnv(nf_buf_str(&R->tmp), R->tmp.len);
+    if (hset_has(&R->seen, h)) {
+      nf_schedule_free(s);
+      continue;
+    }
+    nf_search_record rec;
+    memset(&rec, 0, sizeof rec);
+    rec.schedule = strdup(nf_buf_str(&R->tmp));
+    rc = rec.schedule ? hset_add(&R->seen, h) : NF_ENOMEM;
+    if (R->meas) nf_measurer_set_cutoff(R->meas, R->res->best_ms > 0 ? 2 * R->res->best_ms : 0);
+    if (rc == NF_OK) rc = measure_schedule(R, s, &rec);
+    nf_schedule_free(s);
+    if (rc != NF_OK) {
+      free(rec.schedule);
+      return rc;
+    }
+    int best = 0;
+    rc = count_learnt(R, &rec, &best);
+    R->res->transferred++;
+    rc = finish_trial(R, &rec, rc);
+    if (rc != NF_OK) return rc;
+  }
+  return NF_OK;
+}
+
 /* The winner's curse: the best of many noisy medians is flattering.  The
  * default, the best few of this run and a resumed run's prior best are
  * measured once more, in turn, and the best and default times become
@@ -897,6 +969,7 @@ static int gpu_rounds(run *R) {
     if (!found) break; /* 64 draws in a row seen or illegal: the space is exhausted */
     /* the model learns from every 8 measurements */
     if (rc == NF_OK && !R->o->random_search && R->res->trials % 8 == 0) {
+      maybe_forget_corpus(R);
       nf_buf e = NF_BUF_INIT;
       nf_cost_model_train(R->model, &e); /* too few successes is fine: random */
       nf_buf_free(&e);
@@ -974,6 +1047,8 @@ int nf_search_run(const nf_graph *g, const nf_search_opts *o, nf_search_result *
     }
   }
   if (rc == NF_OK) rc = add_prior(&R);
+  if (rc == NF_OK) rc = add_corpus(&R);
+  if (rc == NF_OK && o->cuda_sm <= 0) rc = transfer_trials(&R);
   if (rc == NF_OK && nf_cost_model_n_records(R.model) >= 2 && !o->random_search) {
     nf_buf e = NF_BUF_INIT;
     nf_cost_model_train(R.model, &e); /* too few successes is fine: random */
@@ -990,6 +1065,7 @@ int nf_search_run(const nf_graph *g, const nf_search_opts *o, nf_search_result *
     if (rc != NF_OK || n == 0) break; /* the space is exhausted */
     for (int i = 0; rc == NF_OK && i < n && budget_left(&R); i++) rc = trial(&R, &round[i]);
     if (rc == NF_OK && !o->random_search) {
+      maybe_forget_corpus(&R);
       nf_buf e = NF_BUF_INIT;
       nf_cost_model_train(R.model, &e);
       nf_buf_free(&e);

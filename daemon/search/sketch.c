@@ -6,6 +6,7 @@
  * elements and 16 per non-vector variable, because the backend fully
  * unrolls it and compile time grows with it; fused parallel loops are at
  * most three; only tensors read directly by a statement are packed. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -168,6 +169,75 @@ void nf_sk_space_free(nf_sk_space *sp) {
 }
 
 int nf_sk_space_n_tunable(const nf_sk_space *sp) { return sp->n_tunable; }
+
+/* ---- shape ---- */
+
+typedef struct shape_acc {
+  const nf_graph *g;
+  uint64_t h[2];
+} shape_acc;
+
+static void mix(shape_acc *a, uint64_t v) {
+  for (int k = 0; k < 2; k++) {
+    uint64_t x = a->h[k] ^ (v + (uint64_t)k * 0x9e3779b97f4a7c15ull);
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    a->h[k] = x * (k ? 0xc4ceb9fe1a85ec53ull : 0x100000001b3ull) + 0x632be59bd9b4e019ull;
+  }
+}
+
+static void var_mask_fn(const nf_expr *e, void *user) {
+  if (e->op == NF_OP_VAR && e->u.var < 64) *(uint64_t *)user |= 1ull << e->u.var;
+}
+
+/* A tensor by its place in the graph: the k-th input, or the output of
+ * statement k. */
+static uint64_t tensor_place(const nf_graph *g, uint32_t t) {
+  for (uint32_t k = 0; k < g->n_inputs; k++)
+    if (g->inputs[k] == t) return 0x100000000ull | k;
+  int p = producer_of(g, t);
+  return p >= 0 ? 0x200000000ull | (uint32_t)p : 0x300000000ull;
+}
+
+static void access_fn(const nf_expr *e, void *user) {
+  shape_acc *a = user;
+  if (e->op != NF_OP_ACCESS) return;
+  mix(a, tensor_place(a->g, e->u.tensor));
+  mix(a, e->n_args);
+  for (uint16_t q = 0; q < e->n_args; q++) {
+    uint64_t m = 0;
+    nf_expr_visit(e->args[q], var_mask_fn, &m);
+    mix(a, m);
+  }
+}
+
+void nf_sk_shape(const nf_sk_space *sp, uint8_t sig[16], float *desc, size_t max,
+                 size_t *n_desc) {
+  const nf_graph *g = sp->g;
+  shape_acc a = {g, {0x6e66736b65746368ull, 0x7368617065763100ull}};
+  size_t n = 0;
+  mix(&a, sp->n);
+  mix(&a, g->n_inputs);
+  mix(&a, g->n_outputs);
+  for (uint32_t i = 0; i < sp->n; i++) {
+    const sk_stmt *k = &sp->st[i];
+    const nf_stmt *s = &g->stmts[i];
+    mix(&a, k->base);
+    mix(&a, (uint64_t)(k->consumer + 1));
+    mix(&a, (uint64_t)k->rank);
+    mix(&a, (uint64_t)k->n_red);
+    mix(&a, s->red);
+    mix(&a, g->tensors[s->out].kind);
+    mix(&a, g->tensors[s->out].dtype);
+    nf_expr_visit(s->rhs, access_fn, &a);
+    if (k->base != NF_SK_NEST) continue;
+    for (int v = 0; v < k->rank + k->n_red && n < max; v++)
+      desc[n++] = (float)log2((double)(k->ext[v] > 1 ? k->ext[v] : 1));
+  }
+  for (int q = 0; q < 2; q++)
+    for (int b = 0; b < 8; b++) sig[q * 8 + b] = (uint8_t)(a.h[q] >> (8 * b));
+  *n_desc = n;
+}
 
 /* ---- points ---- */
 
