@@ -658,12 +658,7 @@ static void on_submit(nfd_conn *c, const Neoflow__Submit *s) {
   /* a job: compile (miss), or tune (tier-1 hit, TUNE mode) */
   uint8_t *pb = malloc(protobuf_c_message_get_packed_size(&s->graph->base) + 1);
   size_t pb_len = pb ? protobuf_c_message_pack(&s->graph->base, pb) : 0;
-<<<<<<< HEAD
-  rc = pb ? nfd_job_subscribe(S, r, ghash, s->graph->name, pb, pb_len, hit, trials,
-=======
-  rc = pb ? nfd_job_subscribe(S, r, ghash, s->graph->name, pb, pb_len, &shape, hit,
-                              clampi((int)s->max_trials, S->cfg.default_trials, S->cfg.max_trials),
->>>>>>> tune-share
+  rc = pb ? nfd_job_subscribe(S, r, ghash, s->graph->name, pb, pb_len, &shape, hit, trials,
                               clampi((int)s->max_seconds, S->cfg.default_seconds, S->cfg.max_seconds))
           : NF_ENOMEM;
   free(pb);
