@@ -303,7 +303,8 @@ def main():
         "median_ms": med[best], "mean_ms": float(np.mean(times[best])),
         "min_ms": float(np.min(times[best])), "steps": len(times[best]),
         "variant": best, "variants_ms": med, "total_ms": total_ms,
-        "loss0": loss0, "warmup_ms": warm_ms, "first_step_ms": {v: w[0] for v, w in warm.items() if w},
+        "loss0": loss0, "warmup_ms": warm_ms,
+        "first_step_ms": {v: w[0] for v, w in warm.items() if w},
         "torch": torch.__version__, "peer": a.peer,
         "threads": torch.get_num_threads(), "device": a.device, "fp32": fp32,
     }
