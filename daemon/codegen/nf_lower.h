@@ -171,5 +171,20 @@ int nf__sched_inlined_by_default(const nf_graph *g, uint32_t si);
 /* Internal (tests): the accumulator registers the default's stencil and
  * weight-gradient tiles may fill (8 or 16; 0: from the host CPU). */
 void nf__sched_set_acc_regs(int n);
+/* Internal (schedule.c, sched_gemm.c): that count (16 where the CPU has
+ * AVX-512's 32 vector registers, else 8); appending one primitive of one
+ * name and factor, or of two names (fuse a b; cache_read: loop a, tensor
+ * b), NF_OK or NF_ENOMEM; the reduction variables of st but skip in the
+ * order of the outermost dimension each indexes (ord[], their count). */
+int nf__sched_acc_regs(void);
+int nf__sched_add1(nf_schedule *s, int st, int kind, const char *a, int64_t f);
+int nf__sched_add2(nf_schedule *s, int st, int kind, const char *a, const char *b);
+int nf__sched_red_order(const nf_stmt *st, int rank, int skip, int *ord);
+/* Internal (sched_gemm.c): the default's tile for a sum of one product of
+ * two plain accesses (docs/schedules.md, "product tile"): whether it
+ * applies to statement si; appending it for statement st_i whose loop
+ * names are nm (1), 0 where it does not apply, or NF_ENOMEM. */
+int nf__sched_gemm_applies(const nf_graph *g, uint32_t si);
+int nf__sched_gemm(nf_schedule *s, const nf_graph *g, int st_i, char nm[][NF_SCHED_NAME]);
 
 #endif

@@ -1,0 +1,310 @@
+/* sched_gemm.c - the default schedule's tile for products (issue 32): a
+ * sum of one product of two plain accesses,
+ *
+ *     out(o..) +=! X(..) * Y(..)
+ *
+ * every index a bare variable or a constant, every reduction variable
+ * read by both operands (a matrix product in any transposition, batched,
+ * a pointwise convolution and both its gradients, a weight gradient
+ * summed over steps).  What it decides from the accesses alone:
+ *
+ *  - the lanes: an output variable v that one operand V reads and the
+ *    other does not (preferring the output's innermost dimension, then
+ *    V's), split into tj = 1..4 vectors;
+ *  - the rows: an output variable u that the other operand (broadcast,
+ *    one element per row and reduction step) reads and V does not, split
+ *    into ti rows: ti x (tj / lanes) accumulators, as many as the
+ *    register file holds beside the loads;
+ *  - V's panel (every reduction step of the tj lanes) copied contiguous
+ *    at v's outer loop (cache_read: transposed where V is not contiguous
+ *    along v, the NT forms), so that each step of the tile reads tj
+ *    consecutive floats; the reduction loops outermost in the operands'
+ *    memory order moved outside the rows (a blocked reduction carried in
+ *    the output) until the panel fits a budget of the L2 cache;
+ *  - the output variables the broadcast operand alone reads stay inside
+ *    v's outer loop up to 64 rows (each panel copy serves that many rows
+ *    at least), the others go outside it with the batch variables, and
+ *    the outermost output loops are fused until there are 16 parallel
+ *    iterations or none is left.
+ *
+ * Nothing here looks at names or particular sizes: only at which
+ * operand reads which variable, in which dimension, and at extents.  It
+ * does not apply (the caller keeps its other schedules) to sums of other
+ * forms, to f64 or integers, to a lane variable whose extent the vector
+ * width does not divide, or to short reductions (under 16 terms). */
+#include <string.h>
+
+#include "nf_lower.h"
+
+#define PANEL_BYTES (512 * 1024) /* V's panel at one tile loop (L2) */
+#define MIN_ROWS_IN 64           /* rows each panel copy serves */
+#define MIN_TERMS 16             /* reduction terms of a product */
+
+typedef struct gemm_plan {
+  int v, u;              /* output variables: lanes, rows */
+  int vside;             /* the operand that reads v (0 or 1) */
+  const nf_expr *V, *B;  /* its access, the broadcast operand's */
+  int pack;              /* copy V's panel at the tile's column loop */
+  int64_t tj, ti;        /* lanes (a multiple of the vector), rows */
+} gemm_plan;
+
+/* The dimension of access a that variable x indexes, -1 when none, -2
+ * when a is not plain (an index that is neither a bare variable nor a
+ * constant, or a variable used twice). */
+static int dim_of(const nf_expr *a, uint32_t x) {
+  int d = -1;
+  for (int k = 0; k < a->n_args; k++) {
+    const nf_expr *e = a->args[k];
+    if (e->op == NF_OP_CONST) continue;
+    if (e->op != NF_OP_VAR) return -2;
+    if (e->u.var != x) continue;
+    if (d >= 0) return -2;
+    d = k;
+  }
+  return d;
+}
+
+static int plain(const nf_expr *a) {
+  if (a->op != NF_OP_ACCESS || a->dtype != NF_F32) return 0;
+  for (int k = 0; k < a->n_args; k++)
+    if (a->args[k]->op != NF_OP_CONST && a->args[k]->op != NF_OP_VAR) return 0;
+  return dim_of(a, UINT32_MAX) != -2;
+}
+
+/* Whether dimension d is a's innermost that is not a constant or of
+ * extent 1 (x's elements are contiguous there). */
+static int innermost(const nf_graph *g, const nf_expr *a, int d) {
+  const nf_tensor *t = &g->tensors[a->u.tensor];
+  for (int k = d + 1; k < a->n_args; k++)
+    if (t->shape[k] != 1) return 0;
+  return d >= 0;
+}
+
+/* Time per useful lane of a ti x nv tile (lower is better): each step of
+ * the reduction is ti x nv FMAs, nv vector loads and ti broadcasts (two
+ * of each per cycle), at least 8 FMAs in flight to cover their latency;
+ * rows past ext (a guarded last block) are wasted. */
+static double tile_cost(int64_t ti, int64_t nv, int64_t ext) {
+  double fma = (double)(ti * nv), loads = (double)(ti + nv);
+  double busy = fma > loads ? fma : loads;
+  if (busy < 8) busy = 8;
+  double useful = (double)ext / (double)(((ext + ti - 1) / ti) * ti);
+  return busy * (1.0 + 0.3 * loads / fma) / (fma * useful);
+}
+
+/* Fills p for statement si when it is such a product; 0 when not. */
+static int gemm_plan_of(const nf_graph *g, uint32_t si, int lanes, int n_regs, gemm_plan *p) {
+  const nf_stmt *st = &g->stmts[si];
+  const nf_tensor *t = &g->tensors[st->out];
+  int rank = t->rank;
+  if (st->red != NF_RED_SUM || st->n_red == 0 || t->dtype != NF_F32 || rank < 2 ||
+      st->rhs->op != NF_OP_MUL)
+    return 0;
+  const nf_expr *a[2] = {st->rhs->args[0], st->rhs->args[1]};
+  if (!plain(a[0]) || !plain(a[1])) return 0;
+  int64_t terms = 1;
+  for (int q = 0; q < st->n_red; q++) {
+    uint32_t x = (uint32_t)(rank + q);
+    if (st->red_lo[q] != 0 || dim_of(a[0], x) < 0 || dim_of(a[1], x) < 0) return 0;
+    terms *= st->red_ext[q];
+  }
+  if (terms < MIN_TERMS) return 0;
+  /* the lanes: read by one operand only, a multiple of the vector;
+   * the output's innermost variable first, then V's */
+  int best = -1, best_score = -1;
+  for (int v = 0; v < rank; v++) {
+    int d0 = dim_of(a[0], (uint32_t)v), d1 = dim_of(a[1], (uint32_t)v);
+    if ((d0 >= 0) == (d1 >= 0) || t->shape[v] % lanes != 0 || t->shape[v] < 2 * lanes) continue;
+    int side = d0 >= 0 ? 0 : 1;
+    /* a row variable must exist on the other side */
+    int has_u = 0;
+    for (int u = 0; u < rank; u++)
+      if (dim_of(a[1 - side], (uint32_t)u) >= 0 && dim_of(a[side], (uint32_t)u) < 0 &&
+          t->shape[u] >= 2)
+        has_u = 1;
+    if (!has_u) continue;
+    int out_in = 1;
+    for (int k = v + 1; k < rank; k++)
+      if (t->shape[k] != 1) out_in = 0;
+    int v_in = innermost(g, a[side], side ? d1 : d0);
+    if (!v_in && !g->tensors[a[side]->u.tensor].name) continue; /* no copy possible */
+    int score = 4 * out_in + 2 * v_in;
+    if (score > best_score) {
+      best = v;
+      best_score = score;
+      p->vside = side;
+    }
+  }
+  if (best < 0) return 0;
+  p->v = best;
+  p->V = a[p->vside];
+  p->B = a[1 - p->vside];
+  /* the rows: the broadcast operand's innermost variable that V does not
+   * read (consecutive broadcasts from one cache line) */
+  p->u = -1;
+  int best_d = -1;
+  for (int u = 0; u < rank; u++) {
+    int d = dim_of(p->B, (uint32_t)u);
+    if (d < 0 || dim_of(p->V, (uint32_t)u) >= 0 || t->shape[u] < 2) continue;
+    if (d > best_d) {
+      best_d = d;
+      p->u = u;
+    }
+  }
+  if (p->u < 0) return 0;
+  /* the tile: nv vectors (dividing v's extent) by ti rows, the
+   * accumulators and one register per vector load and a broadcast
+   * within the register file */
+  int64_t ev = t->shape[p->v], eu = t->shape[p->u];
+  double best_cost = 1e30;
+  p->ti = p->tj = 0;
+  for (int64_t nv = 4; nv >= 1; nv--) {
+    if (ev % (nv * lanes) != 0) continue;
+    int64_t max_ti = (n_regs - nv - 2) / nv;
+    if (max_ti > 16) max_ti = 16;
+    for (int64_t ti = max_ti; ti >= 2; ti--) {
+      int64_t r = ti < eu ? ti : eu;
+      double c = tile_cost(r, nv, eu);
+      if (c < best_cost - 1e-9) {
+        best_cost = c;
+        p->ti = r;
+        p->tj = nv * lanes;
+      }
+    }
+  }
+  if (!p->tj) return 0;
+  /* the panel is copied (a contiguous one with vector copies: a row
+   * stride of kilobytes costs more than the copy) */
+  p->pack = g->tensors[p->V->u.tensor].name != NULL;
+  return 1;
+}
+
+int nf__sched_gemm_applies(const nf_graph *g, uint32_t si) {
+  gemm_plan p;
+  int lanes = nf__sched_acc_regs() >= 16 ? 16 : 8;
+  return gemm_plan_of(g, si, lanes, lanes == 16 ? 32 : 16, &p);
+}
+
+static void cat_name(char *dst, const char *a, const char *b) {
+  nf__sched_cat(dst, a, b);
+}
+
+/* The schedule (see the file's comment):
+ *   outer... v.o inner... red_out... u.o red_in... u.i v.i
+ * cache_write u.o, cache_read V at the last loop before u.o that is v.o
+ * or a reduction, parallel on the (fused) outermost loops, vectorize v.i. */
+int nf__sched_gemm(nf_schedule *s, const nf_graph *g, int st_i, char nm[][NF_SCHED_NAME]) {
+  const nf_stmt *st = &g->stmts[st_i];
+  const nf_tensor *t = &g->tensors[st->out];
+  int rank = t->rank, rc;
+  int lanes = nf__sched_acc_regs() >= 16 ? 16 : 8;
+  gemm_plan p;
+  if (!gemm_plan_of(g, (uint32_t)st_i, lanes, lanes == 16 ? 32 : 16, &p)) return 0;
+  char vo[NF_SCHED_NAME], vi[NF_SCHED_NAME], uo[NF_SCHED_NAME], ui[NF_SCHED_NAME];
+  cat_name(vo, nm[p.v], ".o");
+  cat_name(vi, nm[p.v], ".i");
+  cat_name(uo, nm[p.u], ".o");
+  cat_name(ui, nm[p.u], ".i");
+  if ((rc = nf__sched_add1(s, st_i, NF_SCH_SPLIT, nm[p.v], p.tj)) < 0) return rc;
+  if ((rc = nf__sched_add1(s, st_i, NF_SCH_SPLIT, nm[p.u], p.ti)) < 0) return rc;
+
+  /* output loops: the broadcast operand's own (other than u) inside v.o
+   * from the innermost dimension out while the rows inside stay under
+   * MIN_ROWS_IN; the rest (batch, V's own) outside, in output order */
+  int inside[NF_MAX_VARS] = {0};
+  int64_t rows_in = t->shape[p.u];
+  for (int d = p.B->n_args - 1; d >= 0; d--) {
+    const nf_expr *e = p.B->args[d];
+    if (e->op != NF_OP_VAR || e->u.var >= (uint32_t)rank) continue;
+    int x = (int)e->u.var;
+    if (x == p.u || dim_of(p.V, (uint32_t)x) >= 0 || rows_in >= MIN_ROWS_IN) continue;
+    inside[x] = 1;
+    rows_in *= t->shape[x];
+  }
+  /* reduction loops in the operands' memory order; the outermost ones
+   * leave the tile while V's panel is over the budget */
+  int ord[NF_MAX_VARS], no = nf__sched_red_order(st, rank, -1, ord);
+  if (no < 0) return no;
+  int n_out_red = 0;
+  int64_t panel = p.tj * 4;
+  for (int q = 0; q < no; q++) panel *= st->red_ext[ord[q]];
+  while (n_out_red < no - 1 && panel > PANEL_BYTES) {
+    panel /= st->red_ext[ord[n_out_red]];
+    n_out_red++;
+  }
+  /* one long reduction left over the budget: blocks of it */
+  char ko[NF_SCHED_NAME] = "", ki[NF_SCHED_NAME] = "";
+  if (panel > PANEL_BYTES && n_out_red == no - 1) {
+    int q = ord[no - 1];
+    int64_t e = st->red_ext[q], per = panel / e, kc = 0;
+    for (int64_t c = PANEL_BYTES / per; c >= 64 && !kc; c--)
+      if (e % c == 0) kc = c;
+    if (kc && kc < e) {
+      if ((rc = nf__sched_add1(s, st_i, NF_SCH_SPLIT, nm[rank + q], kc)) < 0) return rc;
+      cat_name(ko, nm[rank + q], ".o");
+      cat_name(ki, nm[rank + q], ".i");
+    }
+  }
+
+  nf_sched_item it;
+  memset(&it, 0, sizeof it);
+  it.kind = NF_SCH_REORDER;
+  it.stmt = st_i;
+  int n_outer = 0;
+  for (int x = 0; x < rank; x++)
+    if (x != p.v && x != p.u && !inside[x]) {
+      cat_name(it.names[it.n_names++], nm[x], "");
+      n_outer++;
+    }
+  cat_name(it.names[it.n_names++], vo, "");
+  char pack_at[NF_SCHED_NAME];
+  cat_name(pack_at, vo, "");
+  for (int q = 0; q < n_out_red; q++) {
+    cat_name(it.names[it.n_names++], nm[rank + ord[q]], "");
+    cat_name(pack_at, nm[rank + ord[q]], "");
+  }
+  if (ko[0]) {
+    cat_name(it.names[it.n_names++], ko, "");
+    cat_name(pack_at, ko, "");
+  }
+  for (int x = 0; x < rank; x++)
+    if (inside[x]) cat_name(it.names[it.n_names++], nm[x], "");
+  cat_name(it.names[it.n_names++], uo, "");
+  for (int q = n_out_red; q < no; q++)
+    cat_name(it.names[it.n_names++], ko[0] && q == no - 1 ? ki : nm[rank + ord[q]], "");
+  cat_name(it.names[it.n_names++], ui, "");
+  cat_name(it.names[it.n_names++], vi, "");
+  if ((rc = nf_schedule_add(s, &it)) < 0) return rc;
+  if ((rc = nf__sched_add1(s, st_i, NF_SCH_CACHE_WRITE, uo, 0)) < 0) return rc;
+
+  /* the parallel loop: the outermost output loops fused (v.o last)
+   * while under 16 iterations */
+  char par[NF_SCHED_NAME], tmp[NF_SCHED_NAME];
+  int64_t iters = 0;
+  for (int k = 0; k <= n_outer; k++) {
+    const char *name = it.names[k];
+    int64_t e = t->shape[p.v] / p.tj;
+    if (k < n_outer)
+      for (int x = 0; x < rank; x++)
+        if (strcmp(nm[x], name) == 0) e = t->shape[x];
+    if (k == 0) {
+      cat_name(par, name, "");
+      iters = e;
+      continue;
+    }
+    if (iters >= 16) break;
+    if ((rc = nf__sched_add2(s, st_i, NF_SCH_FUSE, par, name)) < 0) return rc;
+    cat_name(tmp, par, ".");
+    cat_name(tmp, tmp, name);
+    cat_name(par, tmp, ".fused");
+    iters *= e;
+    /* v.o fused: the panel's copy goes to the fused loop */
+    if (k == n_outer && strcmp(pack_at, vo) == 0) cat_name(pack_at, par, "");
+  }
+  if (p.pack &&
+      (rc = nf__sched_add2(s, st_i, NF_SCH_CACHE_READ, pack_at, g->tensors[p.V->u.tensor].name)) < 0)
+    return rc;
+  if ((rc = nf__sched_add1(s, st_i, NF_SCH_PARALLEL, par, 0)) < 0) return rc;
+  if ((rc = nf__sched_add1(s, st_i, NF_SCH_VECTORIZE, vi, 0)) < 0) return rc;
+  return 1;
+}
