@@ -85,8 +85,10 @@ int nf_schedule_add(nf_schedule *s, const nf_sched_item *it);
 void nf_schedule_free(nf_schedule *s);
 
 /* The tier-1 default schedule of g (cheap: no search, no lowering):
- * inline single-use elementwise producers, register-tile matmul-shaped
- * reductions (8 x 16, reduction outside the tile, cache_write), fuse an
+ * inline single-use elementwise producers, the product tile for a sum of
+ * one product of two plain accesses (sched_gemm.c), register-tile other
+ * matmul-shaped reductions (8 x 16, reduction outside the tile,
+ * cache_write), fuse an
  * elementwise epilogue into that tile (compute_at), parallel outer loop,
  * vectorized inner loop (docs/schedules.md). */
 int nf_schedule_default(const nf_graph *g, nf_schedule **out);
