@@ -233,6 +233,17 @@ int nf__sched_gemm(nf_schedule *s, const nf_graph *g, int st_i, char nm[][NF_SCH
     inside[x] = 1;
     rows_in *= t->shape[x];
   }
+  /* ... but out again, outermost first, while the parallel loop would
+   * have under MIN_PAR iterations and a whole tile of rows stays in */
+  int64_t n_par = t->shape[p.v] / p.tj;
+  for (int x = 0; x < rank; x++)
+    if (x != p.v && x != p.u && !inside[x]) n_par *= t->shape[x];
+  for (int x = 0; x < rank && n_par < MIN_PAR; x++)
+    if (inside[x] && rows_in / t->shape[x] >= p.ti) {
+      inside[x] = 0;
+      rows_in /= t->shape[x];
+      n_par *= t->shape[x];
+    }
   /* reduction loops in the operands' memory order; the outermost ones
    * leave the tile while V's panel is over the budget */
   int ord[NF_MAX_VARS], no = nf__sched_red_order(st, rank, -1, ord);
