@@ -188,5 +188,11 @@ int nf__sched_red_order(const nf_stmt *st, int rank, int skip, int *ord);
  * names are nm (1), 0 where it does not apply, or NF_ENOMEM. */
 int nf__sched_gemm_applies(const nf_graph *g, uint32_t si);
 int nf__sched_gemm(nf_schedule *s, const nf_graph *g, int st_i, char nm[][NF_SCHED_NAME]);
+/* ... and for such a product prod with an elementwise epilogue cons
+ * (read once, at its own indices): part 0 appends the product's items
+ * (computed panel by panel at the epilogue's loop), part 1 the
+ * epilogue's (the product's outer loops and tile); 1, 0 where prod takes
+ * no product tile, or NF_ENOMEM. */
+int nf__sched_gemm_fused(nf_schedule *s, const nf_graph *g, int prod, int cons, int part);
 
 #endif

@@ -590,15 +590,11 @@ static int rf_nest(nf_schedule *s, const nf_graph *g, int st_i, int k,
 
 /* The statement whose loops take register-tiled reduction si as its fused
  * epilogue, or -1: a local si read once, by an elementwise statement of
- * the same shape that is not inlined and reads si at its own indices.
- * With gemm set, -1 also for a product that takes the product tile (its
- * panel copy sits outside the rows, where a fused epilogue's tile loop
- * cannot hold it: the epilogue runs as a statement of its own). */
-static int epilogue_of(const nf_graph *g, uint32_t si, int gemm) {
+ * the same shape that is not inlined and reads si at its own indices. */
+static int epilogue_of(const nf_graph *g, uint32_t si) {
   const nf_stmt *st = &g->stmts[si];
   const nf_tensor *t = &g->tensors[st->out];
   if (!tiled_by_default(g, si) || t->kind != NF_T_LOCAL || !nf__sched_used_once(g, st->out)) return -1;
-  if (gemm && nf__sched_gemm_applies(g, si)) return -1;
   for (uint32_t c = si + 1; c < g->n_stmts; c++) {
     const nf_stmt *cs = &g->stmts[c];
     find_acc f = {.t = st->out, .n = 0, .a = NULL};
@@ -1120,7 +1116,7 @@ static int schedule_default(const nf_graph *g, int use_stencil, int *n_stencil,
   }
   for (uint32_t si = 0; si < g->n_stmts; si++) epi_prod[si] = -1;
   for (uint32_t si = 0; si < g->n_stmts; si++) {
-    int c = epilogue_of(g, si, use_stencil);
+    int c = epilogue_of(g, si);
     if (c >= 0) epi_prod[c] = (int32_t)si;
   }
   for (uint32_t si = 0; si < g->n_stmts && rc == NF_OK; si++) {
@@ -1134,7 +1130,16 @@ static int schedule_default(const nf_graph *g, int use_stencil, int *n_stencil,
     char nm[NF_MAX_VARS][NF_SCHED_NAME], a[NF_SCHED_NAME], b[NF_SCHED_NAME];
     for (int k = 0; k < rank + st->n_red; k++) nf__sched_var_name(st, k, nm[k]);
     int64_t ei = rank >= 2 ? t->shape[rank - 2] : 0, ej = rank >= 1 ? t->shape[rank - 1] : 0;
-    int ec = epilogue_of(g, si, use_stencil);
+    int ec = epilogue_of(g, si);
+    if (ec >= 0 && use_stencil) {
+      /* a product tile computed panel by panel at its epilogue's loop */
+      rc = nf__sched_gemm_fused(s, g, (int)si, ec, 0);
+      if (rc != 0) {
+        if (rc > 0) (*n_stencil)++;
+        rc = rc > 0 ? NF_OK : rc;
+        continue;
+      }
+    }
     if (ec >= 0) {
       /* the reduction is computed tile by tile inside its epilogue's
        * register tile (the epilogue's j.o loop), reduction loops outside
@@ -1161,6 +1166,13 @@ static int schedule_default(const nf_graph *g, int use_stencil, int *n_stencil,
       if (rc == NF_OK) rc = nf_schedule_add(s, &it);
       if (rc == NF_OK) rc = nf__sched_add1(s, st_i, NF_SCH_VECTORIZE, nm[rank - 1], 0);
       continue;
+    }
+    if (epi_prod[si] >= 0 && use_stencil) {
+      rc = nf__sched_gemm_fused(s, g, epi_prod[si], (int)si, 1);
+      if (rc != 0) {
+        rc = rc > 0 ? NF_OK : rc;
+        continue;
+      }
     }
     if (epi_prod[si] >= 0) {
       /* the fused epilogue: the producer's register tile */
