@@ -52,6 +52,11 @@
  * for every execution of the ALLOC is valid because a function's
  * executions of one ALLOC never overlap.
  *
+ * Addresses: an access's indices of two adjacent dimensions that are
+ * x // e and x % e of one x, e the inner extent (a loop fused over both),
+ * address x * the inner stride, so a vector loop over x stays a
+ * contiguous access.
+ *
  * Masks are avoided where they are not needed: a load whose indices lie
  * in bounds for the whole loop ranges (nf_expr_bounds) is unmasked; a
  * uniform load under a mask reads its address when any lane is active
