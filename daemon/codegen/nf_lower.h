@@ -194,5 +194,8 @@ int nf__sched_gemm(nf_schedule *s, const nf_graph *g, int st_i, char nm[][NF_SCH
  * epilogue's (the product's outer loops and tile); 1, 0 where prod takes
  * no product tile, or NF_ENOMEM. */
 int nf__sched_gemm_fused(nf_schedule *s, const nf_graph *g, int prod, int cons, int part);
+/* Internal (tests): the product tile's cache budgets divided by d (0 or
+ * 1: as they are), so that small products get blocked reductions. */
+void nf__sched_gemm_set_budget_div(int d);
 
 #endif

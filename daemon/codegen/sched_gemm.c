@@ -43,6 +43,11 @@
 #define STRIDED_TERMS 256        /* steps of a tile over a strided operand */
 #define MIN_PAR 4                /* parallel iterations wanted */
 
+/* The budgets below divided by this (tests: blocks at small sizes). */
+static int g_budget_div;
+
+void nf__sched_gemm_set_budget_div(int d) { g_budget_div = d; }
+
 typedef struct gemm_plan {
   int v, u;              /* output variables: lanes, rows */
   int vside;             /* the operand that reads v (0 or 1) */
@@ -277,12 +282,13 @@ static int gemm_nest_of(const nf_graph *g, uint32_t si, gemm_nest *n) {
    * steps, so that they stay in L1 from one tile to the next (milstm's
    * dU, 2048x512x512 TN at one thread: 11.0 ms unblocked, 8.2 in blocks
    * of 128 or 256 steps, OpenBLAS 6.5). */
-  int64_t budget = PANEL_BYTES / (p->tj * 4);
+  int64_t scale = g_budget_div > 1 ? g_budget_div : 1;
+  int64_t budget = PANEL_BYTES / scale / (p->tj * 4);
   int b_last = -1;
   for (int d = p->B->n_args - 1; d >= 0 && b_last < 0; d--)
     if (g->tensors[p->B->u.tensor].shape[d] != 1 && p->B->args[d]->op == NF_OP_VAR)
       b_last = (int)p->B->args[d]->u.var;
-  if (b_last < rank && budget > STRIDED_TERMS) budget = STRIDED_TERMS;
+  if (b_last < rank && budget > STRIDED_TERMS / scale) budget = STRIDED_TERMS / scale;
   n->ksplit = -1;
   int64_t inner = 1;
   for (int q = 0; q < no; q++) inner *= st->red_ext[ord[q]];
@@ -293,7 +299,9 @@ static int gemm_nest_of(const nf_graph *g, uint32_t si, gemm_nest *n) {
    * rows of it in L1; OpenBLAS 3.3).  A single reduction is cut only
    * where it must be, and no finer (matmul 1024^3: 12.0 ms whole, 15.1
    * in blocks of 256). */
-  if (inner > budget && no > 1 && budget > PANEL_L1 / (p->tj * 4)) budget = PANEL_L1 / (p->tj * 4);
+  int64_t l1 = PANEL_L1 / scale / (p->tj * 4);
+  if (inner > budget && no > 1 && budget > l1) budget = l1;
+  if (budget < 1) budget = 1;
   while (n->n_out_red < no - 1 && inner > budget) {
     int q = ord[n->n_out_red];
     int64_t e = st->red_ext[q], rest = inner / e, kc = 1;
@@ -311,7 +319,7 @@ static int gemm_nest_of(const nf_graph *g, uint32_t si, gemm_nest *n) {
   /* one long reduction left over the budget: blocks of it */
   if (inner > budget && n->n_out_red == no - 1) {
     int64_t e = st->red_ext[ord[no - 1]], kc = 0;
-    for (int64_t c = budget; c >= 32 && !kc; c--)
+    for (int64_t c = budget; c >= (budget < 32 ? 2 : 32) && !kc; c--)
       if (e % c == 0) kc = c;
     if (kc && kc < e) {
       n->ksplit = no - 1;
