@@ -17,6 +17,10 @@
  * every float input, forward outputs kept) is compiled with the default
  * schedule and NF_COMPILED_GRAD_ITERS (default 10) random schedules.
  *
+ * The default's product tile (products): every form of product it takes,
+ * at 16 and 8 accumulator registers and with its cache budgets cut so
+ * that small products get blocked reductions.
+ *
  * Library ops compile at the tier-1 level (opt_level 2); the workloads'
  * large programs at opt_level 1 to keep the suite's time reasonable (the
  * lowering and IR generation under test are the same at every level). */
