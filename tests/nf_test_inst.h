@@ -45,6 +45,17 @@ static const tcase big_cases[] = {
      {NZ(1, 4, 2, 3, 6, 12), NZ(1, 4, 8, 3, 3, 3)}, NULL, 0, 0},
     {"conv2d stride 2 pad 2 dil 2 8ch", "conv2d", P3("stride", 2, "pad", 2, "dilation", 2), 2,
      {NZ(1, 4, 1, 2, 9, 17), NZ(1, 4, 8, 2, 3, 3)}, NULL, 0, 0},
+    /* the product tile (sched_gemm.c): lanes along the output's last
+     * variable (a multiple of the vector, two at least), the lane
+     * operand's panel copied (transposed for linear's W and the
+     * pointwise convolution's weights), guarded rows */
+    {"matmul 20x24x48", "matmul", P0, 2, {NZ(1, 2, 20, 24), NZ(1, 2, 24, 48)}, NULL, 0, 0},
+    {"linear 13x40 -> 32", "linear", P0, 3, {NZ(1, 2, 13, 40), NZ(1, 2, 32, 40), NZ(1, 1, 32)},
+     NULL, 0, 0},
+    {"batch_matmul 3x10x20x32", "batch_matmul", P0, 2,
+     {NZ(1, 3, 3, 10, 20), NZ(1, 3, 3, 20, 32)}, NULL, 0, 0},
+    {"conv2d pointwise 2x16x4x7 -> 32", "conv2d", P0, 2,
+     {NZ(1, 4, 2, 16, 4, 7), NZ(1, 4, 32, 16, 1, 1)}, NULL, 0, 0},
     /* depthwise: the plain tile, each channel's plane copied zero-padded */
     {"conv2d depthwise pad 1 8ch 6x12", "conv2d", P2("pad", 1, "groups", 8), 2,
      {NZ(1, 4, 2, 8, 6, 12), NZ(1, 4, 8, 1, 3, 3)}, NULL, 0, 0},

@@ -17,6 +17,10 @@
  * every float input, forward outputs kept) is compiled with the default
  * schedule and NF_COMPILED_GRAD_ITERS (default 10) random schedules.
  *
+ * The default's product tile (products): every form of product it takes,
+ * at 16 and 8 accumulator registers and with its cache budgets cut so
+ * that small products get blocked reductions.
+ *
  * Library ops compile at the tier-1 level (opt_level 2); the workloads'
  * large programs at opt_level 1 to keep the suite's time reasonable (the
  * lowering and IR generation under test are the same at every level). */
@@ -297,6 +301,90 @@ START_TEST(compiled_layouts) {
 }
 END_TEST
 
+/* The default's product tile (sched_gemm.c) on every form it takes: the
+ * four transposes, batched, a pointwise convolution's data and weight
+ * gradients, a weight gradient summed over steps, fused epilogues (a
+ * bias, linear + ReLU); rows that the tile does not divide (guarded),
+ * with 16 and 8 accumulator registers (lanes of 16 and 8), and with the
+ * cache budgets cut so that these small products get their reductions
+ * blocked (several variables out, one split, a long one cut). */
+static const char product_src[] =
+    "import nn\n"
+    "def mm_nn(A: f32[M, K], B: f32[K, N]) -> (C: f32[M, N]) {\n"
+    "  C(i, j) +=! A(i, k) * B(k, j)\n}\n"
+    "def mm_tn(A: f32[K, M], B: f32[K, N]) -> (C: f32[M, N]) {\n"
+    "  C(i, j) +=! A(k, i) * B(k, j)\n}\n"
+    "def mm_nt(A: f32[M, K], B: f32[N, K]) -> (C: f32[M, N]) {\n"
+    "  C(i, j) +=! A(i, k) * B(j, k)\n}\n"
+    "def mm_tt(A: f32[K, M], B: f32[N, K]) -> (C: f32[M, N]) {\n"
+    "  C(i, j) +=! A(k, i) * B(j, k)\n}\n"
+    "def bmm_nt(A: f32[Bt, M, K], B: f32[Bt, N, K]) -> (C: f32[Bt, M, N]) {\n"
+    "  C(b, i, j) +=! A(b, i, k) * B(b, j, k)\n}\n"
+    "def pw_dx(dP: f32[N, K, H, W], Wt: f32[K, C, 1, 1]) -> (dR: f32[N, C, H, W]) {\n"
+    "  dR(n, c, h, w) +=! dP(n, k, h, w) * Wt(k, c, 0, 0)\n}\n"
+    "def pw_dw(dP: f32[N, K, H, W], R: f32[N, C, H, W]) -> (dW: f32[K, C, 1, 1]) {\n"
+    "  dW(k, c, y, x) +=! dP(n, k, h, w) * R(n, c, h, w)\n}\n"
+    "def wgrad_steps(G: f32[T, B, M], X: f32[T, B, N]) -> (dW: f32[M, N]) {\n"
+    "  dW(i, j) +=! G(t, n, i) * X(t, n, j)\n}\n"
+    "def mm_bias(A: f32[M, K], B: f32[K, N], b: f32[N]) -> (C: f32[M, N]) {\n"
+    "  P(i, j) +=! A(i, k) * B(k, j)\n"
+    "  C(i, j) = P(i, j) + b(j)\n}\n"
+    "def lin_relu(X: f32[B, I], W: f32[O, I], b: f32[O]) -> (Y: f32[B, O]) {\n"
+    "  Z = linear(X, W, b)\n"
+    "  Y = relu(Z)\n}\n";
+
+static const tcase product_cases[] = {
+    {"mm_nn 13x37x48", "mm_nn", P0, 2, {NZ(1, 2, 13, 37), NZ(1, 2, 37, 48)}, NULL, 0, 0},
+    {"mm_tn 13x128x32", "mm_tn", P0, 2, {NZ(1, 2, 128, 13), NZ(1, 2, 128, 32)}, NULL, 0, 0},
+    {"mm_nt 13x40x32", "mm_nt", P0, 2, {NZ(1, 2, 13, 40), NZ(1, 2, 32, 40)}, NULL, 0, 0},
+    {"mm_tt 13x40x32", "mm_tt", P0, 2, {NZ(1, 2, 40, 13), NZ(1, 2, 32, 40)}, NULL, 0, 0},
+    {"bmm_nt 3x7x20x32", "bmm_nt", P0, 2, {NZ(1, 3, 3, 7, 20), NZ(1, 3, 3, 32, 20)}, NULL, 0, 0},
+    {"pw_dx 2x32x3x5 -> 48", "pw_dx", P0, 2, {NZ(1, 4, 2, 32, 3, 5), NZ(1, 4, 32, 48, 1, 1)},
+     NULL, 0, 0},
+    {"pw_dw 2x13x32x8 by 32", "pw_dw", P0, 2, {NZ(1, 4, 2, 13, 32, 8), NZ(1, 4, 2, 32, 32, 8)},
+     NULL, 0, 0},
+    {"wgrad_steps 3x8 13x32", "wgrad_steps", P0, 2, {NZ(1, 3, 3, 8, 13), NZ(1, 3, 3, 8, 32)},
+     NULL, 0, 0},
+    {"mm_bias 13x37x48", "mm_bias", P0, 3, {NZ(1, 2, 13, 37), NZ(1, 2, 37, 48), NZ(1, 1, 48)},
+     NULL, 0, 0},
+    {"lin_relu 13x40 -> 32", "lin_relu", P0, 3, {NZ(1, 2, 13, 40), NZ(1, 2, 32, 40), NZ(1, 1, 32)},
+     NULL, 0, 0},
+};
+
+START_TEST(compiled_products) {
+  nf_module *m = nf_module_new();
+  nf_diag *d = nf_diag_new();
+  ck_assert_msg(nf_module_load_source(m, "products.nf", product_src, d) == NF_OK, "%s",
+                nf_diag_text(d));
+  nf_diag_free(d);
+  const tcase *c = &product_cases[_i];
+  inst I;
+  char msg[3000] = "";
+  inst_make(&I, m, c, 0x5151 + (uint64_t)_i);
+  static const int conf[][2] = {{16, 1}, {16, 16}, {8, 1}, {8, 16}}; /* registers, budget / */
+  for (int k = 0; k < 4; k++) {
+    nf_schedule *s = NULL;
+    nf_buf txt = NF_BUF_INIT;
+    nf__sched_set_acc_regs(conf[k][0]);
+    nf__sched_gemm_set_budget_div(conf[k][1]);
+    int rc = nf_schedule_default(I.g, &s);
+    nf__sched_set_acc_regs(0);
+    nf__sched_gemm_set_budget_div(0);
+    ck_assert_int_eq(rc, NF_OK);
+    nf_schedule_print(s, &txt);
+    /* the product tile was taken: its panel copy */
+    ck_assert_msg(strstr(nf_buf_str(&txt), "cache_read"), "%s (%d registers): no product tile:\n%s",
+                  c->label, conf[k][0], nf_buf_str(&txt));
+    ck_assert_msg(!run_compiled(&I, s, 2, msg, sizeof msg), "%s (%d registers, budget / %d):\n%s%s",
+                  c->label, conf[k][0], conf[k][1], nf_buf_str(&txt), msg);
+    nf_buf_free(&txt);
+    nf_schedule_free(s);
+  }
+  inst_free(&I);
+  nf_module_free(m);
+}
+END_TEST
+
 static void add_loop(Suite *su, const char *name, const TTest *t, int n) {
   const char *parts = getenv("NF_COMPILED_PARTS");
   if (parts) { /* a comma-separated list of the parts to run */
@@ -316,7 +404,7 @@ static void add_loop(Suite *su, const char *name, const TTest *t, int n) {
   suite_add_tcase(su, tc);
 }
 
-/* NF_COMPILED_PARTS=library,big,workloads,workload_grads,library_grads,layouts (any subset)
+/* NF_COMPILED_PARTS=library,big,workloads,workload_grads,library_grads,products,layouts (any subset)
  * selects the parts; tests/meson.build runs the library in one test and
  * the rest in another, so that they run in parallel. */
 int main(void) {
@@ -326,6 +414,8 @@ int main(void) {
   add_loop(su, "workloads", compiled_workloads, N_WL);
   add_loop(su, "workload_grads", compiled_workload_grads, N_WL);
   add_loop(su, "library_grads", compiled_library_grads, N_LIB);
+  add_loop(su, "products", compiled_products,
+           (int)(sizeof product_cases / sizeof product_cases[0]));
   add_loop(su, "layouts", compiled_layouts,
            (int)(sizeof layout_cases / sizeof layout_cases[0]));
   SRunner *sr = srunner_create(su);

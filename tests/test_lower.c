@@ -485,19 +485,41 @@ START_TEST(lower_default_matmul) {
   nf_schedule_free(s);
   nf_buf_free(&out);
   inst_free(&I);
-  /* linear: the bias add is the fused epilogue; the product is computed
-   * tile by tile at the epilogue's j.o loop */
+  /* linear, 64 x 32 by 48 x 32 (with 16 accumulator registers, AVX-512):
+   * the product tile, 48 lanes along the output's o (W's rows, copied at
+   * o.o with o last: W_rd[i][o]) by 8 rows of n0, computed panel by panel
+   * at the bias add's o.o loop, which takes the same tile */
   static const tcase lin = {"linear", "linear", P0, 3,
                             {NZ(1, 2, 64, 32), NZ(1, 2, 48, 32), NZ(1, 1, 48)}, NULL, 0, 0};
+  nf__sched_set_acc_regs(16);
   inst_make(&I, g_nn, &lin, 3);
   ck_assert_int_eq(nf_schedule_default(I.g, &s), NF_OK);
   nf_schedule_print(s, &out);
   ck_assert_str_eq(nf_buf_str(&out),
-                   "neoflow-schedule 1\nstmts 2\nstmt 0 compute_at 1 o.o\n"
-                   "stmt 0 reorder i n0 o\nstmt 0 vectorize o\nstmt 1 split n0 8\n"
-                   "stmt 1 split o 16\nstmt 1 reorder n0.o o.o n0.i o.i\n"
-                   "stmt 1 parallel n0.o\nstmt 1 vectorize o.i\n");
+                   "neoflow-schedule 1\nstmts 2\nstmt 0 compute_at 1 o.o\nstmt 0 split o 48\n"
+                   "stmt 0 split n0 8\nstmt 0 reorder o.o n0.o i n0.i o.i\n"
+                   "stmt 0 cache_write n0.o\nstmt 0 cache_read W o.o\nstmt 0 vectorize o.i\n"
+                   "stmt 1 split o 48\nstmt 1 split n0 8\nstmt 1 reorder o.o n0.o n0.i o.i\n"
+                   "stmt 1 parallel o.o\nstmt 1 vectorize o.i\n");
   char msg[3000] = "";
+  ck_assert_msg(!run_one(&I, s, msg, sizeof msg), "%s", msg);
+  nf_schedule_free(s);
+  nf_buf_free(&out);
+  inst_free(&I);
+  /* linear, 12 x 32 by 20 x 32: no lane variable (a multiple of 16, at
+   * least 32) for the product tile: the bias add is the fused epilogue;
+   * the product is computed tile by tile at the epilogue's j.o loop */
+  static const tcase lin_small = {"linear", "linear", P0, 3,
+                                  {NZ(1, 2, 12, 32), NZ(1, 2, 20, 32), NZ(1, 1, 20)}, NULL, 0, 0};
+  inst_make(&I, g_nn, &lin_small, 3);
+  ck_assert_int_eq(nf_schedule_default(I.g, &s), NF_OK);
+  nf_schedule_print(s, &out);
+  nf__sched_set_acc_regs(0);
+  ck_assert_str_eq(nf_buf_str(&out),
+                   "neoflow-schedule 1\nstmts 2\nstmt 0 compute_at 1 o.o\n"
+                   "stmt 0 reorder i n0 o\nstmt 0 vectorize o\nstmt 1 split n0 2\n"
+                   "stmt 1 split o 20\nstmt 1 reorder n0.o o.o n0.i o.i\n"
+                   "stmt 1 parallel n0.o\nstmt 1 vectorize o.i\n");
   ck_assert_msg(!run_one(&I, s, msg, sizeof msg), "%s", msg);
   nf_schedule_free(s);
   nf_buf_free(&out);

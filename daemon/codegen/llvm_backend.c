@@ -52,6 +52,11 @@
  * for every execution of the ALLOC is valid because a function's
  * executions of one ALLOC never overlap.
  *
+ * Addresses: an access's indices of two adjacent dimensions that are
+ * x // e and x % e of one x, e the inner extent (a loop fused over both),
+ * address x * the inner stride, so a vector loop over x stays a
+ * contiguous access.
+ *
  * Masks are avoided where they are not needed: a load whose indices lie
  * in bounds for the whole loop ranges (nf_expr_bounds) is unmasked; a
  * uniform load under a mask reads its address when any lane is active
@@ -336,14 +341,29 @@ static LLVMValueRef all_true(cg *g) {
 static vv lane_add(cg *g, vv a, vv b);
 static vv lane_mulc(cg *g, vv a, int64_t c);
 
+/* Whether indices a, b of two adjacent dimensions, the inner of extent
+ * e, are x // e and x % e of one x (a loop fused over both dimensions):
+ * together they address x * the inner stride, since (x // e) * e + x % e
+ * == x for every x (floor division), which keeps a vector loop over x a
+ * contiguous access instead of a gather. */
+static const nf_expr *fused_pair(const nf_expr *a, const nf_expr *b, int64_t e) {
+  if (a->op != NF_OP_FLOORDIV || b->op != NF_OP_MOD || a->args[0] != b->args[0] ||
+      a->args[1] != b->args[1] || a->args[1]->op != NF_OP_CONST || a->args[1]->u.i != e ||
+      e <= 0)
+    return NULL;
+  return a->args[0];
+}
+
 static vv offset_of(cg *g, uint32_t buf, int n_idx, const nf_expr *const *idx) {
   const nf_lbuf *lb = &g->p->bufs[buf];
   vv off = uni(c64(g, 0));
   int64_t stride = 1;
   for (int d = n_idx - 1; d >= 0; d--) {
-    vv t = lane_mulc(g, emit(g, idx[d]), stride);
+    const nf_expr *x = d > 0 ? fused_pair(idx[d - 1], idx[d], lb->shape[d]) : NULL;
+    vv t = lane_mulc(g, emit(g, x ? x : idx[d]), stride);
     off = lane_add(g, off, t);
     stride *= lb->shape[d];
+    if (x) stride *= lb->shape[--d];
   }
   return off;
 }

@@ -81,7 +81,7 @@ int nf_cpu_link(const void *object, size_t n, unsigned timeout_ms,
 
 /* Bump when lowering or code generation changes the kernels it makes for
  * the same graph and schedule: it is part of every tuning-cache key. */
-#define NF_CODEGEN_REVISION 5
+#define NF_CODEGEN_REVISION 6
 
 /* The code generator's version for cache keys (into out, n bytes):
  * "neoflow-cpu r<revision> abi<kernel ABI> llvm-<version> <host cpu>

@@ -85,8 +85,10 @@ int nf_schedule_add(nf_schedule *s, const nf_sched_item *it);
 void nf_schedule_free(nf_schedule *s);
 
 /* The tier-1 default schedule of g (cheap: no search, no lowering):
- * inline single-use elementwise producers, register-tile matmul-shaped
- * reductions (8 x 16, reduction outside the tile, cache_write), fuse an
+ * inline single-use elementwise producers, the product tile for a sum of
+ * one product of two plain accesses (sched_gemm.c), register-tile other
+ * matmul-shaped reductions (8 x 16, reduction outside the tile,
+ * cache_write), fuse an
  * elementwise epilogue into that tile (compute_at), parallel outer loop,
  * vectorized inner loop (docs/schedules.md). */
 int nf_schedule_default(const nf_graph *g, nf_schedule **out);
@@ -171,5 +173,29 @@ int nf__sched_inlined_by_default(const nf_graph *g, uint32_t si);
 /* Internal (tests): the accumulator registers the default's stencil and
  * weight-gradient tiles may fill (8 or 16; 0: from the host CPU). */
 void nf__sched_set_acc_regs(int n);
+/* Internal (schedule.c, sched_gemm.c): that count (16 where the CPU has
+ * AVX-512's 32 vector registers, else 8); appending one primitive of one
+ * name and factor, or of two names (fuse a b; cache_read: loop a, tensor
+ * b), NF_OK or NF_ENOMEM; the reduction variables of st but skip in the
+ * order of the outermost dimension each indexes (ord[], their count). */
+int nf__sched_acc_regs(void);
+int nf__sched_add1(nf_schedule *s, int st, int kind, const char *a, int64_t f);
+int nf__sched_add2(nf_schedule *s, int st, int kind, const char *a, const char *b);
+int nf__sched_red_order(const nf_stmt *st, int rank, int skip, int *ord);
+/* Internal (sched_gemm.c): the default's tile for a sum of one product of
+ * two plain accesses (docs/schedules.md, "product tile"): whether it
+ * applies to statement si; appending it for statement st_i whose loop
+ * names are nm (1), 0 where it does not apply, or NF_ENOMEM. */
+int nf__sched_gemm_applies(const nf_graph *g, uint32_t si);
+int nf__sched_gemm(nf_schedule *s, const nf_graph *g, int st_i, char nm[][NF_SCHED_NAME]);
+/* ... and for such a product prod with an elementwise epilogue cons
+ * (read once, at its own indices): part 0 appends the product's items
+ * (computed panel by panel at the epilogue's loop), part 1 the
+ * epilogue's (the product's outer loops and tile); 1, 0 where prod takes
+ * no product tile, or NF_ENOMEM. */
+int nf__sched_gemm_fused(nf_schedule *s, const nf_graph *g, int prod, int cons, int part);
+/* Internal (tests): the product tile's cache budgets divided by d (0 or
+ * 1: as they are), so that small products get blocked reductions. */
+void nf__sched_gemm_set_budget_div(int d);
 
 #endif

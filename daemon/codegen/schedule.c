@@ -304,7 +304,7 @@ void nf_schedule_print(const nf_schedule *s, nf_buf *out) {
 
 /* ---- the default schedule ---- */
 
-static int add1(nf_schedule *s, int st, int kind, const char *a, int64_t f) {
+int nf__sched_add1(nf_schedule *s, int st, int kind, const char *a, int64_t f) {
   nf_sched_item it;
   memset(&it, 0, sizeof it);
   it.kind = (uint8_t)kind;
@@ -318,7 +318,7 @@ static int add1(nf_schedule *s, int st, int kind, const char *a, int64_t f) {
 }
 
 /* An item of two names: fuse a b; cache_read (stored: loop a, tensor b). */
-static int add2(nf_schedule *s, int st, int kind, const char *a, const char *b) {
+int nf__sched_add2(nf_schedule *s, int st, int kind, const char *a, const char *b) {
   nf_sched_item it;
   memset(&it, 0, sizeof it);
   it.kind = (uint8_t)kind;
@@ -457,7 +457,7 @@ static void dim_fn(const nf_expr *e, void *user) {
 /* The reduction variables of st (numbered from 0) but skip, in the
  * order of the outermost dimension each indexes (ties: IR order): ord[],
  * their count or NF_ENOMEM. */
-static int red_order(const nf_stmt *st, int rank, int skip, int *ord) {
+int nf__sched_red_order(const nf_stmt *st, int rank, int skip, int *ord) {
   int key[NF_MAX_VARS], no = 0;
   for (int q = 0; q < st->n_red; q++) {
     dim_use u = {.v = (uint32_t)(rank + q), .dim = NF_MAX_RANK};
@@ -482,12 +482,67 @@ static int red_order(const nf_stmt *st, int rank, int skip, int *ord) {
  * the leading ones outside, the first of them parallel; the tile (with
  * a slot per lane) is the cache_write at the last outer loop, or, when
  * every output variable is in the tile, at the first reduction loop. */
+/* Occurrences of two variables in an expression: all of them, and those
+ * that are the last two indices of an access (x at the next-to-last, y
+ * at the last, whose extent is ey) with neither elsewhere in it. */
+typedef struct pair_use {
+  uint32_t x, y;
+  int64_t ey;
+  const nf_graph *g;
+  int all, paired, bad;
+} pair_use;
+
+static void pair_fn(const nf_expr *e, void *user) {
+  pair_use *u = user;
+  if (e->op == NF_OP_VAR && (e->u.var == u->x || e->u.var == u->y)) u->all++;
+  if (e->op != NF_OP_ACCESS) return;
+  int n = e->n_args, hits = 0;
+  for (int d = 0; d < n; d++)
+    if (uses_v(e->args[d], u->x) || uses_v(e->args[d], u->y)) hits++;
+  if (hits == 0) return;
+  const nf_expr *a = n >= 2 ? e->args[n - 2] : NULL, *b = n >= 1 ? e->args[n - 1] : NULL;
+  if (hits == 2 && a->op == NF_OP_VAR && a->u.var == u->x && b->op == NF_OP_VAR &&
+      b->u.var == u->y && u->g->tensors[e->u.tensor].shape[n - 1] == u->ey)
+    u->paired += 2;
+  else
+    u->bad = 1;
+}
+
+/* The reduction variable (numbered from 0) to fuse with reduction k, the
+ * next one out, where k's extent is no multiple of 8 but theirs together
+ * is, and every access reads them as its last two indices, whole (an
+ * image's rows and columns, 28 x 28 = 49 vectors of 16): the fused loop
+ * then runs over contiguous memory (the backend folds x // 28 and x % 28
+ * back into x), full vectors instead of 4 lanes; else -1.  A full
+ * reduction of 16x128x28x28 at one thread: 0.39 -> 0.21 ms. */
+static int rf_fuse_prev(const nf_graph *g, const nf_stmt *st, int rank, int k) {
+  if (k == 0) return -1;
+  int64_t e = st->red_ext[k], eq = st->red_ext[k - 1];
+  if (e % 8 == 0 || (e * eq) % 8 != 0 || st->red_lo[k] || st->red_lo[k - 1]) return -1;
+  pair_use u = {.x = (uint32_t)(rank + k - 1), .y = (uint32_t)(rank + k), .ey = e, .g = g};
+  if (nf_expr_visit(st->rhs, pair_fn, &u) < 0 || u.bad || u.paired == 0 || u.paired != u.all)
+    return -1;
+  return k - 1;
+}
+
 static int rf_nest(nf_schedule *s, const nf_graph *g, int st_i, int k,
                    char nm[][NF_SCHED_NAME]) {
   const nf_stmt *st = &g->stmts[st_i];
   const nf_tensor *t = &g->tensors[st->out];
   int rank = t->rank, r = rank + k, rc;
   int64_t e = st->red_ext[k], w = e % 8 == 0 ? 8 : e % 4 == 0 ? 4 : 8;
+  int fq = rf_fuse_prev(g, st, rank, k);
+  char rname[NF_SCHED_NAME];
+  nf__sched_cat(rname, nm[r], "");
+  if (fq >= 0) {
+    char tmp[NF_SCHED_NAME];
+    if ((rc = nf__sched_add2(s, st_i, NF_SCH_FUSE, nm[rank + fq], nm[r])) < 0) return rc;
+    nf__sched_cat(tmp, nm[rank + fq], ".");
+    nf__sched_cat(tmp, tmp, nm[r]);
+    nf__sched_cat(rname, tmp, ".fused");
+    e *= st->red_ext[fq];
+    w = nf__sched_acc_regs() >= 16 && e % 16 == 0 ? 16 : 8;
+  }
   int first_tile = rank;
   int64_t tile = 1;
   while (first_tile > 0 && tile * t->shape[first_tile - 1] <= 16) tile *= t->shape[--first_tile];
@@ -497,12 +552,12 @@ static int rf_nest(nf_schedule *s, const nf_graph *g, int st_i, int k,
   if (first_tile == 0 && rank > 0 && st->n_red == 1) first_tile = 1;
   int blocks = rank == 0 && st->n_red == 1;
   char ro[NF_SCHED_NAME], ri[NF_SCHED_NAME], roo[NF_SCHED_NAME];
-  nf__sched_cat(ro, nm[r], ".o");
-  nf__sched_cat(ri, nm[r], ".i");
+  nf__sched_cat(ro, rname, ".o");
+  nf__sched_cat(ri, rname, ".i");
   nf__sched_cat(roo, ro, ".o");
-  if ((rc = add1(s, st_i, NF_SCH_SPLIT, nm[r], w)) < 0) return rc;
+  if ((rc = nf__sched_add1(s, st_i, NF_SCH_SPLIT, rname, w)) < 0) return rc;
   if (blocks) {
-    if ((rc = add1(s, st_i, NF_SCH_SPLIT, ro, 256)) < 0) return rc;
+    if ((rc = nf__sched_add1(s, st_i, NF_SCH_SPLIT, ro, 256)) < 0) return rc;
     nf__sched_cat(ro, ro, ".i");
   }
   nf_sched_item it;
@@ -513,9 +568,10 @@ static int rf_nest(nf_schedule *s, const nf_graph *g, int st_i, int k,
   /* the other reduction loops in the order of the dimensions they
    * index (an image's batch before its rows): the data is walked in
    * memory order */
-  int ord[NF_MAX_VARS], no = red_order(st, rank, k, ord);
+  int ord[NF_MAX_VARS], no = nf__sched_red_order(st, rank, k, ord);
   if (no < 0) return no;
-  for (int q = 0; q < no; q++) nf__sched_cat(it.names[it.n_names++], nm[rank + ord[q]], "");
+  for (int q = 0; q < no; q++)
+    if (ord[q] != fq) nf__sched_cat(it.names[it.n_names++], nm[rank + ord[q]], "");
   if (blocks) nf__sched_cat(it.names[it.n_names++], roo, "");
   nf__sched_cat(it.names[it.n_names++], ro, "");
   for (int v = first_tile; v < rank; v++) nf__sched_cat(it.names[it.n_names++], nm[v], "");
@@ -526,10 +582,10 @@ static int rf_nest(nf_schedule *s, const nf_graph *g, int st_i, int k,
    * partial result) */
   char cw[NF_SCHED_NAME];
   nf__sched_cat(cw, first_tile > 0 ? nm[first_tile - 1] : it.names[0], "");
-  if ((rc = add1(s, st_i, NF_SCH_CACHE_WRITE, cw, 0)) < 0) return rc;
-  if ((rc = add1(s, st_i, NF_SCH_RFACTOR, ri, 0)) < 0) return rc;
-  if (first_tile > 0 && (rc = add1(s, st_i, NF_SCH_PARALLEL, nm[0], 0)) < 0) return rc;
-  return add1(s, st_i, NF_SCH_VECTORIZE, ri, 0);
+  if ((rc = nf__sched_add1(s, st_i, NF_SCH_CACHE_WRITE, cw, 0)) < 0) return rc;
+  if ((rc = nf__sched_add1(s, st_i, NF_SCH_RFACTOR, ri, 0)) < 0) return rc;
+  if (first_tile > 0 && (rc = nf__sched_add1(s, st_i, NF_SCH_PARALLEL, nm[0], 0)) < 0) return rc;
+  return nf__sched_add1(s, st_i, NF_SCH_VECTORIZE, ri, 0);
 }
 
 /* The statement whose loops take register-tiled reduction si as its fused
@@ -562,7 +618,7 @@ static int g_acc_regs;
 
 void nf__sched_set_acc_regs(int n) { g_acc_regs = n; }
 
-static int acc_regs(void) {
+int nf__sched_acc_regs(void) {
   if (g_acc_regs > 0) return g_acc_regs;
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
@@ -597,8 +653,8 @@ static int tile_nest(nf_schedule *s, int st_i, char nm[][NF_SCHED_NAME], int ran
   const char *i = nm[rank - 2], *j = nm[rank - 1];
   char a[NF_SCHED_NAME], b[NF_SCHED_NAME];
   nf_sched_item it;
-  int rc = add1(s, st_i, NF_SCH_SPLIT, i, ti);
-  if (rc == NF_OK) rc = add1(s, st_i, NF_SCH_SPLIT, j, tj);
+  int rc = nf__sched_add1(s, st_i, NF_SCH_SPLIT, i, ti);
+  if (rc == NF_OK) rc = nf__sched_add1(s, st_i, NF_SCH_SPLIT, j, tj);
   memset(&it, 0, sizeof it);
   it.kind = NF_SCH_REORDER;
   it.stmt = st_i;
@@ -610,9 +666,9 @@ static int tile_nest(nf_schedule *s, int st_i, char nm[][NF_SCHED_NAME], int ran
   nf__sched_cat(it.names[it.n_names++], j, ".i");
   if (rc == NF_OK) rc = nf_schedule_add(s, &it);
   nf__sched_cat(b, rank > 2 ? nm[0] : i, rank > 2 ? "" : ".o");
-  if (rc == NF_OK) rc = add1(s, st_i, NF_SCH_PARALLEL, b, 0);
+  if (rc == NF_OK) rc = nf__sched_add1(s, st_i, NF_SCH_PARALLEL, b, 0);
   nf__sched_cat(a, j, ".i");
-  if (rc == NF_OK) rc = add1(s, st_i, NF_SCH_VECTORIZE, a, 0);
+  if (rc == NF_OK) rc = nf__sched_add1(s, st_i, NF_SCH_VECTORIZE, a, 0);
   return rc;
 }
 
@@ -689,21 +745,21 @@ static int stencil_nest(nf_schedule *s, const nf_graph *g, int st_i, const stenc
   const nf_tensor *t = &g->tensors[st->out];
   int rank = t->rank, rc;
   int64_t ei = t->shape[rank - 2], ej = t->shape[rank - 1];
-  /* at most acc_regs() vector registers hold the tile: k.i x i.i x
+  /* at most nf__sched_acc_regs() vector registers hold the tile: k.i x i.i x
    * vectors per row (a 28-wide row is 4 vectors: 2 x 1 x 28; 4 x 2 x 28
    * spilled, 16x32x28x28 to 64 channels 106 ms against 10.9) */
   int64_t tj = ej % 8 == 0 ? 8 : (ej % 4 == 0 && ej <= 32) ? ej : 8;
   int64_t nvec = (tj + 7) / 8, tk = nvec <= 2 ? 4 : 2, ti = 1;
   /* more rows while the accumulators fit (AVX-512: 4 x 4 x 8 ran the
    * 8x64x56x56 forward in 24 ms against 28 with 4 x 2 x 8 on a Xeon) */
-  while (ti < 4 && ei % (2 * ti) == 0 && tk * 2 * ti * nvec <= acc_regs()) ti *= 2;
+  while (ti < 4 && ei % (2 * ti) == 0 && tk * 2 * ti * nvec <= nf__sched_acc_regs()) ti *= 2;
   const char *kv = nm[sc->kv], *i = nm[rank - 2], *j = nm[rank - 1];
   char io[NF_SCHED_NAME], jo[NF_SCHED_NAME], par[NF_SCHED_NAME], tmp[NF_SCHED_NAME];
   nf__sched_cat(io, i, ".o");
   nf__sched_cat(jo, j, ".o");
-  if ((rc = add1(s, st_i, NF_SCH_SPLIT, kv, tk)) < 0) return rc;
-  if ((rc = add1(s, st_i, NF_SCH_SPLIT, i, ti)) < 0) return rc;
-  if ((rc = add1(s, st_i, NF_SCH_SPLIT, j, tj)) < 0) return rc;
+  if ((rc = nf__sched_add1(s, st_i, NF_SCH_SPLIT, kv, tk)) < 0) return rc;
+  if ((rc = nf__sched_add1(s, st_i, NF_SCH_SPLIT, i, ti)) < 0) return rc;
+  if ((rc = nf__sched_add1(s, st_i, NF_SCH_SPLIT, j, tj)) < 0) return rc;
   nf_sched_item it;
   memset(&it, 0, sizeof it);
   it.kind = NF_SCH_REORDER;
@@ -719,7 +775,7 @@ static int stencil_nest(nf_schedule *s, const nf_graph *g, int st_i, const stenc
   nf__sched_cat(it.names[it.n_names++], jo, "");
   /* reduction loops in the order of the dimensions they index (c r s:
    * one channel plane at a time; r s c took twice as long) */
-  int ord[NF_MAX_VARS], no = red_order(st, rank, -1, ord);
+  int ord[NF_MAX_VARS], no = nf__sched_red_order(st, rank, -1, ord);
   if (no < 0) return no;
   for (int q = 0; q < no; q++) nf__sched_cat(it.names[it.n_names++], nm[rank + ord[q]], "");
   nf__sched_cat(it.names[it.n_names++], kv, ".i");
@@ -728,18 +784,18 @@ static int stencil_nest(nf_schedule *s, const nf_graph *g, int st_i, const stenc
   if ((rc = nf_schedule_add(s, &it)) < 0) return rc;
   nf__sched_cat(par, n_outer > 0 ? it.names[0] : io, "");
   if (n_outer == 1 && t->shape[first_outer] < 16) {
-    if ((rc = add2(s, st_i, NF_SCH_FUSE, par, io)) < 0) return rc;
+    if ((rc = nf__sched_add2(s, st_i, NF_SCH_FUSE, par, io)) < 0) return rc;
     nf__sched_cat(tmp, par, ".");
     nf__sched_cat(tmp, tmp, io);
     nf__sched_cat(par, tmp, ".fused");
     nf__sched_cat(io, par, "");
   }
-  if ((rc = add1(s, st_i, NF_SCH_CACHE_WRITE, jo, 0)) < 0) return rc;
-  if (sc->guarded && (rc = add2(s, st_i, NF_SCH_CACHE_READ, io, g->tensors[sc->img->u.tensor].name)) < 0)
+  if ((rc = nf__sched_add1(s, st_i, NF_SCH_CACHE_WRITE, jo, 0)) < 0) return rc;
+  if (sc->guarded && (rc = nf__sched_add2(s, st_i, NF_SCH_CACHE_READ, io, g->tensors[sc->img->u.tensor].name)) < 0)
     return rc;
-  if ((rc = add1(s, st_i, NF_SCH_PARALLEL, par, 0)) < 0) return rc;
+  if ((rc = nf__sched_add1(s, st_i, NF_SCH_PARALLEL, par, 0)) < 0) return rc;
   nf__sched_cat(tmp, j, ".i");
-  return add1(s, st_i, NF_SCH_VECTORIZE, tmp, 0);
+  return nf__sched_add1(s, st_i, NF_SCH_VECTORIZE, tmp, 0);
 }
 
 /* The largest divisor of e in [lo, hi], or 0. */
@@ -768,7 +824,7 @@ static int chan_stencil_nest(nf_schedule *s, const nf_graph *g, int st_i, const 
   const nf_tensor *t = &g->tensors[st->out];
   int rank = t->rank, rc;
   int64_t ek = t->shape[sc->kv], ej = t->shape[rank - 1];
-  if (acc_regs() < 16 || ek % 16 != 0 || !g->tensors[sc->wt->u.tensor].name) return 0;
+  if (nf__sched_acc_regs() < 16 || ek % 16 != 0 || !g->tensors[sc->wt->u.tensor].name) return 0;
   int64_t kvi = ek % 32 == 0 ? 32 : 16, tw = divisor_in(ej, 4, 28 * 16 / kvi);
   if (!tw && kvi == 32) tw = divisor_in(ej, 4, 28), kvi = 16;
   if (!tw) return 0;
@@ -779,8 +835,8 @@ static int chan_stencil_nest(nf_schedule *s, const nf_graph *g, int st_i, const 
   const char *kv = nm[sc->kv], *i = nm[rank - 2], *j = nm[rank - 1];
   char par[NF_SCHED_NAME], jo[NF_SCHED_NAME], tmp[NF_SCHED_NAME];
   nf__sched_cat(jo, j, ".o");
-  if ((rc = add1(s, st_i, NF_SCH_SPLIT, kv, kvi)) < 0) return rc;
-  if ((rc = add1(s, st_i, NF_SCH_SPLIT, j, tw)) < 0) return rc;
+  if ((rc = nf__sched_add1(s, st_i, NF_SCH_SPLIT, kv, kvi)) < 0) return rc;
+  if ((rc = nf__sched_add1(s, st_i, NF_SCH_SPLIT, j, tw)) < 0) return rc;
   nf_sched_item it;
   memset(&it, 0, sizeof it);
   it.kind = NF_SCH_REORDER;
@@ -794,7 +850,7 @@ static int chan_stencil_nest(nf_schedule *s, const nf_graph *g, int st_i, const 
     }
   nf__sched_cat(it.names[it.n_names++], i, "");
   nf__sched_cat(it.names[it.n_names++], jo, "");
-  int ord[NF_MAX_VARS], no = red_order(st, rank, -1, ord);
+  int ord[NF_MAX_VARS], no = nf__sched_red_order(st, rank, -1, ord);
   if (no < 0) return no;
   for (int q = 0; q < no; q++) nf__sched_cat(it.names[it.n_names++], nm[rank + ord[q]], "");
   nf__sched_cat(it.names[it.n_names++], j, ".i");
@@ -802,19 +858,19 @@ static int chan_stencil_nest(nf_schedule *s, const nf_graph *g, int st_i, const 
   if ((rc = nf_schedule_add(s, &it)) < 0) return rc;
   nf__sched_cat(par, kv, ".o");
   if (first_outer >= 0) {
-    if ((rc = add2(s, st_i, NF_SCH_FUSE, par, nm[first_outer])) < 0) return rc;
+    if ((rc = nf__sched_add2(s, st_i, NF_SCH_FUSE, par, nm[first_outer])) < 0) return rc;
     nf__sched_cat(tmp, par, ".");
     nf__sched_cat(tmp, tmp, nm[first_outer]);
     nf__sched_cat(par, tmp, ".fused");
   }
-  if ((rc = add1(s, st_i, NF_SCH_CACHE_WRITE, jo, 0)) < 0) return rc;
-  if ((rc = add2(s, st_i, NF_SCH_CACHE_READ, par, g->tensors[sc->wt->u.tensor].name)) < 0)
+  if ((rc = nf__sched_add1(s, st_i, NF_SCH_CACHE_WRITE, jo, 0)) < 0) return rc;
+  if ((rc = nf__sched_add2(s, st_i, NF_SCH_CACHE_READ, par, g->tensors[sc->wt->u.tensor].name)) < 0)
     return rc;
-  if (sc->guarded && (rc = add2(s, st_i, NF_SCH_CACHE_READ, i, g->tensors[sc->img->u.tensor].name)) < 0)
+  if (sc->guarded && (rc = nf__sched_add2(s, st_i, NF_SCH_CACHE_READ, i, g->tensors[sc->img->u.tensor].name)) < 0)
     return rc;
-  if ((rc = add1(s, st_i, NF_SCH_PARALLEL, par, 0)) < 0) return rc;
+  if ((rc = nf__sched_add1(s, st_i, NF_SCH_PARALLEL, par, 0)) < 0) return rc;
   nf__sched_cat(tmp, kv, ".i");
-  if ((rc = add1(s, st_i, NF_SCH_VECTORIZE, tmp, 0)) < 0) return rc;
+  if ((rc = nf__sched_add1(s, st_i, NF_SCH_VECTORIZE, tmp, 0)) < 0) return rc;
   return 1;
 }
 
@@ -895,17 +951,17 @@ static int wgrad_nest(nf_schedule *s, const nf_graph *g, int st_i, const wgrad *
   /* 4 x 2 (k, c) outputs of one vector each; 4 x 4 where 16 accumulators
    * fit (AVX-512: 8x64x56x56 with a 3x3 kernel, 26-28.6 ms against 33.4
    * with 4 x 2 on a Xeon; 8 x 4 spilled: 49.7) */
-  int64_t tc = acc_regs() >= 16 && g->tensors[st->out].shape[wg->cv] % 4 == 0 ? 4 : 2;
-  if ((rc = add1(s, st_i, NF_SCH_SPLIT, kv, 4)) < 0) return rc;
-  if ((rc = add1(s, st_i, NF_SCH_SPLIT, cv, tc)) < 0) return rc;
-  if ((rc = add1(s, st_i, NF_SCH_SPLIT, rh, wg->hb)) < 0) return rc;
-  if ((rc = add1(s, st_i, NF_SCH_SPLIT, rw, lanes)) < 0) return rc;
+  int64_t tc = nf__sched_acc_regs() >= 16 && g->tensors[st->out].shape[wg->cv] % 4 == 0 ? 4 : 2;
+  if ((rc = nf__sched_add1(s, st_i, NF_SCH_SPLIT, kv, 4)) < 0) return rc;
+  if ((rc = nf__sched_add1(s, st_i, NF_SCH_SPLIT, cv, tc)) < 0) return rc;
+  if ((rc = nf__sched_add1(s, st_i, NF_SCH_SPLIT, rh, wg->hb)) < 0) return rc;
+  if ((rc = nf__sched_add1(s, st_i, NF_SCH_SPLIT, rw, lanes)) < 0) return rc;
   nf_sched_item it;
   memset(&it, 0, sizeof it);
   it.kind = NF_SCH_REORDER;
   it.stmt = st_i;
   nf__sched_cat(it.names[it.n_names++], cvo, "");
-  int ord[NF_MAX_VARS], no = red_order(st, rank, -1, ord);
+  int ord[NF_MAX_VARS], no = nf__sched_red_order(st, rank, -1, ord);
   if (no < 0) return no;
   for (int q = 0; q < no; q++)
     if (ord[q] != wg->rh && ord[q] != wg->rw)
@@ -924,13 +980,13 @@ static int wgrad_nest(nf_schedule *s, const nf_graph *g, int st_i, const wgrad *
   nf__sched_cat(it.names[it.n_names++], cv, ".i");
   nf__sched_cat(it.names[it.n_names++], rwi, "");
   if ((rc = nf_schedule_add(s, &it)) < 0) return rc;
-  if ((rc = add1(s, st_i, NF_SCH_CACHE_WRITE, cw, 0)) < 0) return rc;
+  if ((rc = nf__sched_add1(s, st_i, NF_SCH_CACHE_WRITE, cw, 0)) < 0) return rc;
   if (wg->guarded &&
-      (rc = add2(s, st_i, NF_SCH_CACHE_READ, rho, g->tensors[wg->img->u.tensor].name)) < 0)
+      (rc = nf__sched_add2(s, st_i, NF_SCH_CACHE_READ, rho, g->tensors[wg->img->u.tensor].name)) < 0)
     return rc;
-  if ((rc = add1(s, st_i, NF_SCH_RFACTOR, rwi, 0)) < 0) return rc;
-  if ((rc = add1(s, st_i, NF_SCH_PARALLEL, cvo, 0)) < 0) return rc;
-  return add1(s, st_i, NF_SCH_VECTORIZE, rwi, 0);
+  if ((rc = nf__sched_add1(s, st_i, NF_SCH_RFACTOR, rwi, 0)) < 0) return rc;
+  if ((rc = nf__sched_add1(s, st_i, NF_SCH_PARALLEL, cvo, 0)) < 0) return rc;
+  return nf__sched_add1(s, st_i, NF_SCH_VECTORIZE, rwi, 0);
 }
 
 /* The weight gradient with output channels in the lanes (AVX-512, the
@@ -952,7 +1008,7 @@ static int chan_wgrad_nest(nf_schedule *s, const nf_graph *g, int st_i, const wg
   const nf_tensor *t = &g->tensors[st->out];
   int rank = t->rank, rc;
   int64_t ek = t->shape[wg->kv], other = 1;
-  if (acc_regs() < 16 || ek % 16 != 0 || !g->tensors[d->u.tensor].name) return 0;
+  if (nf__sched_acc_regs() < 16 || ek % 16 != 0 || !g->tensors[d->u.tensor].name) return 0;
   for (int v = 0; v < rank; v++)
     if (v != wg->kv && v != wg->cv) other *= t->shape[v];
   int64_t kvi = ek % 32 == 0 && other * 2 <= 24 ? 32 : 16;
@@ -963,14 +1019,14 @@ static int chan_wgrad_nest(nf_schedule *s, const nf_graph *g, int st_i, const wg
              *rw = nm[rank + wg->rw];
   char par[NF_SCHED_NAME], rho[NF_SCHED_NAME], tmp[NF_SCHED_NAME];
   nf__sched_cat(rho, rh, ".o");
-  if ((rc = add1(s, st_i, NF_SCH_SPLIT, kv, kvi)) < 0) return rc;
-  if ((rc = add1(s, st_i, NF_SCH_SPLIT, rh, hb)) < 0) return rc;
+  if ((rc = nf__sched_add1(s, st_i, NF_SCH_SPLIT, kv, kvi)) < 0) return rc;
+  if ((rc = nf__sched_add1(s, st_i, NF_SCH_SPLIT, rh, hb)) < 0) return rc;
   nf_sched_item it;
   memset(&it, 0, sizeof it);
   it.kind = NF_SCH_REORDER;
   it.stmt = st_i;
   nf__sched_cat(it.names[it.n_names++], kv, ".o");
-  int ord[NF_MAX_VARS], no = red_order(st, rank, -1, ord);
+  int ord[NF_MAX_VARS], no = nf__sched_red_order(st, rank, -1, ord);
   if (no < 0) return no;
   for (int q = 0; q < no; q++)
     if (ord[q] != wg->rh && ord[q] != wg->rw)
@@ -984,14 +1040,14 @@ static int chan_wgrad_nest(nf_schedule *s, const nf_graph *g, int st_i, const wg
   nf__sched_cat(it.names[it.n_names++], kv, ".i");
   if ((rc = nf_schedule_add(s, &it)) < 0) return rc;
   nf__sched_cat(par, kv, ".o");
-  if ((rc = add1(s, st_i, NF_SCH_CACHE_WRITE, cv, 0)) < 0) return rc;
-  if ((rc = add2(s, st_i, NF_SCH_CACHE_READ, rho, g->tensors[d->u.tensor].name)) < 0) return rc;
+  if ((rc = nf__sched_add1(s, st_i, NF_SCH_CACHE_WRITE, cv, 0)) < 0) return rc;
+  if ((rc = nf__sched_add2(s, st_i, NF_SCH_CACHE_READ, rho, g->tensors[d->u.tensor].name)) < 0) return rc;
   if (wg->guarded &&
-      (rc = add2(s, st_i, NF_SCH_CACHE_READ, rho, g->tensors[wg->img->u.tensor].name)) < 0)
+      (rc = nf__sched_add2(s, st_i, NF_SCH_CACHE_READ, rho, g->tensors[wg->img->u.tensor].name)) < 0)
     return rc;
-  if ((rc = add1(s, st_i, NF_SCH_PARALLEL, par, 0)) < 0) return rc;
+  if ((rc = nf__sched_add1(s, st_i, NF_SCH_PARALLEL, par, 0)) < 0) return rc;
   nf__sched_cat(tmp, kv, ".i");
-  if ((rc = add1(s, st_i, NF_SCH_VECTORIZE, tmp, 0)) < 0) return rc;
+  if ((rc = nf__sched_add1(s, st_i, NF_SCH_VECTORIZE, tmp, 0)) < 0) return rc;
   return 1;
 }
 
@@ -1068,13 +1124,22 @@ static int schedule_default(const nf_graph *g, int use_stencil, int *n_stencil,
     const nf_tensor *t = &g->tensors[st->out];
     int rank = t->rank, st_i = (int)si;
     if (nf__sched_inlined_by_default(g, si)) {
-      rc = add1(s, st_i, NF_SCH_INLINE, NULL, 0);
+      rc = nf__sched_add1(s, st_i, NF_SCH_INLINE, NULL, 0);
       continue;
     }
     char nm[NF_MAX_VARS][NF_SCHED_NAME], a[NF_SCHED_NAME], b[NF_SCHED_NAME];
     for (int k = 0; k < rank + st->n_red; k++) nf__sched_var_name(st, k, nm[k]);
     int64_t ei = rank >= 2 ? t->shape[rank - 2] : 0, ej = rank >= 1 ? t->shape[rank - 1] : 0;
     int ec = epilogue_of(g, si);
+    if (ec >= 0 && use_stencil) {
+      /* a product tile computed panel by panel at its epilogue's loop */
+      rc = nf__sched_gemm_fused(s, g, (int)si, ec, 0);
+      if (rc != 0) {
+        if (rc > 0) (*n_stencil)++;
+        rc = rc > 0 ? NF_OK : rc;
+        continue;
+      }
+    }
     if (ec >= 0) {
       /* the reduction is computed tile by tile inside its epilogue's
        * register tile (the epilogue's j.o loop), reduction loops outside
@@ -1099,8 +1164,15 @@ static int schedule_default(const nf_graph *g, int use_stencil, int *n_stencil,
       nf__sched_cat(it.names[it.n_names++], nm[rank - 2], "");
       nf__sched_cat(it.names[it.n_names++], nm[rank - 1], "");
       if (rc == NF_OK) rc = nf_schedule_add(s, &it);
-      if (rc == NF_OK) rc = add1(s, st_i, NF_SCH_VECTORIZE, nm[rank - 1], 0);
+      if (rc == NF_OK) rc = nf__sched_add1(s, st_i, NF_SCH_VECTORIZE, nm[rank - 1], 0);
       continue;
+    }
+    if (epi_prod[si] >= 0 && use_stencil) {
+      rc = nf__sched_gemm_fused(s, g, epi_prod[si], (int)si, 1);
+      if (rc != 0) {
+        rc = rc > 0 ? NF_OK : rc;
+        continue;
+      }
     }
     if (epi_prod[si] >= 0) {
       /* the fused epilogue: the producer's register tile */
@@ -1108,6 +1180,15 @@ static int schedule_default(const nf_graph *g, int use_stencil, int *n_stencil,
       reg_tile(ei, ej, &ti, &tj);
       rc = tile_nest(s, st_i, nm, rank, NULL, 0, ti, tj);
       continue;
+    }
+    if (use_stencil) {
+      /* a product of two plain accesses: the product tile */
+      rc = nf__sched_gemm(s, g, st_i, nm);
+      if (rc != 0) {
+        if (rc > 0) (*n_stencil)++;
+        rc = rc > 0 ? NF_OK : rc;
+        continue;
+      }
     }
     stencil sc;
     if (use_stencil && stencil_of(g, si, &sc)) {
@@ -1123,10 +1204,10 @@ static int schedule_default(const nf_graph *g, int use_stencil, int *n_stencil,
       reg_tile(ei, ej, &ti, &tj);
       rc = tile_nest(s, st_i, nm, rank, &nm[rank], st->n_red, ti, tj);
       nf__sched_cat(a, nm[rank - 1], ".o");
-      if (rc == NF_OK) rc = add1(s, st_i, NF_SCH_CACHE_WRITE, a, 0);
+      if (rc == NF_OK) rc = nf__sched_add1(s, st_i, NF_SCH_CACHE_WRITE, a, 0);
       const nf_expr *pl;
       if (rc == NF_OK && use_stencil && (pl = padded_plane(g, si)) != NULL) {
-        rc = add2(s, st_i, NF_SCH_CACHE_READ, nm[rank - 3], g->tensors[pl->u.tensor].name);
+        rc = nf__sched_add2(s, st_i, NF_SCH_CACHE_READ, nm[rank - 3], g->tensors[pl->u.tensor].name);
         (*n_stencil)++;
       }
       continue;
@@ -1148,9 +1229,9 @@ static int schedule_default(const nf_graph *g, int use_stencil, int *n_stencil,
     int vec = st->n_red == 0 && ej >= 8;
     const char *j = nm[rank - 1];
     if (vec) {
-      rc = add1(s, st_i, NF_SCH_SPLIT, j, 8);
+      rc = nf__sched_add1(s, st_i, NF_SCH_SPLIT, j, 8);
       nf__sched_cat(b, j, ".i");
-      if (rc == NF_OK) rc = add1(s, st_i, NF_SCH_VECTORIZE, b, 0);
+      if (rc == NF_OK) rc = nf__sched_add1(s, st_i, NF_SCH_VECTORIZE, b, 0);
     }
     /* parallel outer loop: the first output variable, fused with the
      * second when it is small */
@@ -1159,12 +1240,12 @@ static int schedule_default(const nf_graph *g, int use_stencil, int *n_stencil,
     if (rank >= 2 && t->shape[0] < 16) {
       char second[NF_SCHED_NAME];
       nf__sched_cat(second, nm[1], rank == 2 && vec ? ".o" : "");
-      if (rc == NF_OK) rc = add2(s, st_i, NF_SCH_FUSE, outer, second);
+      if (rc == NF_OK) rc = nf__sched_add2(s, st_i, NF_SCH_FUSE, outer, second);
       nf__sched_cat(a, outer, ".");
       nf__sched_cat(b, a, second);
       nf__sched_cat(outer, b, ".fused");
     }
-    if (rc == NF_OK) rc = add1(s, st_i, NF_SCH_PARALLEL, outer, 0);
+    if (rc == NF_OK) rc = nf__sched_add1(s, st_i, NF_SCH_PARALLEL, outer, 0);
   }
   free(epi_prod);
   if (rc < 0) {
@@ -1270,23 +1351,23 @@ static int gpu_tiled(nf_schedule *s, const nf_graph *g, uint32_t si, const nf_gp
     char in[NF_SCHED_NAME], rest[NF_SCHED_NAME];
     nf__sched_cat(blk[a], x, ".o");
     nf__sched_cat(in, x, ".i");
-    if ((rc = add1(s, st_i, NF_SCH_SPLIT, x, b[a])) < 0) return rc;
+    if ((rc = nf__sched_add1(s, st_i, NF_SCH_SPLIT, x, b[a])) < 0) return rc;
     vl[a][0] = '\0';
     if (v[a] > 1) {
       nf__sched_cat(vl[a], in, ".o");
       nf__sched_cat(rest, in, ".i");
-      if ((rc = add1(s, st_i, NF_SCH_SPLIT, in, b[a] / v[a])) < 0) return rc;
+      if ((rc = nf__sched_add1(s, st_i, NF_SCH_SPLIT, in, b[a] / v[a])) < 0) return rc;
     } else {
       memcpy(rest, in, NF_SCHED_NAME);
     }
     nf__sched_cat(thr[a], rest, ".o");
     nf__sched_cat(own[a], rest, ".i");
-    if ((rc = add1(s, st_i, NF_SCH_SPLIT, rest, th[a] / v[a])) < 0) return rc;
+    if ((rc = nf__sched_add1(s, st_i, NF_SCH_SPLIT, rest, th[a] / v[a])) < 0) return rc;
   }
   char ro[NF_SCHED_NAME], ri[NF_SCHED_NAME];
   nf__sched_cat(ro, r, ".o");
   nf__sched_cat(ri, r, ".i");
-  if ((rc = add1(s, st_i, NF_SCH_SPLIT, r, kt)) < 0) return rc;
+  if ((rc = nf__sched_add1(s, st_i, NF_SCH_SPLIT, r, kt)) < 0) return rc;
   nf_sched_item it;
   memset(&it, 0, sizeof it);
   it.kind = NF_SCH_REORDER;
@@ -1305,23 +1386,23 @@ static int gpu_tiled(nf_schedule *s, const nf_graph *g, uint32_t si, const nf_gp
   nf__sched_cat(it.names[it.n_names++], own[1], "");
   if ((rc = nf_schedule_add(s, &it)) < 0) return rc;
   for (int k = 0; k < rank - 2; k++)
-    if ((rc = add1(s, st_i, NF_SCH_BIND_BLOCK, nm[k], 0)) < 0) return rc;
-  if ((rc = add1(s, st_i, NF_SCH_BIND_BLOCK, blk[0], 0)) < 0 ||
-      (rc = add1(s, st_i, NF_SCH_BIND_BLOCK, blk[1], 0)) < 0 ||
-      (rc = add1(s, st_i, NF_SCH_BIND_THREAD, thr[0], 0)) < 0 ||
-      (rc = add1(s, st_i, NF_SCH_BIND_THREAD, thr[1], 0)) < 0)
+    if ((rc = nf__sched_add1(s, st_i, NF_SCH_BIND_BLOCK, nm[k], 0)) < 0) return rc;
+  if ((rc = nf__sched_add1(s, st_i, NF_SCH_BIND_BLOCK, blk[0], 0)) < 0 ||
+      (rc = nf__sched_add1(s, st_i, NF_SCH_BIND_BLOCK, blk[1], 0)) < 0 ||
+      (rc = nf__sched_add1(s, st_i, NF_SCH_BIND_THREAD, thr[0], 0)) < 0 ||
+      (rc = nf__sched_add1(s, st_i, NF_SCH_BIND_THREAD, thr[1], 0)) < 0)
     return rc;
   uint32_t ids[8];
   int n = kn->stage < 0 ? 0 : stored_reads(g, si, ids, 8);
   for (int k = 0; k < n; k++)
-    if ((rc = add2(s, st_i, NF_SCH_CACHE_READ, ro, g->tensors[ids[k]].name)) < 0) return rc;
+    if ((rc = nf__sched_add2(s, st_i, NF_SCH_CACHE_READ, ro, g->tensors[ids[k]].name)) < 0) return rc;
   /* the thread's outputs along j, 2 or 4 of them: one vector access of
    * each operand row they read (the backend's vector loads) */
   int64_t oj = th[1] / v[1];
   if (kn->vec >= 0 && (oj == 2 || oj == 4) &&
-      (rc = add1(s, st_i, NF_SCH_VECTORIZE, own[1], 0)) < 0)
+      (rc = nf__sched_add1(s, st_i, NF_SCH_VECTORIZE, own[1], 0)) < 0)
     return rc;
-  return add1(s, st_i, NF_SCH_CACHE_WRITE, thr[1], 0);
+  return nf__sched_add1(s, st_i, NF_SCH_CACHE_WRITE, thr[1], 0);
 }
 
 static int gpu_default(const nf_graph *g, int block, int tiled, const nf_gpu_knobs *kn,
@@ -1349,7 +1430,7 @@ static int gpu_block_reduce(nf_schedule *s, const nf_graph *g, uint32_t si, int 
     char fn[3 * NF_SCHED_NAME];
     snprintf(fn, sizeof fn, "%s.%s.fused", out, nm);
     if (strlen(fn) >= NF_SCHED_NAME) return NF_ELIMIT;
-    rc = add2(s, st_i, NF_SCH_FUSE, out, nm);
+    rc = nf__sched_add2(s, st_i, NF_SCH_FUSE, out, nm);
     memcpy(out, fn, strlen(fn) + 1);
   }
   nf__sched_var_name(st, rank, cur);
@@ -1359,7 +1440,7 @@ static int gpu_block_reduce(nf_schedule *s, const nf_graph *g, uint32_t si, int 
     char fn[3 * NF_SCHED_NAME];
     snprintf(fn, sizeof fn, "%s.%s.fused", cur, nm);
     if (strlen(fn) >= NF_SCHED_NAME) return NF_ELIMIT;
-    rc = add2(s, st_i, NF_SCH_FUSE, cur, nm);
+    rc = nf__sched_add2(s, st_i, NF_SCH_FUSE, cur, nm);
     memcpy(cur, fn, strlen(fn) + 1);
     ext = sat_mul(ext, st->red_ext[k]);
   }
@@ -1369,8 +1450,8 @@ static int gpu_block_reduce(nf_schedule *s, const nf_graph *g, uint32_t si, int 
   nf__sched_cat(i, cur, ".i");
   nf__sched_cat(a, o, ".o"); /* one iteration: holds the tile */
   nf__sched_cat(b, o, ".i");
-  if (rc < 0 || (rc = add1(s, st_i, NF_SCH_SPLIT, cur, threads)) < 0 ||
-      (rc = add1(s, st_i, NF_SCH_SPLIT, o, per)) < 0)
+  if (rc < 0 || (rc = nf__sched_add1(s, st_i, NF_SCH_SPLIT, cur, threads)) < 0 ||
+      (rc = nf__sched_add1(s, st_i, NF_SCH_SPLIT, o, per)) < 0)
     return rc;
   nf_sched_item it;
   memset(&it, 0, sizeof it);
@@ -1380,11 +1461,11 @@ static int gpu_block_reduce(nf_schedule *s, const nf_graph *g, uint32_t si, int 
   nf__sched_cat(it.names[it.n_names++], a, "");
   nf__sched_cat(it.names[it.n_names++], i, "");
   nf__sched_cat(it.names[it.n_names++], b, "");
-  if ((rc = nf_schedule_add(s, &it)) < 0 || (rc = add1(s, st_i, NF_SCH_CACHE_WRITE, a, 0)) < 0 ||
-      (rc = add1(s, st_i, NF_SCH_RFACTOR, i, 0)) < 0)
+  if ((rc = nf_schedule_add(s, &it)) < 0 || (rc = nf__sched_add1(s, st_i, NF_SCH_CACHE_WRITE, a, 0)) < 0 ||
+      (rc = nf__sched_add1(s, st_i, NF_SCH_RFACTOR, i, 0)) < 0)
     return rc;
-  if (rank > 0 && (rc = add1(s, st_i, NF_SCH_BIND_BLOCK, out, 0)) < 0) return rc;
-  return add1(s, st_i, NF_SCH_BIND_THREAD, i, 0);
+  if (rank > 0 && (rc = nf__sched_add1(s, st_i, NF_SCH_BIND_BLOCK, out, 0)) < 0) return rc;
+  return nf__sched_add1(s, st_i, NF_SCH_BIND_THREAD, i, 0);
 }
 
 /* The CUDA backend's static shared memory per block (nf_cuda.h). */
@@ -1481,7 +1562,7 @@ static int gpu_default(const nf_graph *g, int block0, int tiled, const nf_gpu_kn
     const nf_gpu_knobs *kn = kns ? &kns[si] : &none;
     int block = kn->block >= 32 && kn->block <= 1024 ? kn->block : block0;
     if (nf__sched_inlined_by_default(g, si)) {
-      rc = add1(s, st_i, NF_SCH_INLINE, NULL, 0);
+      rc = nf__sched_add1(s, st_i, NF_SCH_INLINE, NULL, 0);
       continue;
     }
     int form = tiled && kn->tiled >= 0 ? nf_schedule_gpu_tileable(g, si) : 0;
@@ -1515,9 +1596,9 @@ static int gpu_default(const nf_graph *g, int block0, int tiled, const nf_gpu_kn
     if (kn->vec >= 0 && (st->red == NF_RED_NONE || st->n_red == 0) && strlen(lastn) + 2 < NF_SCHED_NAME)
       w = last % 4 == 0 ? 4 : last % 2 == 0 ? 2 : 0;
     if (w) {
-      if ((rc = add1(s, st_i, NF_SCH_SPLIT, lastn, w)) < 0) break;
+      if ((rc = nf__sched_add1(s, st_i, NF_SCH_SPLIT, lastn, w)) < 0) break;
       nf__sched_cat(tmp, lastn, ".i");
-      if ((rc = add1(s, st_i, NF_SCH_VECTORIZE, tmp, 0)) < 0) break;
+      if ((rc = nf__sched_add1(s, st_i, NF_SCH_VECTORIZE, tmp, 0)) < 0) break;
       last /= w;
     }
     int64_t all = 1;
@@ -1539,7 +1620,7 @@ static int gpu_default(const nf_graph *g, int block0, int tiled, const nf_gpu_kn
       char fn[3 * NF_SCHED_NAME];
       snprintf(fn, sizeof fn, "%s.%s.fused", cur, nm);
       if (strlen(fn) >= NF_SCHED_NAME) break; /* the rest stay serial in the thread */
-      rc = add2(s, st_i, NF_SCH_FUSE, cur, nm);
+      rc = nf__sched_add2(s, st_i, NF_SCH_FUSE, cur, nm);
       memcpy(cur, fn, strlen(fn) + 1);
       fused = k + 1;
     }
@@ -1547,7 +1628,7 @@ static int gpu_default(const nf_graph *g, int block0, int tiled, const nf_gpu_kn
     if (!tb && fused == rank - 1 && rank > 1) {
       /* the outer loops' iterations are blocks; the last loop is split
        * into blocks of threads with one guard on it */
-      if ((rc = add1(s, st_i, NF_SCH_BIND_BLOCK, cur, 0)) < 0) break;
+      if ((rc = nf__sched_add1(s, st_i, NF_SCH_BIND_BLOCK, cur, 0)) < 0) break;
       if (w) nf__sched_cat(cur, lastn, ".o");
       else nf__sched_var_name(st, rank - 1, cur);
       tb = last < block ? last : block;
@@ -1556,14 +1637,14 @@ static int gpu_default(const nf_graph *g, int block0, int tiled, const nf_gpu_kn
       for (int k = 0; k < fused; k++) ext = sat_mul(ext, k == rank - 1 ? last : t->shape[k]);
       if (!tb || ext % tb != 0) tb = ext < block ? ext : block; /* one guard */
     }
-    if ((rc = add1(s, st_i, NF_SCH_SPLIT, cur, tb)) < 0) break;
+    if ((rc = nf__sched_add1(s, st_i, NF_SCH_SPLIT, cur, tb)) < 0) break;
     nf__sched_cat(tmp, cur, ".o");
-    if ((rc = add1(s, st_i, NF_SCH_BIND_BLOCK, tmp, 0)) < 0) break;
+    if ((rc = nf__sched_add1(s, st_i, NF_SCH_BIND_BLOCK, tmp, 0)) < 0) break;
     nf__sched_cat(tmp, cur, ".i");
-    if ((rc = add1(s, st_i, NF_SCH_BIND_THREAD, tmp, 0)) < 0) break;
+    if ((rc = nf__sched_add1(s, st_i, NF_SCH_BIND_THREAD, tmp, 0)) < 0) break;
     /* a reduction accumulates in a register of its thread and stores once
      * (no separate pass that fills the output with the identity) */
-    if (rc >= 0 && st->red != NF_RED_NONE) rc = add1(s, st_i, NF_SCH_CACHE_WRITE, tmp, 0);
+    if (rc >= 0 && st->red != NF_RED_NONE) rc = nf__sched_add1(s, st_i, NF_SCH_CACHE_WRITE, tmp, 0);
   }
   if (rc < 0) {
     nf_schedule_free(s);
