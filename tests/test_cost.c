@@ -228,13 +228,14 @@ START_TEST(cost_features_matmul) {
   FEQ(plain, "vec_frac", 0);
   FEQ(plain, "par_frac", 0);
 
-  /* the default schedule: parallel i.o (8), vector j.i (16), C tile */
+  /* the default schedule (the product tile): parallel j.o (4), B's panel
+   * copied, a 16 x 16 C tile, vector j.i (16) */
   ck_assert_int_eq(lower_feat(I.g, NULL, def), NF_OK);
   FEQ(def, "s0.vec", 16);
-  FEQ(def, "s0.par", log2(1 + 8.0));
-  FEQ(def, "s0.par_eff8", 1);
-  FEQ(def, "s0.par_eff32", 8.0 / 32);
-  FEQ(def, "s0.tile_bytes", log2(1 + 4.0 * 8 * 16));
+  FEQ(def, "s0.par", log2(1 + 4.0));
+  FEQ(def, "s0.par_eff8", 4.0 / 8);
+  FEQ(def, "s0.par_eff32", 4.0 / 32);
+  FEQ(def, "s0.tile_bytes", log2(1 + 4.0 * 16 * 16));
   FEQ(def, "s0.n_contig", 2); /* along j.i: B and the tile; A invariant */
   FEQ(def, "s0.n_bcast", 1);
   FEQ(def, "s0.store_kind", 1);

@@ -10,7 +10,10 @@
  * run it) on the same random inputs: runs alternate, and each side's
  * figure is the minimum of its runs (noise on a shared machine only ever
  * adds time).  A case whose ratio is over the limit is measured again, up
- * to three times, before it fails.  Where the kernel has an epilogue (a
+ * to three times, before it fails; unless other processes kept more than
+ * half a core busy (/proc/stat less this process's own CPU time) during
+ * even the quietest of those attempts: then the case is reported
+ * inconclusive, not failed (the test command runs this suite alone).  Where the kernel has an epilogue (a
  * bias, an activation), tier 0 runs the product alone (a session cuts the
  * epilogue off a product that goes through OpenBLAS), so the kernel's
  * figure carries that extra work.
@@ -36,7 +39,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "nf_codegen.h"
 #include "nf_diag.h"
@@ -386,6 +391,33 @@ static double run_once(const side *s, nf_pool *pool) {
 
 /* Alternated runs of both sides, at least 5 each and until each side has
  * run for 0.3 s (at most 40): the minima, in seconds. */
+/* The machine's busy CPU seconds (/proc/stat: all but idle and iowait),
+ * and this process's own: their difference over a measurement is what
+ * other processes took from it. */
+static double busy_cpu_s(void) {
+  FILE *f = fopen("/proc/stat", "r");
+  unsigned long long v[8] = {0};
+  int n = f ? fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2],
+                     &v[3], &v[4], &v[5], &v[6], &v[7])
+            : 0;
+  if (f) fclose(f);
+  if (n < 4) return NAN;
+  return (double)(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / (double)sysconf(_SC_CLK_TCK);
+}
+
+static double self_cpu_s(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec +
+         ru.ru_stime.tv_usec / 1e6;
+}
+
+static double wall_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
 static void race(const side *a, const side *b, nf_pool *pool, double *ta, double *tb) {
   double sa = 0, sb = 0;
   *ta = *tb = INFINITY;
@@ -476,10 +508,12 @@ START_TEST(perf_default_vs_tier0) {
   for (int th = 1; th <= 2; th++) {
     if (!threads_wanted(th)) continue;
     nf_pool *pool = th == 2 ? pool2 : nf_pool_new(1);
-    double best = INFINITY, tk = 0, tp = 0;
+    double best = INFINITY, tk = 0, tp = 0, quietest = INFINITY;
     for (int attempt = 0; attempt < 4 && best > lim; attempt++) {
-      double a, b;
+      double a, b, b0 = busy_cpu_s(), s0 = self_cpu_s(), w0 = wall_s();
       race(&ks, &ps, pool, &a, &b);
+      double others = ((busy_cpu_s() - b0) - (self_cpu_s() - s0)) / (wall_s() - w0);
+      if (others < quietest) quietest = others;
       if (a / b < best) {
         best = a / b;
         tk = a;
@@ -490,6 +524,13 @@ START_TEST(perf_default_vs_tier0) {
            c->label, th, tk * 1e3, tp * 1e3, best, compile_ms);
     fflush(stdout);
     if (pool != pool2) nf_pool_free(pool);
+    /* other processes took cores during every attempt (the figures are
+     * theirs as much as ours): said, not judged */
+    if (best > lim && quietest > 0.5) {
+      printf("perf: %s at %d thread(s): inconclusive, other processes kept %.2f cores busy "
+             "during the quietest of the attempts\n", c->label, th, quietest);
+      continue;
+    }
     ck_assert_msg(best <= lim,
                   "%s at %d thread(s): the default kernel takes %.3f ms, tier 0 %.3f ms (%.2fx, "
                   "limit %.2fx)",
