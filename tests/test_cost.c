@@ -228,8 +228,13 @@ START_TEST(cost_features_matmul) {
   FEQ(plain, "vec_frac", 0);
   FEQ(plain, "par_frac", 0);
 
-  /* the default schedule: parallel i.o (8), vector j.i (16), C tile */
-  ck_assert_int_eq(lower_feat(I.g, NULL, def), NF_OK);
+  /* a register tile (the default's plain one; products of other shapes
+   * take the product tile): parallel i.o (8), vector j.i (16), C tile */
+  s = parse("neoflow-schedule 1\nstmt 0 split i 8\nstmt 0 split j 16\n"
+            "stmt 0 reorder i.o j.o k i.i j.i\nstmt 0 parallel i.o\n"
+            "stmt 0 vectorize j.i\nstmt 0 cache_write j.o\n");
+  ck_assert_int_eq(lower_feat(I.g, s, def), NF_OK);
+  nf_schedule_free(s);
   FEQ(def, "s0.vec", 16);
   FEQ(def, "s0.par", log2(1 + 8.0));
   FEQ(def, "s0.par_eff8", 1);
