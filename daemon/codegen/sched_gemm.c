@@ -9,23 +9,28 @@
  * summed over steps).  What it decides from the accesses alone:
  *
  *  - the lanes: an output variable v that one operand V reads and the
- *    other does not (preferring the output's innermost dimension, then
- *    V's), split into tj = 1..4 vectors;
+ *    other does not, split into tj = 1..4 vectors; among the candidates
+ *    the one whose copy of V and stores of the output cost least;
  *  - the rows: an output variable u that the other operand (broadcast,
  *    one element per row and reduction step) reads and V does not, split
  *    into ti rows: ti x (tj / lanes) accumulators, as many as the
- *    register file holds beside the loads;
+ *    register file holds beside the loads (a small cost model);
  *  - V's panel (every reduction step of the tj lanes) copied contiguous
  *    at v's outer loop (cache_read: transposed where V is not contiguous
  *    along v, the NT forms), so that each step of the tile reads tj
  *    consecutive floats; the reduction loops outermost in the operands'
  *    memory order moved outside the rows (a blocked reduction carried in
- *    the output) until the panel fits a budget of the L2 cache;
+ *    the output) until the panel fits a budget of the L2 cache (of L1
+ *    where several reduction variables are blocked), or, over a
+ *    broadcast operand read across cache lines (TN), 256 steps;
  *  - the output variables the broadcast operand alone reads stay inside
  *    v's outer loop up to 64 rows (each panel copy serves that many rows
- *    at least), the others go outside it with the batch variables, and
+ *    at least; fewer where the parallel loop would have under 4
+ *    iterations), the others go outside it with the batch variables, and
  *    the outermost output loops are fused until there are 16 parallel
- *    iterations or none is left.
+ *    iterations or none is left;
+ *  - an elementwise epilogue takes the same outer loops and tile, and the
+ *    product is computed at its loop that holds v.o, panel by panel.
  *
  * Nothing here looks at names or particular sizes: only at which
  * operand reads which variable, in which dimension, and at extents.  It
@@ -418,8 +423,8 @@ static int emit_nest(nf_schedule *s, const nf_graph *g, int st_i, char nm[][NF_S
     if (n->n_fuse > n->n_outer && strcmp(pack_at, vo) == 0) cat_name(pack_at, par, "");
     if ((rc = nf__sched_add1(s, st_i, NF_SCH_PARALLEL, par, 0)) < 0) return rc;
   }
-  if (red && p->pack &&
-      (rc = nf__sched_add2(s, st_i, NF_SCH_CACHE_READ, pack_at, g->tensors[p->V->u.tensor].name)) < 0)
+  const char *vname = g->tensors[p->V->u.tensor].name;
+  if (red && p->pack && (rc = nf__sched_add2(s, st_i, NF_SCH_CACHE_READ, pack_at, vname)) < 0)
     return rc;
   if ((rc = nf__sched_add1(s, st_i, NF_SCH_VECTORIZE, vi, 0)) < 0) return rc;
   return 1;
