@@ -404,7 +404,8 @@ static void add_loop(Suite *su, const char *name, const TTest *t, int n) {
   suite_add_tcase(su, tc);
 }
 
-/* NF_COMPILED_PARTS=library,big,workloads,workload_grads,library_grads,products,layouts (any subset)
+/* NF_COMPILED_PARTS=library,big,workloads,workload_grads,library_grads,products,layouts (any
+ * subset)
  * selects the parts; tests/meson.build runs the library in one test and
  * the rest in another, so that they run in parallel. */
 int main(void) {

@@ -228,14 +228,18 @@ START_TEST(cost_features_matmul) {
   FEQ(plain, "vec_frac", 0);
   FEQ(plain, "par_frac", 0);
 
-  /* the default schedule (the product tile): parallel j.o (4), B's panel
-   * copied, a 16 x 16 C tile, vector j.i (16) */
-  ck_assert_int_eq(lower_feat(I.g, NULL, def), NF_OK);
+  /* a register tile (the default's plain one; products of other shapes
+   * take the product tile): parallel i.o (8), vector j.i (16), C tile */
+  s = parse("neoflow-schedule 1\nstmt 0 split i 8\nstmt 0 split j 16\n"
+            "stmt 0 reorder i.o j.o k i.i j.i\nstmt 0 parallel i.o\n"
+            "stmt 0 vectorize j.i\nstmt 0 cache_write j.o\n");
+  ck_assert_int_eq(lower_feat(I.g, s, def), NF_OK);
+  nf_schedule_free(s);
   FEQ(def, "s0.vec", 16);
-  FEQ(def, "s0.par", log2(1 + 4.0));
-  FEQ(def, "s0.par_eff8", 4.0 / 8);
-  FEQ(def, "s0.par_eff32", 4.0 / 32);
-  FEQ(def, "s0.tile_bytes", log2(1 + 4.0 * 16 * 16));
+  FEQ(def, "s0.par", log2(1 + 8.0));
+  FEQ(def, "s0.par_eff8", 1);
+  FEQ(def, "s0.par_eff32", 8.0 / 32);
+  FEQ(def, "s0.tile_bytes", log2(1 + 4.0 * 8 * 16));
   FEQ(def, "s0.n_contig", 2); /* along j.i: B and the tile; A invariant */
   FEQ(def, "s0.n_bcast", 1);
   FEQ(def, "s0.store_kind", 1);
