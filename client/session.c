@@ -1200,11 +1200,16 @@ static void promote(nf_session *s, nf__kent *k) {
 static const char *tier0_name(const nf__kent *k) { return k->gemm ? "OpenBLAS" : "the interpreter"; }
 
 /* k keeps tier 0: its kernel ran kn_ms per run against tier 0's t0_ms.
- * Said once per kernel; the link asks the daemon for a faster one. */
+ * Where that costs a step NF_SLOW_NOTICE_MS or more, it is said (once per
+ * kernel) and the link asks the daemon for a faster kernel; a tiny
+ * subgraph whose kernel loses by microseconds (a pool's wake-up against
+ * the interpreter) is neither worth a line nor a search. */
+#define NF_SLOW_NOTICE_MS 0.25
 static void hold_t0(nf_session *s, nf__kent *k, double kn_ms, double t0_ms, int remembered) {
   k->prefer_t0 = 1;
   k->race_left = 0;
   k->slow_ratio = t0_ms > 0 ? kn_ms / t0_ms : 0;
+  if ((kn_ms - t0_ms) * (k->n_ops > 0 ? k->n_ops : 1) < NF_SLOW_NOTICE_MS) return;
   char hex[65];
   nf_hash_hex(k->key, hex);
   hex[16] = 0;
