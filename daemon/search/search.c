@@ -246,27 +246,37 @@ static int count_learnt(run *R, nf_search_record *rec, int *best) {
   return rc;
 }
 
+/* Measures schedule s (its text in R->tmp, hash h; taken over) as the
+ * next trial, counted and learnt from; *rec gets the record (its schedule
+ * text owned by it).  An error other than the count's leaves no record. */
+static int measure_new(run *R, nf_schedule *s, uint64_t h, nf_search_record *rec, int *best) {
+  memset(rec, 0, sizeof *rec);
+  rec->schedule = strdup(nf_buf_str(&R->tmp));
+  int rc = rec->schedule ? hset_add(&R->seen, h) : NF_ENOMEM;
+  /* a candidate over twice the best is timed once: enough to rank it */
+  if (R->meas) nf_measurer_set_cutoff(R->meas, R->res->best_ms > 0 ? 2 * R->res->best_ms : 0);
+  if (rc == NF_OK) rc = measure_schedule(R, s, rec);
+  nf_schedule_free(s);
+  if (rc != NF_OK) {
+    free(rec->schedule);
+    rec->schedule = NULL;
+    return rc;
+  }
+  *best = 0;
+  return count_learnt(R, rec, best);
+}
+
 /* Measures candidate c (legal, unseen) as the next trial. */
 static int trial(run *R, cand *c) {
   nf_search_record rec;
-  memset(&rec, 0, sizeof rec);
   nf_schedule *s;
   int rc = nf_sk_schedule(R->sp, &c->pt, &s);
   if (rc != NF_OK) return rc;
   nf_buf_reset(&R->tmp);
   nf_schedule_print(s, &R->tmp);
-  rec.schedule = strdup(nf_buf_str(&R->tmp));
-  rc = rec.schedule ? hset_add(&R->seen, c->hash) : NF_ENOMEM;
-  /* a candidate over twice the best is timed once: enough to rank it */
-  if (R->meas) nf_measurer_set_cutoff(R->meas, R->res->best_ms > 0 ? 2 * R->res->best_ms : 0);
-  if (rc == NF_OK) rc = measure_schedule(R, s, &rec);
-  nf_schedule_free(s);
-  if (rc != NF_OK) {
-    free(rec.schedule);
-    return rc;
-  }
   int best = 0;
-  rc = count_learnt(R, &rec, &best);
+  rc = measure_new(R, s, c->hash, &rec, &best);
+  if (rc != NF_OK && !rec.schedule) return rc;
   if (rec.status == NF_MEAS_OK) {
     if (R->n_measured == R->cap_measured) {
       size_t nc = R->cap_measured ? R->cap_measured * 2 : 64;
@@ -654,18 +664,9 @@ static int transfer_trials(run *R) {
       continue;
     }
     nf_search_record rec;
-    memset(&rec, 0, sizeof rec);
-    rec.schedule = strdup(nf_buf_str(&R->tmp));
-    rc = rec.schedule ? hset_add(&R->seen, h) : NF_ENOMEM;
-    if (R->meas) nf_measurer_set_cutoff(R->meas, R->res->best_ms > 0 ? 2 * R->res->best_ms : 0);
-    if (rc == NF_OK) rc = measure_schedule(R, s, &rec);
-    nf_schedule_free(s);
-    if (rc != NF_OK) {
-      free(rec.schedule);
-      return rc;
-    }
     int best = 0;
-    rc = count_learnt(R, &rec, &best);
+    rc = measure_new(R, s, h, &rec, &best);
+    if (rc != NF_OK && !rec.schedule) return rc;
     R->res->transferred++;
     rc = finish_trial(R, &rec, rc);
     if (rc != NF_OK) return rc;
