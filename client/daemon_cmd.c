@@ -61,11 +61,13 @@ static void print_status(const Neoflow__StatusReply *s, int json) {
            (unsigned long long)s->cache_entries, (unsigned long long)s->cache_bytes,
            (unsigned long long)s->cache_hits, (unsigned long long)s->cache_misses,
            looks ? (double)s->cache_hits / (double)looks : 0.0);
-    printf("\"jobs_done\":%llu,\"jobs_failed\":%llu,\"connections_refused\":%llu,"
+    printf("\"jobs_done\":%llu,\"jobs_failed\":%llu,\"jobs_cancelled\":%llu,"
+           "\"connections_refused\":%llu,"
            "\"timeouts\":%llu,\"emfile_closes\":%llu,\"quarantined\":%llu,\"cache_busy\":%llu,"
            "\"slower_reports\":%llu,\"retunes\":%llu,\"clients\":[",
            (unsigned long long)s->jobs_done, (unsigned long long)s->jobs_failed,
-           (unsigned long long)s->connections_refused, (unsigned long long)s->timeouts,
+           (unsigned long long)s->jobs_cancelled, (unsigned long long)s->connections_refused,
+           (unsigned long long)s->timeouts,
            (unsigned long long)s->emfile_closes, (unsigned long long)s->quarantined,
            (unsigned long long)s->cache_busy, (unsigned long long)s->slower_reports,
            (unsigned long long)s->retunes);
@@ -95,9 +97,10 @@ static void print_status(const Neoflow__StatusReply *s, int json) {
   printf("cache %s: %llu entries, %.1f MiB; hit rate %.1f%% (%llu hits, %llu misses)\n",
          s->cache_path, (unsigned long long)s->cache_entries, (double)s->cache_bytes / 1048576.0,
          rate, (unsigned long long)s->cache_hits, (unsigned long long)s->cache_misses);
-  printf("jobs: %llu done, %llu failed; connections refused: %llu\n",
+  printf("jobs: %llu done, %llu failed, %llu cancelled (no one waited); connections refused: "
+         "%llu\n",
          (unsigned long long)s->jobs_done, (unsigned long long)s->jobs_failed,
-         (unsigned long long)s->connections_refused);
+         (unsigned long long)s->jobs_cancelled, (unsigned long long)s->connections_refused);
   if (s->slower_reports)
     printf("kernels slower than a client's fallback: %llu reported, %llu searched further\n",
            (unsigned long long)s->slower_reports, (unsigned long long)s->retunes);

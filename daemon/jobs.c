@@ -17,7 +17,12 @@
  * (nfd_tune_budget), fixed when it starts; it brings what the whole
  * cache knows: a key never tuned the best schedules of similar keys
  * (their shape's signature), and every tuning other keys' recent records
- * for its cost model.
+ * for its cost model.  A budget larger than the asked one runs in two
+ * passes: the asked budget first, the rest resumed from the first pass's
+ * records once every queued subgraph has had its first pass (a first
+ * pass is picked before any second): a heavy subgraph's extra trials
+ * never keep the others on their fallbacks.  The first pass's kernel is
+ * stored and streamed; the second's is final.
  *
  * Results: a final kernel is stored in the cache (failures there are
  * logged and the clients are served anyway), then sent to every
@@ -30,8 +35,12 @@
  * no session tunes the key again until the key or the check changes; the
  * subscribers get the error and keep the tier-1 kernel they hold.
  *
- * A job whose last subscriber leaves is dropped: its process group is
- * killed.  Timeouts: compile_timeout_s for a compile, max_seconds + 120 s
+ * A job whose last subscriber leaves is dropped (its process group is
+ * killed), except a running tuning: it goes on detached, its records and
+ * kernel stored for the next session that asks (a session ending
+ * mid-search, or one that asked for a further search of a kernel slower
+ * than its fallback, loses nothing), but only while no other job waits
+ * for its slot; a subscriber asking for its key takes it back.  Timeouts: compile_timeout_s for a compile, max_seconds + 120 s
  * for tuning. */
 #include <math.h>
 #include <signal.h>
@@ -83,6 +92,10 @@ struct nfd_job {
   int got_error;
   int killed_why;    /* 0, or a Neoflow__ErrorCode for a kill by us */
   int orphaned;      /* subscribers gone: destroy when the process is gone */
+  int detached;      /* a tuning going on with no subscriber (above) */
+  int pass;          /* tuning passes started (0, 1, 2) */
+  int more_trials, more_seconds; /* the budget of the second pass */
+  int trials_before; /* trials of the earlier passes, counted in the kernel's */
   char why[256];     /* why the phase failed, when we know better than
                         the exit status */
   nf_frame_reader rd;
@@ -99,6 +112,7 @@ struct nfd_job {
 };
 
 static void job_destroy(nfd_job *j);
+static void stop_detached(nfd_server *S);
 
 static double clamp_pos(double v) { return v > 0 && v < 1e12 ? v : 0; }
 
@@ -236,8 +250,9 @@ static void deliver(nfd_job *j, nfd_kernel *k, int final);
 
 static void on_kernel(nfd_job *j, const Neoflow__JobKernel *jk) {
   int tier = jk->tier == NEOFLOW__TIER__TIER_TUNED ? 2 : 1;
+  int trials = (int)jk->trials + (j->phase == PH_TUNING ? j->trials_before : 0);
   nfd_kernel *k = nfd_kernel_new(j->key, tier, jk->schedule, clamp_pos(jk->time_ms),
-                                 clamp_pos(jk->default_ms), (int)jk->trials, jk->binary.data,
+                                 clamp_pos(jk->default_ms), trials, jk->binary.data,
                                  jk->binary.len);
   if (!k) return;
   nfd_kernel_sign(j->S, k, j->target.fingerprint);
@@ -286,12 +301,15 @@ static int finish_with_best(nfd_job *j) {
 static void deliver(nfd_job *j, nfd_kernel *k, int final) {
   nfd_server *S = j->S;
   int tier = k->tier;
+  /* a first pass's kernel is stored, and streamed as not final: the
+   * second pass follows */
+  int more = j->phase == PH_TUNING && j->more_trials > 0;
   if (final) {
     j->got_final = 1;
     if (j->final_k) nfd_kernel_unref(j->final_k);
     nfd_kernel_ref(k);
     j->final_k = k;
-    S->jobs_done++;
+    if (!more) S->jobs_done++;
     flush_records(j);
     {
       nf_cache_entry e;
@@ -320,7 +338,7 @@ static void deliver(nfd_job *j, nfd_kernel *k, int final) {
   nfd_req *next;
   for (nfd_req *r = j->subs; r; r = next) {
     next = r->next_in_job;
-    int last = final && (j->phase == PH_TUNING || r->mode == NEOFLOW__MODE__MODE_COMPILE);
+    int last = final && ((j->phase == PH_TUNING && !more) || r->mode == NEOFLOW__MODE__MODE_COMPILE);
     if (!final && r->got_tier == 2 && r->got_ms > 0 && r->got_ms <= k->time_ms) continue;
     r->got_tier = tier;
     r->got_ms = k->time_ms;
@@ -413,8 +431,21 @@ static void phase_over(nfd_job *j) {
     NFD_WARN("job %s: %s", j->name[0] ? j->name : "(unnamed)", msg);
     fail_all(j, code, msg);
   }
-  if (!ok) S->jobs_failed++;
-  if (ok && j->phase == PH_COMPILING && j->subs && wants_tune(j) && !S->shutting_down) {
+  /* a job stopped because nobody waits for it (its subscribers left, or
+   * a detached tuning gave its slot to another job) did not fail */
+  if (!ok && (j->orphaned || j->detached)) S->jobs_cancelled++;
+  else if (!ok) S->jobs_failed++;
+  if (ok && j->phase == PH_TUNING && j->more_trials > 0 && j->subs && !S->shutting_down) {
+    /* the second pass, queued behind every first one (pick) */
+    j->trials_before = j->final_k ? j->final_k->trials : j->trials_before;
+    j->phase = PH_QUEUED_TUNE;
+    if (j->final_k) nfd_kernel_unref(j->final_k);
+    j->final_k = NULL;
+    j->got_final = j->got_error = j->killed_why = 0;
+    j->running = j->exit_seen = 0;
+    j->trial = j->failures = j->n_phase_records = 0;
+    send_progress(j, NEOFLOW__JOB_STATE__JOB_QUEUED);
+  } else if (ok && j->phase == PH_COMPILING && j->subs && wants_tune(j) && !S->shutting_down) {
     j->phase = PH_QUEUED_TUNE;
     if (j->final_k) nfd_kernel_unref(j->final_k);
     j->final_k = NULL;
@@ -701,17 +732,40 @@ static int start_job(nfd_job *j) {
   rq.graph = g;
   rq.mode = tune ? NEOFLOW__MODE__MODE_TUNE : NEOFLOW__MODE__MODE_COMPILE;
   int trials = j->max_trials, seconds = j->max_seconds;
-  if (tune) {
+  if (tune && j->pass > 0) {
+    /* the second pass: the rest of the budget, from the records so far */
+    trials = j->more_trials;
+    seconds = j->more_seconds;
+    j->more_trials = j->more_seconds = 0;
+    NFD_INFO("job %s: tuning resumes for the rest of its budget, %d trials, %d s (%d trials "
+             "so far; every queued subgraph has had its first pass)",
+             j->name[0] ? j->name : "(unnamed)", trials, seconds, j->trials_before);
+  } else if (tune) {
     double w = share_weight(j);
     nfd_tune_budget(&S->cfg, w, j->max_trials, j->max_seconds, &trials, &seconds);
-    j->tune_seconds = seconds;
-    j->trials_max = (uint32_t)trials; /* status shows the budget from the start */
     if (w > 0 && S->cfg.share_budget)
       NFD_INFO("job %s: tuning budget %d trials, %d s (its step time is %.2f x its client's mean "
-               "subgraph's; asked %d trials, %d s)", j->name[0] ? j->name : "(unnamed)", trials,
-               seconds, w, j->max_trials, j->max_seconds);
+               "subgraph's; asked %d trials, %d s)%s", j->name[0] ? j->name : "(unnamed)", trials,
+               seconds, w, j->max_trials, j->max_seconds,
+               trials > j->max_trials ? ": the asked budget first, the rest in a second pass" : "");
+    if (trials > j->max_trials) {
+      /* split in proportion: the asked trials now with their share of
+       * the seconds, the rest after the other subgraphs' first passes */
+      int first_s = (int)((double)seconds * j->max_trials / trials + 0.5);
+      if (first_s < 1) first_s = 1;
+      if (first_s > seconds) first_s = seconds;
+      j->more_trials = trials - j->max_trials;
+      j->more_seconds = seconds - first_s > 1 ? seconds - first_s : 1;
+      trials = j->max_trials;
+      seconds = first_s;
+    }
     /* the shape, for the subgraphs tuned after this one */
     nfd_writer_shape(S, j->key, &j->shape);
+  }
+  if (tune) {
+    j->pass++;
+    j->tune_seconds = seconds;
+    j->trials_max = (uint32_t)trials; /* status shows the budget from the start */
   }
   rq.max_trials = (uint32_t)trials;
   rq.max_seconds = (uint32_t)seconds;
@@ -876,6 +930,10 @@ int nfd_job_subscribe(nfd_server *S, nfd_req *r, const uint8_t graph_hash[32],
     if (max_trials > j->max_trials) j->max_trials = max_trials;
     if (max_seconds > j->max_seconds) j->max_seconds = max_seconds;
   }
+  if (j->detached) {
+    j->detached = 0;
+    NFD_INFO("job %s: taken back by a request for its key", j->name[0] ? j->name : "(unnamed)");
+  }
   r->job = j;
   r->next_in_job = j->subs;
   j->subs = r;
@@ -901,6 +959,14 @@ void nfd_job_unsubscribe(nfd_req *r) {
   if (j->subs) return;
   if (j->phase == PH_QUEUED_COMPILE || j->phase == PH_QUEUED_TUNE) {
     job_destroy(j);
+  } else if (j->phase == PH_TUNING && j->running && !j->killed_why && !j->S->shutting_down) {
+    /* its records and kernel serve the next session: it goes on while no
+     * other job waits for its slot (nfd_jobs_schedule) */
+    j->detached = 1;
+    j->more_trials = j->more_seconds = 0; /* no second pass for nobody */
+    NFD_INFO("job %s: no one waits for it any more: its search goes on detached while no other "
+             "job needs its slot", j->name[0] ? j->name : "(unnamed)");
+    stop_detached(j->S);
   } else {
     NFD_INFO("job %s: no one waits for it any more: stopped", j->name[0] ? j->name : "(unnamed)");
     j->orphaned = 1;
@@ -937,8 +1003,12 @@ static nfd_job *pick(nfd_server *S, int ph) {
     nfd_conn *who;
     uint64_t sv = min_served(j, &who);
     double sh = ph == PH_QUEUED_TUNE ? step_share(j) : 0;
-    int better = !best || sh > best_share ||
-                 (sh == best_share && (sv < best_served || (sv == best_served && j->seq < best->seq)));
+    /* a first pass before any second (start_job) */
+    int same = best && j->pass == best->pass;
+    int better = !best || j->pass < best->pass ||
+                 (same && (sh > best_share ||
+                           (sh == best_share &&
+                            (sv < best_served || (sv == best_served && j->seq < best->seq)))));
     if (better) {
       best = j;
       best_served = sv;
@@ -948,8 +1018,22 @@ static nfd_job *pick(nfd_server *S, int ph) {
   return best;
 }
 
+/* A detached tuning (nfd_job_unsubscribe) gives its slot to a job that
+ * waits for one: it is stopped (its records are stored). */
+static void stop_detached(nfd_server *S) {
+  if (S->n_running_tune < S->cfg.tune_jobs || !pick(S, PH_QUEUED_TUNE)) return;
+  for (nfd_job *j = S->jobs; j; j = j->next)
+    if (j->detached && j->running && !j->killed_why) {
+      NFD_INFO("job %s: detached search stopped after %u trials: another job needs its slot",
+               j->name[0] ? j->name : "(unnamed)", j->trial);
+      kill_job(j, NEOFLOW__ERROR_CODE__ERR_BUSY);
+      return; /* its slot frees when its process is gone (phase_over) */
+    }
+}
+
 void nfd_jobs_schedule(nfd_server *S) {
   if (S->shutting_down) return;
+  stop_detached(S);
   for (;;) {
     nfd_job *j = NULL;
     if (S->n_running_compile < S->cfg.compile_jobs) j = pick(S, PH_QUEUED_COMPILE);

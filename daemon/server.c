@@ -715,6 +715,7 @@ static void on_status(nfd_conn *c) {
   st.cache_misses = S->misses;
   st.jobs_done = S->jobs_done;
   st.jobs_failed = S->jobs_failed;
+  st.jobs_cancelled = S->jobs_cancelled;
   st.connections_refused = S->refused;
   st.timeouts = S->timeouts;
   st.emfile_closes = S->emfile;

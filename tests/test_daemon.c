@@ -98,6 +98,19 @@ static int log_count(const dm *d, const char *text) {
 }
 
 /* 1 when the daemon's log holds text. */
+/* The line (from 1) of text's first appearance in the log, 0 if none. */
+static int log_line(const dm *d, const char *text) {
+  FILE *f = fopen(d->log, "r");
+  char line[4096];
+  int n = 0, at = 0;
+  while (f && !at && fgets(line, sizeof line, f)) {
+    n++;
+    if (strstr(line, text)) at = n;
+  }
+  if (f) fclose(f);
+  return at;
+}
+
 static int log_has(const dm *d, const char *text) {
   FILE *f = fopen(d->log, "r");
   char line[4096];
@@ -1427,29 +1440,76 @@ START_TEST(daemon_messages) {
 }
 END_TEST
 
+/* Reads c's messages until request id's job reports a trial of tuning. */
+static void wait_tuning(nf_dconn *c, uint64_t id) {
+  nf_buf err = NF_BUF_INIT;
+  for (;;) {
+    Neoflow__ServerMessage *m = NULL;
+    ck_assert_msg(nf_dconn_recv(c, 60000, &m, &err) == NF_OK, "request %llu: %s",
+                  (unsigned long long)id, nf_buf_str(&err));
+    int tuning = m->msg_case == NEOFLOW__SERVER_MESSAGE__MSG_PROGRESS &&
+                 m->progress->request_id == id &&
+                 m->progress->state == NEOFLOW__JOB_STATE__JOB_TUNING && m->progress->trial >= 1;
+    ck_assert_msg(m->msg_case != NEOFLOW__SERVER_MESSAGE__MSG_ERROR, "request %llu: %s",
+                  (unsigned long long)id, m->error->message);
+    nf_wire_free_server(m);
+    if (tuning) break;
+  }
+  nf_buf_free(&err);
+}
+
+/* A client leaves while its job runs.  A compile (or a queued job) is
+ * dropped; a tuning goes on detached, stopped when another job needs its
+ * slot, and when nobody does it finishes and the next session gets its
+ * kernel from the cache, final at once. */
 START_TEST(daemon_disconnect_mid_job) {
   dm d;
   dm_init(&d);
-  dm_config(&d, NULL);
+  dm_config(&d, "[jobs]\ntune_jobs = 1\n");
   dm_start(&d);
-  Neoflow__Graph *pg = mm_wire(40);
+  Neoflow__Graph *pg = mm_wire(40), *p24 = mm_wire(24), *p16 = mm_wire(16);
   nf_dconn *c = open_client(&d, "leaver");
-  submit(c, 1, pg, NEOFLOW__MODE__MODE_TUNE, 50);
-  sleep_ms(300);
-  nf_dconn_close(c); /* gone while compiling or tuning */
+  submit(c, 1, p24, NEOFLOW__MODE__MODE_TUNE, 50);
+  nf_dconn_close(c); /* gone at once: queued or compiling */
+  c = open_client(&d, "leaver 2");
+  submit(c, 1, pg, NEOFLOW__MODE__MODE_TUNE, 2000);
+  wait_tuning(c, 1);
+  nf_dconn_close(c); /* gone while tuning */
   sleep_ms(300);
   ck_assert(dm_alive(&d));
+  ck_assert_msg(log_has(&d, "its search goes on detached"), "see %s", d.log);
+  /* another tuning needs the slot: the detached search stops for it */
   c = open_client(&d, "stayer");
-  submit(c, 2, pg, NEOFLOW__MODE__MODE_COMPILE, 0);
+  submit(c, 2, p24, NEOFLOW__MODE__MODE_TUNE, 3);
   nf_dkernel k;
   final_kernel(c, 2, &k, NULL);
-  ck_assert(is_elf(&k));
+  ck_assert_int_eq(k.tier, 2);
+  check_kernel(&k, 24);
   nf_dkernel_free(&k);
-  /* the abandoned job is gone (no tuning runs for nobody) */
+  ck_assert_msg(log_has(&d, "detached search stopped after"), "see %s", d.log);
   ck_assert_int_eq(wait_no_jobs(c), 0);
-  ck_assert_msg(log_has(&d, "no one waits for it any more"), "the abandoned job was not stopped");
+  Neoflow__ServerMessage *hold;
+  Neoflow__StatusReply *st = status_of(c, &hold);
+  ck_assert_uint_eq(st->jobs_failed, 0); /* stopped for another is not failed */
+  nf_wire_free_server(hold);
+  /* nobody needs the slot: the detached search ends, its kernel stored */
+  nf_dconn *c3 = open_client(&d, "leaver 3");
+  submit(c3, 1, p16, NEOFLOW__MODE__MODE_TUNE, 24);
+  wait_tuning(c3, 1);
+  nf_dconn_close(c3);
+  ck_assert_int_eq(wait_no_jobs(c), 0);
+  ck_assert_uint_eq(wait_entries(c, 3), 3);
+  int n = 0;
+  submit(c, 3, p16, NEOFLOW__MODE__MODE_TUNE, 4);
+  final_kernel(c, 3, &k, &n);
+  ck_assert_int_eq(n, 1); /* tuned once, by the detached search */
+  ck_assert_int_eq(k.tier, 2);
+  check_kernel(&k, 16);
+  nf_dkernel_free(&k);
   nf_dconn_close(c);
   nf_wire_graph_free(pg);
+  nf_wire_graph_free(p24);
+  nf_wire_graph_free(p16);
   ck_assert_int_eq(dm_stop(&d, SIGTERM), 0);
   dm_done(&d);
 }
@@ -2284,6 +2344,10 @@ START_TEST(daemon_budget_by_share) {
   ck_assert_int_eq(ky.tier, 2);
   ck_assert(log_has(&d, "tuning budget 12 trials"));
   ck_assert(log_has(&d, "tuning budget 4 trials"));
+  /* X's extra trials come after Y's first pass: 8 first, then 4 */
+  int resume = log_line(&d, "tuning resumes for the rest of its budget, 4 trials");
+  int y_first = log_line(&d, "tuning budget 4 trials");
+  ck_assert_msg(resume && y_first && y_first < resume, "see %s", d.log);
   /* no profile: the budget asked for */
   submit(c, 3, z, NEOFLOW__MODE__MODE_TUNE, 6);
   final_kernel(c, 3, &kz, NULL);

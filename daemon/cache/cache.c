@@ -1043,8 +1043,18 @@ int nf__cache_put_tx(nf_cache *c, const nf_cache_entry *e, const int64_t times[4
   }
   int64_t check = e->tune_error && *e->tune_error ? e->tune_check : 0;
   if (exists && !nf__cache_better(e->tier, e->time_ms, e->trials, check, old_tier, old_ms,
-                                  old_trials, old_check))
-    return NF_OK;
+                                  old_trials, old_check)) {
+    /* a further search of the key (a second pass, a retune) that found
+     * nothing faster keeps the binary; its trials count all the same */
+    if (e->tier != old_tier || e->trials <= old_trials) return NF_OK;
+    rc = nf__cache_prepare(c->db, c->path, "UPDATE entries SET trials=?1 WHERE key=?2", &st, err);
+    if (rc != NF_OK) return rc;
+    sqlite3_bind_int64(st, 1, e->trials);
+    sqlite3_bind_blob(st, 2, e->key, 32, SQLITE_STATIC);
+    s = sqlite3_step(st);
+    sqlite3_finalize(st);
+    return s == SQLITE_DONE ? NF_OK : nf__cache_sqlerr(c->path, c->db, s, "update", err);
+  }
 
   if (c->soft_cap > 0 || c->hard_cap > 0) {
     int64_t total = 0;
