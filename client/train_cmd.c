@@ -62,6 +62,8 @@ static const char train_usage[] =
     "  --tune-trials N, --tune-seconds S  the daemon's budget per subgraph\n"
     "  --wait-kernels SEC    before training, wait up to SEC s for the daemon's\n"
     "                        final kernels (benchmarks)\n"
+    "  --until-tuned N       stop N steps after every kernel is final (tuned, or\n"
+    "                        kept on its fallback); --steps caps the run\n"
     "  --log-every N         log every N steps (default 10; --json: 1)\n"
     "  --json                one JSON object per logged step\n"
     "  --profile             at the end, the time of each kernel entry per step\n"
@@ -318,7 +320,7 @@ int nf__cli_train(int argc, char **argv) {
   const char *file = NULL, *def = NULL, *data = NULL, *daemon = NULL, *save = NULL, *load = NULL;
   const char *data_dir = NULL, *device = NULL;
   long epochs = -1;
-  long steps = -1, batch = -1, classes = 10, samples = 2048, log_every = -1;
+  long steps = -1, batch = -1, classes = 10, samples = 2048, log_every = -1, until_tuned = -1;
   int threads = 0, json = 0, no_spawn = 0, compile_only = 0, tune_trials = 0, tune_seconds = 0;
   int samples_given = 0, profile = 0;
   int64_t prof_swaps = -1;
@@ -429,6 +431,7 @@ int nf__cli_train(int argc, char **argv) {
       else if (!strcmp(a, "--tune-trials") && x >= 1 && x <= 1000000) tune_trials = (int)x;
       else if (!strcmp(a, "--tune-seconds") && x >= 1 && x <= 604800) tune_seconds = (int)x;
       else if (!strcmp(a, "--log-every") && x >= 1) log_every = x;
+      else if (!strcmp(a, "--until-tuned") && x >= 0) until_tuned = x;
       else return bad("unknown option or value out of range: '%s'", a);
     }
   }
@@ -595,6 +598,7 @@ train:
   int tty = isatty(2) && !json;
   double loss0 = NAN, loss = NAN;
   int64_t spe = fashion ? ds.train.n / bdim : 0, seen = 0, correct = 0;
+  double until_look = 0;
   for (long st = 0; st < steps; st++) {
     const int64_t *idx = NULL;
     if (fashion) {
@@ -625,6 +629,15 @@ train:
       goto out;
     }
     if (st == 0) loss0 = loss;
+    /* --until-tuned: every kernel final (looked at twice a second: the
+     * look may wait a millisecond) ends the run N steps later */
+    if (until_tuned >= 0 && nf__now_ms() - until_look >= 500) {
+      until_look = nf__now_ms();
+      if (nf_session_wait_kernels(s, 1, 2) == NF_OK) {
+        if (st + 1 + until_tuned < steps) steps = st + 1 + until_tuned;
+        until_tuned = -1;
+      }
+    }
     nf_session_stats stt;
     nf_session_stats_get(s, &stt);
     step_ms[st] = stt.ms;

@@ -12,6 +12,7 @@
 
 #include "nf_config.h"
 #include "nf_npy.h"
+#include "nf_test_daemon.h"
 
 static char tmpdir[256];
 
@@ -71,6 +72,15 @@ static void teardown(void) {
   char cmd[512];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
   ck_assert_int_eq(system(cmd), 0);
+}
+
+static int log_has_text(const char *path, const char *text) {
+  FILE *f = fopen(path, "r");
+  char line[4096];
+  int found = 0;
+  while (f && !found && fgets(line, sizeof line, f)) found = strstr(line, text) != NULL;
+  if (f) fclose(f);
+  return found;
 }
 
 static void expect(const char *args, int status, const char *needle) {
@@ -348,6 +358,47 @@ START_TEST(cli_daemon_messages) {
 }
 END_TEST
 
+/* `train --until-tuned N` runs until every kernel is final, then N steps
+ * (a daemon of the test's own); with no daemon there is nothing to wait
+ * for: N steps after the first.  --steps caps it. */
+START_TEST(cli_train_until_tuned) {
+  write_text("t.nf", "import nn\n"
+                     "def t<batch = 16>(X: f32[batch, 24], W: f32[24, 20]) -> (L: f32[]) {\n"
+                     "  Y = matmul(X, W)\n"
+                     "  L() +=! Y(i, j) * Y(i, j)\n"
+                     "}\n");
+  char *out = NULL;
+  int st = run(&out, "train t.nf t --params W --data synthetic --steps 1000 --until-tuned 3 "
+                     "--daemon none --json");
+  ck_assert_msg(st == 0, "%s", out);
+  ck_assert_msg(strstr(out, "{\"step\":4,") && !strstr(out, "{\"step\":5,"), "%s", out);
+  free(out);
+  dm d;
+  dm_init(&d);
+  dm_config(&d, NULL);
+  dm_start(&d);
+  char args[1024];
+  snprintf(args, sizeof args,
+           "train t.nf t --params W --data synthetic --steps 100000 --until-tuned 5 "
+           "--tune-trials 3 --tune-seconds 20 --daemon '%s' --no-spawn --threads 1 --json",
+           d.sock);
+  st = run(&out, args);
+  ck_assert_msg(st == 0, "%s", out);
+  /* the last step: nothing tuning, every kernel final (tier 2, or tier 1
+   * when no candidate beat the default, or kept on its fallback) */
+  const char *last = NULL;
+  for (const char *p = strstr(out, "{\"step\":"); p; p = strstr(p + 1, "{\"step\":")) last = p;
+  ck_assert_ptr_nonnull(last);
+  long steps = strtol(last + 8, NULL, 10);
+  ck_assert_msg(steps > 5 && steps < 100000, "%ld steps: %s", steps, out);
+  ck_assert_msg(strstr(last, "\"tuning\":0,"), "%s", last);
+  ck_assert_int_eq(dm_stop(&d, SIGTERM), 0);
+  ck_assert_msg(log_has_text(d.log, "tuning started"), "the daemon tuned nothing: %s", d.log);
+  dm_done(&d);
+  free(out);
+}
+END_TEST
+
 START_TEST(cli_grad_bad_uses) {
   expect("grad mm.nf mm --shape A=3,4 --shape B=4,5", 2, "grad needs --wrt");
   expect("grad mm.nf mm --wrt Z --shape A=3,4 --shape B=4,5", 1,
@@ -495,6 +546,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, cli_grad_evaluates);
   tcase_add_test(tc, cli_grad_bad_uses);
   tcase_add_test(tc, cli_daemon_messages);
+  tcase_add_test(tc, cli_train_until_tuned);
   tcase_add_test(tc, cli_lower_and_schedules);
 #if NF_HAVE_LLVM
   tcase_add_test(tc, cli_compile_and_run_compiled);
