@@ -1,8 +1,8 @@
 #!/usr/bin/python3
-"""bench/profile.py - where NeoFlow's step time goes, per kernel entry, on
+"""bench/where_time_goes.py - where NeoFlow's step time goes, per kernel entry, on
 the kernels a bench/run left (bench/README.md).
 
-    bench/profile.py [--out DIR] [--workloads a,b,..] [--threads 1,2]
+    bench/where_time_goes.py [--out DIR] [--workloads a,b,..] [--threads 1,2]
                      [--steps N] [--tune-trials N --tune-seconds S | --compile-only]
                      [--build DIR]
 
@@ -31,7 +31,7 @@ run = importlib.machinery.SourceFileLoader("bench_run", os.path.join(HERE, "run"
 
 
 def main():
-    ap = argparse.ArgumentParser(prog="bench/profile.py", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="bench/where_time_goes.py", description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="bench-out")
     ap.add_argument("--workloads", default=",".join(run.PUBLIC))
     ap.add_argument("--threads", default="1,2")
