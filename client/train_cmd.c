@@ -634,7 +634,7 @@ train:
     if (until_tuned >= 0 && nf__now_ms() - until_look >= 500) {
       until_look = nf__now_ms();
       if (nf_session_wait_kernels(s, 1, 2) == NF_OK) {
-        if (st + 1 + until_tuned < steps) steps = st + 1 + until_tuned;
+        if (until_tuned < steps - st - 1) steps = st + 1 + until_tuned;
         until_tuned = -1;
       }
     }

@@ -96,6 +96,10 @@ struct nfd_job {
   int pass;          /* tuning passes started (0, 1, 2) */
   int more_trials, more_seconds; /* the budget of the second pass */
   int trials_before; /* trials of the earlier passes, counted in the kernel's */
+  nfd_kernel *first_k; /* the first pass's kernel (a reference) during the
+                          second: final if the second finds nothing faster
+                          or fails */
+  int counted_done;  /* jobs_done counts a job once, whatever its passes */
   char why[256];     /* why the phase failed, when we know better than
                         the exit status */
   nf_frame_reader rd;
@@ -112,9 +116,25 @@ struct nfd_job {
 };
 
 static void job_destroy(nfd_job *j);
-static void stop_detached(nfd_server *S);
 
 static double clamp_pos(double v) { return v > 0 && v < 1e12 ? v : 0; }
+
+/* A copy of k (its binary and signature) carrying another trial count. */
+static nfd_kernel *kernel_with_trials(const nfd_job *j, const nfd_kernel *k, int trials) {
+  nfd_kernel *c = nfd_kernel_new(j->key, k->tier, k->schedule, k->time_ms, k->default_ms, trials,
+                                 k->binary, k->len);
+  if (c) memcpy(c->sig, k->sig, 64);
+  return c;
+}
+
+/* During a second pass: the first pass's kernel when it is faster than k
+ * (or k is NULL), as a new reference with the trials of both passes;
+ * else NULL. */
+static nfd_kernel *first_if_better(const nfd_job *j, const nfd_kernel *k, int trials) {
+  const nfd_kernel *f = j->first_k;
+  if (!f || (k && k->time_ms > 0 && !(f->time_ms > 0 && f->time_ms < k->time_ms))) return NULL;
+  return kernel_with_trials(j, f, trials);
+}
 
 /* ---- subscribers ---- */
 
@@ -257,6 +277,11 @@ static void on_kernel(nfd_job *j, const Neoflow__JobKernel *jk) {
   if (!k) return;
   nfd_kernel_sign(j->S, k, j->target.fingerprint);
   if (jk->final && j->phase == PH_TUNING) {
+    nfd_kernel *f = first_if_better(j, k, trials);
+    if (f) { /* the second pass found nothing faster than the first's */
+      nfd_kernel_unref(k);
+      k = f;
+    }
     if (j->best_k) nfd_kernel_unref(j->best_k);
     j->best_k = NULL;
   } else if (!j->best_k || (k->time_ms > 0 && (j->best_k->time_ms <= 0 ||
@@ -276,6 +301,11 @@ static int finish_with_best(nfd_job *j) {
   nfd_server *S = j->S;
   nfd_kernel *k = j->best_k;
   j->best_k = NULL;
+  nfd_kernel *f = first_if_better(j, k, j->trials_before + (int)j->trial);
+  if (f) {
+    if (k) nfd_kernel_unref(k);
+    k = f;
+  }
   if (!k) {
     nf_cache_entry e;
     if (job_entry(j, &e) != NF_OK) return 0;
@@ -291,6 +321,7 @@ static int finish_with_best(nfd_job *j) {
     if (!k) return 0;
   }
   if (k->trials < 1) k->trials = j->trial > 0 ? (int)j->trial : 1;
+  if (k->trials < j->trials_before + (int)j->trial) k->trials = j->trials_before + (int)j->trial;
   deliver(j, k, 1);
   nfd_kernel_unref(k);
   return 1;
@@ -309,7 +340,8 @@ static void deliver(nfd_job *j, nfd_kernel *k, int final) {
     if (j->final_k) nfd_kernel_unref(j->final_k);
     nfd_kernel_ref(k);
     j->final_k = k;
-    if (!more) S->jobs_done++;
+    if (!j->counted_done) S->jobs_done++;
+    j->counted_done = 1;
     flush_records(j);
     {
       nf_cache_entry e;
@@ -370,6 +402,17 @@ static void on_event(nfd_job *j, const Neoflow__JobEvent *ev) {
       add_record(j, ev->record);
       break;
     case NEOFLOW__JOB_EVENT__MSG_ERROR:
+      if (j->phase == PH_TUNING && j->first_k) {
+        /* the second pass failed: the first's kernel is the answer */
+        nfd_kernel *f = first_if_better(j, NULL, j->trials_before + (int)j->trial);
+        NFD_WARN("job %.16s…: its second pass failed (%s): the first pass's kernel is final",
+                 j->name[0] ? j->name : "(unnamed)", ev->error->message);
+        if (f) {
+          deliver(j, f, 1);
+          nfd_kernel_unref(f);
+          break;
+        }
+      }
       j->got_error = 1;
       NFD_WARN("job %.16s…: %s", j->name[0] ? j->name : "(unnamed)", ev->error->message);
       /* what does not change until the key or the check does */
@@ -408,6 +451,15 @@ static void phase_over(nfd_job *j) {
       j->killed_why == NEOFLOW__ERROR_CODE__ERR_TIMEOUT && finish_with_best(j))
     NFD_WARN("job %s: tuning overran its time budget: the best kernel so far is final",
              j->name[0] ? j->name : "(unnamed)");
+  if (!j->got_final && !j->got_error && j->phase == PH_TUNING && j->first_k) {
+    nfd_kernel *f = first_if_better(j, NULL, j->trials_before + (int)j->trial);
+    if (f) {
+      NFD_WARN("job %s: its second pass ended without a result: the first pass's kernel is final",
+               j->name[0] ? j->name : "(unnamed)");
+      deliver(j, f, 1);
+      nfd_kernel_unref(f);
+    }
+  }
   int ok = j->got_final;
   if (!ok && !j->got_error && j->subs) {
     char msg[256];
@@ -433,14 +485,17 @@ static void phase_over(nfd_job *j) {
   }
   /* a job stopped because nobody waits for it (its subscribers left, or
    * a detached tuning gave its slot to another job) did not fail */
-  if (!ok && (j->orphaned || j->detached)) S->jobs_cancelled++;
+  if (!ok && (j->orphaned || (j->detached && j->killed_why == NEOFLOW__ERROR_CODE__ERR_BUSY)))
+    S->jobs_cancelled++;
   else if (!ok) S->jobs_failed++;
   if (ok && j->phase == PH_TUNING && j->more_trials > 0 && j->subs && !S->shutting_down) {
     /* the second pass, queued behind every first one (pick) */
     j->trials_before = j->final_k ? j->final_k->trials : j->trials_before;
     j->phase = PH_QUEUED_TUNE;
-    if (j->final_k) nfd_kernel_unref(j->final_k);
+    if (j->first_k) nfd_kernel_unref(j->first_k);
+    j->first_k = j->final_k; /* kept: the answer if the second pass does worse */
     j->final_k = NULL;
+    j->why[0] = 0;
     j->got_final = j->got_error = j->killed_why = 0;
     j->running = j->exit_seen = 0;
     j->trial = j->failures = j->n_phase_records = 0;
@@ -449,7 +504,9 @@ static void phase_over(nfd_job *j) {
     j->phase = PH_QUEUED_TUNE;
     if (j->final_k) nfd_kernel_unref(j->final_k);
     j->final_k = NULL;
+    j->why[0] = 0;
     j->got_final = j->got_error = j->killed_why = 0;
+    j->counted_done = 0; /* the compile and the tuning count apart */
     j->running = j->exit_seen = 0;
     j->trial = j->failures = j->n_phase_records = 0;
     send_progress(j, NEOFLOW__JOB_STATE__JOB_QUEUED);
@@ -869,6 +926,7 @@ static void job_destroy(nfd_job *j) {
   nfd_server *S = j->S;
   if (j->final_k) nfd_kernel_unref(j->final_k);
   if (j->best_k) nfd_kernel_unref(j->best_k);
+  if (j->first_k) nfd_kernel_unref(j->first_k);
   for (nfd_req *r = j->subs; r; r = r->next_in_job) r->job = NULL;
   if (j->prev) j->prev->next = j->next;
   else S->jobs = j->next;
@@ -966,7 +1024,6 @@ void nfd_job_unsubscribe(nfd_req *r) {
     j->more_trials = j->more_seconds = 0; /* no second pass for nobody */
     NFD_INFO("job %s: no one waits for it any more: its search goes on detached while no other "
              "job needs its slot", j->name[0] ? j->name : "(unnamed)");
-    stop_detached(j->S);
   } else {
     NFD_INFO("job %s: no one waits for it any more: stopped", j->name[0] ? j->name : "(unnamed)");
     j->orphaned = 1;
@@ -1000,6 +1057,9 @@ static nfd_job *pick(nfd_server *S, int ph) {
   double best_share = 0;
   for (nfd_job *j = S->jobs; j; j = j->next) {
     if (j->phase != ph || !j->subs || j->orphaned) continue;
+    /* a second pass resumes from the first's records: once they are
+     * stored (nfd_jobs_tick looks again) */
+    if (j->pass > 0 && nfd_writer_pending(S, j->key)) continue;
     nfd_conn *who;
     uint64_t sv = min_served(j, &who);
     double sh = ph == PH_QUEUED_TUNE ? step_share(j) : 0;
@@ -1021,13 +1081,19 @@ static nfd_job *pick(nfd_server *S, int ph) {
 /* A detached tuning (nfd_job_unsubscribe) gives its slot to a job that
  * waits for one: it is stopped (its records are stored). */
 static void stop_detached(nfd_server *S) {
-  if (S->n_running_tune < S->cfg.tune_jobs || !pick(S, PH_QUEUED_TUNE)) return;
-  for (nfd_job *j = S->jobs; j; j = j->next)
+  int waiting = 0, freeing = 0;
+  for (nfd_job *j = S->jobs; j; j = j->next) {
+    if (j->phase == PH_QUEUED_TUNE && j->subs && !j->orphaned) waiting++;
+    /* stopped already: its slot frees when its process is gone */
+    if (j->detached && j->running && j->killed_why) freeing++;
+  }
+  int free_slots = S->cfg.tune_jobs - S->n_running_tune + freeing;
+  for (nfd_job *j = S->jobs; j && waiting > free_slots; j = j->next)
     if (j->detached && j->running && !j->killed_why) {
       NFD_INFO("job %s: detached search stopped after %u trials: another job needs its slot",
                j->name[0] ? j->name : "(unnamed)", j->trial);
       kill_job(j, NEOFLOW__ERROR_CODE__ERR_BUSY);
-      return; /* its slot frees when its process is gone (phase_over) */
+      free_slots++;
     }
 }
 
@@ -1050,6 +1116,10 @@ void nfd_jobs_schedule(nfd_server *S) {
 }
 
 void nfd_jobs_tick(nfd_server *S, double now) {
+  int second = 0;
+  for (nfd_job *j = S->jobs; j; j = j->next)
+    second |= j->phase == PH_QUEUED_TUNE && j->pass > 0;
+  if (second) nfd_jobs_schedule(S); /* a second pass whose records are stored now */
   for (nfd_job *j = S->jobs; j; j = j->next) {
     if (!j->running) continue;
     double age = now - j->t_started;

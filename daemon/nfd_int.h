@@ -210,6 +210,8 @@ void nfd_writer_shape(nfd_server *S, const uint8_t key[32], const nfd_shape *sha
 /* A copy of the latest queued, not yet committed entry for key: NF_OK,
  * NF_ENOENT, NF_ENOMEM. */
 int nfd_writer_lookup(nfd_server *S, const uint8_t key[32], nf_cache_entry *out);
+/* 1 while an operation of key (kernel, records, ...) waits or runs. */
+int nfd_writer_pending(nfd_server *S, const uint8_t key[32]);
 /* Runs everything queued, then stops the thread and closes its handle. */
 void nfd_writer_stop(nfd_server *S);
 

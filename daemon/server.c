@@ -359,6 +359,9 @@ static void conn_close(nfd_conn *c, const char *why) {
     nfd_job_unsubscribe(r);
     nfd_req_finish(r);
   }
+  /* only now that all its requests are gone: a search it leaves detached
+   * is not stopped for a job of its own that is dropped too */
+  nfd_jobs_schedule(c->S);
   while (c->q_head) {
     outq *q = c->q_head;
     c->q_head = q->next;
@@ -682,6 +685,7 @@ static void on_cancel(nfd_conn *c, const Neoflow__Cancel *m) {
   }
   nfd_job_unsubscribe(r);
   nfd_req_finish(r);
+  nfd_jobs_schedule(c->S); /* a detached search may give its slot */
 }
 
 /* Each open request's step time, and its weight: its time over the mean

@@ -274,6 +274,18 @@ int nfd_writer_lookup(nfd_server *S, const uint8_t key[32], nf_cache_entry *out)
   return rc;
 }
 
+int nfd_writer_pending(nfd_server *S, const uint8_t key[32]) {
+  nfd_writer *w = S->writer;
+  if (!w) return 0;
+  int found = 0;
+  pthread_mutex_lock(&w->mu);
+  if (w->cur && memcmp(w->cur->key, key, 32) == 0) found = 1;
+  for (const op *o = w->head; o && !found; o = o->next)
+    found = memcmp(o->key, key, 32) == 0;
+  pthread_mutex_unlock(&w->mu);
+  return found;
+}
+
 void nfd_writer_stop(nfd_server *S) {
   nfd_writer *w = S->writer;
   if (!w) return;

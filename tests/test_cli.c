@@ -361,6 +361,7 @@ END_TEST
 /* `train --until-tuned N` runs until every kernel is final, then N steps
  * (a daemon of the test's own); with no daemon there is nothing to wait
  * for: N steps after the first.  --steps caps it. */
+#if NF_HAVE_SEARCH
 START_TEST(cli_train_until_tuned) {
   write_text("t.nf", "import nn\n"
                      "def t<batch = 16>(X: f32[batch, 24], W: f32[24, 20]) -> (L: f32[]) {\n"
@@ -375,12 +376,16 @@ START_TEST(cli_train_until_tuned) {
   free(out);
   dm d;
   dm_init(&d);
+  d.env = "NF_JOB_FAKE_TIMES=1";
   dm_config(&d, NULL);
   dm_start(&d);
   char args[1024];
+  /* a cap no run reaches before its kernels are final (the test's
+   * timeout comes first); a JSON line per 1000 steps and the last */
   snprintf(args, sizeof args,
-           "train t.nf t --params W --data synthetic --steps 100000 --until-tuned 5 "
-           "--tune-trials 3 --tune-seconds 20 --daemon '%s' --no-spawn --threads 1 --json",
+           "train t.nf t --params W --data synthetic --steps 1000000000 --until-tuned 5 "
+           "--tune-trials 3 --tune-seconds 20 --daemon '%s' --no-spawn --threads 1 --json "
+           "--log-every 1000",
            d.sock);
   st = run(&out, args);
   ck_assert_msg(st == 0, "%s", out);
@@ -390,7 +395,7 @@ START_TEST(cli_train_until_tuned) {
   for (const char *p = strstr(out, "{\"step\":"); p; p = strstr(p + 1, "{\"step\":")) last = p;
   ck_assert_ptr_nonnull(last);
   long steps = strtol(last + 8, NULL, 10);
-  ck_assert_msg(steps > 5 && steps < 100000, "%ld steps: %s", steps, out);
+  ck_assert_msg(steps > 5 && steps < 1000000000, "%ld steps: %s", steps, out);
   ck_assert_msg(strstr(last, "\"tuning\":0,"), "%s", last);
   ck_assert_int_eq(dm_stop(&d, SIGTERM), 0);
   ck_assert_msg(log_has_text(d.log, "tuning started"), "the daemon tuned nothing: %s", d.log);
@@ -398,6 +403,7 @@ START_TEST(cli_train_until_tuned) {
   free(out);
 }
 END_TEST
+#endif
 
 START_TEST(cli_grad_bad_uses) {
   expect("grad mm.nf mm --shape A=3,4 --shape B=4,5", 2, "grad needs --wrt");
@@ -546,7 +552,6 @@ static Suite *suite(void) {
   tcase_add_test(tc, cli_grad_evaluates);
   tcase_add_test(tc, cli_grad_bad_uses);
   tcase_add_test(tc, cli_daemon_messages);
-  tcase_add_test(tc, cli_train_until_tuned);
   tcase_add_test(tc, cli_lower_and_schedules);
 #if NF_HAVE_LLVM
   tcase_add_test(tc, cli_compile_and_run_compiled);
@@ -555,6 +560,15 @@ static Suite *suite(void) {
   tcase_add_test(tc, cli_tune);
 #endif
   suite_add_tcase(s, tc);
+#if NF_HAVE_SEARCH
+  /* a daemon compiles and tunes beside the training: on a loaded machine
+   * (the test command runs suites side by side) it takes longer */
+  TCase *td = tcase_create("daemon");
+  tcase_add_checked_fixture(td, setup, teardown);
+  tcase_set_timeout(td, 300);
+  tcase_add_test(td, cli_train_until_tuned);
+  suite_add_tcase(s, td);
+#endif
   return s;
 }
 
