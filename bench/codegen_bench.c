@@ -25,7 +25,7 @@
 #include <time.h>
 
 #include "nf_codegen.h"
-#include "nf_exec.h"
+#include "nf_runtime.h"
 #include "nf_lang.h"
 #include "nf_lower.h"
 

@@ -3,7 +3,7 @@
 # for each public workload at its benchmark shapes and each library op at
 # odd shapes, the largest ratio of a gradient statement's FLOPs to those of
 # the forward statement it differentiates (nf_stmt_flops: executed
-# operations, weighted; see client/autodiff/flops.c), and every statement
+# operations, weighted; see common/flops.c), and every statement
 # above 2x.  Run by hand: ./bench/grad_flops.sh [path/to/neoflow]
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -18,7 +18,7 @@
 
 #include "neoflow/neoflow.h"
 #include "nf_buf.h"
-#include "nf_exec.h"
+#include "nf_runtime.h"
 #include "nf_gemm.h"
 #include "nf_ir.h"
 #include "nf_lang.h"

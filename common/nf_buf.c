@@ -90,3 +90,10 @@ void nf_buf_u64(nf_buf *b, uint64_t v) {
 }
 
 const char *nf_buf_str(const nf_buf *b) { return b->data ? b->data : ""; }
+
+void nf_blob_free(nf_blob *b) {
+  if (!b) return;
+  free(b->data);
+  b->data = NULL;
+  b->len = 0;
+}

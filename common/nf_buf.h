@@ -35,4 +35,14 @@ void nf_buf_u64(nf_buf *b, uint64_t v);
  * stays valid until the next append or free. */
 const char *nf_buf_str(const nf_buf *b);
 
+/* Bytes owned by the holder: free with nf_blob_free (which resets it). */
+typedef struct nf_blob {
+  uint8_t *data;
+  size_t len;
+} nf_blob;
+
+#define NF_BLOB_INIT {NULL, 0}
+
+void nf_blob_free(nf_blob *b);
+
 #endif

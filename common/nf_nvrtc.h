@@ -1,8 +1,8 @@
 /* nf_nvrtc.h - the NVRTC entry points the CUDA backend calls, as a table,
- * so that one compile path (daemon/codegen/nvrtc.c) serves NVRTC linked
+ * so that one compile path (common/lower/nvrtc.c) serves NVRTC linked
  * at build time (the daemon, the tool: nvrtc_link.c) and NVRTC loaded at
  * run time with dlopen (the client's tier-0 kernels on a GPU:
- * client/executor/nvrtc_rt.c).
+ * common/runtime/nvrtc_rt.c).
  *
  * The types are NVRTC's C ABI, declared here so that no NVRTC header is
  * needed: nvrtcResult is an int (0 is NVRTC_SUCCESS, 1

@@ -27,9 +27,9 @@
 #include <unistd.h>
 
 #include "nf_codegen.h"
-#include "nf_cuda.h"
 #include "nf_features.h"
 #include "nf_lower.h"
+#include "nf_nvrtc_link.h"
 #include "nf_search.h"
 #include "nf_wire.h"
 

@@ -19,7 +19,8 @@
 
 #include "nf_codegen.h"
 #include "nf_config.h"
-#include "nf_cuda.h"
+#include "nf_nvrtc_link.h"
+#include "nf_nvrtc_link.h"
 #include "nf_wire_auth.h"
 #include "nf_wire_sign.h"
 #include "nfd_int.h"

@@ -34,13 +34,14 @@
 #include <unistd.h>
 
 #include "nf_config.h"
-#include "nf_cuda.h"
 #include "nf_ir.h"
 #include "nf_kernel.h"
+#include "nf_nvrtc_link.h"
+#include "nf_nvrtc_link.h"
+#include "nf_search.h"
 #include "nf_wire_auth.h"
 #include "nf_wire_box.h"
 #include "nf_wire_sign.h"
-#include "nf_search.h"
 #include "nfd_int.h"
 #include "nfd_net.h"
 

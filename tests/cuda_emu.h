@@ -1,4 +1,4 @@
-/* cuda_emu.h - runs the CUDA C of daemon/codegen/cuda_backend.c on the
+/* cuda_emu.h - runs the CUDA C of common/lower/cuda_backend.c on the
  * CPU, for test_cuda (no GPU here).  C++ (the test compiles the generated
  * source with the host's c++ and loads it).
  *

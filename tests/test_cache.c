@@ -1,5 +1,5 @@
 /* test_cache.c - the SQLite tuning cache (daemon/cache/nf_cache.h) and the
- * `neoflow cache` command (client/cache_cmd.c, compiled in here).
+ * `neoflow cache` command (client/tool/cache_cmd.c, compiled in here).
  *
  *  - put/get round trip with every field, keys, hits and misses, touch,
  *    list; invalid puts (digest, key, tier, times) refused;
@@ -55,7 +55,7 @@
 #include "nf_cache.h"
 
 /* the command under test, built into this executable */
-#include "../client/cache_cmd.c"
+#include "../client/tool/cache_cmd.c"
 
 #define CG "nf-test-codegen-1"
 
@@ -138,7 +138,7 @@ static nf_cache *open_ok(const char *path, const nf_cache_opts *o) {
 }
 
 /* The test's "daemon": its signatures are mk_entry's (signer 0x5a...).
- * The daemon's real judge verifies Ed25519 (client/cache_cmd.c). */
+ * The daemon's real judge verifies Ed25519 (client/tool/cache_cmd.c). */
 static int judge_5a(void *user, const uint8_t key[32], const uint8_t sha[32],
                     const uint8_t target[32], const nf_cache_sig *sig) {
   (void)user;
@@ -1977,6 +1977,23 @@ START_TEST(cache_cli) {
   const char *q = in(d, "sub/dir/new.db");
   ck_assert_int_eq(cli(d, "import", x, "--cache", q, NULL), 0);
   ck_assert_msg(contains(cli_out, "1 added"), "%s", cli_out);
+  /* the writing commands take the daemon's writer lock: refused, naming
+   * the holder, while a writer (a neoflowd) holds it; reads go on */
+  {
+    nf_cache_opts wo = {.writer_lock = 1};
+    nf_cache *held = NULL;
+    ck_assert_int_eq(nf_cache_open(q, &wo, &held, NULL), NF_OK);
+    char pid[64];
+    snprintf(pid, sizeof pid, "in use by another neoflowd (pid %ld)", (long)getpid());
+    ck_assert_int_eq(cli(d, "gc", "--cache", q, "--keep-codegen", "other", NULL), 1);
+    ck_assert_msg(contains(cli_err, "neoflow cache: gc: ") && contains(cli_err, pid) &&
+                      contains(cli_err, "stop that neoflowd first"),
+                  "%s", cli_err);
+    ck_assert_int_eq(cli(d, "import", x, "--cache", q, NULL), 1);
+    ck_assert_msg(contains(cli_err, pid), "%s", cli_err);
+    ck_assert_int_eq(cli(d, "stats", "--cache", q, NULL), 0);
+    nf_cache_close(held);
+  }
   ck_assert_int_eq(cli(d, "gc", "--cache", q, "--keep-codegen", "other", NULL), 0);
   ck_assert_msg(contains(cli_out, "removed 1 entries"), "%s", cli_out);
 

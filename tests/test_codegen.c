@@ -24,7 +24,7 @@
 
 #include "nf_codegen.h"
 #include "nf_diag.h"
-#include "nf_exec.h"
+#include "nf_runtime.h"
 #include "nf_interp.h"
 #include "nf_lang.h"
 

@@ -33,7 +33,7 @@
 
 #include "nf_autodiff.h"
 #include "nf_codegen.h"
-#include "nf_exec.h"
+#include "nf_runtime.h"
 #include "nf_lower.h"
 #include "nf_test_inst.h"
 

@@ -24,9 +24,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "nf_cuda.h"
 #include "nf_cuda_rt.h"
 #include "nf_lower.h"
+#include "nf_nvrtc_link.h"
 #include "nf_test_inst.h"
 
 #define N_LIB ((int)(sizeof lib_cases / sizeof lib_cases[0]))

@@ -1,7 +1,7 @@
 /* test_data.c - IDX files, MNIST-style datasets and evaluation
  * (neoflow/neoflow.h: nf_idx_load, nf_dataset_mnist_load, nf_session_eval,
  * nf_session_output_info; client/idx.c, client/session.c,
- * client/train_cmd.c):
+ * client/tool/train_cmd.c):
  *
  *  - IDX files written here (u8, i8, i16, i32, f32, f64; plain and
  *    gzip-compressed) load with their type, rank, dims and every value in

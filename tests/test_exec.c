@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "nf_config.h"
-#include "nf_exec.h"
+#include "nf_runtime.h"
 #if NF_HAVE_LLVM
 #include "nf_codegen.h"
 #endif

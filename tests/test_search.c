@@ -15,8 +15,8 @@
 
 #include "nf_codegen.h"
 #include "nf_cost_model.h"
-#include "nf_cuda.h"
 #include "nf_lower.h"
+#include "nf_nvrtc_link.h"
 #include "nf_search.h"
 #include "nf_sketch.h"
 #include "nf_test_inst.h"

@@ -40,10 +40,10 @@
 
 #include "neoflow/neoflow.h"
 #include "nf_codegen.h"
-#include "nf_cuda.h"
-#include "nf_exec.h"
 #include "nf_ir.h"
 #include "nf_lower.h"
+#include "nf_nvrtc_link.h"
+#include "nf_runtime.h"
 #include "nf_status.h"
 #include "nf_test_daemon.h"
 #include "session_int.h"

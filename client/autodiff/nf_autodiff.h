@@ -20,6 +20,7 @@
 #define NF_AUTODIFF_H
 
 #include "nf_buf.h"
+#include "nf_flops.h"
 #include "nf_ir.h"
 
 typedef struct nf_grad_opts {
@@ -55,14 +56,6 @@ typedef struct nf_grad_report {
 int nf_grad_graph(const nf_graph *g, const nf_grad_opts *o, nf_ir_ctx *ctx,
             nf_graph **out, nf_grad_report *rep, nf_buf *err);
 
-/* Floating-point operations one statement executes: over the points of
- * its iteration box, the float operations of its right side on the select
- * branches taken (counted exactly where the conditions are index
- * arithmetic, as taken where they read tensors), each shared subexpression
- * once, plus one accumulation per point for a reduction.  Integer index
- * and guard arithmetic is free.  Operations are weighted in multiply
- * equivalents: division, sqrt, rsqrt 4; exp, log, tanh, sigmoid 8; erf 10;
- * pow 16; the others 1 (see flops.c). */
-int64_t nf_stmt_flops(const nf_graph *g, uint32_t stmt);
+/* nf_stmt_flops: common/nf_flops.h */
 
 #endif

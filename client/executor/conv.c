@@ -30,10 +30,6 @@ typedef struct ctx {
   form con[MAX_CON];   /* the guard: every con >= 0 */
 } ctx;
 
-int nf__conv_is_zero(const nf_expr *e) {
-  return e->op == NF_OP_CONST && nf_dtype_is_float((nf_dtype)e->dtype) && e->u.f == 0.0;
-}
-
 static int to_form(const nf_expr *e, int n_vars, form *f) {
   nf_affine a;
   memset(f, 0, sizeof *f);
@@ -149,11 +145,6 @@ static int reductions_are(const ctx *C, const int *used, int n) {
     seen++;
   }
   return seen == C->st->n_red;
-}
-
-int64_t nf__conv_out_size(int64_t in, int64_t pad, int64_t dil, int64_t ker, int64_t str) {
-  int64_t num = in + 2 * pad - dil * (ker - 1) - 1;
-  return num < 0 ? -1 : num / str + 1;
 }
 
 /* The spatial part shared by the three kinds: stride, dilation, padding

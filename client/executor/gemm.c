@@ -43,7 +43,7 @@
 #include "nf_gemm.h"
 #include "nf_interp.h"
 #include "nf_npy.h"
-#include "nf_partition.h"
+#include "nf_subgraph.h"
 #include "nf_stage.h"
 
 #define ALIGN 64

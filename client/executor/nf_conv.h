@@ -72,10 +72,17 @@ int nf_conv_match(const nf_graph *g, uint32_t si, nf_conv_desc *d);
  * by enumerating each group of variables; nf_conv_match tries it where
  * the affine reading finds nothing. */
 int nf__conv_match_enum(const nf_graph *g, uint32_t si, nf_conv_desc *d);
-/* For both readings: cuDNN's output size (-1 when none), and whether e
- * is the float constant 0 (a guard's else branch). */
-int64_t nf__conv_out_size(int64_t in, int64_t pad, int64_t dil, int64_t ker, int64_t str);
-int nf__conv_is_zero(const nf_expr *e);
+/* For both readings (inline, so that conv.c and conv_enum.c do not use
+ * each other): cuDNN's output size (-1 when none), and whether e is the
+ * float constant 0 (a guard's else branch). */
+static inline int64_t nf__conv_out_size(int64_t in, int64_t pad, int64_t dil, int64_t ker,
+                                        int64_t str) {
+  int64_t num = in + 2 * pad - dil * (ker - 1) - 1;
+  return num < 0 ? -1 : num / str + 1;
+}
+static inline int nf__conv_is_zero(const nf_expr *e) {
+  return e->op == NF_OP_CONST && nf_dtype_is_float((nf_dtype)e->dtype) && e->u.f == 0.0;
+}
 
 /* "forward", "data gradient", "filter gradient". */
 const char *nf_conv_kind_name(nf_conv_kind k);

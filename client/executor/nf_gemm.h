@@ -44,7 +44,7 @@
 #define NF_GEMM_H
 
 #include "nf_buf.h"
-#include "nf_exec.h"
+#include "nf_runtime.h"
 #include "nf_ir.h"
 
 typedef struct nf_gemm_sub nf_gemm_sub;

@@ -11,7 +11,7 @@
 
 #include "nf_buf.h"
 #include "nf_interp.h"
-#include "nf_partition.h"
+#include "nf_subgraph.h"
 
 typedef struct nf_stage {
   int present;

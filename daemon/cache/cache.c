@@ -382,7 +382,7 @@ static int check_fs(const char *path, int allow, int *network, nf_buf *err) {
 }
 
 /* Takes the writer lock "<path>.lock" and writes our pid into it. */
-static int take_lock(nf_cache *c, nf_buf *err) {
+static int take_lock(nf_cache *c, long *holder, nf_buf *err) {
   nf_buf lp = NF_BUF_INIT;
   nf_buf_printf(&lp, "%s.lock", c->path);
   if (lp.oom) {
@@ -411,6 +411,7 @@ static int take_lock(nf_cache *c, nf_buf *err) {
     nf_buf_free(&lp);
     if (e != EWOULDBLOCK)
       return nf__cache_fail(err, NF_EIO, c->path, "cannot lock: %s", strerror(e));
+    if (holder) *holder = pid ? pid : -1;
     if (err) {
       if (pid)
         nf_buf_printf(err, "cache %s is in use by another neoflowd (pid %ld)", c->path, pid);
@@ -707,6 +708,7 @@ int nf_cache_open(const char *path, const nf_cache_opts *o, nf_cache **out, nf_b
     return NF_ENOMEM;
   }
   if (o->damaged) *o->damaged = 0;
+  if (o->lock_holder) *o->lock_holder = 0;
   c->read_only = o->read_only != 0;
   c->busy_ms = o->busy_timeout_ms ? o->busy_timeout_ms : 5000;
   c->soft_cap = o->soft_cap_bytes;
@@ -720,7 +722,7 @@ int nf_cache_open(const char *path, const nf_cache_opts *o, nf_cache **out, nf_b
     rc = nf__cache_fail(err, e == ENOENT ? NF_ENOENT : NF_EIO, path, "%s", strerror(e));
   }
   if (rc == NF_OK) rc = check_fs(path, o->allow_network_fs, &network, err);
-  if (rc == NF_OK && o->writer_lock && !c->read_only) rc = take_lock(c, err);
+  if (rc == NF_OK && o->writer_lock && !c->read_only) rc = take_lock(c, o->lock_holder, err);
   /* a new cache is private: made 0600 here (SQLite would make it 0644
    * less the umask), and its -wal and -shm files take its mode */
   if (rc == NF_OK && !c->read_only) {

@@ -55,7 +55,8 @@ typedef struct nf_cache nf_cache;
 
 typedef struct nf_cache_opts {
   int read_only;         /* open without writing (tools' stats/list/export/verify) */
-  int writer_lock;       /* take "<db>.lock" (the daemon) */
+  int writer_lock;       /* take "<db>.lock" (the daemon; the tool's writing
+                            commands, so they never write beside a daemon) */
   int allow_network_fs;  /* accept NFS/SMB/FUSE (rollback journal then) */
   int sync_full;         /* synchronous=FULL instead of NORMAL */
   int busy_timeout_ms;   /* 0: 5000 */
@@ -68,6 +69,9 @@ typedef struct nf_cache_opts {
                              failed, a corrupt header, not a database at
                              all), 0 otherwise (a foreign or newer cache
                              is not damaged: it is refused, never moved) */
+  long *lock_holder;      /* may be NULL: set to the pid in the lock file
+                             when writer_lock failed because another
+                             process holds it (-1: pid unknown), else 0 */
 } nf_cache_opts;
 
 /* Moves a damaged cache aside: path (and its -wal, -shm, -journal files)

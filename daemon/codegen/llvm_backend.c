@@ -112,13 +112,6 @@
 #define MAX_CAP_B 256 /* live buffers captured by a parallel loop */
 #define MAX_CAP_V 128 /* bound loop variables captured */
 
-void nf_blob_free(nf_blob *b) {
-  if (!b) return;
-  free(b->data);
-  b->data = NULL;
-  b->len = 0;
-}
-
 /* ---- lane values ---- */
 
 enum { K_UNI = 0, K_LIN, K_VEC };

@@ -1,6 +1,6 @@
 /* nf_codegen.h - the CPU code generator's public interface: loop IR
  * (nf_loop.h) -> LLVM IR -> optimised object -> shared object bytes that
- * client/executor/loader.c loads (kernel ABI: common/nf_kernel.h).
+ * common/runtime/loader.c loads (kernel ABI: common/nf_kernel.h).
  *
  * Pipeline: nf_cpu_compile_object (llvm_backend.c, vector math from
  * vmath.c) emits an ELF relocatable object into memory; nf_cpu_link
@@ -32,15 +32,7 @@
 #define NF_KERNEL_ENBUF 2
 #define NF_KERNEL_ENOMEM 3
 
-/* Bytes owned by the holder: free with nf_blob_free (which resets it). */
-typedef struct nf_blob {
-  uint8_t *data;
-  size_t len;
-} nf_blob;
-
-#define NF_BLOB_INIT {NULL, 0}
-
-void nf_blob_free(nf_blob *b);
+/* nf_blob: nf_buf.h */
 
 /* A code generation target.  Every string may be NULL or empty, meaning
  * the host's (LLVMGetDefaultTargetTriple, LLVMGetHostCPUName,

@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "nf_config.h"
-#include "nf_cuda.h"
+#include "nf_nvrtc_link.h"
 
 #if NF_HAVE_CUDA
 #include <nvrtc.h>

@@ -7,10 +7,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "nf_autodiff.h"
 #include "nf_cost_model.h"
+#include "nf_flops.h"
 #include "nf_interp.h"
-#include "nf_cuda.h"
+#include "nf_nvrtc_link.h"
 #include "nf_search.h"
 #include "nf_sketch.h"
 #include "nf_status.h"

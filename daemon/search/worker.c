@@ -63,7 +63,7 @@
 
 #include "nf_cuda_plan.h"
 #include "nf_cuda_rt.h"
-#include "nf_exec.h"
+#include "nf_runtime.h"
 #include "nf_ir.h"
 #include "nf_measure.h"
 

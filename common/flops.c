@@ -1,5 +1,5 @@
 /* flops.c - floating-point operation counts of statements, for the
- * gradient cost table (nf_autodiff.h) and later for the tuner's budget.
+ * gradient cost table (client/autodiff) and the search's budget.
  *
  * A statement's count is the number of floating-point operations its
  * evaluation executes: for every point of its iteration box (the output's
@@ -25,7 +25,7 @@
  * Without weights a 1-operation forward like sigmoid would make any
  * gradient (which needs y * (1 - y) and the chain-rule product) "cost 3x",
  * while the gradient is in fact cheaper than the forward. */
-#include "nf_autodiff.h"
+#include "nf_flops.h"
 
 #include <stdlib.h>
 #include <string.h>

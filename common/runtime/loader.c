@@ -3,7 +3,7 @@
  * bytes -> memfd (sealed) -> ELF checks on the sealed contents ->
  * dlopen("/proc/self/fd/N", RTLD_NOW | RTLD_LOCAL) -> dlsym; fallback to
  * an unnamed O_TMPFILE file in a fresh private directory when executing a
- * memfd is refused.  See nf_exec.h for the unloading policy.
+ * memfd is refused.  See nf_runtime.h for the unloading policy.
  *
  * ELF checks (before anything is mapped): 64-bit little-endian, ET_DYN,
  * the host machine, header and program headers inside the file, every
@@ -26,7 +26,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "nf_exec.h"
+#include "nf_runtime.h"
 
 #if defined(__x86_64__)
 #define HOST_MACHINE EM_X86_64

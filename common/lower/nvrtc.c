@@ -2,7 +2,7 @@
  * no GPU and no driver are needed to compile.  NVRTC is reached through a
  * table of its entry points (nf_nvrtc.h): the one linked into this build
  * (nvrtc_link.c, the daemon and the tool) or one loaded at run time (the
- * client, client/executor/nvrtc_rt.c). */
+ * client, common/runtime/nvrtc_rt.c). */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>

@@ -51,7 +51,6 @@
 #include <stdint.h>
 
 #include "nf_buf.h"
-#include "nf_codegen.h"
 #include "nf_cuda_plan.h"
 #include "nf_loop.h"
 #include "nf_nvrtc.h"
@@ -71,42 +70,14 @@
  * memory over its limit, a grid over 2^31 - 1 blocks); message in err. */
 int nf_cuda_emit(const nf_lprog *p, nf_buf *src, nf_cuda_plan *plan, nf_buf *err);
 
-/* Whether this build has the CUDA target (NVRTC found at build time);
- * when not, why (appended to why, may be NULL). */
-int nf_cuda_available(nf_buf *why);
-
-/* "neoflow-cuda r<revision> nvrtc-<major>.<minor>" (or "nvrtc-none"). */
-void nf_cuda_codegen_version(char *out, size_t n);
-
 typedef struct nf_cuda_stats {
   double emit_ms, nvrtc_ms;
   size_t source_bytes, image_bytes;
   int ptx; /* the image is PTX (sm newer than this NVRTC knows), not cubin */
 } nf_cuda_stats;
 
-/* Emits p and compiles it with NVRTC for sm (e.g. 80, 90): a cubin for
- * that architecture, or, when this NVRTC does not know sm, PTX for the
- * newest compute architecture it knows (the driver compiles PTX for newer
- * devices).  *image gets the bytes (freed first), *plan the launches;
- * source (may be NULL) gets the CUDA C.  NF_OK; NF_EUNSUPPORTED without
- * NVRTC or for an sm older than the oldest NVRTC supports; NF_EINTERNAL
- * with NVRTC's log in err when it rejects the source (a backend bug);
- * what nf_cuda_emit returns otherwise. */
-int nf_cuda_compile(const nf_lprog *p, int sm, nf_blob *image, nf_cuda_plan *plan,
-                    nf_buf *source, nf_cuda_stats *stats, nf_buf *err);
-
-/* Whether this build's NVRTC can make an image that runs on sm (a cubin,
- * or PTX for an architecture newer than it knows); when not, why
- * (appended to why, may be NULL). */
-int nf_cuda_sm_supported(int sm, nf_buf *why);
-
-/* nf_cuda_compile, then the bundle of plan, image and source
- * (nf_cuda_plan.h) appended to bundle.  Same statuses. */
-int nf_cuda_compile_bundle(const nf_lprog *p, int sm, nf_buf *bundle, nf_cuda_stats *stats,
-                           nf_buf *err);
-
 /* The same with the NVRTC of the table api (nf_nvrtc.h; not NULL) rather
- * than this build's (nvrtc_link.c): the client compiles its tier-0 kernels
+ * than this build's (daemon/codegen/nf_nvrtc_link.h): the client compiles its tier-0 kernels
  * with an NVRTC it loads at run time.  nf_cuda_codegen_version_with
  * accepts NULL (no NVRTC). */
 int nf_cuda_compile_with(const nf_nvrtc_api *api, const nf_lprog *p, int sm, nf_blob *image,

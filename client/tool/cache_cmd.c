@@ -11,14 +11,16 @@
  *                        [--drop-quarantine]
  *   all with [--cache PATH] [--allow-network-fs]
  *
- * stats, list, export and verify open the cache read-only (verify --fix
- * writable); import and gc open it writable but without the daemon's
- * writer lock: SQLite's own locking and the busy timeout let them run
- * while neoflowd serves.  Exit status: 0 success, 1 an error (messages
+ * stats, list, export and verify open the cache read-only, so they run
+ * while neoflowd serves (SQLite's own locking and the busy timeout).
+ * import, recover, gc and verify --fix write: they take the daemon's
+ * writer lock ("<db>.lock") and refuse, naming the daemon's pid, while
+ * a neoflowd holds it, so the tool never writes beside the daemon's
+ * writer thread.  Exit status: 0 success, 1 an error (messages
  * "neoflow cache: <what>: <why>" on stderr; verify also exits 1 when it
  * finds a problem), 2 a usage error.
  *
- * For client/neoflow.c:
+ * For client/tool/neoflow.c:
  *   int nf__cli_cache(int argc, char **argv);  (argv[0] is "cache")
  */
 #include <errno.h>
@@ -592,8 +594,10 @@ int nf__cli_cache(int argc, char **argv) {
     return 1;
   }
   int damaged = 0;
-  nf_cache_opts o = {.read_only = !writes, .allow_network_fs = a.allow_network_fs,
-                     .damaged = &damaged};
+  long holder = 0;
+  nf_cache_opts o = {.read_only = !writes, .writer_lock = writes,
+                     .allow_network_fs = a.allow_network_fs, .damaged = &damaged,
+                     .lock_holder = &holder};
   nf_cache *c = NULL;
   nf_buf err = NF_BUF_INIT;
   int rc = nf_cache_open(path.data, &o, &c, &err);
@@ -614,6 +618,10 @@ int nf__cli_cache(int argc, char **argv) {
     nf_buf_free(&path);
     return finish_output("recover");
   }
+  if (rc != NF_OK && holder)
+    nf_buf_printf(&err, "; `%s` writes, and only one writer may hold the cache: stop that "
+                        "neoflowd first (stats, list, export and verify read while it serves)",
+                  sub);
   if (rc != NF_OK && damaged)
     nf_buf_printf(&err, "\nthe database is damaged: `neoflow cache recover` moves it aside and "
                         "brings back what can be verified (neoflowd does the first part itself "

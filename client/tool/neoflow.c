@@ -22,10 +22,10 @@
 
 #include "nf_autodiff.h"
 #include "nf_config.h"
-#include "nf_exec.h"
-#include "nf_cuda.h"
 #include "nf_cuda_rt.h"
 #include "nf_lower.h"
+#include "nf_nvrtc_link.h"
+#include "nf_runtime.h"
 #if NF_HAVE_LLVM
 #include "nf_codegen.h"
 #endif

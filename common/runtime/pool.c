@@ -14,7 +14,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
-#include "nf_exec.h"
+#include "nf_runtime.h"
 
 #define SPIN_ITERS 4000
 #define WORKER_STACK (8u << 20)

@@ -1,4 +1,4 @@
-/* nf_exec.h - running compiled CPU kernels: the thread pool behind the
+/* nf_runtime.h - running compiled CPU kernels: the thread pool behind the
  * kernel ABI's parallel_for, and the loader of kernel shared objects
  * (common/nf_kernel.h).  No LLVM here: the client links only this.
  *
@@ -22,8 +22,8 @@
  * Thread safety: nf_kernel_run may be called concurrently on one kernel
  * (with one pool per concurrent caller, or the same pool: its
  * parallel_for calls are serialised).  Load and free are thread-safe. */
-#ifndef NF_EXEC_H
-#define NF_EXEC_H
+#ifndef NF_RUNTIME_H
+#define NF_RUNTIME_H
 
 #include <stddef.h>
 #include <stdint.h>
