@@ -51,6 +51,12 @@ static const char usage[] =
     "Times DEF's SGD training step from the parameters and inputs in D/NAME.f32;\n"
     "prints one JSON line (bench/README.md).\n";
 
+/* The session's messages on stderr (the library never prints itself). */
+static void log_stderr(void *user, int level, const char *message) {
+  (void)user;
+  fprintf(stderr, "%s: %s%s\n", "nf_bench", level == NEOFLOW_LOG_WARN ? "warning: " : "", message);
+}
+
 static double now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -242,6 +248,7 @@ int main(int argc, char **argv) {
   so.optim.lr = lr;
   so.threads = threads;
   so.seed = 1;
+  so.log = log_stderr;
   so.daemon = daemon;
   so.device = device;
   so.no_spawn = 1; /* bench/run starts the daemon it means */

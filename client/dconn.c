@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "nf_dconn.h"
+#include "nf_env.h"
 #include "nf_kernel.h"
 #include "nf_target.h"
 #include "nf_trust.h"
@@ -395,7 +396,7 @@ static int handshake(nf_dconn *c, const nf_dconn_opts *o, const nf_trust *trust,
 
 int nf_dconn_address(const char *explicit_addr, const nf_trust *t, char *out, size_t n,
                      int *origin) {
-  const char *env = getenv("NEOFLOW_SOCKET");
+  const char *env = nf_env(NF_ENV_SOCKET);
   int len;
   if (explicit_addr && *explicit_addr) {
     *origin = NF_DCONN_ADDR_EXPLICIT;

@@ -31,6 +31,7 @@
 #include "nf_kernel.h"
 #include "nf_wire.h"
 #include "session_int.h"
+#include "nf_env.h"
 
 extern char **environ;
 
@@ -117,7 +118,7 @@ int nf__session_offer(nf_session *s, int k, const void *bin, size_t len,
     pthread_cond_broadcast(&s->cv);
   }
   pthread_mutex_unlock(&s->mu);
-  if (rc != NF_OK) nf__session_warn(s, "kernel %s (tier %d) rejected: %s", hex, tier, why);
+  if (rc != NF_OK) nf__slog_warn(&s->log, "kernel %s (tier %d) rejected: %s", hex, tier, why);
   nf_buf_free(&err);
   return rc;
 }
@@ -126,7 +127,7 @@ int nf__session_offer(nf_session *s, int k, const void *bin, size_t len,
 
 static const char *neoflowd_path(void) {
   static char self[4096];
-  const char *v = getenv("NF_NEOFLOWD");
+  const char *v = nf_env(NF_ENV_NEOFLOWD);
   if (v && *v) return v;
   if (access(NF_NEOFLOWD_INSTALL_PATH, X_OK) == 0) return NF_NEOFLOWD_INSTALL_PATH;
   if (access(NF_NEOFLOWD_BUILD_PATH, X_OK) == 0) return NF_NEOFLOWD_BUILD_PATH;
@@ -172,12 +173,12 @@ static void spawn_daemon(dlink *L) {
     *slash = 0;
     if (lstat(sock, &dst) == 0 && S_ISDIR(dst.st_mode) && (dst.st_mode & S_IRWXO)) {
       if (!L->warned_spawn)
-        nf__session_warn(s, "not starting neoflowd: its socket directory %s has mode %04o, and "
+        nf__slog_warn(&s->log, "not starting neoflowd: its socket directory %s has mode %04o, and "
                           "neoflowd refuses a directory other users may enter (chmod 700 %s); "
                           "training on fallback kernels", sock,
                        (unsigned)dst.st_mode & 07777, sock);
       L->warned_spawn = 1;
-      L->last_spawn = nf__now_ms();
+      L->last_spawn = nf_now_ms();
       L->spawned = 1;
       return;
     }
@@ -185,7 +186,7 @@ static void spawn_daemon(dlink *L) {
   /* resolve a bare name on PATH before forking */
   char found[4096];
   if (!strchr(path, '/')) {
-    const char *pp = getenv("PATH");
+    const char *pp = nf_env(NF_ENV_PATH);
     found[0] = 0;
     while (pp && *pp && !found[0]) {
       const char *c = strchr(pp, ':');
@@ -199,17 +200,17 @@ static void spawn_daemon(dlink *L) {
       pp = c ? c + 1 : NULL;
     }
     if (!found[0]) {
-      nf__session_warn(s, "cannot start neoflowd: not found (set NF_NEOFLOWD); training on "
+      nf__slog_warn(&s->log, "cannot start neoflowd: not found (set NF_NEOFLOWD); training on "
                           "fallback kernels");
-      L->last_spawn = nf__now_ms();
+      L->last_spawn = nf_now_ms();
       return;
     }
     path = found;
   }
-  L->last_spawn = nf__now_ms();
+  L->last_spawn = nf_now_ms();
   pid_t pid = fork();
   if (pid < 0) {
-    nf__session_warn(s, "cannot start neoflowd: fork: %s", strerror(errno));
+    nf__slog_warn(&s->log, "cannot start neoflowd: fork: %s", strerror(errno));
     return;
   }
   if (pid == 0) {
@@ -236,7 +237,7 @@ static void spawn_daemon(dlink *L) {
 /* The daemon is not our child (spawn_daemon): after 10 s without an
  * answer another start may be tried. */
 static void reap(dlink *L) {
-  if (L->spawned && nf__now_ms() - L->last_spawn > 10000) L->spawned = 0;
+  if (L->spawned && nf_now_ms() - L->last_spawn > 10000) L->spawned = 0;
 }
 
 /* ---- the connection ---- */
@@ -247,7 +248,7 @@ static void drop(dlink *L, const char *why) {
     nf_dconn_close(L->c);
     L->c = NULL;
     if (!L->idle_closed)
-      nf__session_warn(s, "lost the daemon connection (%s); training goes on, reconnecting", why);
+      nf__slog_warn(&s->log, "lost the daemon connection (%s); training goes on, reconnecting", why);
   }
   pthread_mutex_lock(&s->mu);
   s->connected = 0;
@@ -337,7 +338,7 @@ static int handle(dlink *L, const Neoflow__ServerMessage *m) {
     case NEOFLOW__SERVER_MESSAGE__MSG_ACCEPTED:
       if (m->accepted->cache_error == NEOFLOW__ERROR_CODE__ERR_CACHE_BUSY && !L->warned_busy) {
         L->warned_busy = 1;
-        nf__session_warn(s, "the daemon's cache is locked by another process (CACHE_BUSY): "
+        nf__slog_warn(&s->log, "the daemon's cache is locked by another process (CACHE_BUSY): "
                             "kernels still arrive, but may not be kept for the next session");
       }
       pthread_mutex_lock(&s->mu);
@@ -383,7 +384,7 @@ static int handle(dlink *L, const Neoflow__ServerMessage *m) {
         if (u->final && k >= 0) s->kents[k].dstate = DK_FAILED;
         pthread_cond_broadcast(&s->cv);
         pthread_mutex_unlock(&s->mu);
-        nf__session_warn(s, "kernel for request %llu rejected (ARTIFACT_REJECTED): %s",
+        nf__slog_warn(&s->log, "kernel for request %llu rejected (ARTIFACT_REJECTED): %s",
                          (unsigned long long)u->request_id, why);
         return 0;
       }
@@ -434,7 +435,7 @@ static int handle(dlink *L, const Neoflow__ServerMessage *m) {
         char hex[65];
         nf_hash_hex(s->kents[k].key, hex);
         hex[16] = 0;
-        nf__session_warn(s, "the daemon gave up on subgraph %s: %s", hex, e->message);
+        nf__slog_warn(&s->log, "the daemon gave up on subgraph %s: %s", hex, e->message);
       }
       return e->fatal || e->request_id == 0 ? -1 : 0;
     }
@@ -522,7 +523,7 @@ static void *link_main(void *arg) {
       L->idle_closed = 0;
     }
     if (!L->c) {
-      double now = nf__now_ms();
+      double now = nf_now_ms();
       if (now < next_try) {
         nap(s, next_try - now);
         continue;
@@ -540,13 +541,13 @@ static void *link_main(void *arg) {
          * never start a daemon into that; say why once (retried with
          * backoff), keep training on fallbacks */
         if (!L->warned_refused)
-          nf__session_warn(s, "not using a daemon: %s; training on fallback kernels",
+          nf__slog_warn(&s->log, "not using a daemon: %s; training on fallback kernels",
                            nf_buf_str(&err));
         L->warned_refused = 1;
       }
       if (rc == NF_OK && !nf_dconn_same_target(L->c)) {
         if (!L->warned_target)
-          nf__session_warn(s, "the daemon compiles for another machine (%s): not using it",
+          nf__slog_warn(&s->log, "the daemon compiles for another machine (%s): not using it",
                            nf_dconn_daemon_target(L->c));
         L->warned_target = 1;
         nf_dconn_close(L->c);
@@ -580,7 +581,7 @@ static void *link_main(void *arg) {
           spawn_daemon(L);
         int starting = L->last_spawn > 0 && now - L->last_spawn < 3000;
         if (rc == NF_EIO && L->spawned && !starting && !L->warned_spawn) {
-          nf__session_warn(s, "started neoflowd, but nothing answers after 3 s (%s); run "
+          nf__slog_warn(&s->log, "started neoflowd, but nothing answers after 3 s (%s); run "
                               "neoflowd by hand with the same socket to see why; training on "
                               "fallback kernels meanwhile", nf_buf_str(&err));
           L->warned_spawn = 1;
@@ -624,7 +625,7 @@ static void *link_main(void *arg) {
       pthread_mutex_unlock(&s->mu);
       if (again && submit_all(L) != NF_OK) drop(L, "cannot submit");
     }
-    double now = nf__now_ms();
+    double now = nf_now_ms();
     if (L->c && now - L->last_report > 1000) {
       L->last_report = now;
       report(L);

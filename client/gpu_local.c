@@ -71,9 +71,9 @@ static void *gen_main(void *arg) {
     if (stop) break;
     if (has) continue; /* the daemon's kernel is here */
     nf_buf b = NF_BUF_INIT, err = NF_BUF_INIT;
-    double t0 = nf__now_ms();
+    double t0 = nf_now_ms();
     int rc = generate(W, e->g, &b, &err);
-    double ms = nf__now_ms() - t0;
+    double ms = nf_now_ms() - t0;
     if (rc == NF_OK) {
       uint8_t sha[32];
       crypto_hash_sha256(sha, (const uint8_t *)b.data, b.len);
@@ -82,7 +82,7 @@ static void *gen_main(void *arg) {
       char hex[65];
       nf_hash_hex(e->key, hex);
       hex[16] = 0;
-      nf__session_warn(s, "generating the GPU kernel of %s failed: %s", hex, nf_buf_str(&err));
+      nf__slog_warn(&s->log, "generating the GPU kernel of %s failed: %s", hex, nf_buf_str(&err));
     }
     pthread_mutex_lock(&s->mu);
     W->ms += ms;

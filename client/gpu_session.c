@@ -38,6 +38,7 @@
 #include "nf_cuda_rt.h"
 #include "nf_cudnn.h"
 #include "session_int.h"
+#include "nf_env.h"
 
 typedef struct region {
   const char *host;
@@ -268,7 +269,7 @@ static int ops_conflict(const nf_session *s, int i, int j) {
  * one stream, without events), else the stream whose last op is oldest. */
 static int plan_streams(nf_session *s) {
   struct nf__gpu *G = s->gpu;
-  const char *e = getenv("NEOFLOW_GPU_STREAMS");
+  const char *e = nf_env(NF_ENV_GPU_STREAMS);
   int want = e && *e ? atoi(e) : 4;
   if (want < 1) want = 1;
   int rc = nf_cuda_rt_set_streams(G->rt, want, &s->err);
@@ -315,7 +316,7 @@ static int plan_streams(nf_session *s) {
 }
 
 int nf__gpu_open(nf_session *s) {
-  const char *want = s->opts.device && *s->opts.device ? s->opts.device : getenv("NEOFLOW_DEVICE");
+  const char *want = s->opts.device && *s->opts.device ? s->opts.device : nf_env(NF_ENV_DEVICE);
   int dev = device_index(want);
   if (dev == -1) return NF_OK;
   if (dev == -2) {
@@ -331,7 +332,7 @@ int nf__gpu_open(nf_session *s) {
     rc = rc == NF_ENOMEM ? NF_EIO : rc;
   }
   if (rc != NF_OK) {
-    nf__session_warn(s, "device %s: %s; training on the CPU", want, nf_buf_str(&why));
+    nf__slog_warn(&s->log, "device %s: %s; training on the CPU", want, nf_buf_str(&why));
     nf_buf_free(&why);
     return rc == NF_ENOMEM ? rc : NF_OK;
   }
@@ -415,7 +416,7 @@ int nf__gpu_open(nf_session *s) {
     if (rc == NF_OK && !(G->res_host[k] = malloc(b ? (size_t)b : 1))) rc = NF_ENOMEM;
   }
   if (rc == NF_OK) rc = plan_streams(s);
-  const char *ge = getenv("NEOFLOW_GPU_GRAPHS");
+  const char *ge = nf_env(NF_ENV_GPU_GRAPHS);
   G->graphs = nf_cuda_rt_graphs(rt) && !(ge && !strcmp(ge, "0"));
   if (rc == NF_OK) rc = nf_cuda_rt_sync(rt, &s->err);
   if (rc != NF_OK) {
@@ -439,10 +440,9 @@ int nf__gpu_open(nf_session *s) {
     nf__gpu_close(s);
     return rc;
   }
-  if (!s->quiet)
-    fprintf(stderr,
-            "neoflow: training on %s (sm_%d%s), %d device buffers, %d streams%s; %d products on "
-            "%s%s%s; %d convolutions on %s%s%s; the rest on %s\n",
+  nf__slog_msg(&s->log, NEOFLOW_LOG_INFO,
+            "training on %s (sm_%d%s), %d device buffers, %d streams%s; %d products on "
+            "%s%s%s; %d convolutions on %s%s%s; the rest on %s",
             nf_cuda_rt_name(rt), nf_cuda_rt_sm(rt),
             nf_cuda_rt_emulated(rt) ? ", emulated on the CPU" : "", G->n_regions, G->n_streams,
             G->graphs ? ", CUDA graphs" : "", n_plain,
@@ -504,7 +504,7 @@ static void take_bundle(nf_session *s, nf__kent *k, uint8_t *bin, size_t len) {
     nf_cuda_bundle_free(&b);
   }
   if (rc != NF_OK) {
-    nf__session_warn(s, "kernel %s (tier %d) rejected: loading it on the GPU: %s", hex,
+    nf__slog_warn(&s->log, "kernel %s (tier %d) rejected: loading it on the GPU: %s", hex,
                      k->cand_tier, nf_buf_str(&err));
     nf_cuda_module_free(m);
     s->rejected++;
@@ -591,7 +591,7 @@ static int run_conv(nf_session *s, nf__kent *k, nf__op *op, int ki) {
     char hex[65];
     nf_hash_hex(k->key, hex);
     hex[16] = 0;
-    nf__session_warn(s, "kernel %s: %s: %s; its tier 0 runs on the host", hex,
+    nf__slog_warn(&s->log, "kernel %s: %s: %s; its tier 0 runs on the host", hex,
                      nf_conv_sub_describe(cs), nf_buf_str(&why));
     nf_conv_free(cs);
     G->conv[ki] = NULL;
@@ -635,7 +635,7 @@ static int run_host(nf_session *s, nf__kent *k, nf__op *op) {
   int rc = NF_OK;
   for (uint32_t j = 0; rc == NF_OK && j < op->n_in; j++)
     rc = nf__gpu_pull(s, op->bufs[j], buf_bytes(s, op, j));
-  if (rc == NF_OK) rc = nf__session_tier0(s, k, op, op->bufs, &s->err);
+  if (rc == NF_OK) rc = nf__tier0_run(s, k, op, op->bufs, &s->err);
   for (uint32_t j = op->n_in; rc == NF_OK && j < op->n_in + op->n_out; j++)
     rc = nf__gpu_push(s, op->bufs[j], buf_bytes(s, op, j));
   return rc;
@@ -715,7 +715,7 @@ static int run_canary(nf_session *s, nf__kent *k, nf__op *op, int op_index) {
       for (uint32_t j = op->n_in; rc == NF_OK && j < n; j++)
         rc = nf__gpu_pull(s, op->bufs[j], buf_bytes(s, op, j));
     } else {
-      rc = nf__session_tier0(s, k, op, op->bufs, &s->err);
+      rc = nf__tier0_run(s, k, op, op->bufs, &s->err);
       for (uint32_t j = op->n_in; rc == NF_OK && j < n; j++)
         rc = nf__gpu_push(s, op->bufs[j], buf_bytes(s, op, j));
     }
@@ -727,7 +727,7 @@ static int run_canary(nf_session *s, nf__kent *k, nf__op *op, int op_index) {
     double worst = 0;
     int ok = crc == NF_OK;
     for (uint32_t o = 0; ok && o < op->n_out; o++)
-      ok = nf__session_output_ok(op->g, o, got[o], op->bufs[op->n_in + o], &worst);
+      ok = nf__canary_output_ok(op->g, o, got[o], op->bufs[op->n_in + o], &worst);
     if (ok) {
       promote(G, k);
       k->race_left = lib_tier0(G, (int)(k - s->kents)) ? NF_RACE_RUNS : 0;
@@ -735,7 +735,7 @@ static int run_canary(nf_session *s, nf__kent *k, nf__op *op, int op_index) {
       s->swaps++;
       nf__verified_add(s, k->key, k->cand_sha);
     } else {
-      nf__session_warn(s, "GPU kernel %s (tier %d) rejected: %s%s", hex, k->cand_tier,
+      nf__slog_warn(&s->log, "GPU kernel %s (tier %d) rejected: %s%s", hex, k->cand_tier,
                        crc != NF_OK ? "it failed: " : "its results differ from the reference",
                        crc != NF_OK ? nf_buf_str(&e) : "");
       nf_cuda_module_free(k->gcand);
@@ -791,7 +791,7 @@ static int dispatch(nf_session *s, nf__kent *k, nf__op *op, int op_index, double
     rc = blas ? run_host(s, k, op)
               : run_module(s, k->gcur, G->dargs[op_index], op->n_in + op->n_out, &s->err);
     if (rc == NF_OK) rc = nf_cuda_rt_sync(G->rt, &s->err);
-    k->race_ms[blas][i] = nf__now_ms() - t0;
+    k->race_ms[blas][i] = nf_now_ms() - t0;
     if (--k->race_left == 0) {
       double *b = k->race_ms[1], *c = k->race_ms[0];
       qsort(b, NF_RACE_RUNS / 2, sizeof *b, cmp_ms);
@@ -818,7 +818,7 @@ static int nf__gpu_run_op(nf_session *s, nf__op *op) {
     s->swaps++;
     s->trusted++;
   }
-  double t0 = nf__now_ms();
+  double t0 = nf_now_ms();
   int rc = NF_OK;
   /* everything an op runs goes to its stream (cuBLAS and cuDNN through
    * that stream's handle); a canary, a race run and the host's tier 0
@@ -841,7 +841,7 @@ static int nf__gpu_run_op(nf_session *s, nf__op *op) {
    * kernels, so its time is the device's; on others only the step as a
    * whole is timed (and per-entry times keep the last timed step's) */
   if (rc == NF_OK && G->timed) rc = nf_cuda_rt_sync(G->rt, &s->err);
-  k->run_ms += nf__now_ms() - t0;
+  k->run_ms += nf_now_ms() - t0;
   return rc;
 }
 
@@ -951,7 +951,7 @@ int nf__gpu_run_ops(nf_session *s, const uint8_t *mask) {
     nf_buf_free(&why);
     return NF_EIO;
   }
-  nf__session_warn(s, "CUDA graphs off: capturing the %s failed: %s",
+  nf__slog_warn(&s->log, "CUDA graphs off: capturing the %s failed: %s",
                    w ? "evaluation" : "step", nf_buf_str(&why));
   nf_buf_free(&why);
   return run_live(s, mask);

@@ -31,16 +31,10 @@
 #include "nf_plan.h"
 #include "nf_stack.h"
 #include "session_int.h"
+#include "nf_env.h"
 
 #define ALIGN_ELEMS 16 /* each parameter starts on a 64-byte boundary */
-#define CANARY_TOL 2e-4
 #define NF_COLD_WAIT_MS 60000.0 /* maybe_wait */
-
-double nf__now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 
 static char *dup_err(const char *what, const char *msg) {
   size_t n = strlen(what) + strlen(msg) + 3;
@@ -97,21 +91,6 @@ void nf_model_free(nf_model *m) {
   if (!m) return;
   nf_module_free(m->mod);
   free(m);
-}
-
-/* ---- warnings ---- */
-
-void nf__session_warn(nf_session *s, const char *fmt, ...) {
-  va_list ap;
-  char line[1024];
-  va_start(ap, fmt);
-  vsnprintf(line, sizeof line, fmt, ap);
-  va_end(ap);
-  pthread_mutex_lock(&s->mu);
-  if (s->log.len > 64 * 1024) nf_buf_reset(&s->log); /* bounded */
-  nf_buf_printf(&s->log, "%s\n", line);
-  pthread_mutex_unlock(&s->mu);
-  if (!s->quiet) fprintf(stderr, "neoflow: warning: %s\n", line);
 }
 
 /* ---- building ---- */
@@ -487,7 +466,7 @@ static int build(nf_session *s, const nf_graph *F, int n_gin, const char *const 
     for (uint32_t k = 0; k < lo.g->n_inputs; k++)
       if (!strcmp(lo.g->tensors[lo.g->inputs[k]].name, s->params[i].name)) used = 1;
     if (used) wrt[n_wrt++] = s->params[i].name;
-    else nf__session_warn(s, "parameter '%s' does not affect the loss: its gradient is zero",
+    else nf__slog_warn(&s->log, "parameter '%s' does not affect the loss: its gradient is zero",
                           s->params[i].name);
   }
   for (int i = 0; n_wrt && i < n_gin; i++) {
@@ -495,7 +474,7 @@ static int build(nf_session *s, const nf_graph *F, int n_gin, const char *const 
     for (uint32_t k = 0; k < lo.g->n_inputs; k++)
       if (!strcmp(lo.g->tensors[lo.g->inputs[k]].name, gin[i])) used = 1;
     if (used) wrt[n_wrt++] = gin[i];
-    else nf__session_warn(s, "input '%s' does not affect the loss: no gradient", gin[i]);
+    else nf__slog_warn(&s->log, "input '%s' does not affect the loss: no gradient", gin[i]);
   }
   nf_grad_opts go = {.n_wrt = n_wrt, .wrt = wrt, .keep_outputs = 1};
   nf_graph *T = NULL;
@@ -714,7 +693,7 @@ static nf_session *session_alloc(const nf_session_opts *o) {
   s->opts.shape_ranks = NULL;
   s->opts.shape_dims = NULL;
   s->opts.n_iparams = s->opts.n_shapes = 0;
-  s->quiet = s->opts.quiet;
+  nf__slog_init(&s->log, s->opts.log, s->opts.log_user, s->opts.quiet);
   nf_optimizer *op = &s->opts.optim;
   if (op->lr <= 0) op->lr = op->kind == NF_OPTIM_SGD ? 0.01 : 0.001;
   if (op->beta1 <= 0) op->beta1 = 0.9;
@@ -728,7 +707,7 @@ static nf_session *session_alloc(const nf_session_opts *o) {
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->cv, NULL);
   s->ctx = nf_ir_ctx_new();
-  s->t_start = nf__now_ms();
+  s->t_start = nf_now_ms();
   s->interp_rate = 2e5; /* flops per ms before anything is measured */
   s->first_wait_left = 1000;
   s->cold_wait_left = NF_COLD_WAIT_MS;
@@ -752,7 +731,7 @@ static nf_session *session_alloc(const nf_session_opts *o) {
 static int load_trust(nf_session *s, const nf_session_opts *o, nf_buf *err) {
   nf_buf why = NF_BUF_INIT;
   if (nf_trust_load(&s->trust, &why) != NF_OK) {
-    nf__session_warn(s, "%s; not using a daemon (training on fallback kernels)",
+    nf__slog_warn(&s->log, "%s; not using a daemon (training on fallback kernels)",
                      nf_buf_str(&why));
     memset(&s->trust, 0, sizeof s->trust);
     s->trust_bad = 1;
@@ -779,7 +758,7 @@ static void warn_blas_misfit(nf_session *s) {
   int any = 0;
   for (int i = 0; i < s->n_kents && !any; i++) any = s->kents[i].gemm != NULL;
   if (core && any)
-    nf__session_warn(s,
+    nf__slog_warn(&s->log,
                      "OpenBLAS chose its generic %s kernels on this CPU (it has %s): products "
                      "at tier 0 run several times slower than they could; set "
                      "OPENBLAS_CORETYPE=%s in the environment to pick the right ones",
@@ -789,7 +768,7 @@ static void warn_blas_misfit(nf_session *s) {
 static int finish(nf_session *s, const nf_graph *F, int n_gin, const char *const *gin,
                   int n_extra, const char *const *extra, char **err) {
   int rc = NF_OK;
-  const char *v = getenv("NEOFLOW_THREADS");
+  const char *v = nf_env(NF_ENV_THREADS);
   int th = s->opts.threads > 0 ? s->opts.threads : v && atoi(v) > 0 ? atoi(v) : (int)sysconf(_SC_NPROCESSORS_ONLN);
   if (th < 1) th = 1;
   if (th > 256) th = 256;
@@ -1069,7 +1048,7 @@ void nf_session_free(nf_session *s) {
   if (s->pool) nf_pool_free(s->pool);
   nf_ir_ctx_free(s->ctx);
   nf_buf_free(&s->err);
-  nf_buf_free(&s->log);
+  nf__slog_destroy(&s->log);
   free(s->daemon_addr);
   free(s->daemon_key);
   free(s->device);
@@ -1086,95 +1065,6 @@ const char *nf_session_error(const nf_session *s) {
 }
 
 /* ---- running ---- */
-
-static int run_interp(const nf__op *op, void *const *bufs, nf_buf *err) {
-  const nf_graph *g = op->g;
-  nf_array in[64], out[64];
-  nf_array *pin = op->n_in > 64 ? calloc(op->n_in, sizeof *pin) : in;
-  nf_array *pout = op->n_out > 64 ? calloc(op->n_out, sizeof *pout) : out;
-  int rc = NF_OK;
-  if (!pin || !pout) rc = NF_ENOMEM;
-  for (uint32_t i = 0; rc == NF_OK && i < op->n_in; i++) {
-    const nf_tensor *t = &g->tensors[g->inputs[i]];
-    memset(&pin[i], 0, sizeof pin[i]);
-    pin[i].dtype = (nf_dtype)t->dtype;
-    pin[i].rank = t->rank;
-    memcpy(pin[i].shape, t->shape, sizeof(int64_t) * t->rank);
-    pin[i].numel = nf_tensor_numel(t);
-    pin[i].data = bufs[i];
-  }
-  if (rc == NF_OK) rc = nf_interp_run(g, pin, NF_INTERP_F32, pout, err);
-  if (rc == NF_OK) {
-    for (uint32_t k = 0; k < op->n_out; k++) {
-      const nf_tensor *t = &g->tensors[g->outputs[k]];
-      size_t want = (size_t)nf_tensor_numel(t) * nf_dtype_size((nf_dtype)t->dtype);
-      size_t got = (size_t)pout[k].numel * nf_dtype_size(pout[k].dtype);
-      if (got != want && rc == NF_OK) {
-        nf_buf_printf(err, "internal error: interpreter output '%s' has %zu bytes, not %zu",
-                      t->name, got, want);
-        rc = NF_EINTERNAL;
-      }
-      if (rc == NF_OK) memcpy(bufs[op->n_in + k], pout[k].data, want);
-      nf_array_free(&pout[k]);
-    }
-  }
-  if (pin != in) free(pin);
-  if (pout != out) free(pout);
-  return rc;
-}
-
-/* Tier 0: OpenBLAS or the interpreter. */
-static int run_tier0(nf_session *s, nf__kent *k, const nf__op *op, void *const *bufs,
-                     nf_buf *err) {
-  if (!k->gemm || op->alias) return run_interp(op, bufs, err);
-  if (k->gather_in < 0) return nf_gemm_run(k->gemm, bufs, s->pool, err);
-  /* the peer gathered the same cells from this very buffer in this step
-   * or evaluation: within one, a buffer is written once, before its
-   * first reader, and stays live (so unchanged) until its last */
-  const void *src = bufs[k->gather_in];
-  const nf__kent *p = k->gather_peer >= 0 ? &s->kents[k->gather_peer] : NULL;
-  int share = p && p->gather_seq == s->run_seq && p->gather_src == src;
-  int rc = nf_gemm_run_shared(k->gemm, bufs, s->pool, share ? p->gemm : NULL, err);
-  k->gather_seq = rc == NF_OK ? s->run_seq : 0;
-  k->gather_src = src;
-  return rc;
-}
-
-static int max_rel_ok(const nf_graph *g, uint32_t out, const void *a, const void *ref,
-                      double *worst) {
-  const nf_tensor *t = &g->tensors[g->outputs[out]];
-  int64_t n = nf_tensor_numel(t);
-  if (t->dtype == NF_F32) {
-    const float *x = a, *y = ref;
-    double mx = 0, md = 0;
-    for (int64_t i = 0; i < n; i++) {
-      if (isnan(x[i]) != isnan(y[i])) return 0;
-      if (isnan(y[i])) continue;
-      if (isinf(y[i]) || isinf(x[i])) {
-        if (x[i] != y[i]) return 0;
-        continue;
-      }
-      double d = fabs((double)x[i] - (double)y[i]);
-      if (fabs((double)y[i]) > mx) mx = fabs((double)y[i]);
-      if (d > md) md = d;
-    }
-    double rel = md / (mx > 1e-30 ? mx : 1e-30);
-    if (md <= 1e-30) rel = 0;
-    if (rel > *worst) *worst = rel;
-    return rel <= CANARY_TOL;
-  }
-  return memcmp(a, ref, (size_t)n * nf_dtype_size((nf_dtype)t->dtype)) == 0;
-}
-
-int nf__session_tier0(nf_session *s, nf__kent *k, const nf__op *op, void *const *bufs,
-                      nf_buf *err) {
-  return run_tier0(s, k, op, bufs, err);
-}
-
-int nf__session_output_ok(const nf_graph *g, uint32_t out, const void *a, const void *ref,
-                          double *worst) {
-  return max_rel_ok(g, out, a, ref, worst);
-}
 
 static int run_kernel(nf_session *s, nf_kernel *kn, const nf__op *op, void *const *bufs,
                       nf_buf *err) {
@@ -1213,7 +1103,7 @@ static void hold_t0(nf_session *s, nf__kent *k, double kn_ms, double t0_ms, int 
   char hex[65];
   nf_hash_hex(k->key, hex);
   hex[16] = 0;
-  nf__session_warn(s, "kernel %s (tier %d) %s %.2fx slower than %s here (%.3g against %.3g ms per "
+  nf__slog_warn(&s->log, "kernel %s (tier %d) %s %.2fx slower than %s here (%.3g against %.3g ms per "
                       "run at %d thread%s): keeping %s; the daemon is asked for a faster one",
                    hex, k->cur_tier, remembered ? "ran" : "runs", k->slow_ratio, tier0_name(k),
                    kn_ms, t0_ms, s->threads, s->threads == 1 ? "" : "s", tier0_name(k));
@@ -1340,18 +1230,18 @@ static int run_canary(nf_session *s, nf__kent *k, nf__op *op) {
    * candidate's time */
   for (uint32_t j = op->n_in; rc == NF_OK && j < n; j++)
     if (scratch[j]) memset(scratch[j], 0, (size_t)s->slots[op->slots[j]].bytes);
-  double c0 = nf__now_ms();
+  double c0 = nf_now_ms();
   if (rc == NF_OK) crc = run_kernel(s, k->cand, op, cb, &e);
-  double c_ms = nf__now_ms() - c0;
+  double c_ms = nf_now_ms() - c0;
   /* the reference, for real: what runs now (tier 0 while the entry keeps
    * it, else the verified kernel) */
   int vs_t0 = !(k->cur && k->verified && !k->prefer_t0);
-  double r0 = nf__now_ms();
+  double r0 = nf_now_ms();
   if (rc == NF_OK) {
     if (!vs_t0) rc = run_kernel(s, k->cur, op, op->bufs, &s->err);
-    else rc = run_tier0(s, k, op, op->bufs, &s->err);
+    else rc = nf__tier0_run(s, k, op, op->bufs, &s->err);
   }
-  double r_ms = nf__now_ms() - r0;
+  double r_ms = nf_now_ms() - r0;
   if (rc == NF_OK) {
     char hex[65];
     nf_hash_hex(k->key, hex);
@@ -1359,7 +1249,7 @@ static int run_canary(nf_session *s, nf__kent *k, nf__op *op) {
     double worst = 0;
     int ok = crc == NF_OK;
     for (uint32_t o = 0; ok && o < op->n_out; o++)
-      ok = max_rel_ok(g, o, cb[op->n_in + o], op->bufs[op->n_in + o], &worst);
+      ok = nf__canary_output_ok(g, o, cb[op->n_in + o], op->bufs[op->n_in + o], &worst);
     if (ok) {
       promote(s, k);
       nf__verified_add(s, k->key, k->cur_sha);
@@ -1377,7 +1267,7 @@ static int run_canary(nf_session *s, nf__kent *k, nf__op *op) {
         }
       }
     } else {
-      nf__session_warn(s, "kernel %s (tier %d) rejected: %s%s", hex, k->cand_tier,
+      nf__slog_warn(&s->log, "kernel %s (tier %d) rejected: %s%s", hex, k->cand_tier,
                        crc != NF_OK ? "it failed: " : "its results differ from the reference",
                        crc != NF_OK ? nf_buf_str(&e) : "");
       nf_kernel_free(k->cand);
@@ -1418,11 +1308,11 @@ static void maybe_wait(nf_session *s, nf__kent *k) {
     allow = est < s->cold_wait_left ? est : s->cold_wait_left;
   }
   if (allow <= 0) return;
-  double start = nf__now_ms(), until = start + allow;
+  double start = nf_now_ms(), until = start + allow;
   pthread_mutex_lock(&s->mu);
   while (!k->in_k && ((s->connected && (k->dstate == DK_SUBMITTED || k->dstate == DK_ACCEPTED)) ||
                       (s->link_first && k->dstate == DK_NONE))) {
-    double now = nf__now_ms();
+    double now = nf_now_ms();
     if (now >= until) break;
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -1435,7 +1325,7 @@ static void maybe_wait(nf_session *s, nf__kent *k) {
     }
     pthread_cond_timedwait(&s->cv, &s->mu, &ts);
   }
-  double waited = nf__now_ms() - start;
+  double waited = nf_now_ms() - start;
   if (cold)
     s->cold_wait_left -= waited;
   else
@@ -1454,7 +1344,7 @@ static int run_op(nf_session *s, nf__op *op) {
   nf__kent *k = &s->kents[op->kent];
   if (!k->cur && !k->cand && s->step == 0) maybe_wait(s, k);
   if (k->cand && nf__verified_has(s, k->key, k->cand_sha)) promote_trusted(s, k);
-  double t0 = nf__now_ms();
+  double t0 = nf_now_ms();
   int rc;
   if (k->cand) {
     rc = run_canary(s, k, op);
@@ -1462,9 +1352,9 @@ static int run_op(nf_session *s, nf__op *op) {
     /* tier 0 against the compiled kernel, alternating, the kernel first;
      * both are verified, so either result is the step's */
     int t0run = k->race_left % 2, i = (NF_RACE_RUNS - k->race_left) / 2;
-    rc = t0run ? run_tier0(s, k, op, op->bufs, &s->err)
+    rc = t0run ? nf__tier0_run(s, k, op, op->bufs, &s->err)
                : run_kernel(s, k->cur, op, op->bufs, &s->err);
-    k->race_ms[t0run][i] = nf__now_ms() - t0;
+    k->race_ms[t0run][i] = nf_now_ms() - t0;
     k->race_left--;
     if (rc == NF_OK && t0run) {
       /* a pair done: stop after two when one side took 3x the other's
@@ -1481,7 +1371,7 @@ static int run_op(nf_session *s, nf__op *op) {
     if (k->probe && rc == NF_OK) {
       /* the first run of a kernel trusted without a verdict: clearly
        * faster than the interpreter's estimate, or a race */
-      double kn = nf__now_ms() - t0, est = (double)k->flops / s->interp_rate;
+      double kn = nf_now_ms() - t0, est = (double)k->flops / s->interp_rate;
       k->probe = 0;
       k->kn_ms = kn;
       k->t0_ms = est;
@@ -1491,15 +1381,15 @@ static int run_op(nf_session *s, nf__op *op) {
         k->race_left = NF_RACE_RUNS;
     }
   } else {
-    rc = run_tier0(s, k, op, op->bufs, &s->err);
-    double dt = nf__now_ms() - t0;
+    rc = nf__tier0_run(s, k, op, op->bufs, &s->err);
+    double dt = nf_now_ms() - t0;
     k->t0_ms = dt;
     if (!k->gemm && dt > 1 && k->flops > 0) {
       double r = (double)k->flops / dt;
       s->interp_rate = 0.7 * s->interp_rate + 0.3 * r;
     }
   }
-  k->run_ms += nf__now_ms() - t0;
+  k->run_ms += nf_now_ms() - t0;
   return rc;
 }
 
@@ -1524,7 +1414,7 @@ static void update_hp(nf_session *s) {
 int nf_session_step(nf_session *s, double *loss) {
   if (!s) return NF_EINVAL;
   nf_buf_reset(&s->err);
-  double t0 = nf__now_ms();
+  double t0 = nf_now_ms();
   /* step boundary: take kernels the link handed over */
   pthread_mutex_lock(&s->mu);
   for (int i = 0; i < s->n_kents; i++) {
@@ -1555,7 +1445,7 @@ int nf_session_step(nf_session *s, double *loss) {
   s->step++;
   s->last_loss = *(const float *)s->slots[s->loss_slot].ptr;
   if (loss) *loss = s->last_loss;
-  double now = nf__now_ms();
+  double now = nf_now_ms();
   s->last_ms = now - t0;
   s->ms_hist[(s->step - 1) % 10] = s->last_ms;
   if (s->step == 1) s->first_step_ms = now - s->t_start;
@@ -1847,7 +1737,7 @@ int nf_session_stats_get(const nf_session *s, nf_session_stats *st) {
 
 int nf_session_wait_kernels(nf_session *s, int timeout_ms, int want_tier) {
   if (!s) return NF_EINVAL;
-  double until = nf__now_ms() + (timeout_ms > 0 ? timeout_ms : 1e12);
+  double until = nf_now_ms() + (timeout_ms > 0 ? timeout_ms : 1e12);
   pthread_mutex_lock(&s->mu);
   for (;;) {
     int done = 1;
@@ -1859,7 +1749,7 @@ int nf_session_wait_kernels(nf_session *s, int timeout_ms, int want_tier) {
     }
     if (!s->link_started) done = 1;
     if (done) break;
-    double now = nf__now_ms();
+    double now = nf_now_ms();
     if (now >= until) {
       pthread_mutex_unlock(&s->mu);
       return NF_ERANGE;

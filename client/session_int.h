@@ -18,11 +18,13 @@
 
 #include "neoflow/neoflow.h"
 #include "nf_buf.h"
+#include "nf_clock.h"
 #include "nf_runtime.h"
 #include "nf_gemm.h"
 #include "nf_ir.h"
 #include "nf_lang.h"
 #include "nf_partition.h"
+#include "nf_slog.h"
 #include "nf_trust.h"
 
 struct nf__gpu;
@@ -144,7 +146,6 @@ struct nf_session {
   int trust_bad;      /* the configuration is unsafe: no daemon at all */
   char *device;          /* opts.device, copied */
   nf_ir_ctx *ctx;
-  int quiet;
   /* parameters, flat */
   int n_params;
   nf__param *params;
@@ -206,7 +207,7 @@ struct nf_session {
                             (a daemon may be starting) */
   int64_t connects;      /* under mu */
   int64_t link_rejected; /* under mu: refused by the link (digest, key, load) */
-  nf_buf log;            /* under mu: recent warnings */
+  nf__slog log;          /* messages for the program's log callback */
 };
 
 /* session.c: a session training F (in ctx, which the session takes over)
@@ -225,20 +226,19 @@ void nf__dlink_stop(nf_session *s);
  * measurement (0: none).  NF_OK or the reason (logged, counted). */
 int nf__session_offer(nf_session *s, int k, const void *bin, size_t len,
                       const uint8_t sha256[32], const uint8_t key[32], int tier, double time_ms);
-void nf__session_warn(nf_session *s, const char *fmt, ...) NF_PRINTF(2, 3);
-double nf__now_ms(void);
 
 /* session.c: the time per kernel entry (neoflow train --profile): prints
  * one line per entry, slowest first, over the steps since the last call
  * (reset: from now on). */
 void nf__session_profile(nf_session *s, FILE *f, int reset);
 
-/* session.c, for gpu_session.c: tier 0 on host buffers, and the canary's
- * comparison of output out (a against the reference ref). */
-int nf__session_tier0(nf_session *s, nf__kent *k, const nf__op *op, void *const *bufs,
-                      nf_buf *err);
-int nf__session_output_ok(const nf_graph *g, uint32_t out, const void *a, const void *ref,
-                          double *worst);
+/* tier0.c, for both devices: tier 0 of entry k on host buffers (OpenBLAS
+ * where k->gemm, sharing a peer's gathered operand within one run, else
+ * the interpreter), and the canary's comparison of output out (a against
+ * the reference ref; *worst gets the largest relative error seen). */
+int nf__tier0_run(nf_session *s, nf__kent *k, const nf__op *op, void *const *bufs, nf_buf *err);
+int nf__canary_output_ok(const nf_graph *g, uint32_t out, const void *a, const void *ref,
+                         double *worst);
 
 /* gpu_session.c: training on a GPU (docs/gpu.md).  The step program is
  * the same; its buffers live in device memory (planned once, like the

@@ -9,6 +9,7 @@
  *
  * Not here: the peer-credential check itself and the signatures (dconn.c,
  * proto/sign.c). */
+#include "nf_env.h"
 #include "nf_trust.h"
 
 #include <errno.h>
@@ -224,8 +225,8 @@ int nf_trust_load_file(nf_trust *t, const char *path, nf_buf *err) {
 int nf_trust_load(nf_trust *t, nf_buf *err) {
   memset(t, 0, sizeof *t);
   char path[4096];
-  const char *v = getenv("NEOFLOW_CONFIG");
-  const char *xdg = getenv("XDG_CONFIG_HOME"), *home = getenv("HOME");
+  const char *v = nf_env(NF_ENV_CONFIG);
+  const char *xdg = nf_env(NF_ENV_XDG_CONFIG_HOME), *home = nf_env(NF_ENV_HOME);
   if (v && *v) {
     if (!strcmp(v, "none")) return NF_OK;
     snprintf(path, sizeof path, "%s", v);

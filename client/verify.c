@@ -32,15 +32,16 @@
 #include <unistd.h>
 
 #include "session_int.h"
+#include "nf_env.h"
 
 #define MAX_ENTRIES 65536
 #define VERDICT_BYTES 96
 #define VERDICT_MAGIC 0x5646u /* flags' low half: "FV", a written entry */
 
 static char *record_path(void) {
-  const char *v = getenv("NEOFLOW_VERIFIED");
+  const char *v = nf_env(NF_ENV_VERIFIED);
   if (v && *v) return strcmp(v, "none") ? strdup(v) : NULL;
-  const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+  const char *xdg = nf_env(NF_ENV_XDG_CACHE_HOME), *home = nf_env(NF_ENV_HOME);
   char buf[4096];
   if (xdg && *xdg == '/')
     snprintf(buf, sizeof buf, "%s/neoflow", xdg);
@@ -109,7 +110,7 @@ void nf__verified_add(nf_session *s, const uint8_t key[32], const uint8_t sha[32
         return;
       }
     }
-    if (write(fd, e, 64) != 64) nf__session_warn(s, "%s: cannot record a verified kernel", s->verified_path);
+    if (write(fd, e, 64) != 64) nf__slog_warn(&s->log, "%s: cannot record a verified kernel", s->verified_path);
     close(fd);
   }
   if (s->n_verified < MAX_ENTRIES) {
@@ -221,7 +222,7 @@ void nf__verdict_put(nf_session *s, const uint8_t key[32], const uint8_t sha[32]
       ok = write(fd, pad, (size_t)(VERDICT_BYTES - st.st_size % VERDICT_BYTES)) > 0;
     }
     if (ok && write(fd, e, sizeof e) != (ssize_t)sizeof e)
-      nf__session_warn(s, "%s.speed: cannot record a kernel's speed", s->verified_path);
+      nf__slog_warn(&s->log, "%s.speed: cannot record a kernel's speed", s->verified_path);
     close(fd);
   }
   /* this session's view, whether or not the file took it */

@@ -55,6 +55,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "nf_ptrmap.h"
+
 #define BLK 256
 
 enum { ST_NONE = 0, ST_PARTIAL, ST_ALL };
@@ -176,57 +178,14 @@ static int lane_error(rt *r, int rc, int l, const char *fmt, ...) {
 
 /* ---- compiling a statement ---- */
 
-typedef struct ptrmap {
-  const nf_expr **key;
-  int32_t *val;
-  size_t cap, n;
-} ptrmap;
-
-static size_t ptr_hash(const void *p) {
-  uint64_t x = (uint64_t)(uintptr_t)p;
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdULL;
-  x ^= x >> 33;
-  return (size_t)x;
+/* node -> its instruction (common pointer map); -1 when absent */
+static int32_t map_get(const nf_ptrmap *m, const nf_expr *e) {
+  uint64_t v;
+  return nf_ptrmap_get(m, e, &v) ? (int32_t)v : -1;
 }
 
-static int32_t map_get(const ptrmap *m, const nf_expr *e) {
-  if (!m->cap) return -1;
-  for (size_t h = ptr_hash(e) & (m->cap - 1);; h = (h + 1) & (m->cap - 1)) {
-    if (!m->key[h]) return -1;
-    if (m->key[h] == e) return m->val[h];
-  }
-}
-
-static int map_put(ptrmap *m, const nf_expr *e, int32_t v) {
-  if ((m->n + 1) * 2 > m->cap) {
-    size_t ncap = m->cap ? m->cap * 2 : 64;
-    const nf_expr **nk = calloc(ncap, sizeof *nk);
-    int32_t *nv = calloc(ncap, sizeof *nv);
-    if (!nk || !nv) {
-      free(nk);
-      free(nv);
-      return NF_ENOMEM;
-    }
-    for (size_t k = 0; k < m->cap; k++) {
-      if (!m->key[k]) continue;
-      size_t h = ptr_hash(m->key[k]) & (ncap - 1);
-      while (nk[h]) h = (h + 1) & (ncap - 1);
-      nk[h] = m->key[k];
-      nv[h] = m->val[k];
-    }
-    free(m->key);
-    free(m->val);
-    m->key = nk;
-    m->val = nv;
-    m->cap = ncap;
-  }
-  size_t h = ptr_hash(e) & (m->cap - 1);
-  while (m->key[h]) h = (h + 1) & (m->cap - 1);
-  m->key[h] = e;
-  m->val[h] = v;
-  m->n++;
-  return NF_OK;
+static int map_put(nf_ptrmap *m, const nf_expr *e, int32_t v) {
+  return nf_ptrmap_put(m, e, (uint64_t)(uint32_t)v);
 }
 
 static void prog_free(prog *p) {
@@ -256,7 +215,7 @@ static int n_children(const nf_expr *e, int affine) {
 
 /* Appends the instruction of e; takes ownership of aff (the affine forms
  * of an all-affine access, else NULL) even on failure. */
-static int emit(prog *p, ptrmap *m, const nf_expr *e, nf_affine *aff) {
+static int emit(prog *p, nf_ptrmap *m, const nf_expr *e, nf_affine *aff) {
   if (p->n == p->cap) {
     int32_t ncap = p->cap ? p->cap * 2 : 32;
     inst *ni = realloc(p->in, (size_t)ncap * sizeof *ni);
@@ -333,7 +292,7 @@ static int push(fstack *st, const nf_expr *e) {
 /* Builds the program of rhs: post-order, each distinct node once, with an
  * explicit stack (expressions may be deep). */
 static int compile(prog *p, const nf_expr *rhs, int bnd) {
-  ptrmap m = {0};
+  nf_ptrmap m = NF_PTRMAP_INIT;
   fstack st = {0};
   int rc;
   memset(p, 0, sizeof *p);
@@ -373,8 +332,7 @@ static int compile(prog *p, const nf_expr *rhs, int bnd) {
 out:
   while (st.n > 0) free(st.f[--st.n].aff);
   free(st.f);
-  free(m.key);
-  free(m.val);
+  nf_ptrmap_free(&m);
   if (rc < 0) prog_free(p);
   return rc;
 }

@@ -21,9 +21,9 @@
  *    than NF_MAX_EXPR_DEPTH, so every later stage may walk a validated
  *    graph's expressions recursively.
  *
- * Also holds the pointer map (nf__ptrmap_*) shared with ir_hash.c and
- * ir_affine.c for DAG-aware walks.  Encoding lives in ir_hash.c, index
- * arithmetic and simplification in ir_affine.c.
+ * DAG-aware walks use the common pointer map (nf_ptrmap.h).  Encoding
+ * lives in ir_hash.c, index arithmetic and simplification in
+ * ir_affine.c.
  */
 #include "nf_ir.h"
 #include "ir_int.h"
@@ -32,116 +32,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* ---- internal helpers shared with ir_hash.c and ir_affine.c ---- */
-
-/* A map from pointers to 64-bit values, cleared in O(1) by bumping a
- * generation stamp.  Prototypes are repeated in ir_hash.c and
- * ir_affine.c (there is no internal header for the IR yet). */
-
-typedef struct nf__ptrslot {
-  const void *key;
-  uint64_t val;
-  uint32_t gen;
-} nf__ptrslot;
-
-struct nf__ptrmap {
-  nf__ptrslot *slots;
-  size_t cap, count; /* cap is 0 or a power of two; count in this gen */
-  uint32_t gen;      /* slots with another gen are empty */
-};
-
-/* A strong 64-bit finaliser (splitmix64). */
-uint64_t nf__ir_mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ull;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebull;
-  x ^= x >> 31;
-  return x;
-}
-
-/* Returns an empty map, or NULL when out of memory.  Free with
- * nf__ptrmap_free. */
-nf__ptrmap *nf__ptrmap_new(void) {
-  nf__ptrmap *m = calloc(1, sizeof(*m));
-  if (m) m->gen = 1;
-  return m;
-}
-
-/* Frees the map; NULL is a no-op. */
-void nf__ptrmap_free(nf__ptrmap *m) {
-  if (!m) return;
-  free(m->slots);
-  free(m);
-}
-
-/* Removes every entry (O(1) except when the stamp wraps). */
-void nf__ptrmap_clear(nf__ptrmap *m) {
-  m->count = 0;
-  m->gen++;
-  if (m->gen == 0) {
-    for (size_t i = 0; i < m->cap; i++) m->slots[i].gen = 0;
-    m->gen = 1;
-  }
-}
-
-static size_t ptr_slot(const void *key, size_t cap) {
-  return (size_t)nf__ir_mix64((uint64_t)(uintptr_t)key) & (cap - 1);
-}
-
-/* Returns 1 and sets *val (may be NULL) when key is present, else 0. */
-int nf__ptrmap_get(const nf__ptrmap *m, const void *key, uint64_t *val) {
-  if (m->cap == 0) return 0;
-  for (size_t i = ptr_slot(key, m->cap);; i = (i + 1) & (m->cap - 1)) {
-    const nf__ptrslot *s = &m->slots[i];
-    if (s->gen != m->gen) return 0;
-    if (s->key == key) {
-      if (val) *val = s->val;
-      return 1;
-    }
-  }
-}
-
-static int ptrmap_grow(nf__ptrmap *m) {
-  size_t ncap = m->cap ? m->cap * 2 : 64;
-  if (ncap > SIZE_MAX / sizeof(nf__ptrslot)) return NF_ENOMEM;
-  nf__ptrslot *ns = calloc(ncap, sizeof(*ns));
-  if (!ns) return NF_ENOMEM;
-  for (size_t i = 0; i < m->cap; i++) {
-    const nf__ptrslot *s = &m->slots[i];
-    if (s->gen != m->gen) continue;
-    size_t j = ptr_slot(s->key, ncap);
-    while (ns[j].gen == m->gen) j = (j + 1) & (ncap - 1);
-    ns[j] = *s;
-  }
-  free(m->slots);
-  m->slots = ns;
-  m->cap = ncap;
-  return NF_OK;
-}
-
-/* Sets key to val (inserting or overwriting); NF_OK or NF_ENOMEM. */
-int nf__ptrmap_put(nf__ptrmap *m, const void *key, uint64_t val) {
-  if ((m->count + 1) * 2 > m->cap) {
-    int rc = ptrmap_grow(m);
-    if (rc) return rc;
-  }
-  size_t i = ptr_slot(key, m->cap);
-  for (;; i = (i + 1) & (m->cap - 1)) {
-    nf__ptrslot *s = &m->slots[i];
-    if (s->gen != m->gen) break;
-    if (s->key == key) {
-      s->val = val;
-      return NF_OK;
-    }
-  }
-  m->slots[i].key = key;
-  m->slots[i].val = val;
-  m->slots[i].gen = m->gen;
-  m->count++;
-  return NF_OK;
-}
 
 /* ---- dtypes ---- */
 
@@ -375,7 +265,7 @@ static uint64_t payload_bits(nf_op op, nf_dtype t, const nf_expr *e) {
 }
 
 static uint64_t hash_combine(uint64_t h, uint64_t v) {
-  return nf__ir_mix64(h ^ (v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2)));
+  return nf_mix64(h ^ (v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2)));
 }
 
 static uint64_t node_hash(nf_op op, nf_dtype t, uint64_t payload, int n,
@@ -711,7 +601,7 @@ typedef struct vstate {
   const nf_graph *g;
   nf_buf *err;
   uint8_t *produced; /* per tensor: 1 once its statement was seen */
-  nf__ptrmap *seen;  /* node -> its height once finished, 0 while open */
+  nf_ptrmap *seen;  /* node -> its height once finished, 0 while open */
   vframe *stack;
   size_t sp, scap;
 } vstate;
@@ -734,7 +624,7 @@ static const char *tname(const nf_graph *g, uint32_t id) {
 
 /* Opens e (not seen before): marks it seen and pushes its frame. */
 static int vpush(vstate *st, const nf_expr *e) {
-  if (nf__ptrmap_put(st->seen, e, 0)) return NF_ENOMEM;
+  if (nf_ptrmap_put(st->seen, e, 0)) return NF_ENOMEM;
   if (st->sp == st->scap) {
     size_t ncap = st->scap ? st->scap * 2 : 256;
     vframe *ns = realloc(st->stack, ncap * sizeof(*ns));
@@ -816,7 +706,7 @@ static int check_node(vstate *st, uint32_t si, const nf_expr *e,
  * recursively. */
 static int check_expr(vstate *st, uint32_t si, const nf_expr *root,
                       uint32_t nvars) {
-  nf__ptrmap_clear(st->seen);
+  nf_ptrmap_clear(st->seen);
   st->sp = 0;
   int rc = check_node(st, si, root, nvars);
   if (rc) return rc;
@@ -828,20 +718,20 @@ static int check_expr(vstate *st, uint32_t si, const nf_expr *root,
       const nf_expr *a = e->args[f->next++];
       /* seen: finished, or open on the stack (only a cycle, which
        * hash-consed expressions cannot form, would reach that) */
-      if (nf__ptrmap_get(st->seen, a, NULL)) continue;
+      if (nf_ptrmap_get(st->seen, a, NULL)) continue;
       if ((rc = check_node(st, si, a, nvars))) return rc;
       if (vpush(st, a)) return NF_ENOMEM;
       continue;
     }
     uint64_t h = 1, ha;
     for (int k = 0; k < e->n_args; k++)
-      if (nf__ptrmap_get(st->seen, e->args[k], &ha) && ha + 1 > h) h = ha + 1;
+      if (nf_ptrmap_get(st->seen, e->args[k], &ha) && ha + 1 > h) h = ha + 1;
     if (h > NF_MAX_EXPR_DEPTH)
       return verr(st,
                   "statement %u (%s): right side nested more than %d levels "
                   "deep (NF_MAX_EXPR_DEPTH)",
                   si, tname(st->g, st->g->stmts[si].out), NF_MAX_EXPR_DEPTH);
-    if (nf__ptrmap_put(st->seen, e, h)) return NF_ENOMEM;
+    if (nf_ptrmap_put(st->seen, e, h)) return NF_ENOMEM;
     st->sp--;
   }
   return NF_OK;
@@ -957,7 +847,7 @@ int nf_graph_validate(const nf_graph *g, nf_buf *err) {
       (g->n_inputs && !g->inputs) || (g->n_outputs && !g->outputs))
     return verr(&st, "graph has a count without its array");
   st.produced = calloc(g->n_tensors ? g->n_tensors : 1, 1);
-  st.seen = nf__ptrmap_new();
+  st.seen = nf_ptrmap_new();
   int rc;
   if (!st.produced || !st.seen) {
     rc = NF_ENOMEM;
@@ -972,6 +862,6 @@ int nf_graph_validate(const nf_graph *g, nf_buf *err) {
 done:
   free(st.produced);
   free(st.stack);
-  nf__ptrmap_free(st.seen);
+  nf_ptrmap_delete(st.seen);
   return rc;
 }

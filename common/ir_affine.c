@@ -60,10 +60,10 @@ static int wpush(wstack *st, const nf_expr *e) {
  * arguments are visited only when descend(e) is true; compute(user, e)
  * must record e in done (so it is not visited again).  Returns the first
  * non-zero status of compute or NF_ENOMEM. */
-static int walk(wstack *st, const nf__ptrmap *done, const nf_expr *root,
+static int walk(wstack *st, const nf_ptrmap *done, const nf_expr *root,
                 int (*descend)(const nf_expr *e),
                 int (*compute)(void *user, const nf_expr *e), void *user) {
-  if (nf__ptrmap_get(done, root, NULL)) return NF_OK;
+  if (nf_ptrmap_get(done, root, NULL)) return NF_OK;
   size_t base = st->sp;
   int rc = wpush(st, root);
   while (!rc && st->sp > base) {
@@ -71,11 +71,11 @@ static int walk(wstack *st, const nf__ptrmap *done, const nf_expr *root,
     const nf_expr *e = f->e;
     if (f->next < e->n_args && descend(e)) {
       const nf_expr *a = e->args[f->next++];
-      if (!nf__ptrmap_get(done, a, NULL)) rc = wpush(st, a);
+      if (!nf_ptrmap_get(done, a, NULL)) rc = wpush(st, a);
       continue;
     }
     st->sp--;
-    if (!nf__ptrmap_get(done, e, NULL)) rc = compute(user, e);
+    if (!nf_ptrmap_get(done, e, NULL)) rc = compute(user, e);
   }
   st->sp = base;
   return rc;
@@ -132,7 +132,7 @@ static int is_cmp(nf_op op) { return op >= NF_OP_LT && op <= NF_OP_NE; }
  * (var, coef) pairs.  The map value is 0 for "not affine", 1 for
  * "overflow", or 2 + the form's offset in the pool. */
 typedef struct affm {
-  nf__ptrmap *map;
+  nf_ptrmap *map;
   int64_t *pool;
   size_t len, cap;
   wstack st;
@@ -169,7 +169,7 @@ static int aff_store(affm *m, const nf_expr *e, const nf_affine *a) {
   }
   uint64_t code = AFF_BASE + m->len;
   m->len += need;
-  return nf__ptrmap_put(m->map, e, code);
+  return nf_ptrmap_put(m->map, e, code);
 }
 
 /* out = x + s * y (s = 1 or -1); returns AFF_BASE, AFF_NOT (too many
@@ -247,8 +247,8 @@ static int aff_compute(void *user, const nf_expr *e) {
     res = AFF_BASE;
   } else if (aff_descend(e)) {
     uint64_t ca = 0, cb = 0;
-    (void)nf__ptrmap_get(m->map, e->args[0], &ca);
-    if (e->n_args > 1) (void)nf__ptrmap_get(m->map, e->args[1], &cb);
+    (void)nf_ptrmap_get(m->map, e->args[0], &ca);
+    if (e->n_args > 1) (void)nf_ptrmap_get(m->map, e->args[1], &cb);
     else cb = AFF_BASE; /* unused */
     if (ca == AFF_OVF || cb == AFF_OVF) {
       res = AFF_OVF;
@@ -276,7 +276,7 @@ static int aff_compute(void *user, const nf_expr *e) {
     }
   }
   if (res == AFF_BASE) return aff_store(m, e, &r);
-  return nf__ptrmap_put(m->map, e, (uint64_t)res);
+  return nf_ptrmap_put(m->map, e, (uint64_t)res);
 }
 
 /* Affine form of e through the memo m: 1, 0, NF_EOVERFLOW or NF_ENOMEM. */
@@ -284,7 +284,7 @@ static int aff_get(affm *m, const nf_expr *e, nf_affine *out) {
   int rc = walk(&m->st, m->map, e, aff_descend, aff_compute, m);
   if (rc) return rc;
   uint64_t code = 0;
-  (void)nf__ptrmap_get(m->map, e, &code);
+  (void)nf_ptrmap_get(m->map, e, &code);
   if (code == AFF_NOT) return 0;
   if (code == AFF_OVF) return NF_EOVERFLOW;
   aff_load(m, code, out);
@@ -292,7 +292,7 @@ static int aff_get(affm *m, const nf_expr *e, nf_affine *out) {
 }
 
 static void affm_free(affm *m) {
-  nf__ptrmap_free(m->map);
+  nf_ptrmap_delete(m->map);
   free(m->pool);
   free(m->st.f);
 }
@@ -304,7 +304,7 @@ static void affm_free(affm *m) {
  * when scratch memory runs out. */
 int nf_expr_affine(const nf_expr *e, nf_affine *out) {
   if (!e) return 0;
-  affm m = {.map = nf__ptrmap_new()};
+  affm m = {.map = nf_ptrmap_new()};
   if (!m.map) return NF_ENOMEM;
   nf_affine tmp;
   int rc = aff_get(&m, e, &tmp);
@@ -353,7 +353,7 @@ typedef struct rng {
 } rng;
 
 typedef struct bndm {
-  nf__ptrmap *map; /* node -> index into r */
+  nf_ptrmap *map; /* node -> index into r */
   rng *r;
   size_t n, cap;
   const nf_range *ranges;
@@ -592,7 +592,7 @@ static int bnd_descend(const nf_expr *e) {
 
 static rng bnd_lookup(const bndm *m, const nf_expr *e) {
   uint64_t i;
-  if (!nf__ptrmap_get(m->map, e, &i)) return unknown_rng;
+  if (!nf_ptrmap_get(m->map, e, &i)) return unknown_rng;
   return m->r[i];
 }
 
@@ -611,7 +611,7 @@ static int bnd_compute(void *user, const nf_expr *e) {
     m->cap = ncap;
   }
   m->r[m->n] = r;
-  return nf__ptrmap_put(m->map, e, m->n++);
+  return nf_ptrmap_put(m->map, e, m->n++);
 }
 
 /* Bounds of e through the memo; unknown on any failure. */
@@ -621,7 +621,7 @@ static rng bnd_get(bndm *m, const nf_expr *e) {
 }
 
 static void bndm_free(bndm *m) {
-  nf__ptrmap_free(m->map);
+  nf_ptrmap_delete(m->map);
   free(m->r);
   free(m->st.f);
 }
@@ -632,7 +632,7 @@ static void bndm_free(bndm *m) {
 int nf_expr_bounds(const nf_expr *e, const nf_range *ranges, int n_vars,
                    nf_range *out) {
   if (!e) return 0;
-  bndm m = {.map = nf__ptrmap_new(), .ranges = ranges, .n_vars = n_vars};
+  bndm m = {.map = nf_ptrmap_new(), .ranges = ranges, .n_vars = n_vars};
   if (!m.map) return 0;
   rng r = bnd_get(&m, e);
   bndm_free(&m);
@@ -648,7 +648,7 @@ int nf_expr_bounds(const nf_expr *e, const nf_range *ranges, int n_vars,
 
 typedef struct simp {
   nf_ir_ctx *ctx;
-  nf__ptrmap *done; /* original node -> simplified node */
+  nf_ptrmap *done; /* original node -> simplified node */
   wstack st;
   affm aff;
   bndm bnd;
@@ -974,7 +974,7 @@ static int simp_compute(void *user, const nf_expr *e) {
   }
   for (int k = 0; k < e->n_args; k++) {
     uint64_t v = 0;
-    (void)nf__ptrmap_get(s->done, e->args[k], &v);
+    (void)nf_ptrmap_get(s->done, e->args[k], &v);
     args[k] = (const nf_expr *)(uintptr_t)v;
     if (!args[k]) {
       free(heap);
@@ -986,7 +986,7 @@ static int simp_compute(void *user, const nf_expr *e) {
   free(heap);
   const nf_expr *r = rw(s, n, 0);
   if (!r || s->failed) return NF_ENOMEM;
-  return nf__ptrmap_put(s->done, e, (uint64_t)(uintptr_t)r);
+  return nf_ptrmap_put(s->done, e, (uint64_t)(uintptr_t)r);
 }
 
 /* Returns a simplified expression equal in value to e wherever e
@@ -997,20 +997,20 @@ const nf_expr *nf_simplify(nf_ir_ctx *ctx, const nf_expr *e,
                            const nf_range *ranges, int n_vars) {
   if (!e) return NULL;
   simp s = {.ctx = ctx};
-  s.done = nf__ptrmap_new();
-  s.aff.map = nf__ptrmap_new();
-  s.bnd.map = nf__ptrmap_new();
+  s.done = nf_ptrmap_new();
+  s.aff.map = nf_ptrmap_new();
+  s.bnd.map = nf_ptrmap_new();
   s.bnd.ranges = ranges;
   s.bnd.n_vars = ranges ? n_vars : 0;
   const nf_expr *res = NULL;
   if (s.done && s.aff.map && s.bnd.map &&
       walk(&s.st, s.done, e, simp_descend, simp_compute, &s) == NF_OK) {
     uint64_t v = 0;
-    (void)nf__ptrmap_get(s.done, e, &v);
+    (void)nf_ptrmap_get(s.done, e, &v);
     res = (const nf_expr *)(uintptr_t)v;
   }
   if (!res) nf__ir_ctx_set_oom(ctx);
-  nf__ptrmap_free(s.done);
+  nf_ptrmap_delete(s.done);
   free(s.st.f);
   affm_free(&s.aff);
   bndm_free(&s.bnd);
@@ -1020,14 +1020,14 @@ const nf_expr *nf_simplify(nf_ir_ctx *ctx, const nf_expr *e,
 /* ---- visiting ---- */
 
 typedef struct visitor {
-  nf__ptrmap *done;
+  nf_ptrmap *done;
   void (*fn)(const nf_expr *e, void *user);
   void *user;
 } visitor;
 
 static int visit_compute(void *user, const nf_expr *e) {
   visitor *v = user;
-  int rc = nf__ptrmap_put(v->done, e, 1);
+  int rc = nf_ptrmap_put(v->done, e, 1);
   if (!rc) v->fn(e, v->user);
   return rc;
 }
@@ -1038,11 +1038,11 @@ static int visit_compute(void *user, const nf_expr *e) {
 int nf_expr_visit(const nf_expr *e,
                   void (*fn)(const nf_expr *e, void *user), void *user) {
   if (!e || !fn) return NF_OK;
-  visitor v = {.done = nf__ptrmap_new(), .fn = fn, .user = user};
+  visitor v = {.done = nf_ptrmap_new(), .fn = fn, .user = user};
   if (!v.done) return NF_ENOMEM;
   wstack st = {0};
   int rc = walk(&st, v.done, e, simp_descend, visit_compute, &v);
   free(st.f);
-  nf__ptrmap_free(v.done);
+  nf_ptrmap_delete(v.done);
   return rc ? NF_ENOMEM : NF_OK;
 }

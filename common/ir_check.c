@@ -65,7 +65,7 @@ typedef struct slist {
   uint32_t *aoff;    /* node p's argument positions: apos[aoff[p] ..] */
   uint32_t *apos;
   uint32_t count, cap_n, cap_aoff, n_apos, cap_apos;
-  nf__ptrmap *pos; /* node -> position (UINT64_MAX while open) */
+  nf_ptrmap *pos; /* node -> position (UINT64_MAX while open) */
   pframe *st;
   size_t sp, cap_st;
 } slist;
@@ -85,7 +85,7 @@ static int grow(void **p, uint32_t *cap, uint32_t need, size_t elem) {
 }
 
 static int spush(slist *L, const nf_expr *e) {
-  if (nf__ptrmap_put(L->pos, e, UINT64_MAX)) return NF_ENOMEM;
+  if (nf_ptrmap_put(L->pos, e, UINT64_MAX)) return NF_ENOMEM;
   if (L->sp == L->cap_st) {
     size_t nc = L->cap_st ? L->cap_st * 2 : 256;
     pframe *ns = realloc(L->st, nc * sizeof(*ns));
@@ -101,7 +101,7 @@ static int spush(slist *L, const nf_expr *e) {
 
 /* Collects root's DAG (nodes of a validated graph: no NULL arguments). */
 static int collect(slist *L, const nf_expr *root) {
-  nf__ptrmap_clear(L->pos);
+  nf_ptrmap_clear(L->pos);
   L->count = L->n_apos = 0;
   L->sp = 0;
   int rc = spush(L, root);
@@ -110,7 +110,7 @@ static int collect(slist *L, const nf_expr *root) {
     const nf_expr *e = f->e;
     if (f->next < e->n_args) {
       const nf_expr *a = e->args[f->next++];
-      if (!nf__ptrmap_get(L->pos, a, NULL)) rc = spush(L, a);
+      if (!nf_ptrmap_get(L->pos, a, NULL)) rc = spush(L, a);
       continue;
     }
     L->sp--;
@@ -124,11 +124,11 @@ static int collect(slist *L, const nf_expr *root) {
     L->aoff[p] = L->n_apos;
     for (int k = 0; k < e->n_args; k++) {
       uint64_t q = 0;
-      (void)nf__ptrmap_get(L->pos, e->args[k], &q);
+      (void)nf_ptrmap_get(L->pos, e->args[k], &q);
       L->apos[L->n_apos++] = (uint32_t)q; /* finished: q < p */
     }
     L->count++;
-    rc = nf__ptrmap_put(L->pos, e, p);
+    rc = nf_ptrmap_put(L->pos, e, p);
   }
   return rc;
 }
@@ -138,7 +138,7 @@ static void slist_free(slist *L) {
   free(L->aoff);
   free(L->apos);
   free(L->st);
-  nf__ptrmap_free(L->pos);
+  nf_ptrmap_delete(L->pos);
 }
 
 static uint32_t argpos(const slist *L, uint32_t p, int k) {
@@ -188,7 +188,7 @@ static int is_float_op(const nf_expr *e) {
 int nf_graph_measure(const nf_graph *g, nf_graph_cost *out) {
   memset(out, 0, sizeof(*out));
   slist L = {0};
-  L.pos = nf__ptrmap_new();
+  L.pos = nf_ptrmap_new();
   uint32_t *tdepth = calloc(g->n_tensors ? g->n_tensors : 1, sizeof(*tdepth));
   uint32_t *h = NULL, cap_h = 0;
   int rc = L.pos && tdepth ? NF_OK : NF_ENOMEM;
@@ -628,7 +628,7 @@ static void ctx_reset(ctxpool *C) {
 }
 
 static uint32_t ctx_slot(const nf_expr *cond, int pol, int32_t parent, uint32_t cap) {
-  uint64_t h = nf__ir_mix64((uint64_t)(uintptr_t)cond ^ ((uint64_t)(uint32_t)parent << 1) ^
+  uint64_t h = nf_mix64((uint64_t)(uintptr_t)cond ^ ((uint64_t)(uint32_t)parent << 1) ^
                             (uint64_t)pol);
   return (uint32_t)h & (cap - 1);
 }
@@ -795,7 +795,7 @@ struct bwork {
 /* What a walk below a (a node of the statement) may cost. */
 static uint32_t walk_cost(bwork *W, const nf_expr *a) {
   uint64_t q;
-  return nf__ptrmap_get(W->L.pos, a, &q) ? W->sz[q] : W->L.count;
+  return nf_ptrmap_get(W->L.pos, a, &q) ? W->sz[q] : W->L.count;
 }
 
 /* nf_expr_bounds of a over ranges r, charged. */
@@ -807,7 +807,7 @@ static int refined_bounds(bwork *W, const nf_expr *a, const nf_range *r, int nv,
 /* a's bounds over the statement's box, computed once per statement. */
 static int base_bounds(bwork *W, const nf_expr *a, nf_range *out) {
   uint64_t q;
-  if (!nf__ptrmap_get(W->L.pos, a, &q)) return refined_bounds(W, a, W->r, W->nv, out);
+  if (!nf_ptrmap_get(W->L.pos, a, &q)) return refined_bounds(W, a, W->r, W->nv, out);
   if (!W->bst[q]) W->bst[q] = refined_bounds(W, a, W->r, W->nv, &W->bval[q]) ? 1 : 2;
   if (W->bst[q] != 1) return 0;
   *out = W->bval[q];
@@ -1063,7 +1063,7 @@ int nf_graph_check_bounds(const nf_graph *g, nf_buf *err) {
   memset(&W, 0, sizeof(W));
   W.g = g;
   W.err = err;
-  W.L.pos = nf__ptrmap_new();
+  W.L.pos = nf_ptrmap_new();
   int rc = W.L.pos ? NF_OK : NF_ENOMEM;
   if (!rc && grow((void **)&W.C.c, &W.C.cap, 1, sizeof(*W.C.c))) rc = NF_ENOMEM;
   if (!rc) {

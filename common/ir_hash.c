@@ -52,7 +52,7 @@ typedef struct encoder {
   nf_buf *out;
   const uint32_t *canon; /* tensor id -> canonical number */
   uint32_t n_tensors;
-  nf__ptrmap *idx; /* node -> local index */
+  nf_ptrmap *idx; /* node -> local index */
   frame *stack;
   size_t sp, cap;
 } encoder;
@@ -99,7 +99,7 @@ static void emit_node(encoder *en, const nf_expr *e, uint64_t self) {
   }
   for (int k = 0; k < e->n_args; k++) {
     uint64_t ai = 0;
-    (void)nf__ptrmap_get(en->idx, e->args[k], &ai);
+    (void)nf_ptrmap_get(en->idx, e->args[k], &ai);
     nf_buf_uleb(b, self - ai);
   }
 }
@@ -107,10 +107,10 @@ static void emit_node(encoder *en, const nf_expr *e, uint64_t self) {
 /* Emits the node list of root (see the layout above). */
 static int encode_expr(encoder *en, const nf_expr *root) {
   uint64_t count = 0;
-  nf__ptrmap_clear(en->idx);
+  nf_ptrmap_clear(en->idx);
   en->sp = 0;
   if (!root) return NF_EINVAL;
-  int rc = nf__ptrmap_put(en->idx, root, UINT64_MAX);
+  int rc = nf_ptrmap_put(en->idx, root, UINT64_MAX);
   if (!rc) rc = push(en, root);
   while (!rc && en->sp) {
     frame *f = &en->stack[en->sp - 1];
@@ -118,21 +118,21 @@ static int encode_expr(encoder *en, const nf_expr *root) {
     if (f->next < e->n_args) {
       const nf_expr *a = e->args[f->next++];
       if (!a) return NF_EINVAL;
-      if (!nf__ptrmap_get(en->idx, a, NULL)) {
+      if (!nf_ptrmap_get(en->idx, a, NULL)) {
         /* Mark the node as in progress, so a (malformed) cycle or a
          * second path to it cannot push it twice; its real index is
          * stored when it is emitted. */
-        rc = nf__ptrmap_put(en->idx, a, UINT64_MAX);
+        rc = nf_ptrmap_put(en->idx, a, UINT64_MAX);
         if (!rc) rc = push(en, a);
       } else {
         uint64_t v = 0;
-        (void)nf__ptrmap_get(en->idx, a, &v);
+        (void)nf_ptrmap_get(en->idx, a, &v);
         if (v == UINT64_MAX) return NF_EINVAL; /* cycle */
       }
       continue;
     }
     en->sp--;
-    rc = nf__ptrmap_put(en->idx, e, count);
+    rc = nf_ptrmap_put(en->idx, e, count);
     if (!rc) emit_node(en, e, count);
     count++;
   }
@@ -159,7 +159,7 @@ int nf_graph_encode(const nf_graph *g, nf_buf *out) {
   uint32_t *canon = malloc((nt ? nt : 1) * sizeof(uint32_t));
   uint32_t *order = malloc((nt ? nt : 1) * sizeof(uint32_t));
   encoder en = {.out = out, .canon = canon, .n_tensors = nt,
-                .idx = nf__ptrmap_new()};
+                .idx = nf_ptrmap_new()};
   int rc = NF_OK;
   if (!canon || !order || !en.idx) {
     rc = NF_ENOMEM;
@@ -216,7 +216,7 @@ done:
   free(canon);
   free(order);
   free(en.stack);
-  nf__ptrmap_free(en.idx);
+  nf_ptrmap_delete(en.idx);
   if (!rc && out->oom) rc = NF_ENOMEM;
   return rc;
 }

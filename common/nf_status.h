@@ -41,14 +41,14 @@ const char *nf_status_name(int status);
 __attribute__((visibility("default"))) const char *nf_strerror(int status);
 
 /* NF_ASSERT guards the code's own invariants only (never user input).  It
- * is always on and aborts with the location. */
+ * is always on (NDEBUG or not) and aborts through the C library's own
+ * assertion report (file, line, function, condition), so that the
+ * libraries hold no printing of their own. */
+extern void __assert_fail(const char *assertion, const char *file, unsigned int line,
+                          const char *function) __attribute__((__noreturn__));
 #define NF_ASSERT(cond)                                                   \
   do {                                                                    \
-    if (!(cond)) {                                                        \
-      fprintf(stderr, "%s:%d: internal error: assertion '%s' failed\n",  \
-              __FILE__, __LINE__, #cond);                                 \
-      abort();                                                            \
-    }                                                                     \
+    if (!(cond)) __assert_fail(#cond, __FILE__, __LINE__, __func__);      \
   } while (0)
 
 #if defined(__GNUC__)

@@ -7,6 +7,8 @@
 
 #include "nf_subgraph.h"
 
+#include "nf_ptrmap.h"
+
 typedef struct reads_ctx {
   uint8_t *row;
   uint32_t n_tensors;
@@ -29,61 +31,20 @@ int nf_stmt_reads(const nf_graph *g, uint32_t s, uint8_t *row) {
 
 /* ---- building a subgraph (nf_graph_extract) ---- */
 
-typedef struct remap {
-  const nf_expr **key;
-  const nf_expr **val;
-  size_t cap, n;
-} remap;
-
-static size_t rslot(const nf_expr *e, size_t cap) {
-  uintptr_t h = (uintptr_t)e;
-  h ^= h >> 17;
-  h *= 0x9e3779b97f4a7c15ull;
-  return (size_t)(h >> 7) & (cap - 1);
+/* old node -> rebuilt node */
+static const nf_expr *rget(const nf_ptrmap *m, const nf_expr *e) {
+  const void *v = NULL;
+  return nf_ptrmap_getp(m, e, &v) ? v : NULL;
 }
 
-static const nf_expr *rget(const remap *m, const nf_expr *e) {
-  if (!m->cap) return NULL;
-  for (size_t i = rslot(e, m->cap);; i = (i + 1) & (m->cap - 1)) {
-    if (!m->key[i]) return NULL;
-    if (m->key[i] == e) return m->val[i];
-  }
-}
-
-static int rput(remap *m, const nf_expr *e, const nf_expr *v) {
-  if (2 * (m->n + 1) > m->cap) {
-    size_t ncap = m->cap ? 2 * m->cap : 256;
-    const nf_expr **nk = calloc(ncap, sizeof *nk), **nv = calloc(ncap, sizeof *nv);
-    if (!nk || !nv) {
-      free(nk);
-      free(nv);
-      return NF_ENOMEM;
-    }
-    for (size_t i = 0; i < m->cap; i++)
-      if (m->key[i]) {
-        size_t j = rslot(m->key[i], ncap);
-        while (nk[j]) j = (j + 1) & (ncap - 1);
-        nk[j] = m->key[i];
-        nv[j] = m->val[i];
-      }
-    free(m->key);
-    free(m->val);
-    m->key = nk;
-    m->val = nv;
-    m->cap = ncap;
-  }
-  size_t i = rslot(e, m->cap);
-  while (m->key[i]) i = (i + 1) & (m->cap - 1);
-  m->key[i] = e;
-  m->val[i] = v;
-  m->n++;
-  return NF_OK;
+static int rput(nf_ptrmap *m, const nf_expr *e, const nf_expr *v) {
+  return nf_ptrmap_putp(m, e, v);
 }
 
 typedef struct renum {
   nf_ir_ctx *ctx;
   const int *tmap;
-  remap *m;
+  nf_ptrmap *m;
   int failed;
 } renum;
 
@@ -112,7 +73,7 @@ static void renumber_one(const nf_expr *e, void *user) {
 
 /* e with every access to tensor t renumbered to tmap[t] (nodes already in
  * m, from earlier statements of the subgraph, are reused). */
-static const nf_expr *renumber(nf_ir_ctx *ctx, const nf_expr *root, const int *tmap, remap *m) {
+static const nf_expr *renumber(nf_ir_ctx *ctx, const nf_expr *root, const int *tmap, nf_ptrmap *m) {
   const nf_expr *done = rget(m, root);
   if (done) return done;
   renum R = {ctx, tmap, m, 0};
@@ -142,7 +103,7 @@ int nf_graph_extract(const nf_graph *g, const uint32_t *stmts, uint32_t n, const
   sg->in = malloc((nt ? nt : 1) * sizeof *sg->in);
   sg->out = malloc((nt ? nt : 1) * sizeof *sg->out);
   sg->g = nf_graph_new(ctx, g->name);
-  remap m = {0};
+  nf_ptrmap m = NF_PTRMAP_INIT;
   int rc = NF_OK;
   if (!inside || !row || !tmap || !sg->stmts || !sg->in || !sg->out || !sg->g) {
     rc = NF_ENOMEM;
@@ -190,8 +151,7 @@ int nf_graph_extract(const nf_graph *g, const uint32_t *stmts, uint32_t n, const
   }
   if (rc == NF_OK) rc = nf_graph_hash(sg->g, sg->key);
 done:
-  free(m.key);
-  free(m.val);
+  nf_ptrmap_free(&m);
   free(inside);
   free(row);
   free(tmap);

@@ -22,6 +22,7 @@
  *    they are); this module only reads the environment. */
 #include "nf_wire.h"
 #include "nfd_config.h"
+#include "nf_env.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -128,13 +129,13 @@ static void join3(char *dst, size_t n, const char *a, const char *b, const char 
 }
 
 /* A non-empty environment variable, or NULL. */
-static const char *env_nonempty(const char *name) {
-  const char *v = getenv(name);
+static const char *env_nonempty(nf_env_var name) {
+  const char *v = nf_env(name);
   return v && v[0] ? v : NULL;
 }
 
 /* An XDG base directory variable: absolute, else ignored (XDG spec). */
-static const char *env_xdg(const char *name) {
+static const char *env_xdg(nf_env_var name) {
   const char *v = env_nonempty(name);
   return v && v[0] == '/' ? v : NULL;
 }
@@ -142,7 +143,7 @@ static const char *env_xdg(const char *name) {
 /* ---- defaults and environment ---- */
 
 static void default_cache_path(nfd_config *c) {
-  const char *xdg = env_xdg("XDG_CACHE_HOME");
+  const char *xdg = env_xdg(NF_ENV_XDG_CACHE_HOME);
   c->cache_path[0] = 0;
   if (xdg) {
     join3(c->cache_path, sizeof c->cache_path, xdg, "/neoflow/cache.db", "");
@@ -152,7 +153,7 @@ static void default_cache_path(nfd_config *c) {
     join3(c->cache_path, sizeof c->cache_path, "/var/lib/neoflowd/cache.db", "", "");
     return;
   }
-  const char *home = env_nonempty("HOME");
+  const char *home = env_nonempty(NF_ENV_HOME);
   if (home) {
     join3(c->cache_path, sizeof c->cache_path, home, "/.cache/neoflow/cache.db", "");
     return;
@@ -174,7 +175,7 @@ static void default_socket_path(nfd_config *c) {
  * err is given, is reported.  NF_OK or NF_EINVAL. */
 static int apply_env(nfd_config *c, nf_buf *err) {
   int rc = NF_OK;
-  const char *v = env_nonempty("NEOFLOW_SOCKET");
+  const char *v = env_nonempty(NF_ENV_SOCKET);
   if (v && !copy_fit(c->socket_path, sizeof c->socket_path, v)) {
     c->socket_path[0] = 0;
     if (err)
@@ -182,7 +183,7 @@ static int apply_env(nfd_config *c, nf_buf *err) {
                     strlen(v), sizeof c->socket_path - 1);
     rc = NF_EINVAL;
   }
-  v = env_nonempty("NEOFLOW_CACHE");
+  v = env_nonempty(NF_ENV_CACHE);
   if (v && !copy_fit(c->cache_path, sizeof c->cache_path, v)) {
     c->cache_path[0] = 0;
     if (err)

@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "nf_codegen.h"
+#include "nf_env.h"
 #include "nf_features.h"
 #include "nf_lower.h"
 #include "nf_nvrtc_link.h"
@@ -104,8 +105,9 @@ static int compile(job *J, const nf_schedule *s, nf_blob *so, nf_buf *err) {
 
 /* The default schedule of the job's target. */
 static int default_schedule(job *J, nf_schedule **s) {
-  return J->cuda_sm ? nf_schedule_default_gpu(J->g, NF_GPU_DEFAULT_THREADS, s)
-                    : nf_schedule_default(J->g, s);
+  if (J->cuda_sm) return nf_schedule_default_gpu(J->g, NF_GPU_DEFAULT_THREADS, s);
+  nf_sched_target t = nf_cpu_sched_target(&J->target);
+  return nf_schedule_default_for(J->g, &t, s);
 }
 
 static void emit_kernel(job *J, int tier, const char *schedule, double ms, double default_ms,
@@ -288,8 +290,8 @@ static void run(job *J, const Neoflow__JobRequest *rq) {
   o.progress = on_progress;
   o.on_record = on_record;
   o.user = J;
-  if (getenv("NF_JOB_FAKE_TIMES")) o.time_hook = fake_time;
-  const char *fault = getenv("NF_JOB_FAULT");
+  if (nf_env(NF_ENV_JOB_FAKE_TIMES)) o.time_hook = fake_time;
+  const char *fault = nf_env(NF_ENV_JOB_FAULT);
   if (fault && !strcmp(fault, "candidates")) o.candidate_hook = bad_candidate;
   nf_search_result res;
   memset(&res, 0, sizeof res);
@@ -355,7 +357,7 @@ static void run(job *J, const Neoflow__JobRequest *rq) {
  * crashes, a job that writes garbage or dies silently): NF_JOB_FAULT in
  * the daemon's environment, inherited by its job processes. */
 static void inject_fault(void) {
-  const char *f = getenv("NF_JOB_FAULT");
+  const char *f = nf_env(NF_ENV_JOB_FAULT);
   if (!f) return;
   if (!strcmp(f, "hang"))
     for (;;) pause();

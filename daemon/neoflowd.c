@@ -25,6 +25,7 @@
 #include "nf_wire_sign.h"
 #include "nfd_int.h"
 #include "nfd_net.h"
+#include "nf_env.h"
 
 int nfd_job_main(void);
 
@@ -134,7 +135,7 @@ static void print_config(const nfd_config *c) {
  * $XDG_CONFIG_HOME/neoflow/neoflowd.conf (~/.config/...) and
  * /etc/neoflow/neoflowd.conf. */
 static const char *default_config(char *buf, size_t n) {
-  const char *x = getenv("XDG_CONFIG_HOME"), *h = getenv("HOME");
+  const char *x = nf_env(NF_ENV_XDG_CONFIG_HOME), *h = nf_env(NF_ENV_HOME);
   if (x && *x) snprintf(buf, n, "%s/neoflow/neoflowd.conf", x);
   else if (h && *h) snprintf(buf, n, "%s/.config/neoflow/neoflowd.conf", h);
   else buf[0] = 0;

@@ -17,6 +17,7 @@
  * that is not a socket is never unlinked.  Not thread-safe where it
  * touches the umask: start-up code only. */
 #include "nfd_net.h"
+#include "nf_env.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -363,9 +364,9 @@ static void unset_listen_env(void) {
 
 int nfd_systemd_fds(int *fds, int max, int *n, nf_buf *err) {
   *n = 0;
-  const char *e_pid = getenv("LISTEN_PID");
+  const char *e_pid = nf_env(NF_ENV_LISTEN_PID);
   if (!e_pid) return NF_OK;
-  const char *e_fds = getenv("LISTEN_FDS");
+  const char *e_fds = nf_env(NF_ENV_LISTEN_FDS);
   long pid = 0, count = 0;
   int rc = NF_OK;
   if (!parse_count(e_pid, INT_MAX, &pid) || pid == 0) {

@@ -13,6 +13,12 @@
 
 enum { B = 32, D = 20, H = 16, C = 4 };
 
+/* The session's messages on stderr (the library never prints itself). */
+static void log_stderr(void *user, int level, const char *message) {
+  (void)user;
+  fprintf(stderr, "%s: %s%s\n", "client_example", level == NEOFLOW_LOG_WARN ? "warning: " : "", message);
+}
+
 int main(int argc, char **argv) {
   char *err = NULL;
   nf_model *m = nf_model_load_source("example", "import nn\n", &err);
@@ -39,7 +45,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   nf_session_opts o = {.optim = {.kind = NF_OPTIM_ADAM, .lr = 0.01}, .seed = 7,
-                       .daemon = argc > 1 ? argv[1] : NULL};
+                       .daemon = argc > 1 ? argv[1] : NULL, .log = log_stderr};
   nf_session *s = nf_session_new_net(net, &o, &err);
   if (!s) {
     fprintf(stderr, "session: %s\n", err);

@@ -18,6 +18,12 @@
 #include <neoflow/neoflow.h>
 
 /* A small generator for the shuffles (splitmix64). */
+/* The session's messages on stderr (the library never prints itself). */
+static void log_stderr(void *user, int level, const char *message) {
+  (void)user;
+  fprintf(stderr, "%s: %s%s\n", "fashion_train", level == NEOFLOW_LOG_WARN ? "warning: " : "", message);
+}
+
 static uint64_t rng = 12345;
 static uint64_t next(void) {
   uint64_t z = (rng += 0x9e3779b97f4a7c15ULL);
@@ -79,7 +85,8 @@ int main(int argc, char **argv) {
     fprintf(stderr, "%s", err);
     return 1;
   }
-  nf_session_opts o = {.optim = {.kind = NF_OPTIM_ADAM, .lr = lr0}, .seed = 1, .daemon = daemon};
+  nf_session_opts o = {.optim = {.kind = NF_OPTIM_ADAM, .lr = lr0}, .seed = 1, .daemon = daemon,
+                       .log = log_stderr};
   nf_session *s = nf_session_new_def(m, def, &o, &err);
   if (!s) {
     fprintf(stderr, "fashion_train: %s\n", err);

@@ -5,15 +5,16 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "nf_env.h"
 #include "nf_wire.h"
 
 int nf_wire_default_socket(char *out, size_t n, int with_env) {
-  const char *v = with_env ? getenv("NEOFLOW_SOCKET") : NULL;
+  const char *v = with_env ? nf_env(NF_ENV_SOCKET) : NULL;
   int len;
   if (v && *v) {
     len = snprintf(out, n, "%s", v);
   } else {
-    const char *xdg = getenv("XDG_RUNTIME_DIR");
+    const char *xdg = nf_env(NF_ENV_XDG_RUNTIME_DIR);
     if (xdg && xdg[0] == '/')
       len = snprintf(out, n, "%s/neoflowd/neoflowd.sock", xdg);
     else if (geteuid() == 0)

@@ -34,6 +34,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "nf_ptrmap.h"
+
 _Static_assert(NEOFLOW__DTYPE__DT_F64 == (int)NF_F64 && NF_N_DTYPES == 7, "DType != nf_dtype");
 _Static_assert(NEOFLOW__OP__OP_SELECT == (int)NF_OP_SELECT && NF_N_OPS == 35 &&
                    NEOFLOW__OP__OP_CAST == (int)NF_OP_CAST &&
@@ -44,59 +46,18 @@ _Static_assert(NEOFLOW__RED_OP__RED_MIN == (int)NF_RED_MIN, "RedOp != nf_redop")
 
 /* ---- IR -> wire ---- */
 
-/* A map from expression pointers to their index in the wire list. */
-typedef struct emap {
-  const nf_expr **keys; /* NULL: empty slot */
-  uint32_t *vals;
-  size_t cap, n; /* cap is 0 or a power of two */
-} emap;
-
-static size_t emap_slot(const nf_expr *e, size_t cap) {
-  uint64_t h = (uint64_t)(uintptr_t)e * 0x9e3779b97f4a7c15ull;
-  return (size_t)(h >> 32) & (cap - 1);
-}
+/* expression -> its index in the wire list: the common pointer map
+ * (nf_ptrmap.h); a zeroed map is an empty one */
+typedef nf_ptrmap emap;
 
 static int emap_get(const emap *m, const nf_expr *e, uint32_t *val) {
-  if (!m->cap) return 0;
-  for (size_t i = emap_slot(e, m->cap);; i = (i + 1) & (m->cap - 1)) {
-    if (!m->keys[i]) return 0;
-    if (m->keys[i] == e) {
-      *val = m->vals[i];
-      return 1;
-    }
-  }
+  uint64_t v;
+  if (!nf_ptrmap_get(m, e, &v)) return 0;
+  *val = (uint32_t)v;
+  return 1;
 }
 
-static int emap_put(emap *m, const nf_expr *e, uint32_t val) {
-  if ((m->n + 1) * 2 > m->cap) {
-    size_t ncap = m->cap ? m->cap * 2 : 256;
-    const nf_expr **nk = calloc(ncap, sizeof(*nk));
-    uint32_t *nv = calloc(ncap, sizeof(*nv));
-    if (!nk || !nv) {
-      free(nk);
-      free(nv);
-      return NF_ENOMEM;
-    }
-    for (size_t i = 0; i < m->cap; i++) {
-      if (!m->keys[i]) continue;
-      size_t j = emap_slot(m->keys[i], ncap);
-      while (nk[j]) j = (j + 1) & (ncap - 1);
-      nk[j] = m->keys[i];
-      nv[j] = m->vals[i];
-    }
-    free(m->keys);
-    free(m->vals);
-    m->keys = nk;
-    m->vals = nv;
-    m->cap = ncap;
-  }
-  size_t i = emap_slot(e, m->cap);
-  while (m->keys[i]) i = (i + 1) & (m->cap - 1);
-  m->keys[i] = e;
-  m->vals[i] = val;
-  m->n++;
-  return NF_OK;
-}
+static int emap_put(emap *m, const nf_expr *e, uint32_t val) { return nf_ptrmap_put(m, e, val); }
 
 typedef struct dfs_frame {
   const nf_expr *e;
@@ -269,8 +230,7 @@ int nf_wire_graph_from_ir(const nf_graph *g, Neoflow__Graph **out) {
   if (!f.pg) return NF_ENOMEM;
   neoflow__graph__init(f.pg);
   int rc = from_ir(g, &f);
-  free(f.map.keys);
-  free(f.map.vals);
+  nf_ptrmap_free(&f.map);
   free(f.stack);
   if (rc) {
     nf_wire_graph_free(f.pg);

@@ -8,7 +8,10 @@ fail to compile; this checks what was linked:
     its symbols) and needs no LLVM, SQLite, XGBoost, libuv or NVRTC;
  2. neoflowd and neoflow-worker hold no object of a client library
     (client/, client/autodiff, client/executor);
- 3. no circle among the files of the client's libraries: a file that uses
+ 3. the library's contract: libneoflow-client.so uses neither stdout nor
+    stderr (it reports through the session's log callback), and at most
+    two of its source files read the environment (common/env.c does);
+ 4. no circle among the files of the client's libraries: a file that uses
     a function another defines while that one (directly or through
     others) uses one of its own.  CIRCLES_LEFT lists the circles known
     today, to be cut by the kernel-table work (issue 33); a new circle, or
@@ -27,11 +30,16 @@ DAEMON_LIBS = ['daemon/codegen/libnfcodegen.a', 'daemon/codegen/libnfcuda.a',
                'daemon/search/libnfsearch.a', 'daemon/cache/libnfcache.a',
                'daemon/libnfdaemon.a']
 FORBIDDEN_NEEDED = ['libLLVM', 'libsqlite3', 'libxgboost', 'libuv', 'libnvrtc']
+# what libneoflow-client.so is made of (client/meson.build)
+SO_LIBS = CLIENT_LIBS + ['common/libnfcommon.a', 'common/lower/libnflower.a',
+                         'common/runtime/libnfruntime.a', 'proto/libnfproto.a']
+PRINTS = {'stdout', 'stderr', 'printf', 'puts', 'perror', 'putchar', 'vprintf', 'psignal'}
+ENV_READS = {'getenv', 'secure_getenv', 'environ', '__environ'}
 
 # Circles among the client's files still to be cut (each a sorted tuple of
 # object names).  Keep in step with the code: see the module's docstring.
 CIRCLES_LEFT = {
-    ('dlink.c', 'gpu_local.c', 'gpu_session.c', 'session.c', 'verify.c'),
+    ('dlink.c', 'gpu_local.c', 'gpu_session.c'),
 }
 
 
@@ -138,6 +146,20 @@ def main():
     for lib in FORBIDDEN_NEEDED:
         if f'[{lib}' in dyn:
             bad.append(f'libneoflow-client.so needs {lib}')
+
+    dynu = set()
+    for line in subprocess.run(['nm', '-D', '--undefined-only', so], capture_output=True,
+                               text=True).stdout.splitlines():
+        dynu.add(line.split()[-1].split('@')[0])
+    for sym in sorted(dynu & PRINTS):
+        bad.append(f'libneoflow-client.so uses {sym} (the library never prints: '
+                   'nf__session_log)')
+    readers = sorted(f'{lib}:{obj}' for lib in SO_LIBS
+                     for obj, (_, u) in archive_symbols(os.path.join(build, lib)).items()
+                     if u & ENV_READS)
+    if len(readers) > 2:
+        bad.append(f'{len(readers)} files of libneoflow-client read the environment '
+                   f'(at most 2; use nf_env, common/nf_env.h): {", ".join(readers)}')
 
     client_globals = globals_of(build, CLIENT_LIBS)
     for exe in ['daemon/neoflowd', 'daemon/search/neoflow-worker']:

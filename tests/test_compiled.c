@@ -280,9 +280,7 @@ START_TEST(compiled_layouts) {
   nf_schedule *s = NULL;
   nf_buf err = NF_BUF_INIT, txt = NF_BUF_INIT;
   if (_i < 3) { /* the channel defaults */
-    nf__sched_set_acc_regs(16);
-    ck_assert_int_eq(nf_schedule_default(I.g, &s), NF_OK);
-    nf__sched_set_acc_regs(0);
+    ck_assert_int_eq(nf_schedule_default_for(I.g, &(nf_sched_target){32}, &s), NF_OK);
     nf_schedule_print(s, &txt);
     ck_assert_msg(strstr(nf_buf_str(&txt), "vectorize k.i"), "%s: %s", c->label,
                   nf_buf_str(&txt));
@@ -365,10 +363,8 @@ START_TEST(compiled_products) {
   for (int k = 0; k < 4; k++) {
     nf_schedule *s = NULL;
     nf_buf txt = NF_BUF_INIT;
-    nf__sched_set_acc_regs(conf[k][0]);
     nf__sched_gemm_set_budget_div(conf[k][1]);
-    int rc = nf_schedule_default(I.g, &s);
-    nf__sched_set_acc_regs(0);
+    int rc = nf_schedule_default_for(I.g, &(nf_sched_target){conf[k][0] >= 16 ? 32 : 16}, &s);
     nf__sched_gemm_set_budget_div(0);
     ck_assert_int_eq(rc, NF_OK);
     nf_schedule_print(s, &txt);

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "nf_ir.h"
+#include "nf_ptrmap.h"
 
 /* ---- helpers ---- */
 
@@ -60,6 +61,70 @@ static void free_forged(void) {
 }
 
 /* ---- dtypes and operators ---- */
+
+/* The common pointer map (nf_ptrmap.h): an all-zero map is empty and owns
+ * nothing; put inserts and overwrites across growth; clear forgets in O(1)
+ * (and for real when the generation stamp wraps); iteration sees each
+ * entry once; free leaves an empty map that works again. */
+START_TEST(ir_ptrmap) {
+  nf_ptrmap m = NF_PTRMAP_INIT;
+  static char keys[5000];
+  uint64_t v = 99;
+  ck_assert_int_eq(nf_ptrmap_get(&m, &keys[0], &v), 0);
+  ck_assert_uint_eq(v, 99);
+  size_t it = 0;
+  ck_assert_int_eq(nf_ptrmap_next(&m, &it, NULL, NULL), 0);
+  nf_ptrmap_clear(&m); /* on an unused map: still empty, still usable */
+  for (int i = 0; i < 5000; i++) ck_assert_int_eq(nf_ptrmap_put(&m, &keys[i], (uint64_t)i * 3), NF_OK);
+  ck_assert_uint_eq(nf_ptrmap_count(&m), 5000);
+  for (int i = 0; i < 5000; i += 7) {
+    ck_assert_int_eq(nf_ptrmap_get(&m, &keys[i], &v), 1);
+    ck_assert_uint_eq(v, (uint64_t)i * 3);
+  }
+  ck_assert_int_eq(nf_ptrmap_put(&m, &keys[10], 1), NF_OK); /* overwrite */
+  ck_assert_uint_eq(nf_ptrmap_count(&m), 5000);
+  ck_assert_int_eq(nf_ptrmap_get(&m, &keys[10], &v), 1);
+  ck_assert_uint_eq(v, 1);
+  ck_assert_int_eq(nf_ptrmap_get(&m, &v, NULL), 0); /* never put */
+  /* iteration: every key once */
+  static unsigned char seen[5000];
+  memset(seen, 0, sizeof seen);
+  const void *k;
+  size_t n = 0;
+  for (it = 0; nf_ptrmap_next(&m, &it, &k, &v);) {
+    ptrdiff_t i = (const char *)k - keys;
+    ck_assert(i >= 0 && i < 5000 && !seen[i]);
+    seen[i] = 1;
+    n++;
+  }
+  ck_assert_uint_eq(n, 5000);
+  /* clear, then the generation stamp wrapped: nothing left either way */
+  nf_ptrmap_clear(&m);
+  ck_assert_int_eq(nf_ptrmap_get(&m, &keys[3], NULL), 0);
+  ck_assert_int_eq(nf_ptrmap_putp(&m, &keys[3], &keys[4]), NF_OK);
+  const void *p = NULL;
+  ck_assert_int_eq(nf_ptrmap_getp(&m, &keys[3], &p), 1);
+  ck_assert_ptr_eq(p, &keys[4]);
+  m.gen = UINT32_MAX;  /* as after 2^32 - 1 clears */
+  for (size_t i = 0; i < m.cap; i++)
+    if (m.slots[i].key) m.slots[i].gen = UINT32_MAX;
+  nf_ptrmap_clear(&m);
+  ck_assert_uint_eq(m.gen, 1);
+  ck_assert_int_eq(nf_ptrmap_get(&m, &keys[3], NULL), 0);
+  for (it = 0; nf_ptrmap_next(&m, &it, NULL, NULL);) ck_abort_msg("an entry after clear");
+  nf_ptrmap_free(&m);
+  ck_assert_ptr_null(m.slots);
+  ck_assert_int_eq(nf_ptrmap_put(&m, &keys[1], 5), NF_OK);
+  ck_assert_int_eq(nf_ptrmap_get(&m, &keys[1], &v), 1);
+  ck_assert_uint_eq(v, 5);
+  nf_ptrmap_free(&m);
+  nf_ptrmap *h = nf_ptrmap_new();
+  ck_assert_ptr_nonnull(h);
+  ck_assert_int_eq(nf_ptrmap_put(h, &keys[2], 7), NF_OK);
+  nf_ptrmap_delete(h);
+  nf_ptrmap_delete(NULL);
+}
+END_TEST
 
 START_TEST(ir_dtype_helpers) {
   ck_assert_str_eq(nf_dtype_name(NF_F32), "f32");
@@ -1436,6 +1501,7 @@ static Suite *ir_suite(void) {
   TCase *tc = tcase_create("core");
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, ir_dtype_helpers);
+  tcase_add_test(tc, ir_ptrmap);
   tcase_add_test(tc, ir_hashcons_identity);
   tcase_add_test(tc, ir_hash_context_independent);
   tcase_add_test(tc, ir_constructor_dtypes);

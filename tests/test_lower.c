@@ -146,6 +146,24 @@ static void check_case(nf_module *m, const tcase *c, int n_random) {
 #define N_WL ((int)(sizeof workload_cases / sizeof workload_cases[0]))
 #define N_BIG ((int)(sizeof big_cases / sizeof big_cases[0]))
 
+/* The default schedule's target from a feature list: LLVM's ("+f,-g")
+ * or a host description (words); a feature switched off or a longer name
+ * that starts the same does not count. */
+START_TEST(lower_sched_target_of) {
+  ck_assert_int_eq(nf_sched_target_of("+avx2,+avx512f,+fma").vector_regs, 32);
+  ck_assert_int_eq(nf_sched_target_of("+avx512f").vector_regs, 32);
+  ck_assert_int_eq(nf_sched_target_of("x86_64 AMD EPYC 9R14, 2 CPUs, avx512f avx2 fma").vector_regs,
+                   32);
+  ck_assert_int_eq(nf_sched_target_of("+avx2,-avx512f,+fma").vector_regs, 16);
+  ck_assert_int_eq(nf_sched_target_of("+avx2,+avx512fp16").vector_regs, 16);
+  ck_assert_int_eq(nf_sched_target_of("+avx2,+fma").vector_regs, 16);
+  ck_assert_int_eq(nf_sched_target_of("").vector_regs, 16);
+  ck_assert_int_eq(nf_sched_target_of(NULL).vector_regs, 16);
+  int h = nf_sched_target_host().vector_regs;
+  ck_assert(h == 16 || h == 32);
+}
+END_TEST
+
 START_TEST(lower_library) {
   if (!g_nn) g_nn = load("nn.nf");
   check_case(g_nn, &lib_cases[_i], iters());
@@ -491,9 +509,8 @@ START_TEST(lower_default_matmul) {
    * at the bias add's o.o loop, which takes the same tile */
   static const tcase lin = {"linear", "linear", P0, 3,
                             {NZ(1, 2, 64, 32), NZ(1, 2, 48, 32), NZ(1, 1, 48)}, NULL, 0, 0};
-  nf__sched_set_acc_regs(16);
   inst_make(&I, g_nn, &lin, 3);
-  ck_assert_int_eq(nf_schedule_default(I.g, &s), NF_OK);
+  ck_assert_int_eq(nf_schedule_default_for(I.g, &(nf_sched_target){32}, &s), NF_OK);
   nf_schedule_print(s, &out);
   ck_assert_str_eq(nf_buf_str(&out),
                    "neoflow-schedule 1\nstmts 2\nstmt 0 compute_at 1 o.o\nstmt 0 split o 48\n"
@@ -512,9 +529,8 @@ START_TEST(lower_default_matmul) {
   static const tcase lin_small = {"linear", "linear", P0, 3,
                                   {NZ(1, 2, 12, 32), NZ(1, 2, 20, 32), NZ(1, 1, 20)}, NULL, 0, 0};
   inst_make(&I, g_nn, &lin_small, 3);
-  ck_assert_int_eq(nf_schedule_default(I.g, &s), NF_OK);
+  ck_assert_int_eq(nf_schedule_default_for(I.g, &(nf_sched_target){32}, &s), NF_OK);
   nf_schedule_print(s, &out);
-  nf__sched_set_acc_regs(0);
   ck_assert_str_eq(nf_buf_str(&out),
                    "neoflow-schedule 1\nstmts 2\nstmt 0 compute_at 1 o.o\n"
                    "stmt 0 reorder i n0 o\nstmt 0 vectorize o\nstmt 1 split n0 2\n"
@@ -548,8 +564,7 @@ START_TEST(lower_default_stencil) {
   nf_buf out = NF_BUF_INIT, err = NF_BUF_INIT;
   /* with 16 accumulator registers (AVX-512) a 12-wide row (2 vectors)
    * gets 2 rows: 4 x 2 x 2 vectors, the copy one row taller */
-  nf__sched_set_acc_regs(16);
-  ck_assert_int_eq(nf_schedule_default(I.g, &s), NF_OK);
+  ck_assert_int_eq(nf_schedule_default_for(I.g, &(nf_sched_target){32}, &s), NF_OK);
   nf_schedule_print(s, &out);
   ck_assert_msg(strstr(nf_buf_str(&out), "stmt 0 split k 4\nstmt 0 split h 2\nstmt 0 split w 12\n"),
                 "%s", nf_buf_str(&out));
@@ -560,9 +575,7 @@ START_TEST(lower_default_stencil) {
   nf_schedule_free(s);
   nf_buf_reset(&out);
   /* with 8 (AVX2's 16 registers, half for the tile): one row */
-  nf__sched_set_acc_regs(8);
-  ck_assert_int_eq(nf_schedule_default(I.g, &s), NF_OK);
-  nf__sched_set_acc_regs(0);
+  ck_assert_int_eq(nf_schedule_default_for(I.g, &(nf_sched_target){16}, &s), NF_OK);
   nf_schedule_print(s, &out);
   ck_assert_str_eq(nf_buf_str(&out),
                    "neoflow-schedule 1\nstmts 1\nstmt 0 split k 4\nstmt 0 split h 1\n"
@@ -671,8 +684,7 @@ START_TEST(lower_default_wgrad) {
     inst I8;
     char msg8[3000] = "";
     inst_make(&I8, m, &c8, 14);
-    nf__sched_set_acc_regs(16);
-    ck_assert_int_eq(nf_schedule_default(I8.g, &s), NF_OK);
+    ck_assert_int_eq(nf_schedule_default_for(I8.g, &(nf_sched_target){32}, &s), NF_OK);
     nf_schedule_print(s, &out);
     ck_assert_msg(strstr(nf_buf_str(&out), "stmt 0 split k 4\nstmt 0 split c 4\n"), "%s",
                   nf_buf_str(&out));
@@ -682,8 +694,7 @@ START_TEST(lower_default_wgrad) {
     inst_free(&I8);
   }
   /* 6 channels (4 does not divide them), or 8 accumulators: 4 x 2 */
-  ck_assert_int_eq(nf_schedule_default(I.g, &s), NF_OK);
-  nf__sched_set_acc_regs(0);
+  ck_assert_int_eq(nf_schedule_default_for(I.g, &(nf_sched_target){32}, &s), NF_OK);
   nf_schedule_print(s, &out);
   ck_assert_str_eq(nf_buf_str(&out),
                    "neoflow-schedule 1\nstmts 1\nstmt 0 split k 4\nstmt 0 split c 2\n"
@@ -740,9 +751,8 @@ START_TEST(lower_default_channels) {
   inst I;
   nf_schedule *s = NULL;
   nf_lprog *p = NULL;
-  nf__sched_set_acc_regs(16);
   inst_make(&I, m, &cf, 21);
-  ck_assert_int_eq(nf_schedule_default(I.g, &s), NF_OK);
+  ck_assert_int_eq(nf_schedule_default_for(I.g, &(nf_sched_target){32}, &s), NF_OK);
   nf_schedule_print(s, &out);
   ck_assert_msg(strstr(nf_buf_str(&out), "stmt 0 split k 32\n") &&
                     strstr(nf_buf_str(&out), "stmt 0 vectorize k.i\n"),
@@ -758,7 +768,7 @@ START_TEST(lower_default_channels) {
   nf_schedule_free(s);
   inst_free(&I);
   inst_make(&I, m, &cw, 22);
-  ck_assert_int_eq(nf_schedule_default(I.g, &s), NF_OK);
+  ck_assert_int_eq(nf_schedule_default_for(I.g, &(nf_sched_target){32}, &s), NF_OK);
   nf_buf_reset(&out);
   nf_schedule_print(s, &out);
   ck_assert_msg(strstr(nf_buf_str(&out), "stmt 0 split k 32\n") &&
@@ -775,7 +785,6 @@ START_TEST(lower_default_channels) {
   ck_assert_msg(!run_one(&I, s, msg, sizeof msg), "%s", msg);
   nf_schedule_free(s);
   inst_free(&I);
-  nf__sched_set_acc_regs(0);
   nf_buf_free(&out);
   nf_buf_free(&err);
   nf_ir_ctx_free(pctx);
@@ -864,6 +873,7 @@ int main(void) {
   TCase *tc = tcase_create("lower");
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, lower_parse_errors);
+  tcase_add_test(tc, lower_sched_target_of);
   tcase_add_test(tc, lower_round_trip);
   tcase_add_test(tc, lower_default_matmul);
   tcase_add_test(tc, lower_default_stencil);

@@ -45,7 +45,7 @@ static void space_cases(const char *file, const tcase *cases, size_t n, int min_
     inst I;
     inst_make(&I, m, &cases[c], 3);
     nf_sk_space *sp;
-    ck_assert_int_eq(nf_sk_space_new(I.g, &sp), NF_OK);
+    ck_assert_int_eq(nf_sk_space_new(I.g, &(nf_sched_target){nf_sched_target_host().vector_regs}, &sp), NF_OK);
     nf_sk_point a, b, x;
     ck_assert_int_eq(nf_sk_point_init(sp, &a), NF_OK);
     ck_assert_int_eq(nf_sk_point_init(sp, &b), NF_OK);

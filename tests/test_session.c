@@ -187,7 +187,9 @@ static nf_session_stats stats(const nf_session *s) {
 }
 
 /* The session's recent warnings (for failure messages). */
-static const char *session_log(nf_session *s) { return s->log.len ? s->log.data : "(no warnings)"; }
+static const char *session_log(nf_session *s) {
+  return s->log.recent.len ? s->log.recent.data : "(no warnings)";
+}
 
 /* ---- the MLP of examples/mlp.nf with a fixed pool of batches ---- */
 

@@ -34,71 +34,17 @@
 #include <string.h>
 
 #include "nf_invert.h"
+#include "nf_ptrmap.h"
 
 #define MAX_PARTS_NOTE 256
 
-/* ---- a small pointer map (memo for expression rewriting) ---- */
+/* ---- memos for expression rewriting: the common pointer map ---- */
 
-typedef struct pmap {
-  const void **key;
-  const void **val;
-  size_t cap, n;
-} pmap;
+typedef nf_ptrmap pmap;
 
-static size_t pm_hash(const void *p, size_t cap) {
-  uint64_t x = (uint64_t)(uintptr_t)p;
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdull;
-  x ^= x >> 33;
-  return (size_t)x & (cap - 1);
-}
-
-static int pm_get(const pmap *m, const void *k, const void **v) {
-  if (!m->cap) return 0;
-  for (size_t i = pm_hash(k, m->cap);; i = (i + 1) & (m->cap - 1)) {
-    if (!m->key[i]) return 0;
-    if (m->key[i] == k) {
-      *v = m->val[i];
-      return 1;
-    }
-  }
-}
-
-static int pm_put(pmap *m, const void *k, const void *v) {
-  if ((m->n + 1) * 2 > m->cap) {
-    size_t nc = m->cap ? m->cap * 2 : 64;
-    const void **nk = calloc(nc, sizeof *nk), **nv = calloc(nc, sizeof *nv);
-    if (!nk || !nv) {
-      free(nk);
-      free(nv);
-      return NF_ENOMEM;
-    }
-    for (size_t i = 0; i < m->cap; i++)
-      if (m->key[i]) {
-        size_t j = pm_hash(m->key[i], nc);
-        while (nk[j]) j = (j + 1) & (nc - 1);
-        nk[j] = m->key[i];
-        nv[j] = m->val[i];
-      }
-    free(m->key);
-    free(m->val);
-    m->key = nk;
-    m->val = nv;
-    m->cap = nc;
-  }
-  size_t i = pm_hash(k, m->cap);
-  while (m->key[i] && m->key[i] != k) i = (i + 1) & (m->cap - 1);
-  if (!m->key[i]) m->n++;
-  m->key[i] = k;
-  m->val[i] = v;
-  return NF_OK;
-}
-
-static void pm_free(pmap *m) {
-  free(m->key);
-  free(m->val);
-  memset(m, 0, sizeof *m);
-}
+static int pm_get(const pmap *m, const void *k, const void **v) { return nf_ptrmap_getp(m, k, v); }
+static int pm_put(pmap *m, const void *k, const void *v) { return nf_ptrmap_putp(m, k, v); }
+static void pm_free(pmap *m) { nf_ptrmap_free(m); }
 
 /* ---- working state ---- */
 
@@ -695,7 +641,7 @@ static int contribute(ad *A, const nf_stmt *fs, uint32_t o_id, uint32_t do_id,
    * side's value: reuse it instead of recomputing (exp, tanh, sigmoid and
    * divisions refer to their own value). */
   if (fs->red == NF_RED_NONE) {
-    pmap m = {0};
+    pmap m = NF_PTRMAP_INIT;
     const nf_expr *self = access_all(A, o_id, 0);
     if (!self || pm_put(&m, rhs, self)) {
       pm_free(&m);
@@ -758,7 +704,7 @@ static int contribute(ad *A, const nf_stmt *fs, uint32_t o_id, uint32_t do_id,
         const nf_expr *vm[NF_MAX_VARS];
         for (int j = 0; j < nsel; j++) vm[j] = nf_e_var(ctx, (uint32_t)sel[j]);
         for (int l = 0; l < sub.n_t; l++) vm[nsel + l] = nf_e_var(ctx, (uint32_t)(d + l));
-        pmap m = {0};
+        pmap m = NF_PTRMAP_INIT;
         inv = sub;
         for (int v = 0; v < n_vars && !rc2; v++) {
           inv.v[v] = rewrite(A, &m, sub.v[v], NULL, vm, nsel + sub.n_t);
@@ -771,7 +717,7 @@ static int contribute(ad *A, const nf_stmt *fs, uint32_t o_id, uint32_t do_id,
         pm_free(&m);
         for (int k = 0; k < d && !rc2; k++) {
           if (!reads_tensor(acc->args[k])) continue;
-          pmap m2 = {0};
+          pmap m2 = NF_PTRMAP_INIT;
           const nf_expr *ek = rewrite(A, &m2, acc->args[k], NULL, inv.v, n_vars);
           pm_free(&m2);
           const nf_expr *eq = ek ? nf_e_binary(ctx, NF_OP_EQ, ek, nf_e_var(ctx, (uint32_t)k)) : NULL;
@@ -794,7 +740,7 @@ static int contribute(ad *A, const nf_stmt *fs, uint32_t o_id, uint32_t do_id,
       nf_buf_free(&why);
       return fail(A, NF_ELIMIT, "statement %d: gradient needs too many variables", A->cur_stmt);
     }
-    pmap m = {0};
+    pmap m = NF_PTRMAP_INIT;
     const nf_expr *g2 = rewrite(A, &m, G, NULL, inv.v, n_vars);
     const nf_expr *mc = mask_cond ? rewrite(A, &m, mask_cond, NULL, inv.v, n_vars) : NULL;
     pm_free(&m);
@@ -856,7 +802,7 @@ static int contribute(ad *A, const nf_stmt *fs, uint32_t o_id, uint32_t do_id,
     }
     const nf_expr *vmap[NF_MAX_VARS];
     for (int v = 0; v < n_vars; v++) vmap[v] = nf_e_var(ctx, (uint32_t)(d + v));
-    pmap m = {0};
+    pmap m = NF_PTRMAP_INIT;
     const nf_expr *g2 = rewrite(A, &m, G, NULL, vmap, n_vars);
     const nf_expr *guard = mask_cond ? rewrite(A, &m, mask_cond, NULL, vmap, n_vars) : NULL;
     for (int k = 0; k < d && g2; k++) {
@@ -970,7 +916,7 @@ static int diff_stmt(ad *A, uint32_t k) {
   /* Accesses to tensors that carry adjoints. */
   const nf_expr *accs[256];
   int n_acc = 0;
-  pmap seen = {0};
+  pmap seen = NF_PTRMAP_INIT;
   collect_accesses(fs->rhs, accs, &n_acc, 256, &seen, 0);
   pm_free(&seen);
   if (n_acc >= 256)
@@ -1078,7 +1024,7 @@ int nf_grad_graph(const nf_graph *g, const nf_grad_opts *o, nf_ir_ctx *ctx,
   for (uint32_t k = 0; k < g->n_stmts; k++) {
     const nf_expr *accs[256];
     int n_acc = 0;
-    pmap seen = {0};
+    pmap seen = NF_PTRMAP_INIT;
     collect_accesses(g->stmts[k].rhs, accs, &n_acc, 256, &seen, 0);
     pm_free(&seen);
     for (int a = 0; a < n_acc; a++)
@@ -1089,7 +1035,7 @@ int nf_grad_graph(const nf_graph *g, const nf_grad_opts *o, nf_ir_ctx *ctx,
     if (!reach[g->stmts[k].out]) continue;
     const nf_expr *accs[256];
     int n_acc = 0;
-    pmap seen = {0};
+    pmap seen = NF_PTRMAP_INIT;
     collect_accesses(g->stmts[k].rhs, accs, &n_acc, 256, &seen, 0);
     pm_free(&seen);
     for (int a = 0; a < n_acc; a++) reach[accs[a]->u.tensor] = 1;
@@ -1134,7 +1080,7 @@ int nf_grad_graph(const nf_graph *g, const nf_grad_opts *o, nf_ir_ctx *ctx,
     if (nf_dtype_is_float((nf_dtype)ft->dtype)) A.seed[g->outputs[k]] = id;
   }
   for (uint32_t k = 0; k < g->n_stmts; k++) {
-    pmap m = {0};
+    pmap m = NF_PTRMAP_INIT;
     ustmt s;
     memset(&s, 0, sizeof s);
     s.s = g->stmts[k];
@@ -1185,13 +1131,14 @@ int nf_grad_graph(const nf_graph *g, const nf_grad_opts *o, nf_ir_ctx *ctx,
     live_s[k] = 1;
     const nf_expr *accs[256];
     int n_acc = 0;
-    pmap seen = {0};
+    pmap seen = NF_PTRMAP_INIT;
     collect_accesses(A.s[k].s.rhs, accs, &n_acc, 256, &seen, 0);
     /* accesses inside indices were skipped by collect_accesses; walk the
      * seen set for them */
-    for (size_t i = 0; i < seen.cap; i++)
-      if (seen.key[i] && ((const nf_expr *)seen.key[i])->op == NF_OP_ACCESS)
-        live_t[((const nf_expr *)seen.key[i])->u.tensor] = 1;
+    const void *key;
+    for (size_t i = 0; nf_ptrmap_next(&seen, &i, &key, NULL);)
+      if (((const nf_expr *)key)->op == NF_OP_ACCESS)
+        live_t[((const nf_expr *)key)->u.tensor] = 1;
     pm_free(&seen);
   }
   nf_graph *ng = nf_graph_new(ctx, tstr(&A, "%s_grad", g->name ? g->name : "graph"));
@@ -1258,7 +1205,7 @@ int nf_grad_graph(const nf_graph *g, const nf_grad_opts *o, nf_ir_ctx *ctx,
   for (uint32_t k = 0; k < A.n_s; k++) {
     if (!live_s[k]) continue;
     nf_stmt s = A.s[k].s;
-    pmap m = {0};
+    pmap m = NF_PTRMAP_INIT;
     s.rhs = rewrite(&A, &m, s.rhs, tmap, NULL, 0);
     pm_free(&m);
     if (!s.rhs) {

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "nf_cublas.h"
+#include "nf_env.h"
 #include "nf_status.h"
 
 typedef int cublasStatus_t;
@@ -55,7 +56,7 @@ int nf_cublas_open(nf_cuda_rt *rt, nf_cublas **out, nf_buf *why) {
   nf_cublas *b = calloc(1, sizeof *b);
   if (!b) return NF_ENOMEM;
   b->rt = rt;
-  const char *env = getenv("NEOFLOW_LIBCUBLAS");
+  const char *env = nf_env(NF_ENV_LIBCUBLAS);
   static const char *const names[] = {"libcublas.so.13", "libcublas.so.12", "libcublas.so"};
   if (env && *env) b->lib = dlopen(env, RTLD_NOW | RTLD_LOCAL);
   for (size_t i = 0; !b->lib && !(env && *env) && i < sizeof names / sizeof *names; i++)

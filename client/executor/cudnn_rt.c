@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "nf_cudnn.h"
+#include "nf_env.h"
 #include "nf_status.h"
 
 typedef int cudnnStatus_t;
@@ -143,7 +144,7 @@ int nf_cudnn_open(nf_cuda_rt *rt, nf_cudnn **out, nf_buf *why) {
   nf_cudnn *c = calloc(1, sizeof *c);
   if (!c) return NF_ENOMEM;
   c->rt = rt;
-  const char *env = getenv("NEOFLOW_LIBCUDNN");
+  const char *env = nf_env(NF_ENV_LIBCUDNN);
   static const char *const names[] = {"libcudnn.so.9", "libcudnn.so.8", "libcudnn.so"};
   if (env && *env) c->lib = dlopen(env, RTLD_NOW | RTLD_LOCAL);
   for (size_t i = 0; !c->lib && !(env && *env) && i < sizeof names / sizeof *names; i++)

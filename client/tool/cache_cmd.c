@@ -36,6 +36,7 @@
 
 #include "nf_buf.h"
 #include "nf_cache.h"
+#include "nf_env.h"
 #include "nf_kernel.h"
 #include "nf_wire_sign.h"
 
@@ -119,7 +120,7 @@ static int cache_fail(const char *what, const nf_buf *err, int rc) {
 /* The default cache path (see the usage text) into out; -1 when there is
  * no home directory to put it in. */
 static int default_cache_path(nf_buf *out) {
-  const char *e = getenv("NEOFLOW_CACHE");
+  const char *e = nf_env(NF_ENV_CACHE);
   if (e && *e) {
     nf_buf_puts(out, e);
     return 0;
@@ -128,12 +129,12 @@ static int default_cache_path(nf_buf *out) {
     nf_buf_puts(out, "/var/lib/neoflowd/cache.db");
     return 0;
   }
-  e = getenv("XDG_CACHE_HOME");
+  e = nf_env(NF_ENV_XDG_CACHE_HOME);
   if (e && e[0] == '/') { /* the spec ignores relative values */
     nf_buf_printf(out, "%s/neoflow/cache.db", e);
     return 0;
   }
-  const char *home = getenv("HOME");
+  const char *home = nf_env(NF_ENV_HOME);
   if (!home || !*home) {
     struct passwd *pw = getpwuid(getuid());
     home = pw ? pw->pw_dir : NULL;

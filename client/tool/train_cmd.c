@@ -70,6 +70,12 @@ static const char train_usage[] =
     "                        (over the steps since the kernels last changed)\n"
     "  --save FILE, --load FILE  parameters after / before training\n";
 
+/* The session's messages on stderr (the library never prints itself). */
+static void log_stderr(void *user, int level, const char *message) {
+  (void)user;
+  fprintf(stderr, "%s: %s%s\n", "neoflow", level == NEOFLOW_LOG_WARN ? "warning: " : "", message);
+}
+
 static uint64_t rs;
 static double unif(void) {
   rs += 0x9e3779b97f4a7c15ULL;
@@ -447,7 +453,7 @@ int nf__cli_train(int argc, char **argv) {
   if (log_every < 0) log_every = json ? 1 : 10;
 
   setvbuf(stdout, NULL, _IOLBF, 0); /* progress lines reach a pipe or file at once */
-  double t_start = nf__now_ms();
+  double t_start = nf_now_ms();
   char *err = NULL;
   nf_model *m = nf_model_load(file, &err);
   if (!m) {
@@ -490,6 +496,7 @@ int nf__cli_train(int argc, char **argv) {
   so.inames = inames;
   so.ivalues = ivals;
   so.quiet = json;
+  so.log = log_stderr;
   so.n_shapes = n_sh;
   so.shape_names = shn;
   so.shape_ranks = shr;
@@ -631,8 +638,8 @@ train:
     if (st == 0) loss0 = loss;
     /* --until-tuned: every kernel final (looked at twice a second: the
      * look may wait a millisecond) ends the run N steps later */
-    if (until_tuned >= 0 && nf__now_ms() - until_look >= 500) {
-      until_look = nf__now_ms();
+    if (until_tuned >= 0 && nf_now_ms() - until_look >= 500) {
+      until_look = nf_now_ms();
       if (nf_session_wait_kernels(s, 1, 2) == NF_OK) {
         if (until_tuned < steps - st - 1) steps = st + 1 + until_tuned;
         until_tuned = -1;
@@ -663,7 +670,7 @@ train:
              stt.connected ? "true" : "false", (long long)stt.swaps, (long long)stt.trusted,
              (long long)stt.rejected, (long long)stt.reconnects, stt.first_step_ms,
              stt.generated, (long long)stt.graph_runs, stt.tier0_kept, (long long)stt.remembered,
-             nf__now_ms() - t_start);
+             nf_now_ms() - t_start);
       fflush(stdout);
     } else if (tty) {
       fprintf(stderr, "\rstep %lld/%ld  loss %.5g  %.2f ms/step  tier1 %d/%d  tier2 %d/%d",
@@ -679,12 +686,12 @@ train:
              stt.connected ? "" : "  (no daemon)");
     }
     if (fashion && ((st + 1) % spe == 0 || last)) {
-      double acc = 0, tl = 0, t0 = nf__now_ms();
+      double acc = 0, tl = 0, t0 = nf_now_ms();
       if (ds_evaluate(s, f, &ds, bdim, &acc, &tl)) {
         fprintf(stderr, "neoflow train: error: evaluation: %s\n", nf_session_error(s));
         goto out;
       }
-      double ev_ms = nf__now_ms() - t0;
+      double ev_ms = nf_now_ms() - t0;
       double tr_acc = seen ? (double)correct / (double)seen : NAN;
       if (json && ds.logits)
         printf("{\"epoch\":%.4g,\"step\":%ld,\"train_accuracy\":%.6f,\"test_accuracy\":%.6f,"

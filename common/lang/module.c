@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 
 #include "nf_config.h"
+#include "nf_env.h"
 #include "nf_lang_int.h"
 
 #define MAX_FILE_BYTES (64u << 20)
@@ -152,7 +153,7 @@ static char *dir_of(const char *path) {
 
 static const char *lib_dir(const nf_module *m) {
   if (m->lib_dir) return m->lib_dir;
-  const char *env = getenv("NEOFLOW_LIB");
+  const char *env = nf_env(NF_ENV_LIB);
   if (env && *env) return env;
   struct stat st;
   if (stat(NF_DATA_LIBDIR "/nn.nf", &st) == 0) return NF_DATA_LIBDIR;

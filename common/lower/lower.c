@@ -48,6 +48,8 @@
 
 #include "nf_lower.h"
 
+#include "nf_ptrmap.h"
+
 #define MAX_LOOPS 64
 #define MAX_GUARDS 64
 #define TILE_MAX_ELEMS 65536
@@ -928,50 +930,17 @@ static int add_buf(lw *L, const char *name, int dtype, int kind, int rank, const
 
 /* ---- rhs translation ---- */
 
-typedef struct tmap {
-  const nf_expr **key, **val;
-  size_t cap, n;
-} tmap;
+/* node -> its translation: the common pointer map */
+typedef nf_ptrmap tmap;
 
 static const nf_expr *tmap_get(const tmap *m, const nf_expr *k) {
-  if (!m->cap) return NULL;
-  size_t h = ((uintptr_t)k >> 4) * 0x9e3779b97f4a7c15ull & (m->cap - 1);
-  while (m->key[h]) {
-    if (m->key[h] == k) return m->val[h];
-    h = (h + 1) & (m->cap - 1);
-  }
-  return NULL;
+  const void *v = NULL;
+  return nf_ptrmap_getp(m, k, &v) ? v : NULL;
 }
 
-static int tmap_put(tmap *m, const nf_expr *k, const nf_expr *v) {
-  if (2 * (m->n + 1) > m->cap) {
-    tmap nm = {0};
-    nm.cap = m->cap ? 2 * m->cap : 64;
-    nm.key = calloc(nm.cap, sizeof *nm.key);
-    nm.val = calloc(nm.cap, sizeof *nm.val);
-    if (!nm.key || !nm.val) {
-      free(nm.key);
-      free(nm.val);
-      return NF_ENOMEM;
-    }
-    for (size_t i = 0; i < m->cap; i++)
-      if (m->key[i]) tmap_put(&nm, m->key[i], m->val[i]);
-    free(m->key);
-    free(m->val);
-    *m = nm;
-  }
-  size_t h = ((uintptr_t)k >> 4) * 0x9e3779b97f4a7c15ull & (m->cap - 1);
-  while (m->key[h] && m->key[h] != k) h = (h + 1) & (m->cap - 1);
-  if (!m->key[h]) m->n++;
-  m->key[h] = k;
-  m->val[h] = v;
-  return NF_OK;
-}
+static int tmap_put(tmap *m, const nf_expr *k, const nf_expr *v) { return nf_ptrmap_putp(m, k, v); }
 
-static void tmap_free(tmap *m) {
-  free(m->key);
-  free(m->val);
-}
+static void tmap_free(tmap *m) { nf_ptrmap_free(m); }
 
 static const nf_expr *translate(lw *L, const nf_expr *e, const nf_expr *const *vmap, int nvmap,
                                 tmap *memo, int depth);
@@ -983,7 +952,7 @@ static const nf_expr *translate_access(lw *L, const nf_expr *e, const nf_expr *c
   if (b < 0) { /* inlined producer: substitute its rhs at these indices */
     const nf_stmt *ps = &L->g->stmts[L->stmt_of[t]];
     if (depth > 64) return NULL;
-    tmap m = {0};
+    tmap m = NF_PTRMAP_INIT;
     const nf_expr *r = translate(L, ps->rhs, args, e->n_args, &m, depth + 1);
     tmap_free(&m);
     return r;
@@ -1325,7 +1294,7 @@ static int attach_item(lw *L, const nf_schedule *s, int si, const nest *n, int k
    * never look at the cells outside T, whatever they hold) */
   int n_pad = 0;
   if (!is_at) {
-    tmap pm = {0};
+    tmap pm = NF_PTRMAP_INIT;
     const nf_expr *np = drop_pad_guards(L, *rhs, b, &pm, &n_pad);
     tmap_free(&pm);
     if (!np) {
@@ -1354,7 +1323,7 @@ static int attach_item(lw *L, const nf_schedule *s, int si, const nest *n, int k
   int lb = add_buf(L, name, L->bufs[b].dtype, NF_BUF_TEMP, R.rank, lext, -1);
   if (lb < 0 || L->oom) return NF_ENOMEM;
   R.buf = (uint32_t)lb;
-  tmap memo = {0};
+  tmap memo = NF_PTRMAP_INIT;
   *rhs = rebase(L, *rhs, b, &R, &memo);
   tmap_free(&memo);
   if (!*rhs) return NF_ENOMEM;
@@ -1605,7 +1574,7 @@ static int lower_stmt(lw *L, const nf_schedule *s, int si, const region *R, nf_l
   if (rc < 0) return rc;
   *reassoc |= n.reassoc;
   uint32_t ob = R ? R->buf : (uint32_t)L->buf_of[st->out];
-  tmap memo = {0};
+  tmap memo = NF_PTRMAP_INIT;
   const nf_expr *rhs = translate(L, st->rhs, n.orig, n.n_orig, &memo, 0);
   tmap_free(&memo);
   rhs = simp(L, rhs);
@@ -2382,4 +2351,89 @@ int nf_schedule_random(const nf_graph *g, uint64_t seed, nf_schedule **out) {
   }
   *out = s;
   return NF_OK;
+}
+
+/* ---- the default schedules, checked by lowering ---- */
+
+/* The CPU default; where a stencil, weight-gradient or padded-plane
+ * schedule was chosen the whole program is lowered once (a lowering more
+ * per default of such a graph), and the plain schedules are taken
+ * instead if that fails (a shape the pattern tests let through but the
+ * cache_read region cannot hold). */
+int nf_schedule_default_for(const nf_graph *g, const nf_sched_target *t, nf_schedule **out) {
+  int n_stencil = 0;
+  int rc = nf__sched_default_plain(g, t, 1, &n_stencil, out);
+  if (rc < 0 || n_stencil == 0) return rc;
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  nf_buf err = NF_BUF_INIT;
+  nf_lprog *p = NULL;
+  int lr = ctx ? nf_lower(g, *out, ctx, &p, &err) : NF_ENOMEM;
+  nf_buf_free(&err);
+  nf_ir_ctx_free(ctx);
+  if (lr == NF_OK) return NF_OK;
+  nf_schedule_free(*out);
+  *out = NULL;
+  if (lr == NF_ENOMEM) return lr;
+  return nf__sched_default_plain(g, t, 0, &n_stencil, out);
+}
+
+int nf_schedule_default(const nf_graph *g, nf_schedule **out) {
+  nf_sched_target t = nf_sched_target_host();
+  return nf_schedule_default_for(g, &t, out);
+}
+
+/* The CUDA backend's static shared memory per block (nf_cuda.h). */
+#define NF_GPU_SHARED_BUDGET (48 << 10)
+
+/* The shared memory statement s's launch would declare: its temporaries
+ * inside block loops and outside thread loops, summed (the backend's
+ * placement: static per kernel, 256-byte slices). */
+static uint64_t launch_shared(const nf_lprog *p, const nf_lstmt *s, int in_block, int in_thread) {
+  uint64_t sum = 0;
+  if (s->kind == NF_LS_LOOP) {
+    in_block |= s->loop_kind == NF_LOOP_BLOCK;
+    in_thread |= s->loop_kind == NF_LOOP_THREAD;
+  }
+  if (s->kind == NF_LS_ALLOC && in_block && !in_thread && s->buf < p->n_bufs) {
+    const nf_lbuf *b = &p->bufs[s->buf];
+    uint64_t n = nf_dtype_size((nf_dtype)b->dtype);
+    for (int d = 0; d < b->rank; d++) n *= (uint64_t)(b->shape[d] > 0 ? b->shape[d] : 1);
+    sum = (n + 255) & ~(uint64_t)255;
+  }
+  for (int i = 0; i < s->n_body; i++) sum += launch_shared(p, s->body[i], in_block, in_thread);
+  return sum;
+}
+
+/* The most shared memory any launch of p would declare (top-level
+ * statements are launches; top-level temporaries are global). */
+static uint64_t block_shared(const nf_lprog *p, const nf_lstmt *s) {
+  if (s->kind != NF_LS_SEQ && s->kind != NF_LS_ALLOC) return launch_shared(p, s, 0, 0);
+  uint64_t m = 0;
+  for (int i = 0; i < s->n_body; i++) {
+    uint64_t k = block_shared(p, s->body[i]);
+    m = k > m ? k : m;
+  }
+  return m;
+}
+
+/* The GPU default; where the shared-memory tiles were chosen the program
+ * is lowered once more to check it, and the one-thread-per-output
+ * schedules are taken when it does not lower (a staged region over the
+ * limit, a read the region inference cannot bound). */
+int nf_schedule_default_gpu(const nf_graph *g, int block, nf_schedule **out) {
+  int n_tiled = 0;
+  int rc = nf__sched_gpu_plain(g, block, 1, NULL, &n_tiled, out);
+  if (rc < 0 || n_tiled == 0) return rc;
+  nf_ir_ctx *ctx = nf_ir_ctx_new();
+  nf_buf err = NF_BUF_INIT;
+  nf_lprog *p = NULL;
+  int lr = ctx ? nf_lower(g, *out, ctx, &p, &err) : NF_ENOMEM;
+  if (lr == NF_OK && block_shared(p, p->root) > NF_GPU_SHARED_BUDGET) lr = NF_ELIMIT;
+  nf_buf_free(&err);
+  nf_ir_ctx_free(ctx);
+  if (lr == NF_OK) return NF_OK;
+  nf_schedule_free(*out);
+  *out = NULL;
+  if (lr == NF_ENOMEM) return lr;
+  return nf__sched_gpu_plain(g, block, 0, NULL, &n_tiled, out);
 }

@@ -67,6 +67,8 @@ typedef struct nf_sched_item {
 typedef struct nf_schedule {
   int version;
   int64_t n_stmts; /* the graph's statement count it was made for; -1: any */
+  int acc_regs;    /* made by nf_schedule_default_for: the accumulator
+                      registers of its target (8 or 16); 0: parsed */
   int n_items, cap_items;
   nf_sched_item *items;
 } nf_schedule;
@@ -84,13 +86,33 @@ nf_schedule *nf_schedule_new(void);
 int nf_schedule_add(nf_schedule *s, const nf_sched_item *it);
 void nf_schedule_free(nf_schedule *s);
 
-/* The tier-1 default schedule of g (cheap: no search, no lowering):
+/* What the default CPU schedule knows of the machine it is made for:
+ * its vector registers (32 with AVX-512, whose tiles then keep 16
+ * accumulators; 16 with AVX2, 8 accumulators). */
+typedef struct nf_sched_target {
+  int vector_regs; /* 16 or 32; anything but 32 counts as 16 */
+} nf_sched_target;
+
+/* The target of a feature list: LLVM's ("+avx2,+avx512f,...") or the
+ * host description of common/nf_target.h ("... avx512f avx2 ..."); NULL
+ * or empty: 16 registers. */
+nf_sched_target nf_sched_target_of(const char *features);
+/* The CPU this process runs on: for the tools and tests that compile for
+ * the machine they run on.  The daemon takes its compile target's
+ * (nf_cpu_sched_target, daemon/codegen/nf_codegen.h). */
+nf_sched_target nf_sched_target_host(void);
+
+/* The tier-1 default schedule of g for target t (lower.c; no search):
  * inline single-use elementwise producers, the product tile for a sum of
  * one product of two plain accesses (sched_gemm.c), register-tile other
  * matmul-shaped reductions (8 x 16, reduction outside the tile,
- * cache_write), fuse an
- * elementwise epilogue into that tile (compute_at), parallel outer loop,
- * vectorized inner loop (docs/schedules.md). */
+ * cache_write), fuse an elementwise epilogue into that tile (compute_at),
+ * stencil and weight-gradient tiles, parallel outer loop, vectorized
+ * inner loop (docs/schedules.md).  Where a stencil, weight-gradient or
+ * padded-plane schedule was chosen, the whole program is lowered once to
+ * check it, and the plain schedule is taken if that fails. */
+int nf_schedule_default_for(const nf_graph *g, const nf_sched_target *t, nf_schedule **out);
+/* The same for nf_sched_target_host(). */
 int nf_schedule_default(const nf_graph *g, nf_schedule **out);
 /* The tier-1 GPU schedule of g (bind_block / bind_thread; one thread per
  * output element, blocks of `block` threads, 256 when out of 32..1024):
@@ -170,23 +192,31 @@ int nf__sched_used_once(const nf_graph *g, uint32_t t);
 /* dst = a followed by suffix, cut to a loop name (NF_SCHED_NAME bytes). */
 void nf__sched_cat(char *dst, const char *a, const char *suffix);
 int nf__sched_inlined_by_default(const nf_graph *g, uint32_t si);
-/* Internal (tests): the accumulator registers the default's stencil and
- * weight-gradient tiles may fill (8 or 16; 0: from the host CPU). */
-void nf__sched_set_acc_regs(int n);
-/* Internal (schedule.c, sched_gemm.c): that count (16 where the CPU has
+/* Internal (lower.c): the default schedule of g for t without the check
+ * by lowering (schedule.c): use_stencil 0 takes the plain schedules
+ * only; *n_stencil counts the statements given a stencil,
+ * weight-gradient or padded-plane schedule. */
+int nf__sched_default_plain(const nf_graph *g, const nf_sched_target *t, int use_stencil,
+                            int *n_stencil, nf_schedule **out);
+/* Internal (lower.c): the GPU default without the check by lowering:
+ * tiled 0 takes the one-thread-per-output schedules only; *n_tiled
+ * counts the statements given shared-memory tiles. */
+int nf__sched_gpu_plain(const nf_graph *g, int block, int tiled, const nf_gpu_knobs *kn,
+                        int *n_tiled, nf_schedule **out);
+/* Internal (schedule.c, sched_gemm.c): the accumulator registers the
+ * default's tiles may fill (s->acc_regs: 16 where the target has
  * AVX-512's 32 vector registers, else 8); appending one primitive of one
  * name and factor, or of two names (fuse a b; cache_read: loop a, tensor
  * b), NF_OK or NF_ENOMEM; the reduction variables of st but skip in the
  * order of the outermost dimension each indexes (ord[], their count). */
-int nf__sched_acc_regs(void);
+int nf__sched_acc_regs(const nf_schedule *s);
 int nf__sched_add1(nf_schedule *s, int st, int kind, const char *a, int64_t f);
 int nf__sched_add2(nf_schedule *s, int st, int kind, const char *a, const char *b);
 int nf__sched_red_order(const nf_stmt *st, int rank, int skip, int *ord);
 /* Internal (sched_gemm.c): the default's tile for a sum of one product of
- * two plain accesses (docs/schedules.md, "product tile"): whether it
- * applies to statement si; appending it for statement st_i whose loop
- * names are nm (1), 0 where it does not apply, or NF_ENOMEM. */
-int nf__sched_gemm_applies(const nf_graph *g, uint32_t si);
+ * two plain accesses (docs/schedules.md, "product tile"): appending it
+ * for statement st_i whose loop names are nm (1), 0 where it does not
+ * apply, or NF_ENOMEM. */
 int nf__sched_gemm(nf_schedule *s, const nf_graph *g, int st_i, char nm[][NF_SCHED_NAME]);
 /* ... and for such a product prod with an elementwise epilogue cons
  * (read once, at its own indices): part 0 appends the product's items

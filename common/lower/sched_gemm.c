@@ -236,11 +236,12 @@ typedef struct gemm_nest {
                              * contiguous), v.o inside u.o */
 } gemm_nest;
 
-static int gemm_nest_of(const nf_graph *g, uint32_t si, int row_blocks, gemm_nest *n) {
+static int gemm_nest_of(const nf_schedule *s, const nf_graph *g, uint32_t si, int row_blocks,
+                        gemm_nest *n) {
   const nf_stmt *st = &g->stmts[si];
   const nf_tensor *t = &g->tensors[st->out];
   int rank = t->rank;
-  int lanes = nf__sched_acc_regs() >= 16 ? 16 : 8;
+  int lanes = nf__sched_acc_regs(s) >= 16 ? 16 : 8;
   memset(n, 0, sizeof *n);
   gemm_plan *p = &n->p;
   if (!gemm_plan_of(g, si, lanes, lanes == 16 ? 32 : 16, p)) return 0;
@@ -369,11 +370,6 @@ static int gemm_nest_of(const nf_graph *g, uint32_t si, int row_blocks, gemm_nes
   return 1;
 }
 
-int nf__sched_gemm_applies(const nf_graph *g, uint32_t si) {
-  gemm_nest n;
-  return gemm_nest_of(g, si, 0, &n) > 0;
-}
-
 /* The name of the loop that the fused outer loops make (the parallel
  * one), from statement loop names nm. */
 static void par_name(const gemm_nest *n, char nm[][NF_SCHED_NAME], char *out) {
@@ -485,7 +481,7 @@ static int emit_nest(nf_schedule *s, const nf_graph *g, int st_i, char nm[][NF_S
 
 int nf__sched_gemm(nf_schedule *s, const nf_graph *g, int st_i, char nm[][NF_SCHED_NAME]) {
   gemm_nest n;
-  int rc = gemm_nest_of(g, (uint32_t)st_i, 1, &n);
+  int rc = gemm_nest_of(s, g, (uint32_t)st_i, 1, &n);
   return rc <= 0 ? rc : emit_nest(s, g, st_i, nm, &n, 0);
 }
 
@@ -499,7 +495,7 @@ int nf__sched_gemm(nf_schedule *s, const nf_graph *g, int st_i, char nm[][NF_SCH
  * product tile, NF_ENOMEM. */
 int nf__sched_gemm_fused(nf_schedule *s, const nf_graph *g, int prod, int cons, int part) {
   gemm_nest n;
-  int rc = gemm_nest_of(g, (uint32_t)prod, 0, &n);
+  int rc = gemm_nest_of(s, g, (uint32_t)prod, 0, &n);
   if (rc <= 0) return rc;
   const nf_stmt *ps = &g->stmts[prod], *cs = &g->stmts[cons];
   int rank = g->tensors[ps->out].rank;

@@ -541,7 +541,7 @@ static int rf_nest(nf_schedule *s, const nf_graph *g, int st_i, int k,
     nf__sched_cat(tmp, tmp, nm[r]);
     nf__sched_cat(rname, tmp, ".fused");
     e *= st->red_ext[fq];
-    w = nf__sched_acc_regs() >= 16 && e % 16 == 0 ? 16 : 8;
+    w = nf__sched_acc_regs(s) >= 16 && e % 16 == 0 ? 16 : 8;
   }
   int first_tile = rank;
   int64_t tile = 1;
@@ -612,20 +612,33 @@ static int epilogue_of(const nf_graph *g, uint32_t si) {
 }
 
 /* Accumulator registers the stencil and weight-gradient tiles may fill:
- * 16 where the CPU has 32 vector registers (AVX-512), else 8 (of AVX2's
- * 16).  nf__sched_set_acc_regs pins it (tests; 0: detect again). */
-static int g_acc_regs;
+ * 16 where the target has 32 vector registers (AVX-512), else 8 (of
+ * AVX2's 16); 8 for a parsed schedule. */
+int nf__sched_acc_regs(const nf_schedule *s) { return s && s->acc_regs >= 16 ? 16 : 8; }
 
-void nf__sched_set_acc_regs(int n) { g_acc_regs = n; }
+nf_sched_target nf_sched_target_of(const char *features) {
+  nf_sched_target t = {16};
+  if (!features) return t;
+  /* a whole word: "avx512f" in a description, "+avx512f" in LLVM's list
+   * ("-avx512f" there says the feature is off) */
+  for (const char *p = strstr(features, "avx512f"); p; p = strstr(p + 1, "avx512f")) {
+    char before = p == features ? ' ' : p[-1], after = p[7];
+    int word_end = after == '\0' || after == ',' || after == ' ';
+    if (word_end && (before == ' ' || before == '+' || before == ',')) {
+      t.vector_regs = 32;
+      break;
+    }
+  }
+  return t;
+}
 
-int nf__sched_acc_regs(void) {
-  if (g_acc_regs > 0) return g_acc_regs;
+nf_sched_target nf_sched_target_host(void) {
+  nf_sched_target t = {16};
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") ? 16 : 8;
-#else
-  return 8;
+  if (__builtin_cpu_supports("avx512f")) t.vector_regs = 32;
 #endif
+  return t;
 }
 
 /* The register tile of an output of extents ei x ej: 8 x 16 where the
@@ -745,14 +758,14 @@ static int stencil_nest(nf_schedule *s, const nf_graph *g, int st_i, const stenc
   const nf_tensor *t = &g->tensors[st->out];
   int rank = t->rank, rc;
   int64_t ei = t->shape[rank - 2], ej = t->shape[rank - 1];
-  /* at most nf__sched_acc_regs() vector registers hold the tile: k.i x i.i x
+  /* at most nf__sched_acc_regs(s) vector registers hold the tile: k.i x i.i x
    * vectors per row (a 28-wide row is 4 vectors: 2 x 1 x 28; 4 x 2 x 28
    * spilled, 16x32x28x28 to 64 channels 106 ms against 10.9) */
   int64_t tj = ej % 8 == 0 ? 8 : (ej % 4 == 0 && ej <= 32) ? ej : 8;
   int64_t nvec = (tj + 7) / 8, tk = nvec <= 2 ? 4 : 2, ti = 1;
   /* more rows while the accumulators fit (AVX-512: 4 x 4 x 8 ran the
    * 8x64x56x56 forward in 24 ms against 28 with 4 x 2 x 8 on a Xeon) */
-  while (ti < 4 && ei % (2 * ti) == 0 && tk * 2 * ti * nvec <= nf__sched_acc_regs()) ti *= 2;
+  while (ti < 4 && ei % (2 * ti) == 0 && tk * 2 * ti * nvec <= nf__sched_acc_regs(s)) ti *= 2;
   const char *kv = nm[sc->kv], *i = nm[rank - 2], *j = nm[rank - 1];
   char io[NF_SCHED_NAME], jo[NF_SCHED_NAME], par[NF_SCHED_NAME], tmp[NF_SCHED_NAME];
   nf__sched_cat(io, i, ".o");
@@ -824,7 +837,7 @@ static int chan_stencil_nest(nf_schedule *s, const nf_graph *g, int st_i, const 
   const nf_tensor *t = &g->tensors[st->out];
   int rank = t->rank, rc;
   int64_t ek = t->shape[sc->kv], ej = t->shape[rank - 1];
-  if (nf__sched_acc_regs() < 16 || ek % 16 != 0 || !g->tensors[sc->wt->u.tensor].name) return 0;
+  if (nf__sched_acc_regs(s) < 16 || ek % 16 != 0 || !g->tensors[sc->wt->u.tensor].name) return 0;
   int64_t kvi = ek % 32 == 0 ? 32 : 16, tw = divisor_in(ej, 4, 28 * 16 / kvi);
   if (!tw && kvi == 32) tw = divisor_in(ej, 4, 28), kvi = 16;
   if (!tw) return 0;
@@ -951,7 +964,7 @@ static int wgrad_nest(nf_schedule *s, const nf_graph *g, int st_i, const wgrad *
   /* 4 x 2 (k, c) outputs of one vector each; 4 x 4 where 16 accumulators
    * fit (AVX-512: 8x64x56x56 with a 3x3 kernel, 26-28.6 ms against 33.4
    * with 4 x 2 on a Xeon; 8 x 4 spilled: 49.7) */
-  int64_t tc = nf__sched_acc_regs() >= 16 && g->tensors[st->out].shape[wg->cv] % 4 == 0 ? 4 : 2;
+  int64_t tc = nf__sched_acc_regs(s) >= 16 && g->tensors[st->out].shape[wg->cv] % 4 == 0 ? 4 : 2;
   if ((rc = nf__sched_add1(s, st_i, NF_SCH_SPLIT, kv, 4)) < 0) return rc;
   if ((rc = nf__sched_add1(s, st_i, NF_SCH_SPLIT, cv, tc)) < 0) return rc;
   if ((rc = nf__sched_add1(s, st_i, NF_SCH_SPLIT, rh, wg->hb)) < 0) return rc;
@@ -1008,7 +1021,7 @@ static int chan_wgrad_nest(nf_schedule *s, const nf_graph *g, int st_i, const wg
   const nf_tensor *t = &g->tensors[st->out];
   int rank = t->rank, rc;
   int64_t ek = t->shape[wg->kv], other = 1;
-  if (nf__sched_acc_regs() < 16 || ek % 16 != 0 || !g->tensors[d->u.tensor].name) return 0;
+  if (nf__sched_acc_regs(s) < 16 || ek % 16 != 0 || !g->tensors[d->u.tensor].name) return 0;
   for (int v = 0; v < rank; v++)
     if (v != wg->kv && v != wg->cv) other *= t->shape[v];
   int64_t kvi = ek % 32 == 0 && other * 2 <= 24 ? 32 : 16;
@@ -1077,38 +1090,14 @@ static const nf_expr *padded_plane(const nf_graph *g, uint32_t si) {
   return NULL;
 }
 
-static int schedule_default(const nf_graph *g, int use_stencil, int *n_stencil,
-                            nf_schedule **out);
-
-/* The default schedule; where a stencil, weight-gradient or padded-plane
- * schedule was chosen the whole program is lowered once (a lowering more
- * per default of such a graph), and the plain schedules are taken
- * instead if that fails (a shape the pattern tests let through but the
- * cache_read region cannot hold). */
-int nf_schedule_default(const nf_graph *g, nf_schedule **out) {
-  int n_stencil = 0;
-  int rc = schedule_default(g, 1, &n_stencil, out);
-  if (rc < 0 || n_stencil == 0) return rc;
-  nf_ir_ctx *ctx = nf_ir_ctx_new();
-  nf_buf err = NF_BUF_INIT;
-  nf_lprog *p = NULL;
-  int lr = ctx ? nf_lower(g, *out, ctx, &p, &err) : NF_ENOMEM;
-  nf_buf_free(&err);
-  nf_ir_ctx_free(ctx);
-  if (lr == NF_OK) return NF_OK;
-  nf_schedule_free(*out);
-  *out = NULL;
-  if (lr == NF_ENOMEM) return lr;
-  return schedule_default(g, 0, &n_stencil, out);
-}
-
-static int schedule_default(const nf_graph *g, int use_stencil, int *n_stencil,
-                            nf_schedule **out) {
+int nf__sched_default_plain(const nf_graph *g, const nf_sched_target *t, int use_stencil,
+                            int *n_stencil, nf_schedule **out) {
   nf_schedule *s = nf_schedule_new();
   int rc = NF_OK;
   *out = NULL;
   if (!s) return NF_ENOMEM;
   s->n_stmts = g->n_stmts;
+  s->acc_regs = t && t->vector_regs == 32 ? 16 : 8;
   int32_t *epi_prod = malloc((g->n_stmts ? g->n_stmts : 1) * sizeof *epi_prod);
   if (!epi_prod) {
     nf_schedule_free(s);
@@ -1405,8 +1394,7 @@ static int gpu_tiled(nf_schedule *s, const nf_graph *g, uint32_t si, const nf_gp
   return nf__sched_add1(s, st_i, NF_SCH_CACHE_WRITE, thr[1], 0);
 }
 
-static int gpu_default(const nf_graph *g, int block, int tiled, const nf_gpu_knobs *kn,
-                       int *n_tiled, nf_schedule **out);
+/* nf__sched_gpu_plain: nf_lower.h */
 
 /* A reduction to a scalar over at least 512 terms: its reduction loops
  * fused and dealt to one block of 256 threads (thread t takes terms t,
@@ -1468,65 +1456,9 @@ static int gpu_block_reduce(nf_schedule *s, const nf_graph *g, uint32_t si, int 
   return nf__sched_add1(s, st_i, NF_SCH_BIND_THREAD, i, 0);
 }
 
-/* The CUDA backend's static shared memory per block (nf_cuda.h). */
-#define NF_GPU_SHARED_BUDGET (48 << 10)
-
-/* The shared memory statement s's launch would declare: its temporaries
- * inside block loops and outside thread loops, summed (the backend's
- * placement: static per kernel, 256-byte slices). */
-static uint64_t launch_shared(const nf_lprog *p, const nf_lstmt *s, int in_block, int in_thread) {
-  uint64_t sum = 0;
-  if (s->kind == NF_LS_LOOP) {
-    in_block |= s->loop_kind == NF_LOOP_BLOCK;
-    in_thread |= s->loop_kind == NF_LOOP_THREAD;
-  }
-  if (s->kind == NF_LS_ALLOC && in_block && !in_thread && s->buf < p->n_bufs) {
-    const nf_lbuf *b = &p->bufs[s->buf];
-    uint64_t n = nf_dtype_size((nf_dtype)b->dtype);
-    for (int d = 0; d < b->rank; d++) n *= (uint64_t)(b->shape[d] > 0 ? b->shape[d] : 1);
-    sum = (n + 255) & ~(uint64_t)255;
-  }
-  for (int i = 0; i < s->n_body; i++) sum += launch_shared(p, s->body[i], in_block, in_thread);
-  return sum;
-}
-
-/* The most shared memory any launch of p would declare (top-level
- * statements are launches; top-level temporaries are global). */
-static uint64_t block_shared(const nf_lprog *p, const nf_lstmt *s) {
-  if (s->kind != NF_LS_SEQ && s->kind != NF_LS_ALLOC) return launch_shared(p, s, 0, 0);
-  uint64_t m = 0;
-  for (int i = 0; i < s->n_body; i++) {
-    uint64_t k = block_shared(p, s->body[i]);
-    m = k > m ? k : m;
-  }
-  return m;
-}
-
-/* The GPU default; where the shared-memory tiles were chosen the program
- * is lowered once more to check it, and the one-thread-per-output
- * schedules are taken when it does not lower (a staged region over the
- * limit, a read the region inference cannot bound). */
-int nf_schedule_default_gpu(const nf_graph *g, int block, nf_schedule **out) {
-  int n_tiled = 0;
-  int rc = gpu_default(g, block, 1, NULL, &n_tiled, out);
-  if (rc < 0 || n_tiled == 0) return rc;
-  nf_ir_ctx *ctx = nf_ir_ctx_new();
-  nf_buf err = NF_BUF_INIT;
-  nf_lprog *p = NULL;
-  int lr = ctx ? nf_lower(g, *out, ctx, &p, &err) : NF_ENOMEM;
-  if (lr == NF_OK && block_shared(p, p->root) > NF_GPU_SHARED_BUDGET) lr = NF_ELIMIT;
-  nf_buf_free(&err);
-  nf_ir_ctx_free(ctx);
-  if (lr == NF_OK) return NF_OK;
-  nf_schedule_free(*out);
-  *out = NULL;
-  if (lr == NF_ENOMEM) return lr;
-  return gpu_default(g, block, 0, NULL, &n_tiled, out);
-}
-
 int nf_schedule_gpu(const nf_graph *g, const nf_gpu_knobs *kn, nf_schedule **out) {
   int n_tiled = 0;
-  return gpu_default(g, NF_GPU_DEFAULT_THREADS, 1, kn, &n_tiled, out);
+  return nf__sched_gpu_plain(g, NF_GPU_DEFAULT_THREADS, 1, kn, &n_tiled, out);
 }
 
 int nf_schedule_gpu_tileable(const nf_graph *g, uint32_t si) {
@@ -1545,8 +1477,8 @@ int nf_schedule_gpu_tileable(const nf_graph *g, uint32_t si) {
   return 0;
 }
 
-static int gpu_default(const nf_graph *g, int block0, int tiled, const nf_gpu_knobs *kns,
-                       int *n_tiled, nf_schedule **out) {
+int nf__sched_gpu_plain(const nf_graph *g, int block0, int tiled, const nf_gpu_knobs *kns,
+                        int *n_tiled, nf_schedule **out) {
   nf_schedule *s = nf_schedule_new();
   int rc = NF_OK;
   *out = NULL;

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "nf_cuda_rt.h"
+#include "nf_env.h"
 #include "nf_status.h"
 
 typedef int CUresult;
@@ -130,7 +131,7 @@ static int usable(nf_cuda_rt *rt, nf_buf *err) {
 }
 
 static int load_driver(drv *d, nf_buf *why) {
-  const char *path = getenv("NEOFLOW_LIBCUDA");
+  const char *path = nf_env(NF_ENV_LIBCUDA);
   if (!path || !*path) path = "libcuda.so.1";
   d->lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (!d->lib) {

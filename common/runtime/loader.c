@@ -26,6 +26,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "nf_env.h"
 #include "nf_runtime.h"
 
 #if defined(__x86_64__)
@@ -203,7 +204,7 @@ out:
 }
 
 static int tmpfile_path(const void *so, size_t n, void **h, nf_buf *err) {
-  const char *base = getenv("XDG_RUNTIME_DIR");
+  const char *base = nf_env(NF_ENV_XDG_RUNTIME_DIR);
   char dir[512];
   if (!base || !*base || strlen(base) > 400) base = "/tmp";
   snprintf(dir, sizeof dir, "%s/nf-kernel-XXXXXX", base);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "nf_config.h"
+#include "nf_env.h"
 #include "nf_nvrtc_rt.h"
 #include "nf_status.h"
 
@@ -28,7 +29,7 @@ const char *nf_nvrtc_rt_describe(const nf_nvrtc_rt *r) { return r->describe; }
 
 int nf_nvrtc_rt_open(nf_nvrtc_rt **out, nf_buf *why) {
   *out = NULL;
-  const char *env = getenv("NEOFLOW_LIBNVRTC");
+  const char *env = nf_env(NF_ENV_LIBNVRTC);
   if (env && !strcmp(env, "none")) {
     nf_buf_puts(why, "NVRTC disabled ($NEOFLOW_LIBNVRTC=none)");
     return NF_EUNSUPPORTED;

@@ -243,6 +243,12 @@ done:
   return rc;
 }
 
+nf_sched_target nf_cpu_sched_target(const nf_cpu_target *t) {
+  if (t && t->features && t->features[0]) return nf_sched_target_of(t->features);
+  pthread_once(&llvm_once, llvm_init);
+  return nf_sched_target_of(host_features);
+}
+
 void nf_cpu_codegen_version(char *out, size_t n) {
   char *cpu = LLVMGetHostCPUName();
   char *feat = LLVMGetHostCPUFeatures();

@@ -27,6 +27,7 @@
 
 #include "nf_buf.h"
 #include "nf_loop.h"
+#include "nf_lower.h"
 
 #define NF_KERNEL_EABI 1
 #define NF_KERNEL_ENBUF 2
@@ -80,6 +81,10 @@ int nf_cpu_link(const void *object, size_t n, unsigned timeout_ms,
  * f<first 16 hex digits of SHA-256 of the host's LLVM feature string>".
  * A different LLVM, CPU model or feature set is another key. */
 void nf_cpu_codegen_version(char *out, size_t n);
+
+/* What the default schedule needs of t (nf_schedule_default_for): from
+ * its features, or the host's (LLVM's) when it names none. */
+nf_sched_target nf_cpu_sched_target(const nf_cpu_target *t);
 
 /* Both steps: p -> shared object bytes ready for nf_kernel_load. */
 int nf_cpu_compile(const nf_lprog *p, const nf_cpu_target *t,

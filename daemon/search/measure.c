@@ -46,6 +46,7 @@
 #include <unistd.h>
 
 #include "nf_config.h"
+#include "nf_env.h"
 #include "nf_measure.h"
 
 extern char **environ;
@@ -559,7 +560,7 @@ static void measurer_free_data(nf_measurer *m) {
 }
 
 static const char *default_worker(void) {
-  const char *env = getenv("NEOFLOW_WORKER");
+  const char *env = nf_env(NF_ENV_WORKER);
   if (env && *env) return env;
   if (access(NF_WORKER_BUILD_PATH, X_OK) == 0) return NF_WORKER_BUILD_PATH;
   return NF_WORKER_INSTALL_PATH;

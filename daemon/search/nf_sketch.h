@@ -75,8 +75,9 @@ typedef struct nf_sk_point {
 
 typedef struct nf_sk_space nf_sk_space;
 
-/* Analyses g (which must outlive the space).  NF_OK or NF_ENOMEM. */
-int nf_sk_space_new(const nf_graph *g, nf_sk_space **out);
+/* Analyses g (which must outlive the space) for target t (the default
+ * schedule the space keeps, NF_SK_DEFAULT).  NF_OK or NF_ENOMEM. */
+int nf_sk_space_new(const nf_graph *g, const nf_sched_target *t, nf_sk_space **out);
 void nf_sk_space_free(nf_sk_space *sp);
 /* Number of statements whose genes vary (0: nothing to search). */
 int nf_sk_space_n_tunable(const nf_sk_space *sp);

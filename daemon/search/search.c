@@ -1002,7 +1002,8 @@ int nf_search_run(const nf_graph *g, const nf_search_opts *o, nf_search_result *
   memset(&P, 0, sizeof P);
   rc = o->cuda_sm > 0 && !o->measure_hook ? gpu_probe(&mo, err) : NF_OK;
   if (rc == NF_OK) rc = problem_make(g, o->seed ? o->seed : 1, &P, err);
-  if (rc == NF_OK) rc = nf_sk_space_new(g, &R.sp);
+  nf_sched_target starget = nf_cpu_sched_target(&o->target);
+  if (rc == NF_OK) rc = nf_sk_space_new(g, &starget, &R.sp);
   if (rc == NF_OK) {
     R.model = nf_cost_model_new(o->seed ? o->seed : 1, 1);
     if (!R.model) rc = NF_ENOMEM;
@@ -1021,7 +1022,7 @@ int nf_search_run(const nf_graph *g, const nf_search_opts *o, nf_search_result *
   if (rc == NF_OK) {
     nf_schedule *s;
     rc = o->cuda_sm > 0 ? nf_schedule_default_gpu(g, NF_GPU_DEFAULT_THREADS, &s)
-                        : nf_schedule_default(g, &s);
+                        : nf_schedule_default_for(g, &starget, &s);
     if (rc == NF_OK) {
       nf_search_record rec;
       memset(&rec, 0, sizeof rec);

@@ -91,7 +91,7 @@ static int name_ok(const char *s) {
   return 1;
 }
 
-int nf_sk_space_new(const nf_graph *g, nf_sk_space **out) {
+int nf_sk_space_new(const nf_graph *g, const nf_sched_target *t, nf_sk_space **out) {
   nf_sk_space *sp = calloc(1, sizeof *sp);
   *out = NULL;
   if (!sp) return NF_ENOMEM;
@@ -150,7 +150,7 @@ int nf_sk_space_new(const nf_graph *g, nf_sk_space **out) {
       break;
     }
   }
-  if (nf_schedule_default(g, &sp->def) != NF_OK) {
+  if (nf_schedule_default_for(g, t, &sp->def) != NF_OK) {
     nf_sk_space_free(sp);
     return NF_ENOMEM;
   }

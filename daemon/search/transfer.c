@@ -21,7 +21,10 @@
 
 int nf_search_shape(const nf_graph *g, uint8_t sig[16], float *desc, size_t max, size_t *n_desc) {
   nf_sk_space *sp = NULL;
-  int rc = nf_sk_space_new(g, &sp);
+  /* the shape does not depend on the target (only the space's default
+   * schedule does): any target */
+  nf_sched_target any = nf_sched_target_of(NULL);
+  int rc = nf_sk_space_new(g, &any, &sp);
   if (rc != NF_OK) return rc;
   nf_sk_shape(sp, sig, desc, max, n_desc);
   nf_sk_space_free(sp);

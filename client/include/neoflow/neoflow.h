@@ -12,13 +12,15 @@
  * verifying it (digest, the key it answers, a canary run against the
  * kernel it replaces).  See docs/client.md for a complete example.
  *
- * Conventions: functions return 0 (NF_OK) or a negative status
- * (nf_strerror); on error a message naming what failed and why is kept
+ * Conventions: functions return 0 (NEOFLOW_OK) or a negative status
+ * (NEOFLOW_E*, below; nf_strerror describes each); on error a message naming what failed and why is kept
  * on the object (nf_model_error, nf_net_error, nf_session_error) or, for
  * constructors, written to *err (malloc'd; free it with free()).  Objects
  * are not thread-safe: one thread uses a session at a time (the library's
  * own background thread is internal).  Tensor data is dense row-major in
- * the tensor's dtype (f32: float). */
+ * the tensor's dtype (f32: float).  The library never writes to stdout or
+ * stderr: a session's warnings and notes go to the log callback of its
+ * options. */
 #ifndef NEOFLOW_NEOFLOW_H
 #define NEOFLOW_NEOFLOW_H
 
@@ -36,11 +38,35 @@ extern "C" {
 #endif
 
 #define NEOFLOW_VERSION_MAJOR 0
-#define NEOFLOW_VERSION_MINOR 7
+#define NEOFLOW_VERSION_MINOR 8
 
-/* Status codes (the same numbers as the rest of NeoFlow). */
+/* Status codes: 0 or negative, the same numbers as the rest of NeoFlow
+ * (a build check keeps them equal).  nf_strerror gives a one-line
+ * description of each; the message of the failure itself is on the
+ * object (nf_model_error, nf_net_error, nf_session_error) or in *err. */
 #define NEOFLOW_OK 0
+#define NEOFLOW_ENOMEM (-1)        /* out of memory */
+#define NEOFLOW_EINVAL (-2)        /* invalid argument (a bad option, name, shape) */
+#define NEOFLOW_ESYNTAX (-3)       /* a .nf syntax error */
+#define NEOFLOW_ETYPE (-4)         /* a type or shape error */
+#define NEOFLOW_ENOENT (-5)        /* no such file, definition or tensor */
+#define NEOFLOW_EIO (-6)           /* input/output error */
+#define NEOFLOW_EFORMAT (-7)       /* a malformed file (parameters, dataset) */
+#define NEOFLOW_EBOUNDS (-8)       /* an index out of bounds (a gather's index data) */
+#define NEOFLOW_EOVERFLOW (-9)     /* arithmetic overflow (sizes) */
+#define NEOFLOW_ERANGE (-10)       /* a value out of range; a wait that timed out */
+#define NEOFLOW_ELIMIT (-11)       /* an implementation limit exceeded */
+#define NEOFLOW_EUNSUPPORTED (-12) /* not supported (in this build, on this device) */
+#define NEOFLOW_EINTERNAL (-13)    /* an internal error (a bug: please report it) */
+#define NEOFLOW_EPERM (-14)        /* refused: not trusted */
+#define NEOFLOW_EREJECTED (-15)    /* an artifact rejected (a kernel failed its checks) */
 NF_API const char *nf_strerror(int status);
+
+/* Levels of the messages a session gives its log callback
+ * (nf_session_opts.log). */
+#define NEOFLOW_LOG_WARN 1 /* something went worse than asked: a kernel
+                              rejected, the daemon lost, no GPU */
+#define NEOFLOW_LOG_INFO 2 /* what the session chose: the device, its libraries */
 
 /* Element types (the same values as the IR's nf_dtype). */
 typedef enum nf_elem {
@@ -94,7 +120,7 @@ NF_API int nf_net_param(nf_net *n, const char *name, nf_elem t, int rank, const 
                  nf_init init);
 /* Applies def to the tensors in[0..n_in) with integer parameters
  * (names[i] = values[i]), writing the handles of its n_out results to
- * out.  Returns NF_OK or an error (unknown def, arity). */
+ * out.  Returns NEOFLOW_OK or an error (unknown def, arity). */
 NF_API int nf_net_apply(nf_net *n, const char *def, int n_iparams, const char *const *inames,
                  const int64_t *ivalues, int n_in, const int *in, int n_out, int *out);
 /* Declares the scalar f32 loss the session minimises (exactly once). */
@@ -157,7 +183,7 @@ typedef struct nf_session_opts {
    * U(-1/sqrt(fan_in), 1/sqrt(fan_in)). */
   int n_trainable;
   const char *const *trainable;
-  int quiet;            /* no warnings on stderr */
+  int quiet;            /* no messages to the log callback */
   /* Where steps run: NULL or "cpu" (default: $NEOFLOW_DEVICE, else the
    * CPU), "cuda" or "cuda:N" (GPU N).  Without a usable GPU the session
    * warns and trains on the CPU.  docs/gpu.md. */
@@ -173,6 +199,15 @@ typedef struct nf_session_opts {
                                key_file); NULL: the configuration's */
   int n_trust;
   const char *const *trust;
+  /* Where the session's messages go (the library never prints): each
+   * warning and note, one line without a newline, with its level
+   * (NEOFLOW_LOG_*).  Called from the program's thread or the library's
+   * background threads, one call at a time per session; it must not call
+   * into the session.  NULL: messages are dropped.  A program that wants
+   * them on stderr passes a function that writes them there, as the
+   * neoflow tool does ("neoflow: warning: ..."). */
+  void (*log)(void *log_user, int level, const char *message);
+  void *log_user;
 } nf_session_opts;
 
 /* A session training def of m: its first output is the scalar f32 loss;
@@ -268,7 +303,7 @@ NF_API int nf_session_stats_get(const nf_session *s, nf_session_stats *st);
 /* Waits (up to timeout_ms; <= 0: no limit) until every kernel has its
  * final daemon kernel or the daemon gave up; steps are not run meanwhile,
  * kernels that arrived are swapped in at the next step.  0 when all are
- * final, NF_ERANGE-like negative status on timeout.  For tests, benchmarks
+ * final, NEOFLOW_ERANGE on timeout.  For tests, benchmarks
  * and the demo. */
 NF_API int nf_session_wait_kernels(nf_session *s, int timeout_ms, int want_tier);
 
