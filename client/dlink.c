@@ -8,7 +8,7 @@
  * every connection it submits each subgraph that has no final kernel yet;
  * it reassembles kernels from their chunks, checks the digest, the key
  * the daemon accepted the request under, the kernel ABI and the ELF
- * image (nf_kernel_load), and hands a loaded kernel to the program's
+ * image (nf__kt_offer: the kernel table's mailbox), for the program's
  * thread, which runs the canary and swaps it in at a step boundary.  It
  * reports each subgraph's share of step time about once a second.  A lost
  * connection is retried with exponential backoff (0.1 s doubling to 5 s);
@@ -58,70 +58,6 @@ typedef struct dlink {
   int idle_closed;    /* the daemon closed an idle connection: reconnect
                          only when something needs it */
 } dlink;
-
-/* ---- handing kernels over ---- */
-
-int nf__session_offer(nf_session *s, int k, const void *bin, size_t len,
-                      const uint8_t sha256[32], const uint8_t key[32], int tier, double time_ms) {
-  if (k < 0 || k >= s->n_kents || !bin || !len) return NF_EINVAL;
-  nf__kent *e = &s->kents[k];
-  char hex[65];
-  nf_hash_hex(e->key, hex);
-  hex[16] = 0;
-  uint8_t got[32];
-  crypto_hash_sha256(got, bin, len);
-  const char *why = NULL;
-  int rc = NF_OK;
-  pthread_mutex_lock(&s->mu);
-  uint8_t dkey[32];
-  memcpy(dkey, e->dkey, 32);
-  int have_key = e->dstate >= DK_ACCEPTED;
-  pthread_mutex_unlock(&s->mu);
-  if (memcmp(got, sha256, 32) != 0) {
-    why = "its SHA-256 does not match the digest announced";
-    rc = NF_EFORMAT;
-  } else if (key && (!have_key || memcmp(key, dkey, 32) != 0)) {
-    why = "it answers another key than the request's";
-    rc = NF_EFORMAT;
-  }
-  nf_kernel *kn = NULL;
-  nf_buf err = NF_BUF_INIT;
-  uint8_t *bun = NULL;
-  if (rc == NF_OK && s->gpu) {
-    /* a GPU session: a CUDA bundle, loaded by the program thread at the
-     * next step boundary (the context is used there) */
-    if ((rc = nf__gpu_check_bundle(s, k, bin, len, &err)) != NF_OK) why = nf_buf_str(&err);
-    else if (!(bun = malloc(len))) rc = NF_ENOMEM, why = "out of memory";
-    else memcpy(bun, bin, len);
-  } else if (rc == NF_OK && (rc = nf_kernel_load(bin, len, &kn, &err)) != NF_OK) {
-    why = nf_buf_str(&err);
-  }
-  pthread_mutex_lock(&s->mu);
-  if (rc != NF_OK) {
-    s->link_rejected++;
-  } else if (bun && tier == 0 && e->in_bun) {
-    free(bun); /* generated here (gpu_local.c): the daemon's kernel came first */
-  } else if (bun) {
-    free(e->in_bun);
-    e->in_bun = bun;
-    e->in_bun_len = len;
-    e->in_tier = tier;
-    e->in_ms = time_ms;
-    memcpy(e->in_sha, got, 32);
-    pthread_cond_broadcast(&s->cv);
-  } else {
-    nf_kernel_free(e->in_k);
-    e->in_k = kn;
-    e->in_tier = tier;
-    e->in_ms = time_ms;
-    memcpy(e->in_sha, got, 32);
-    pthread_cond_broadcast(&s->cv);
-  }
-  pthread_mutex_unlock(&s->mu);
-  if (rc != NF_OK) nf__slog_warn(&s->log, "kernel %s (tier %d) rejected: %s", hex, tier, why);
-  nf_buf_free(&err);
-  return rc;
-}
 
 /* ---- the daemon process ---- */
 
@@ -414,7 +350,7 @@ static int handle(dlink *L, const Neoflow__ServerMessage *m) {
       pthread_mutex_lock(&s->mu);
       memcpy(key, s->kents[k].dkey, 32);
       pthread_mutex_unlock(&s->mu);
-      int rc = nf__session_offer(s, k, a->bin, a->len, a->sha, key, a->tier, a->time_ms);
+      int rc = nf__kt_offer(s, k, a->bin, a->len, a->sha, key, a->tier, a->time_ms);
       pthread_mutex_lock(&s->mu);
       if (a->final) s->kents[k].dstate = rc == NF_OK ? DK_FINAL : DK_FAILED;
       pthread_cond_broadcast(&s->cv);
@@ -533,7 +469,7 @@ static void *link_main(void *arg) {
                          .timeout_ms = 2000, .trust = &s->trust, .key_file = s->daemon_key,
                          .cancel_fd = s->link_cancel[0]};
       /* a GPU session asks for kernels for its device */
-      o.cuda_sm = nf__gpu_sm(s, &o.cuda_name);
+      o.cuda_sm = s->dev->target(s, &o.cuda_name);
       int rc = nf_dconn_open(&o, &L->c, &err);
       if (rc == NF_EPERM || rc == NF_EINVAL) {
         /* someone we do not trust answers or holds the socket's

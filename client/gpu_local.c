@@ -66,7 +66,7 @@ static void *gen_main(void *arg) {
     int k = W->order[q];
     nf__kent *e = &s->kents[k];
     pthread_mutex_lock(&s->mu);
-    int stop = W->stop, has = e->in_bun || e->dstate == DK_FINAL;
+    int stop = W->stop, has = e->in_obj || e->dstate == DK_FINAL;
     pthread_mutex_unlock(&s->mu);
     if (stop) break;
     if (has) continue; /* the daemon's kernel is here */
@@ -77,7 +77,7 @@ static void *gen_main(void *arg) {
     if (rc == NF_OK) {
       uint8_t sha[32];
       crypto_hash_sha256(sha, (const uint8_t *)b.data, b.len);
-      rc = nf__session_offer(s, k, b.data, b.len, sha, NULL, 0, 0);
+      rc = nf__kt_offer(s, k, b.data, b.len, sha, NULL, 0, 0);
     } else if (rc != NF_ELIMIT && rc != NF_EUNSUPPORTED && rc != NF_ENOMEM) {
       char hex[65];
       nf_hash_hex(e->key, hex);

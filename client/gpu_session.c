@@ -46,6 +46,12 @@ typedef struct region {
   uint64_t dev;
 } region;
 
+/* A CUDA bundle waiting in an entry's mailbox (gpu_accept). */
+typedef struct gpu_bun {
+  size_t len;
+  uint8_t bytes[];
+} gpu_bun;
+
 struct nf__gpu {
   nf_cuda_rt *rt;
   int n_regions;
@@ -149,7 +155,7 @@ int nf__gpu_push(nf_session *s, const void *host, size_t n) {
   return rc ? rc : nf_cuda_rt_upload(s->gpu->rt, d, host, n, &s->err);
 }
 
-int nf__gpu_sm(const nf_session *s, const char **name) {
+static int gpu_target(const nf_session *s, const char **name) {
   if (name) *name = s->gpu ? nf_cuda_rt_name(s->gpu->rt) : "";
   return s->gpu ? nf_cuda_rt_sm(s->gpu->rt) : 0;
 }
@@ -182,7 +188,7 @@ const char *nf__gpu_tier0_name(const nf_session *s, const nf__kent *k) {
 int nf__gpu_has_kernel(const nf_session *s, const nf__kent *k) {
   (void)s; /* (a kernel generated here, tier 0, does not count) */
   return (k->gcur && k->cur_tier > 0) || (k->gcand && k->cand_tier > 0) ||
-         (k->in_bun && k->in_tier > 0);
+         (k->in_obj && k->in_tier > 0);
 }
 
 /* Which device the options name: -1 for the CPU, else the GPU's index;
@@ -202,6 +208,17 @@ void nf__gpu_close(nf_session *s) {
   struct nf__gpu *G = s->gpu;
   if (!G) return;
   nf__gpu_gen_stop(s);
+  /* bundles still in the mailboxes: the CUDA device's; the session goes
+   * back to the CPU's device (no producer runs now: the generator has
+   * stopped, the link is started only after the device is open and
+   * stopped before it is closed) */
+  pthread_mutex_lock(&s->mu);
+  for (int i = 0; i < s->n_kents; i++) {
+    nf__cuda_device.drop(s->kents[i].in_obj);
+    s->kents[i].in_obj = NULL;
+  }
+  s->dev = &nf__cpu_device;
+  pthread_mutex_unlock(&s->mu);
   /* the graphs first: they launch the modules */
   for (int i = 0; i < 2; i++) nf_cuda_graph_free(G->rt, G->graph[i]);
   for (int i = 0; i < s->n_kents; i++) {
@@ -344,6 +361,7 @@ int nf__gpu_open(nf_session *s) {
   }
   G->rt = rt;
   s->gpu = G;
+  s->dev = &nf__cuda_device;
   size_t fb = (size_t)s->n_flat * sizeof(float);
   rc = region_add(G, s->arena, (size_t)s->arena_bytes);
   if (rc == NF_OK) rc = region_add(G, s->P, fb);
@@ -457,7 +475,12 @@ int nf__gpu_open(nf_session *s) {
 /* The buffers op's kernels take: the graph's inputs then outputs. */
 static uint32_t kent_args(const nf__kent *k) { return k->g->n_inputs + k->g->n_outputs; }
 
-int nf__gpu_check_bundle(const nf_session *s, int k, const void *bin, size_t len, nf_buf *err) {
+/* The CUDA entry of the device interface: a bundle arrives checked
+ * against its entry (plan, architecture) and copied; the program thread
+ * loads it at the step boundary (nf__gpu_begin), where the context is
+ * used. */
+static int gpu_check_bundle(const nf_session *s, int k, const void *bin, size_t len,
+                            nf_buf *err) {
   nf_cuda_bundle b;
   int rc = nf_cuda_bundle_decode(bin, len, &b, err);
   if (rc != NF_OK) return rc == NF_ENOMEM ? rc : NF_EFORMAT;
@@ -466,17 +489,39 @@ int nf__gpu_check_bundle(const nf_session *s, int k, const void *bin, size_t len
     nf_buf_printf(err, "its launch plan takes %u buffers, the subgraph has %u", b.plan.n_args,
                   want);
     rc = NF_EFORMAT;
-  } else if (b.sm > nf__gpu_sm(s, NULL)) {
+  } else if (b.sm > gpu_target(s, NULL)) {
     nf_buf_printf(err, "it is built for sm_%d, newer than this device (sm_%d)", b.sm,
-                  nf__gpu_sm(s, NULL));
+                  gpu_target(s, NULL));
     rc = NF_EFORMAT;
   }
   nf_cuda_bundle_free(&b);
   return rc;
 }
 
-/* Loads a bundle handed over for entry k as its candidate. */
-static void take_bundle(nf_session *s, nf__kent *k, uint8_t *bin, size_t len) {
+static int gpu_accept(const nf_session *s, int k, const void *bin, size_t len, void **obj,
+                      nf_buf *err) {
+  *obj = NULL;
+  int rc = gpu_check_bundle(s, k, bin, len, err);
+  if (rc != NF_OK) return rc;
+  gpu_bun *b = malloc(sizeof *b + len);
+  if (!b) {
+    nf_buf_puts(err, "out of memory");
+    return NF_ENOMEM;
+  }
+  b->len = len;
+  memcpy(b->bytes, bin, len);
+  *obj = b;
+  return NF_OK;
+}
+
+static void gpu_drop(void *obj) { free(obj); }
+
+const nf__device nf__cuda_device = {"cuda", gpu_accept, gpu_drop, gpu_target};
+
+/* Loads a bundle handed over for entry k as its candidate (and frees it). */
+static void take_bundle(nf_session *s, nf__kent *k, gpu_bun *bun) {
+  const uint8_t *bin = bun->bytes;
+  size_t len = bun->len;
   struct nf__gpu *G = s->gpu;
   char hex[65];
   nf_hash_hex(k->key, hex);
@@ -513,7 +558,7 @@ static void take_bundle(nf_session *s, nf__kent *k, uint8_t *bin, size_t len) {
     k->gcand = m;
   }
   nf_buf_free(&err);
-  free(bin);
+  free(bun);
 }
 
 int nf__gpu_timed(const nf_session *s) { return !s->gpu || s->gpu->timed; }
@@ -526,22 +571,16 @@ int nf__gpu_begin(nf_session *s) {
   for (int i = 0; i < s->n_kents; i++) {
     nf__kent *k = &s->kents[i];
     pthread_mutex_lock(&s->mu);
-    uint8_t *bin = k->in_bun;
-    size_t len = k->in_bun_len;
-    k->in_bun = NULL;
-    k->in_bun_len = 0;
-    if (bin && k->in_tier == 0 && (k->gcur || k->gcand)) {
+    gpu_bun *bun = NULL;
+    if (k->in_obj && k->in_tier == 0 && (k->gcur || k->gcand)) {
       /* a kernel generated here, late: the daemon's is in use already */
-      free(bin);
-      bin = NULL;
-    }
-    if (bin) {
-      k->cand_tier = k->in_tier;
-      memcpy(k->cand_sha, k->in_sha, 32);
-      k->cand_ms = k->in_ms;
+      free(k->in_obj);
+      k->in_obj = NULL;
+    } else {
+      bun = nf__kt_take_locked(s, k);
     }
     pthread_mutex_unlock(&s->mu);
-    if (bin) take_bundle(s, k, bin, len);
+    if (bun) take_bundle(s, k, bun);
   }
   return nf__gpu_push(s, s->hp, sizeof s->hp);
 }

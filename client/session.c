@@ -1,21 +1,8 @@
-/* session.c - models, sessions and the step program (session_int.h).
- *
- * Building a session: the forward graph (a def, or a net's generated def)
- * is cut down to what its loss needs, differentiated with respect to the
- * parameters (nf_grad, forward outputs kept), and followed by the
- * optimizer's update (lib/optim.nf) over the parameters laid out in one
- * flat vector.  Both graphs are partitioned; each subgraph becomes an op
- * that reads and writes slots: fed inputs, views into the flat parameter
- * and gradient vectors, the loss, and temporaries placed in one arena by
- * the static planner (nf_plan.h).  Ops with equal keys share one kernel
- * entry (nf__kent), so a repeated block is compiled and swapped once.
- *
- * Running a step: each op runs its entry's compiled kernel when one has
- * been verified, else tier 0 (OpenBLAS for matmul-shaped subgraphs, the
- * interpreter otherwise).  A kernel handed over by the link thread is a
- * candidate: its first run is checked against what it replaces (tier 0
- * for the entry's first compiled kernel, the verified kernel after that)
- * on the step's real data, and it is used only from then on. */
+/* session.c - sessions (session_int.h): opening one (options, trust,
+ * the step program of build.c, the device, the daemon link), running
+ * steps and evaluations over the kernel table (ktable.c on the CPU,
+ * gpu_session.c on a GPU), feeding and reading tensors, statistics,
+ * parameter files, closing.  Models are model.c. */
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -33,653 +20,7 @@
 #include "session_int.h"
 #include "nf_env.h"
 
-#define ALIGN_ELEMS 16 /* each parameter starts on a 64-byte boundary */
 #define NF_COLD_WAIT_MS 60000.0 /* maybe_wait */
-
-static char *dup_err(const char *what, const char *msg) {
-  size_t n = strlen(what) + strlen(msg) + 3;
-  char *e = malloc(n);
-  if (e) snprintf(e, n, "%s%s%s", what, *what && *msg ? ": " : "", msg);
-  return e;
-}
-
-static void set_err(char **err, const char *what, const char *msg) {
-  if (err) *err = dup_err(what, msg);
-}
-
-/* ---- models ---- */
-
-static nf_model *model_load(const char *path, const char *name, const char *text, char **err) {
-  if (err) *err = NULL;
-  nf_model *m = calloc(1, sizeof *m);
-  nf_diag *d = nf_diag_new();
-  if (!m || !d || !(m->mod = nf_module_new())) {
-    set_err(err, "", "out of memory");
-    goto fail;
-  }
-  int rc = path ? nf_module_load_file(m->mod, path, d)
-                : nf_module_load_source(m->mod, name, text, d);
-  if (rc != NF_OK) {
-    set_err(err, "", nf_diag_count(d) ? nf_diag_text(d) : nf_strerror(rc));
-    goto fail;
-  }
-  nf_diag_free(d);
-  return m;
-fail:
-  nf_diag_free(d);
-  nf_model_free(m);
-  return NULL;
-}
-
-nf_model *nf_model_load(const char *path, char **err) {
-  if (!path) {
-    set_err(err, "", "no file given");
-    return NULL;
-  }
-  return model_load(path, NULL, NULL, err);
-}
-
-nf_model *nf_model_load_source(const char *name, const char *text, char **err) {
-  if (!text) {
-    set_err(err, "", "no text given");
-    return NULL;
-  }
-  return model_load(NULL, name ? name : "<source>", text, err);
-}
-
-void nf_model_free(nf_model *m) {
-  if (!m) return;
-  nf_module_free(m->mod);
-  free(m);
-}
-
-/* ---- building ---- */
-
-static int slot_new(nf_session *s, const nf_tensor *t, void *ptr) {
-  nf__slot *ns = realloc(s->slots, (size_t)(s->n_slots + 1) * sizeof *ns);
-  if (!ns) return NF_ENOMEM;
-  s->slots = ns;
-  nf__slot *sl = &s->slots[s->n_slots];
-  memset(sl, 0, sizeof *sl);
-  sl->dtype = t->dtype;
-  sl->rank = t->rank;
-  memcpy(sl->shape, t->shape, sizeof(int64_t) * t->rank);
-  sl->bytes = nf_tensor_numel(t) * (int64_t)nf_dtype_size((nf_dtype)t->dtype);
-  sl->ptr = ptr;
-  return s->n_slots++;
-}
-
-static int named_add(nf__named **arr, int *n, const char *name, int slot) {
-  nf__named *na = realloc(*arr, (size_t)(*n + 1) * sizeof *na);
-  if (!na) return NF_ENOMEM;
-  *arr = na;
-  na[*n].name = strdup(name);
-  na[*n].slot = slot;
-  if (!na[*n].name) return NF_ENOMEM;
-  (*n)++;
-  return NF_OK;
-}
-
-static int find_named(const nf__named *arr, int n, const char *name) {
-  for (int i = 0; i < n; i++)
-    if (!strcmp(arr[i].name, name)) return arr[i].slot;
-  return -1;
-}
-
-static int find_param(const nf_session *s, const char *name) {
-  for (int i = 0; i < s->n_params; i++)
-    if (!strcmp(s->params[i].name, name)) return i;
-  return -1;
-}
-
-static int kent_for(nf_session *s, const nf_subgraph *sg, int alias) {
-  for (int i = 0; i < s->n_kents; i++)
-    if (!memcmp(s->kents[i].key, sg->key, 32) && s->kents[i].alias == alias) {
-      s->kents[i].n_ops++;
-      return i;
-    }
-  nf__kent *nk = realloc(s->kents, (size_t)(s->n_kents + 1) * sizeof *nk);
-  if (!nk) return NF_ENOMEM;
-  s->kents = nk;
-  nf__kent *k = &s->kents[s->n_kents];
-  memset(k, 0, sizeof *k);
-  memcpy(k->key, sg->key, 32);
-  k->g = sg->g;
-  k->n_ops = 1;
-  k->alias = alias;
-  for (uint32_t i = 0; i < sg->g->n_stmts; i++) k->flops += nf_stmt_flops(sg->g, i);
-  nf_buf e = NF_BUF_INIT;
-  int rc = alias ? NF_OK : nf_gemm_prepare(sg->g, &k->gemm, &e);
-  nf_buf_free(&e);
-  if (rc != NF_OK) return rc;
-  k->gather_in = k->gemm ? nf_gemm_gather_input(k->gemm) : -1;
-  k->gather_peer = -1;
-  for (int i = 0; k->gather_in >= 0 && i < s->n_kents; i++) {
-    nf__kent *o = &s->kents[i];
-    if (o->gather_in < 0 || !nf_gemm_gather_same(o->gemm, k->gemm)) continue;
-    if (k->gather_peer < 0) k->gather_peer = i;
-    if (o->gather_peer < 0) o->gather_peer = s->n_kents;
-  }
-  return s->n_kents++;
-}
-
-/* Grows the lifetime arrays (first and last op positions per slot) to n
- * slots. */
-static int grow_lives(int **first, int **last, int n) {
-  int *nf = realloc(*first, sizeof(int) * (size_t)(n + 1));
-  if (nf) *first = nf;
-  int *nl = realloc(*last, sizeof(int) * (size_t)(n + 1));
-  if (nl) *last = nl;
-  return nf && nl ? NF_OK : NF_ENOMEM;
-}
-
-/* 1 when subgraph sg only copies its one input to its one output
- * (out(v..) = in(v..), same dtype and shape): a gradient handed on as it
- * is, a local returned. */
-static int plain_copy(const nf_subgraph *sg) {
-  const nf_graph *g = sg->g;
-  if (sg->n_in != 1 || sg->n_out != 1 || g->n_stmts != 1 || g->n_inputs != 1 ||
-      g->n_outputs != 1)
-    return 0;
-  const nf_stmt *st = &g->stmts[0];
-  const nf_expr *e = st->rhs;
-  const nf_tensor *to = &g->tensors[st->out], *ti = &g->tensors[g->inputs[0]];
-  if (st->red != NF_RED_NONE || st->out != g->outputs[0] || e->op != NF_OP_ACCESS ||
-      e->u.tensor != g->inputs[0] || to->dtype != ti->dtype || to->rank != ti->rank ||
-      e->n_args != to->rank)
-    return 0;
-  for (uint32_t d = 0; d < to->rank; d++)
-    if (to->shape[d] != ti->shape[d] || e->args[d]->op != NF_OP_VAR || e->args[d]->u.var != d)
-      return 0;
-  return 1;
-}
-
-/* Adds the ops of one partitioned graph.  tslot maps the parent's tensor
- * ids to slots (-1: a temporary, created here); first/last record the
- * temporaries' lifetimes in op positions. */
-static int add_ops(nf_session *s, const nf_graph *parent, const nf_partition *p, int *tslot,
-                   int alias, int **first, int **last) {
-  for (uint32_t i = 0; i < p->n; i++) {
-    const nf_subgraph *sg = &p->sub[i];
-    if (!alias && plain_copy(sg)) {
-      /* a temporary copied into a bound buffer (a parameter's gradient in
-       * G, an output): its producer writes the buffer itself, which
-       * nothing else writes, and the copy is not run */
-      int a = tslot[sg->in[0]], b = tslot[sg->out[0]];
-      if (a >= 0 && b >= 0 && !s->slots[a].ptr && s->slots[b].ptr &&
-          s->slots[a].bytes == s->slots[b].bytes) {
-        s->slots[a].ptr = s->slots[b].ptr;
-        continue;
-      }
-    }
-    nf__op *no = realloc(s->ops, (size_t)(s->n_ops + 1) * sizeof *no);
-    if (!no) return NF_ENOMEM;
-    s->ops = no;
-    nf__op *op = &s->ops[s->n_ops];
-    memset(op, 0, sizeof *op);
-    int pos = s->n_ops++;
-    op->g = sg->g;
-    op->alias = alias;
-    op->n_in = sg->n_in;
-    op->n_out = sg->n_out;
-    op->slots = malloc(sizeof(int) * (sg->n_in + sg->n_out + 1));
-    op->bufs = malloc(sizeof(void *) * (sg->n_in + sg->n_out + 1));
-    if (!op->slots || !op->bufs) return NF_ENOMEM;
-    int k = kent_for(s, sg, alias);
-    if (k < 0) return k;
-    op->kent = k;
-    for (uint32_t j = 0; j < sg->n_out; j++) {
-      uint32_t t = sg->out[j];
-      if (tslot[t] < 0) {
-        int sl = slot_new(s, &parent->tensors[t], NULL);
-        if (sl < 0) return sl;
-        tslot[t] = sl;
-        int grc = grow_lives(first, last, s->n_slots);
-        if (grc != NF_OK) return grc;
-        (*first)[sl] = pos;
-        (*last)[sl] = pos;
-      }
-      op->slots[sg->n_in + j] = tslot[t];
-    }
-    for (uint32_t j = 0; j < sg->n_in; j++) {
-      uint32_t t = sg->in[j];
-      if (tslot[t] < 0) return NF_EINTERNAL; /* read before produced */
-      op->slots[j] = tslot[t];
-      if (s->slots[tslot[t]].ptr == NULL && (*last)[tslot[t]] < pos) (*last)[tslot[t]] = pos;
-    }
-  }
-  return NF_OK;
-}
-
-/* The graph of the statements of g that out (a tensor of g) and the
- * outputs named in extra need; those are its outputs. */
-static int loss_only(const nf_graph *g, uint32_t out, int n_extra, const char *const *extra,
-                     nf_subgraph *sg, nf_buf *err) {
-  uint32_t nt = g->n_tensors;
-  uint8_t *need = calloc(nt ? nt : 1, 1), *row = calloc(nt ? nt : 1, 1);
-  uint8_t *is_out = calloc(nt ? nt : 1, 1);
-  uint32_t *stmts = malloc(sizeof(uint32_t) * (g->n_stmts + 1));
-  int rc = NF_OK;
-  if (!need || !row || !is_out || !stmts) rc = NF_ENOMEM;
-  uint32_t n = 0;
-  if (rc == NF_OK) {
-    need[out] = 1;
-    is_out[out] = 1;
-    for (uint32_t k = 0; k < g->n_outputs; k++)
-      for (int e = 0; e < n_extra; e++)
-        if (!strcmp(g->tensors[g->outputs[k]].name, extra[e])) need[g->outputs[k]] = is_out[g->outputs[k]] = 1;
-    for (uint32_t i = g->n_stmts; i-- > 0;) {
-      if (!need[g->stmts[i].out]) continue;
-      memset(row, 0, nt);
-      if ((rc = nf_stmt_reads(g, i, row))) break;
-      for (uint32_t t = 0; t < nt; t++)
-        if (row[t]) need[t] = 1;
-      stmts[n++] = i;
-    }
-  }
-  if (rc == NF_OK) {
-    for (uint32_t a = 0, b = n ? n - 1 : 0; a < b; a++, b--) {
-      uint32_t x = stmts[a];
-      stmts[a] = stmts[b];
-      stmts[b] = x;
-    }
-    rc = nf_graph_extract(g, stmts, n, is_out, sg);
-    if (rc != NF_OK) nf_buf_printf(err, "cannot extract the loss's statements: %s", nf_strerror(rc));
-  }
-  free(need);
-  free(row);
-  free(is_out);
-  free(stmts);
-  return rc;
-}
-
-static int is_f_input(const nf_graph *F, const char *name) {
-  for (uint32_t k = 0; k < F->n_inputs; k++)
-    if (!strcmp(F->tensors[F->inputs[k]].name, name)) return 1;
-  return 0;
-}
-
-static const char *optim_def(const nf_optimizer *o) {
-  if (o->kind == NF_OPTIM_SGD && o->momentum == 0 && o->weight_decay == 0) return "sgd_plain";
-  return o->kind == NF_OPTIM_ADAM ? "adam" : o->kind == NF_OPTIM_ADAMW ? "adamw" : "sgd";
-}
-
-/* Builds the step program for forward graph F whose params are named in
- * s->params (already filled, offsets assigned here). */
-/* Cuts the subgraphs that run their product through OpenBLAS at tier 0
- * and have statements around it (an interpreted prologue or epilogue)
- * into up to three: the statements before the anchor, the anchor alone,
- * the statements after it.  The anchor then runs through OpenBLAS (or the
- * daemon's kernel, whichever the race finds faster) and the elementwise
- * pieces get compiled kernels of their own instead of the interpreter;
- * the price is a round trip through memory of the product. */
-static int split_blas(const nf_graph *T, nf_partition *p) {
-  uint8_t *is_out = malloc(T->n_tensors + 1), *rd = malloc(T->n_tensors + 1);
-  /* the decision per key (repeated blocks share one): 1 cut, 0 not */
-  uint32_t n_seen = 0;
-  struct seen { uint8_t key[32]; int cut; } *seen = malloc(sizeof *seen * (p->n + 1));
-  int rc = is_out && rd && seen ? NF_OK : NF_ENOMEM;
-  for (uint32_t i = 0; rc == NF_OK && i < p->n; i++) {
-    nf_subgraph *sg = &p->sub[i];
-    if (sg->anchor < 0) continue;
-    int cut = -1;
-    for (uint32_t q = 0; q < n_seen && cut < 0; q++)
-      if (!memcmp(seen[q].key, sg->key, 32)) cut = seen[q].cut;
-    if (cut < 0) {
-      nf_gemm_sub *gs = NULL;
-      nf_buf e = NF_BUF_INIT;
-      rc = nf_gemm_prepare(sg->g, &gs, &e);
-      nf_buf_free(&e);
-      if (rc == NF_ENOMEM) break;
-      rc = NF_OK;
-      int np = 0, ne = 0;
-      if (gs) nf_gemm_stages(gs, &np, &ne);
-      nf_gemm_free(gs);
-      cut = np > 0 || ne > 0;
-      memcpy(seen[n_seen].key, sg->key, 32);
-      seen[n_seen++].cut = cut;
-    }
-    if (!cut) continue;
-    uint32_t ap = 0;
-    while (ap < sg->n_stmts && sg->stmts[ap] != (uint32_t)sg->anchor) ap++;
-    if (ap == sg->n_stmts) continue;
-    uint32_t lo[3] = {0, ap, ap + 1}, hi[3] = {ap, ap + 1, sg->n_stmts};
-    nf_subgraph piece[3];
-    int n_piece = 0;
-    memset(piece, 0, sizeof piece);
-    for (int q = 0; q < 3 && rc == NF_OK; q++) {
-      if (lo[q] == hi[q]) continue;
-      /* its outputs: what the subgraph returned, or the other pieces read */
-      memset(rd, 0, T->n_tensors);
-      for (uint32_t j = 0; j < sg->n_stmts && rc == NF_OK; j++)
-        if (j < lo[q] || j >= hi[q]) rc = nf_stmt_reads(T, sg->stmts[j], rd);
-      memset(is_out, 0, T->n_tensors);
-      for (uint32_t j = lo[q]; j < hi[q]; j++) {
-        uint32_t t = T->stmts[sg->stmts[j]].out;
-        is_out[t] = rd[t];
-      }
-      for (uint32_t k = 0; k < sg->n_out; k++) is_out[sg->out[k]] = 1;
-      if (rc == NF_OK) rc = nf_graph_extract(T, sg->stmts + lo[q], hi[q] - lo[q], is_out, &piece[n_piece]);
-      if (rc == NF_OK) piece[n_piece++].anchor = q == 1 ? sg->anchor : -1;
-    }
-    if (rc != NF_OK) {
-      for (int q = 0; q < n_piece; q++) nf_subgraph_clear(&piece[q]);
-      break;
-    }
-    nf_subgraph *ns = realloc(p->sub, sizeof *ns * (p->n + (uint32_t)n_piece - 1));
-    if (!ns) {
-      for (int q = 0; q < n_piece; q++) nf_subgraph_clear(&piece[q]);
-      rc = NF_ENOMEM;
-      break;
-    }
-    p->sub = ns;
-    nf_subgraph_clear(&p->sub[i]);
-    memmove(&p->sub[i + (uint32_t)n_piece], &p->sub[i + 1], sizeof *ns * (p->n - i - 1));
-    memcpy(&p->sub[i], piece, sizeof *ns * (size_t)n_piece);
-    p->n += (uint32_t)n_piece - 1;
-    i += (uint32_t)n_piece - 1;
-  }
-  /* the statements' groups, renumbered */
-  for (uint32_t i = 0; rc == NF_OK && p->group_of && i < p->n; i++)
-    for (uint32_t j = 0; j < p->sub[i].n_stmts; j++) p->group_of[p->sub[i].stmts[j]] = i;
-  free(is_out);
-  free(rd);
-  free(seen);
-  return rc;
-}
-
-static int build(nf_session *s, const nf_graph *F, int n_gin, const char *const *gin,
-                 int n_extra, const char *const *extra, nf_buf *err) {
-  int rc;
-  if (F->n_outputs < 1) {
-    nf_buf_printf(err, "%s has no outputs: the first output must be the scalar loss", F->name);
-    return NF_EINVAL;
-  }
-  const nf_tensor *L = &F->tensors[F->outputs[0]];
-  if (L->rank != 0 || L->dtype != NF_F32) {
-    nf_buf_printf(err, "the first output of %s, '%s', must be the scalar loss (f32[]), not %s[%d dims]",
-                  F->name, L->name, nf_dtype_name((nf_dtype)L->dtype), L->rank);
-    return NF_EINVAL;
-  }
-  for (uint32_t i = 0; i < F->n_tensors; i++) {
-    uint8_t t = F->tensors[i].dtype;
-    if (t == NF_F16 || t == NF_BF16 || t == NF_F64) {
-      nf_buf_printf(err, "tensor '%s' is %s: CPU training supports f32, i32, i64 and bool",
-                    F->tensors[i].name, nf_dtype_name((nf_dtype)t));
-      return NF_EUNSUPPORTED;
-    }
-  }
-  /* parameters: flat layout */
-  int64_t off = 0;
-  for (int i = 0; i < s->n_params; i++) {
-    nf__param *pr = &s->params[i];
-    int found = 0;
-    for (uint32_t k = 0; k < F->n_inputs; k++) {
-      const nf_tensor *t = &F->tensors[F->inputs[k]];
-      if (strcmp(t->name, pr->name)) continue;
-      found = 1;
-      if (t->dtype != NF_F32) {
-        nf_buf_printf(err, "parameter '%s' is %s: parameters must be f32", pr->name,
-                      nf_dtype_name((nf_dtype)t->dtype));
-        return NF_EUNSUPPORTED;
-      }
-      pr->dtype = t->dtype;
-      pr->rank = t->rank;
-      memcpy(pr->shape, t->shape, sizeof(int64_t) * t->rank);
-      pr->numel = nf_tensor_numel(t);
-    }
-    if (!found) {
-      nf_buf_printf(err, "parameter '%s' is not an input of %s", pr->name, F->name);
-      return NF_ENOENT;
-    }
-    pr->offset = off;
-    off += (pr->numel + ALIGN_ELEMS - 1) / ALIGN_ELEMS * ALIGN_ELEMS;
-  }
-  if (s->n_params == 0) {
-    nf_buf_printf(err, "%s has no parameters to train (declare them with `param`)", F->name);
-    return NF_EINVAL;
-  }
-  s->n_flat = off;
-  size_t fb = (size_t)off * sizeof(float);
-  s->P = aligned_alloc(64, fb);
-  s->G = aligned_alloc(64, fb);
-  s->M = aligned_alloc(64, fb);
-  s->V = aligned_alloc(64, fb);
-  if (!s->P || !s->G || !s->M || !s->V) return NF_ENOMEM;
-  memset(s->P, 0, fb);
-  memset(s->G, 0, fb);
-  memset(s->M, 0, fb);
-  memset(s->V, 0, fb);
-
-  /* the loss's part, its gradient */
-  nf_subgraph lo;
-  memset(&lo, 0, sizeof lo);
-  if ((rc = loss_only(F, F->outputs[0], n_extra, extra, &lo, err))) return rc;
-  const char **wrt = malloc(sizeof(char *) * (size_t)(s->n_params + n_gin + 1));
-  int n_wrt = 0;
-  if (!wrt) {
-    nf_subgraph_clear(&lo);
-    return NF_ENOMEM;
-  }
-  for (int i = 0; i < s->n_params; i++) {
-    int used = 0;
-    for (uint32_t k = 0; k < lo.g->n_inputs; k++)
-      if (!strcmp(lo.g->tensors[lo.g->inputs[k]].name, s->params[i].name)) used = 1;
-    if (used) wrt[n_wrt++] = s->params[i].name;
-    else nf__slog_warn(&s->log, "parameter '%s' does not affect the loss: its gradient is zero",
-                          s->params[i].name);
-  }
-  for (int i = 0; n_wrt && i < n_gin; i++) {
-    int used = 0;
-    for (uint32_t k = 0; k < lo.g->n_inputs; k++)
-      if (!strcmp(lo.g->tensors[lo.g->inputs[k]].name, gin[i])) used = 1;
-    if (used) wrt[n_wrt++] = gin[i];
-    else nf__slog_warn(&s->log, "input '%s' does not affect the loss: no gradient", gin[i]);
-  }
-  nf_grad_opts go = {.n_wrt = n_wrt, .wrt = wrt, .keep_outputs = 1};
-  nf_graph *T = NULL;
-  rc = n_wrt ? nf_grad_graph(lo.g, &go, s->ctx, &T, NULL, err) : NF_EINVAL;
-  if (!n_wrt) nf_buf_printf(err, "no parameter affects the loss");
-  free(wrt);
-  nf_subgraph_clear(&lo);
-  if (rc) return rc;
-  /* per-step products summed (an unrolled recurrence's weight gradients):
-   * one product over the steps; locals read in part (the gradient of a
-   * concatenation with data): computed only where read */
-  if ((rc = nf_rewrite_grad(T, &T))) return rc;
-
-  /* the optimizer's update */
-  nf_module *om = nf_module_new();
-  nf_diag *d = nf_diag_new();
-  nf_graph *U = NULL;
-  if (!om || !d) rc = NF_ENOMEM;
-  if (rc == NF_OK) rc = nf_module_load_source(om, "<optimizer>", "import optim\n", d);
-  if (rc == NF_OK) {
-    nf_arg_shape sh[4];
-    const char *nm[4] = {"P", "G", "M", "V"};
-    for (int i = 0; i < 4; i++) {
-      memset(&sh[i], 0, sizeof sh[i]);
-      sh[i].name = nm[i];
-      sh[i].rank = 1;
-      sh[i].dims[0] = s->n_flat;
-    }
-    nf_inst_opts io = {.n_shapes = s->opts.optim.kind == NF_OPTIM_SGD ? 0 : 4, .shapes = sh};
-    const char *def = optim_def(&s->opts.optim);
-    if (!strcmp(def, "sgd")) {
-      sh[2].name = "V";
-      io.n_shapes = 3;
-    } else if (!strcmp(def, "sgd_plain")) {
-      io.n_shapes = 2;
-    }
-    rc = nf_module_instantiate(om, def, &io, s->ctx, &U, d);
-  }
-  if (rc != NF_OK)
-    nf_buf_printf(err, "the optimizer (lib/optim.nf): %s",
-                  d && nf_diag_count(d) ? nf_diag_text(d) : nf_strerror(rc));
-  nf_diag_free(d);
-  nf_module_free(om);
-  if (rc) return rc;
-
-  /* partition */
-  if ((rc = nf_partition_graph(T, &s->part_step, err))) return rc;
-  if ((rc = split_blas(T, s->part_step)) != NF_OK) return rc;
-  if ((rc = nf_partition_graph(U, &s->part_upd, err))) return rc;
-  if (s->part_upd->n != 1) {
-    nf_buf_printf(err, "internal error: the optimizer's update is %u subgraphs, not one",
-                  s->part_upd->n);
-    return NF_EINTERNAL;
-  }
-
-  /* slots of the step graph's inputs and outputs */
-  int *tslot = malloc(sizeof(int) * (T->n_tensors + 1));
-  int *uslot = malloc(sizeof(int) * (U->n_tensors + 1));
-  int *first = calloc(1, sizeof(int)), *last = calloc(1, sizeof(int));
-  if (!tslot || !uslot || !first || !last) rc = NF_ENOMEM;
-  for (uint32_t t = 0; rc == NF_OK && t < T->n_tensors; t++) tslot[t] = -1;
-  for (uint32_t t = 0; rc == NF_OK && t < U->n_tensors; t++) uslot[t] = -1;
-  char seed_name[300];
-  snprintf(seed_name, sizeof seed_name, "d%s", L->name);
-  for (uint32_t k = 0; rc == NF_OK && k < T->n_inputs; k++) {
-    uint32_t t = T->inputs[k];
-    const nf_tensor *tn = &T->tensors[t];
-    int pi = find_param(s, tn->name), is_seed = 0;
-    void *ptr;
-    if (pi >= 0) {
-      ptr = s->P + s->params[pi].offset;
-    } else {
-      ptr = aligned_alloc(64, ((size_t)nf_tensor_numel(tn) * nf_dtype_size((nf_dtype)tn->dtype) + 63) / 64 * 64 + 64);
-      if (!ptr) {
-        rc = NF_ENOMEM;
-        break;
-      }
-      memset(ptr, 0, (size_t)nf_tensor_numel(tn) * nf_dtype_size((nf_dtype)tn->dtype));
-      if (!strcmp(tn->name, seed_name)) *(float *)ptr = 1.0f;
-      if (!is_f_input(F, tn->name)) is_seed = 1; /* d<output>: 1 for the loss, else 0 */
-    }
-    int sl = slot_new(s, tn, ptr);
-    if (sl < 0) {
-      if (pi < 0) free(ptr);
-      rc = sl;
-      break;
-    }
-    if (pi < 0) {
-      s->slots[sl].shape[7] = -1; /* owned: freed with the session (rank < 8 here) */
-      if (!is_seed) rc = named_add(&s->inputs, &s->n_inputs, tn->name, sl);
-    }
-    tslot[t] = sl;
-  }
-  for (uint32_t k = 0; rc == NF_OK && k < T->n_outputs; k++) {
-    uint32_t t = T->outputs[k];
-    const nf_tensor *tn = &T->tensors[t];
-    void *ptr = NULL;
-    int pi = strncmp(tn->name, "grad_", 5) ? -1 : find_param(s, tn->name + 5);
-    if (pi >= 0) {
-      ptr = s->G + s->params[pi].offset;
-    } else {
-      size_t bytes = (size_t)nf_tensor_numel(tn) * nf_dtype_size((nf_dtype)tn->dtype);
-      ptr = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
-      if (!ptr) {
-        rc = NF_ENOMEM;
-        break;
-      }
-      memset(ptr, 0, bytes);
-    }
-    int sl = slot_new(s, tn, ptr);
-    if (sl < 0) {
-      if (pi < 0) free(ptr);
-      rc = sl;
-      break;
-    }
-    if (pi < 0) s->slots[sl].shape[7] = -1;
-    if (strncmp(tn->name, "grad_", 5)) {
-      int *nf = realloc(s->fwd_slots, sizeof(int) * (size_t)(s->n_fwd + 1));
-      if (!nf) {
-        rc = NF_ENOMEM;
-        break;
-      }
-      s->fwd_slots = nf;
-      s->fwd_slots[s->n_fwd++] = sl;
-    }
-    if (k == 0) {
-      s->loss_slot = sl;
-      if ((rc = named_add(&s->named, &s->n_named, "loss", sl))) break;
-    }
-    rc = named_add(&s->named, &s->n_named, tn->name, sl);
-    tslot[t] = sl;
-  }
-  /* temporaries get first/last when produced */
-  if (rc == NF_OK) rc = grow_lives(&first, &last, s->n_slots);
-  if (rc == NF_OK) rc = add_ops(s, T, s->part_step, tslot, 0, &first, &last);
-  /* the update: in place over the flat vectors */
-  for (uint32_t k = 0; rc == NF_OK && k < U->n_inputs; k++) {
-    uint32_t t = U->inputs[k];
-    const nf_tensor *tn = &U->tensors[t];
-    void *ptr = !strcmp(tn->name, "P") ? (void *)s->P
-              : !strcmp(tn->name, "G") ? (void *)s->G
-              : !strcmp(tn->name, "M") ? (void *)s->M
-              : !strcmp(tn->name, "V") ? (void *)s->V
-              : !strcmp(tn->name, "hp") ? (void *)s->hp : NULL;
-    if (!ptr) {
-      rc = NF_EINTERNAL;
-      break;
-    }
-    int sl = slot_new(s, tn, ptr);
-    if (sl < 0) rc = sl;
-    else uslot[t] = sl;
-  }
-  for (uint32_t k = 0; rc == NF_OK && k < U->n_outputs; k++) {
-    uint32_t t = U->outputs[k];
-    const char *nm = U->tensors[t].name; /* P2 over P, M2 over M, V2 over V */
-    void *ptr = !strcmp(nm, "P2") ? (void *)s->P : !strcmp(nm, "M2") ? (void *)s->M
-              : !strcmp(nm, "V2") ? (void *)s->V : NULL;
-    if (!ptr) {
-      rc = NF_EINTERNAL;
-      break;
-    }
-    int sl = slot_new(s, &U->tensors[t], ptr);
-    if (sl < 0) rc = sl;
-    else uslot[t] = sl;
-  }
-  if (rc == NF_OK) rc = grow_lives(&first, &last, s->n_slots);
-  if (rc == NF_OK) rc = add_ops(s, U, s->part_upd, uslot, 1, &first, &last);
-  /* plan the temporaries */
-  if (rc == NF_OK) {
-    int n_tmp = 0;
-    for (int i = 0; i < s->n_slots; i++) n_tmp += s->slots[i].ptr == NULL;
-    nf_plan_buf *pb = calloc((size_t)n_tmp + 1, sizeof *pb);
-    int *which = calloc((size_t)n_tmp + 1, sizeof(int));
-    if (!pb || !which) rc = NF_ENOMEM;
-    int j = 0;
-    for (int i = 0; rc == NF_OK && i < s->n_slots; i++) {
-      if (s->slots[i].ptr) continue;
-      pb[j].bytes = s->slots[i].bytes;
-      pb[j].first = first[i];
-      pb[j].last = last[i];
-      which[j++] = i;
-    }
-    int64_t total = 0;
-    if (rc == NF_OK) rc = nf_plan_offsets(pb, (size_t)n_tmp, 64, &total);
-    if (rc == NF_OK) {
-      s->arena_bytes = total;
-      s->arena = aligned_alloc(64, (size_t)(total + 64));
-      if (!s->arena) rc = NF_ENOMEM;
-      else memset(s->arena, 0, (size_t)(total + 64));
-    }
-    for (int q = 0; rc == NF_OK && q < n_tmp; q++)
-      s->slots[which[q]].ptr = (char *)s->arena + pb[q].offset;
-    free(pb);
-    free(which);
-  }
-  for (int i = 0; rc == NF_OK && i < s->n_ops; i++) {
-    nf__op *op = &s->ops[i];
-    for (uint32_t j = 0; j < op->n_in + op->n_out; j++) op->bufs[j] = s->slots[op->slots[j]].ptr;
-  }
-  free(tslot);
-  free(uslot);
-  free(first);
-  free(last);
-  return rc;
-}
 
 /* ---- sessions ---- */
 
@@ -694,6 +35,7 @@ static nf_session *session_alloc(const nf_session_opts *o) {
   s->opts.shape_dims = NULL;
   s->opts.n_iparams = s->opts.n_shapes = 0;
   nf__slog_init(&s->log, s->opts.log, s->opts.log_user, s->opts.quiet);
+  s->dev = &nf__cpu_device;
   nf_optimizer *op = &s->opts.optim;
   if (op->lr <= 0) op->lr = op->kind == NF_OPTIM_SGD ? 0.01 : 0.001;
   if (op->beta1 <= 0) op->beta1 = 0.9;
@@ -773,7 +115,7 @@ static int finish(nf_session *s, const nf_graph *F, int n_gin, const char *const
   if (th < 1) th = 1;
   if (th > 256) th = 256;
   s->threads = th;
-  if ((rc = build(s, F, n_gin, gin, n_extra, extra, &s->err))) goto fail;
+  if ((rc = nf__session_build(s, F, n_gin, gin, n_extra, extra, &s->err))) goto fail;
   for (int i = 0; i < s->n_params; i++) {
     nf__param *pr = &s->params[i];
     nf_init in = pr->init;
@@ -798,7 +140,7 @@ static int finish(nf_session *s, const nf_graph *F, int n_gin, const char *const
     goto fail;
   return NF_OK;
 fail:
-  if (err) *err = dup_err("", s->err.len ? nf_buf_str(&s->err) : nf_strerror(rc));
+  if (err) *err = nf__session_err_dup("", s->err.len ? nf_buf_str(&s->err) : nf_strerror(rc));
   return rc;
 }
 
@@ -824,14 +166,14 @@ static int params_from_decls(nf_session *s, nf_model *m, const char *def, char *
   if (n < 0) {
     char msg[512];
     snprintf(msg, sizeof msg, "no def '%s' in the model", def);
-    set_err(err, "", msg);
+    nf__session_err_set(err, "", msg);
     return NF_ENOENT;
   }
   nf_param_decl *pd = calloc((size_t)n + 1, sizeof *pd);
   s->params = calloc((size_t)n + 1, sizeof *s->params);
   if (!pd || !s->params) {
     free(pd);
-    set_err(err, "", "out of memory");
+    nf__session_err_set(err, "", "out of memory");
     return NF_ENOMEM;
   }
   nf_module_def_param_decls(m->mod, def, pd, n);
@@ -841,7 +183,7 @@ static int params_from_decls(nf_session *s, nf_model *m, const char *def, char *
     s->n_params++;
     if (!s->params[i].name) {
       free(pd);
-      set_err(err, "", "out of memory");
+      nf__session_err_set(err, "", "out of memory");
       return NF_ENOMEM;
     }
   }
@@ -858,11 +200,11 @@ static int add_trainable(nf_session *s, const nf_graph *F, int n, const char *co
   s->params = np;
   for (int i = 0; i < n; i++) {
     char msg[600];
-    if (!names || !names[i] || !is_f_input(F, names[i]) || find_param(s, names[i]) >= 0) {
+    if (!names || !names[i] || !nf__session_is_input(F, names[i]) || nf__session_find_param(s, names[i]) >= 0) {
       snprintf(msg, sizeof msg, "cannot train '%s': %s", names && names[i] ? names[i] : "(null)",
-               names && names[i] && find_param(s, names[i]) >= 0 ? "it is a parameter already"
+               names && names[i] && nf__session_find_param(s, names[i]) >= 0 ? "it is a parameter already"
                                                                 : "not an input of the def");
-      set_err(err, "", msg);
+      nf__session_err_set(err, "", msg);
       return NF_EINVAL;
     }
     nf__param *p = &s->params[s->n_params];
@@ -883,13 +225,13 @@ nf_session *nf__session_new_graph(nf_model *m, nf_graph *F, nf_ir_ctx *ctx,
   nf_session *s = session_alloc(o);
   if (!s) {
     nf_ir_ctx_free(ctx);
-    set_err(err, "", "out of memory");
+    nf__session_err_set(err, "", "out of memory");
     return NULL;
   }
   nf_ir_ctx_free(s->ctx);
   s->ctx = ctx;
   if (load_trust(s, o, &s->err) != NF_OK) {
-    set_err(err, "", nf_buf_str(&s->err));
+    nf__session_err_set(err, "", nf_buf_str(&s->err));
     nf_session_free(s);
     return NULL;
   }
@@ -959,18 +301,18 @@ nf_session *nf_session_new_def(nf_model *m, const char *def, const nf_session_op
                                char **err) {
   if (err) *err = NULL;
   if (!m || !def) {
-    set_err(err, "", "no model or def given");
+    nf__session_err_set(err, "", "no model or def given");
     return NULL;
   }
   if (nf_module_def_param_decls(m->mod, def, NULL, 0) < 0) {
     char msg[512];
     snprintf(msg, sizeof msg, "no def '%s' in the model", def);
-    set_err(err, "", msg);
+    nf__session_err_set(err, "", msg);
     return NULL;
   }
   nf_ir_ctx *ctx = nf_ir_ctx_new();
   if (!ctx) {
-    set_err(err, "", "out of memory");
+    nf__session_err_set(err, "", "out of memory");
     return NULL;
   }
   nf_arg_shape *sh = o && o->n_shapes > 0 ? calloc((size_t)o->n_shapes, sizeof *sh) : NULL;
@@ -987,7 +329,7 @@ nf_session *nf_session_new_def(nf_model *m, const char *def, const nf_session_op
   int rc = d ? nf_module_instantiate(m->mod, def, &io, ctx, &F, d) : NF_ENOMEM;
   free(sh);
   if (rc != NF_OK) {
-    set_err(err, "", d && nf_diag_count(d) ? nf_diag_text(d) : nf_strerror(rc));
+    nf__session_err_set(err, "", d && nf_diag_count(d) ? nf_diag_text(d) : nf_strerror(rc));
     nf_diag_free(d);
     nf_ir_ctx_free(ctx);
     return NULL;
@@ -997,7 +339,7 @@ nf_session *nf_session_new_def(nf_model *m, const char *def, const nf_session_op
   int n_extra = 0;
   nf_graph *G = stop_extra_outputs(F, ctx, &extra, &n_extra);
   if (!G) {
-    set_err(err, "", "out of memory");
+    nf__session_err_set(err, "", "out of memory");
     nf_ir_ctx_free(ctx);
     return NULL;
   }
@@ -1012,11 +354,10 @@ void nf_session_free(nf_session *s) {
   nf__gpu_close(s);
   for (int i = 0; i < s->n_kents; i++) {
     nf__kent *k = &s->kents[i];
-    free(k->in_bun);
+    if (s->dev) s->dev->drop(k->in_obj);
     nf_gemm_free(k->gemm);
     nf_kernel_free(k->cur);
     nf_kernel_free(k->cand);
-    nf_kernel_free(k->in_k);
   }
   free(s->kents);
   for (int i = 0; i < s->n_ops; i++) {
@@ -1066,333 +407,6 @@ const char *nf_session_error(const nf_session *s) {
 
 /* ---- running ---- */
 
-static int run_kernel(nf_session *s, nf_kernel *kn, const nf__op *op, void *const *bufs,
-                      nf_buf *err) {
-  return nf_kernel_run(kn, bufs, op->n_in + op->n_out, s->pool, err);
-}
-
-/* k's candidate becomes its kernel (it passed a canary, or these bytes
- * did before).  Whether it runs instead of tier 0 is decided apart. */
-static void promote(nf_session *s, nf__kent *k) {
-  nf_kernel_free(k->cur); /* the handle only: the code stays loaded */
-  k->cur = k->cand;
-  k->cand = NULL;
-  k->cur_tier = k->cand_tier;
-  k->cur_ms = k->cand_ms;
-  memcpy(k->cur_sha, k->cand_sha, 32);
-  k->verified = 1;
-  k->race_left = 0;
-  k->prefer_t0 = 0;
-  k->probe = 0;
-  s->swaps++;
-}
-
-static const char *tier0_name(const nf__kent *k) { return k->gemm ? "OpenBLAS" : "the interpreter"; }
-
-/* k keeps tier 0: its kernel ran kn_ms per run against tier 0's t0_ms.
- * Where that costs a step NF_SLOW_NOTICE_MS or more, it is said (once per
- * kernel) and the link asks the daemon for a faster kernel; a tiny
- * subgraph whose kernel loses by microseconds (a pool's wake-up against
- * the interpreter) is neither worth a line nor a search. */
-#define NF_SLOW_NOTICE_MS 0.25
-static void hold_t0(nf_session *s, nf__kent *k, double kn_ms, double t0_ms, int remembered) {
-  k->prefer_t0 = 1;
-  k->race_left = 0;
-  k->slow_ratio = t0_ms > 0 ? kn_ms / t0_ms : 0;
-  if ((kn_ms - t0_ms) * (k->n_ops > 0 ? k->n_ops : 1) < NF_SLOW_NOTICE_MS) return;
-  char hex[65];
-  nf_hash_hex(k->key, hex);
-  hex[16] = 0;
-  nf__slog_warn(&s->log, "kernel %s (tier %d) %s %.2fx slower than %s here (%.3g against %.3g ms per "
-                      "run at %d thread%s): keeping %s; the daemon is asked for a faster one",
-                   hex, k->cur_tier, remembered ? "ran" : "runs", k->slow_ratio, tier0_name(k),
-                   kn_ms, t0_ms, s->threads, s->threads == 1 ? "" : "s", tier0_name(k));
-  pthread_mutex_lock(&s->mu);
-  if (!k->ask_better) {
-    k->ask_better = 1;
-    memcpy(k->slow_sha, k->cur_sha, 32);
-  }
-  pthread_cond_broadcast(&s->cv);
-  pthread_mutex_unlock(&s->mu);
-}
-
-/* Flags for a verdict made now: BUSY while the daemon still works for
- * this session (compiling or tuning on the cores the race ran on). */
-static unsigned verdict_flags(nf_session *s) {
-  unsigned f = 0;
-  pthread_mutex_lock(&s->mu);
-  for (int i = 0; i < s->n_kents; i++)
-    if (s->kents[i].dstate == DK_SUBMITTED || s->kents[i].dstate == DK_ACCEPTED)
-      f = NF__VERDICT_BUSY;
-  pthread_mutex_unlock(&s->mu);
-  return f;
-}
-
-/* The kernel just promoted ran kn_ms in its canary, tier 0 t0_ms on the
- * same data.  A canary is one run, the kernel's first (its code and
- * scratch pages are touched for the first time, the pool wakes), often
- * while the daemon compiles on the same cores: a kernel of a few
- * microseconds was seen taking 150 ms there, as its second thread waited
- * for a core.  So a canary decides only for the kernel (noise does not
- * make a kernel look faster): by a quarter against the interpreter.
- * Otherwise, and always against OpenBLAS (whose first run is cold too),
- * the two race. */
-static void judge(nf_session *s, nf__kent *k, double kn_ms, double t0_ms) {
-  k->kn_ms = kn_ms;
-  k->t0_ms = t0_ms;
-  if (!k->gemm && kn_ms * 1.25 < t0_ms)
-    nf__verdict_put(s, k->key, k->cur_sha, kn_ms, t0_ms, verdict_flags(s));
-  else
-    k->race_left = NF_RACE_RUNS;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
-/* The race of k's kernel against tier 0 ends after `pairs` pairs of runs:
- * the faster by median is kept (tier 0 only when clearly faster), and
- * the verdict recorded. */
-static void race_end(nf_session *s, nf__kent *k, int pairs) {
-  double t0 = median(k->race_ms[1], pairs), kn = median(k->race_ms[0], pairs);
-  int slower = t0 < 0.97 * kn;
-  k->race_left = 0;
-  k->t0_ms = t0;
-  k->kn_ms = kn;
-  nf__verdict_put(s, k->key, k->cur_sha, kn, t0,
-                  NF__VERDICT_RACED | (slower ? NF__VERDICT_SLOWER : 0) | verdict_flags(s));
-  if (slower) hold_t0(s, k, kn, t0, 0);
-}
-
-/* A candidate whose very bytes passed a canary here before: swapped in
- * without one.  Its recorded verdict says whether it runs instead of tier
- * 0; without one, OpenBLAS races it, and a kernel replacing the
- * interpreter is timed on its first run against the interpreter's
- * estimated time (a race when that is not clear). */
-static void promote_trusted(nf_session *s, nf__kent *k) {
-  const nf__verdict *v = nf__verdict_get(s, k->key, k->cand_sha);
-  promote(s, k);
-  s->trusted++;
-  if (v && (v->flags & (NF__VERDICT_SLOWER | NF__VERDICT_BUSY)) ==
-               (NF__VERDICT_SLOWER | NF__VERDICT_BUSY)) {
-    /* lost while the daemon worked beside it: raced again */
-    k->race_left = NF_RACE_RUNS;
-  } else if (v) {
-    s->remembered++;
-    k->t0_ms = v->tier0_ms;
-    k->kn_ms = v->kernel_ms;
-    if (v->flags & NF__VERDICT_SLOWER) hold_t0(s, k, v->kernel_ms, v->tier0_ms, 1);
-  } else if (k->gemm) {
-    k->race_left = NF_RACE_RUNS;
-  } else {
-    k->probe = 1;
-  }
-}
-
-/* Runs op with k's candidate and what it replaces, compares, and promotes
- * or rejects the candidate.  The real outputs come from the reference. */
-static int run_canary(nf_session *s, nf__kent *k, nf__op *op) {
-  uint32_t n = op->n_in + op->n_out;
-  void **cb = calloc(n, sizeof(void *));
-  void **scratch = calloc(n, sizeof(void *));
-  int rc = cb && scratch ? NF_OK : NF_ENOMEM;
-  const nf_graph *g = op->g;
-  /* candidate buffers: outputs to scratch; for an in-place op, inputs
-   * copied to scratch too and outputs aliasing those copies */
-  for (uint32_t j = 0; rc == NF_OK && j < n; j++) {
-    const nf__slot *sl = &s->slots[op->slots[j]];
-    if (j < op->n_in && !op->alias) {
-      cb[j] = op->bufs[j];
-      continue;
-    }
-    if (j >= op->n_in && op->alias) {
-      for (uint32_t i = 0; i < op->n_in; i++)
-        if (s->slots[op->slots[i]].ptr == sl->ptr) cb[j] = cb[i];
-      if (cb[j]) continue;
-    }
-    scratch[j] = aligned_alloc(64, ((size_t)sl->bytes + 63) / 64 * 64 + 64);
-    if (!scratch[j]) {
-      rc = NF_ENOMEM;
-      break;
-    }
-    if (j < op->n_in) memcpy(scratch[j], op->bufs[j], (size_t)sl->bytes);
-    cb[j] = scratch[j];
-  }
-  nf_buf e = NF_BUF_INIT;
-  int crc = NF_OK;
-  /* the scratch outputs touched first: their page faults are not the
-   * candidate's time */
-  for (uint32_t j = op->n_in; rc == NF_OK && j < n; j++)
-    if (scratch[j]) memset(scratch[j], 0, (size_t)s->slots[op->slots[j]].bytes);
-  double c0 = nf_now_ms();
-  if (rc == NF_OK) crc = run_kernel(s, k->cand, op, cb, &e);
-  double c_ms = nf_now_ms() - c0;
-  /* the reference, for real: what runs now (tier 0 while the entry keeps
-   * it, else the verified kernel) */
-  int vs_t0 = !(k->cur && k->verified && !k->prefer_t0);
-  double r0 = nf_now_ms();
-  if (rc == NF_OK) {
-    if (!vs_t0) rc = run_kernel(s, k->cur, op, op->bufs, &s->err);
-    else rc = nf__tier0_run(s, k, op, op->bufs, &s->err);
-  }
-  double r_ms = nf_now_ms() - r0;
-  if (rc == NF_OK) {
-    char hex[65];
-    nf_hash_hex(k->key, hex);
-    hex[16] = 0;
-    double worst = 0;
-    int ok = crc == NF_OK;
-    for (uint32_t o = 0; ok && o < op->n_out; o++)
-      ok = nf__canary_output_ok(g, o, cb[op->n_in + o], op->bufs[op->n_in + o], &worst);
-    if (ok) {
-      promote(s, k);
-      nf__verified_add(s, k->key, k->cur_sha);
-      if (vs_t0) {
-        k->t0_ms = r_ms;
-        judge(s, k, c_ms, r_ms);
-      } else {
-        /* a better kernel replacing a verified one: OpenBLAS races it
-         * again; one that beats a kernel faster than the interpreter
-         * is faster than the interpreter too */
-        k->race_left = k->gemm ? NF_RACE_RUNS : 0;
-        if (!k->gemm && k->t0_ms > 0 && c_ms < k->t0_ms) {
-          k->kn_ms = c_ms;
-          nf__verdict_put(s, k->key, k->cur_sha, c_ms, k->t0_ms, verdict_flags(s));
-        }
-      }
-    } else {
-      nf__slog_warn(&s->log, "kernel %s (tier %d) rejected: %s%s", hex, k->cand_tier,
-                       crc != NF_OK ? "it failed: " : "its results differ from the reference",
-                       crc != NF_OK ? nf_buf_str(&e) : "");
-      nf_kernel_free(k->cand);
-      s->rejected++;
-    }
-    k->cand = NULL;
-  }
-  nf_buf_free(&e);
-  for (uint32_t j = 0; scratch && j < n; j++) free(scratch[j]);
-  free(scratch);
-  free(cb);
-  return rc;
-}
-
-/* Whether to wait for the daemon's first kernel of k rather than run
- * tier 0 (the interpreter): only while connected and the kernel is on its
- * way, and only as long as tier 0 would take.
- *
- * A kernel verified here before is a cache hit away: worth up to 250 ms
- * even for a cheap subgraph, within one second for the whole first step.
- * A kernel never verified here pays one tier-0 run in its canary anyway;
- * waiting for it while tier 0 would take seconds (a default kernel is
- * typically a second of compiling away) spares a second one, so a cold
- * session runs such a subgraph at tier 0 once rather than twice.  The
- * waits of a session are bounded by NF_COLD_WAIT_MS in all. */
-static void maybe_wait(nf_session *s, nf__kent *k) {
-  if (k->cur || k->gemm || k->cand) return;
-  double est = (double)k->flops * k->n_ops / s->interp_rate;
-  if (est > 120000) est = 120000;
-  double allow;
-  int cold = !nf__verified_has(s, k->key, NULL);
-  if (!cold) {
-    if (est < 50) est = 0;
-    double extra = s->first_wait_left < 250 ? s->first_wait_left : 250;
-    allow = est > extra ? est : extra;
-  } else {
-    if (est < 1000) return;
-    allow = est < s->cold_wait_left ? est : s->cold_wait_left;
-  }
-  if (allow <= 0) return;
-  double start = nf_now_ms(), until = start + allow;
-  pthread_mutex_lock(&s->mu);
-  while (!k->in_k && ((s->connected && (k->dstate == DK_SUBMITTED || k->dstate == DK_ACCEPTED)) ||
-                      (s->link_first && k->dstate == DK_NONE))) {
-    double now = nf_now_ms();
-    if (now >= until) break;
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    double w = until - now;
-    ts.tv_sec += (time_t)(w / 1000);
-    ts.tv_nsec += (long)(fmod(w, 1000) * 1e6);
-    if (ts.tv_nsec >= 1000000000L) {
-      ts.tv_sec++;
-      ts.tv_nsec -= 1000000000L;
-    }
-    pthread_cond_timedwait(&s->cv, &s->mu, &ts);
-  }
-  double waited = nf_now_ms() - start;
-  if (cold)
-    s->cold_wait_left -= waited;
-  else
-    s->first_wait_left -= waited > est ? waited - est : 0;
-  if (k->in_k) {
-    k->cand = k->in_k;
-    k->cand_tier = k->in_tier;
-    memcpy(k->cand_sha, k->in_sha, 32);
-    k->cand_ms = k->in_ms;
-    k->in_k = NULL;
-  }
-  pthread_mutex_unlock(&s->mu);
-}
-
-static int run_op(nf_session *s, nf__op *op) {
-  nf__kent *k = &s->kents[op->kent];
-  if (!k->cur && !k->cand && s->step == 0) maybe_wait(s, k);
-  if (k->cand && nf__verified_has(s, k->key, k->cand_sha)) promote_trusted(s, k);
-  double t0 = nf_now_ms();
-  int rc;
-  if (k->cand) {
-    rc = run_canary(s, k, op);
-  } else if (k->cur && k->race_left > 0) {
-    /* tier 0 against the compiled kernel, alternating, the kernel first;
-     * both are verified, so either result is the step's */
-    int t0run = k->race_left % 2, i = (NF_RACE_RUNS - k->race_left) / 2;
-    rc = t0run ? nf__tier0_run(s, k, op, op->bufs, &s->err)
-               : run_kernel(s, k->cur, op, op->bufs, &s->err);
-    k->race_ms[t0run][i] = nf_now_ms() - t0;
-    k->race_left--;
-    if (rc == NF_OK && t0run) {
-      /* a pair done: stop after two when one side took 3x the other's
-       * time in both (a slow kernel is not run a third time) */
-      int far = 0;
-      for (int q = 0; i >= 1 && q < 2; q++) {
-        double a = k->race_ms[1][i - q], b = k->race_ms[0][i - q];
-        far += a > 3 * b ? 1 : b > 3 * a ? -1 : 0;
-      }
-      if (k->race_left == 0 || far == 2 || far == -2) race_end(s, k, i + 1);
-    }
-  } else if (k->cur && !k->prefer_t0) {
-    rc = run_kernel(s, k->cur, op, op->bufs, &s->err);
-    if (k->probe && rc == NF_OK) {
-      /* the first run of a kernel trusted without a verdict: clearly
-       * faster than the interpreter's estimate, or a race */
-      double kn = nf_now_ms() - t0, est = (double)k->flops / s->interp_rate;
-      k->probe = 0;
-      k->kn_ms = kn;
-      k->t0_ms = est;
-      if (kn * 4 < est)
-        nf__verdict_put(s, k->key, k->cur_sha, kn, est, NF__VERDICT_ESTIMATE | verdict_flags(s));
-      else
-        k->race_left = NF_RACE_RUNS;
-    }
-  } else {
-    rc = nf__tier0_run(s, k, op, op->bufs, &s->err);
-    double dt = nf_now_ms() - t0;
-    k->t0_ms = dt;
-    if (!k->gemm && dt > 1 && k->flops > 0) {
-      double r = (double)k->flops / dt;
-      s->interp_rate = 0.7 * s->interp_rate + 0.3 * r;
-    }
-  }
-  k->run_ms += nf_now_ms() - t0;
-  return rc;
-}
-
 static void update_hp(nf_session *s) {
   const nf_optimizer *o = &s->opts.optim;
   double t = (double)(s->step + 1);
@@ -1415,17 +429,15 @@ int nf_session_step(nf_session *s, double *loss) {
   if (!s) return NF_EINVAL;
   nf_buf_reset(&s->err);
   double t0 = nf_now_ms();
-  /* step boundary: take kernels the link handed over */
+  /* step boundary: take kernels the link handed over (a GPU session takes
+   * its bundles in nf__gpu_begin) */
   pthread_mutex_lock(&s->mu);
-  for (int i = 0; i < s->n_kents; i++) {
+  for (int i = 0; i < s->n_kents && !s->gpu; i++) {
     nf__kent *k = &s->kents[i];
-    if (!k->in_k) continue;
+    void *arrived = nf__kt_take_locked(s, k);
+    if (!arrived) continue;
     nf_kernel_free(k->cand); /* superseded before its canary */
-    k->cand = k->in_k;
-    k->cand_tier = k->in_tier;
-    memcpy(k->cand_sha, k->in_sha, 32);
-    k->cand_ms = k->in_ms;
-    k->in_k = NULL;
+    k->cand = arrived;
   }
   pthread_mutex_unlock(&s->mu);
   update_hp(s);
@@ -1435,7 +447,7 @@ int nf_session_step(nf_session *s, double *loss) {
   if (rc == NF_OK && s->gpu)
     rc = nf__gpu_run_ops(s, NULL);
   else
-    for (int i = 0; i < s->n_ops && rc == NF_OK; i++) rc = run_op(s, &s->ops[i]);
+    for (int i = 0; i < s->n_ops && rc == NF_OK; i++) rc = nf__kt_run_cpu(s, &s->ops[i]);
   if (rc == NF_OK) rc = nf__gpu_pull(s, s->slots[s->loss_slot].ptr, sizeof(float));
   if (rc != NF_OK) {
     if (!s->err.len) nf_buf_printf(&s->err, "step %lld failed: %s", (long long)s->step + 1,
@@ -1499,7 +511,7 @@ int nf_session_eval(nf_session *s, double *loss) {
     rc = nf__gpu_run_ops(s, s->eval_op);
   else
     for (int i = 0; i < s->n_ops && rc == NF_OK; i++)
-      if (s->eval_op[i]) rc = run_op(s, &s->ops[i]);
+      if (s->eval_op[i]) rc = nf__kt_run_cpu(s, &s->ops[i]);
   if (rc == NF_OK) rc = nf__gpu_pull(s, s->slots[s->loss_slot].ptr, sizeof(float));
   if (rc != NF_OK) {
     if (!s->err.len) nf_buf_printf(&s->err, "evaluation failed: %s", nf_strerror(rc));
@@ -1512,8 +524,8 @@ int nf_session_eval(nf_session *s, double *loss) {
 /* ---- data in and out ---- */
 
 static int named_slot(const nf_session *s, const char *name) {
-  int sl = find_named(s->named, s->n_named, name);
-  if (sl < 0) sl = find_named(s->inputs, s->n_inputs, name);
+  int sl = nf__session_find_named(s->named, s->n_named, name);
+  if (sl < 0) sl = nf__session_find_named(s->inputs, s->n_inputs, name);
   return sl;
 }
 
@@ -1530,7 +542,7 @@ int nf_session_feed(nf_session *s, const char *input, const void *data, size_t b
   if (!s) return NF_EINVAL;
   int rc = begin_io(s, "nf_session_feed", input, data);
   if (rc != NF_OK) return rc;
-  int sl = find_named(s->inputs, s->n_inputs, input);
+  int sl = nf__session_find_named(s->inputs, s->n_inputs, input);
   if (sl < 0) {
     nf_buf_printf(&s->err, "no input '%s' (inputs the loss does not read are not fed)", input);
     return NF_ENOENT;
@@ -1548,14 +560,14 @@ int nf_session_read(nf_session *s, const char *name, void *data, size_t bytes) {
   if (!s) return NF_EINVAL;
   int rc = begin_io(s, "nf_session_read", name, data);
   if (rc != NF_OK) return rc;
-  int pi = find_param(s, name);
+  int pi = nf__session_find_param(s, name);
   const void *src;
   int64_t want;
   if (pi >= 0) {
     src = s->P + s->params[pi].offset;
     want = s->params[pi].numel * 4;
-  } else if (!strncmp(name, "grad_", 5) && find_param(s, name + 5) >= 0) {
-    pi = find_param(s, name + 5);
+  } else if (!strncmp(name, "grad_", 5) && nf__session_find_param(s, name + 5) >= 0) {
+    pi = nf__session_find_param(s, name + 5);
     src = s->G + s->params[pi].offset;
     want = s->params[pi].numel * 4;
   } else {
@@ -1580,7 +592,7 @@ int nf_session_set_param(nf_session *s, const char *name, const float *data, siz
   if (!s) return NF_EINVAL;
   int rc = begin_io(s, "nf_session_set_param", name, data);
   if (rc != NF_OK) return rc;
-  int pi = find_param(s, name);
+  int pi = nf__session_find_param(s, name);
   if (pi < 0) {
     nf_buf_printf(&s->err, "no parameter '%s'", name);
     return NF_ENOENT;
@@ -1744,7 +756,7 @@ int nf_session_wait_kernels(nf_session *s, int timeout_ms, int want_tier) {
     for (int i = 0; i < s->n_kents && done; i++) {
       const nf__kent *k = &s->kents[i];
       if (k->dstate == DK_FAILED) continue;
-      if (want_tier <= 1) done = k->cur || k->cand || k->in_k || nf__gpu_has_kernel(s, k);
+      if (want_tier <= 1) done = k->cur || k->cand || (!s->gpu && k->in_obj) || nf__gpu_has_kernel(s, k);
       else done = k->dstate == DK_FINAL;
     }
     if (!s->link_started) done = 1;

@@ -88,10 +88,8 @@ typedef struct nf__kent {
   const void *gather_src;
   /* GPU sessions (gpu_session.c): CUDA modules in place of cur and cand */
   struct nf_cuda_module *gcur, *gcand; /* program thread */
-  /* under mu */
-  uint8_t *in_bun;      /* GPU sessions: a kernel bundle handed over (malloc'd) */
-  size_t in_bun_len;
-  nf_kernel *in_k;      /* handed over by the link thread */
+  /* under mu: the mailbox (ktable.c) */
+  void *in_obj;         /* handed over (s->dev->accept made it), or NULL */
   int in_tier;
   uint8_t in_sha[32];
   double in_ms;
@@ -137,8 +135,34 @@ typedef struct nf__param {
   float *init_data;     /* NF_INIT_FN_BUFFER: a copy */
 } nf__param;
 
+/* ---- the device interface ----
+ * What differs between the devices a session trains on, as a table of
+ * functions: nf__cpu_device (device_cpu.c) and nf__cuda_device
+ * (gpu_session.c).  The producers of kernels (the link, the GPU
+ * generator) and the kernel table reach the device only through it.  It
+ * covers how a kernel arrives today; the step loop, the canary and the
+ * transfers are to join it (docs/architecture.md, "Where the client goes
+ * next"). */
+typedef struct nf__device {
+  const char *name; /* "cpu", "cuda" */
+  /* Checks binary bin for entry k and makes what the step boundary takes
+   * into *obj: the loaded kernel (CPU), a checked copy of the CUDA bundle
+   * (CUDA).  Any thread.  NF_OK, or an error with why in err. */
+  int (*accept)(const nf_session *s, int k, const void *bin, size_t len, void **obj,
+                nf_buf *err);
+  /* Frees what accept made that nobody took (NULL: no-op). */
+  void (*drop)(void *obj);
+  /* The architecture kernels are asked for (0: the CPU) and the device's
+   * name ("" on the CPU). */
+  int (*target)(const nf_session *s, const char **name);
+} nf__device;
+
+extern const nf__device nf__cpu_device;
+extern const nf__device nf__cuda_device;
+
 struct nf_session {
   nf_buf err;
+  const nf__device *dev; /* nf__cpu_device unless a GPU was opened */
   nf_session_opts opts;
   char *daemon_addr;
   char *daemon_key;   /* TCP key file (opts.daemon_key), NULL: the config's */
@@ -210,6 +234,27 @@ struct nf_session {
   nf__slog log;          /* messages for the program's log callback */
 };
 
+/* model.c: "what: msg" (or msg) malloc'd for an API's *err; the same
+ * stored in *err when err is not NULL. */
+char *nf__session_err_dup(const char *what, const char *msg);
+void nf__session_err_set(char **err, const char *what, const char *msg);
+
+/* build.c: the step program of s (slots, ops, kernel entries, the memory
+ * plan) for forward graph F: loss, gradients (and those of the inputs
+ * gin), the optimizer's update, and the outputs extra.  Messages in err. */
+int nf__session_build(nf_session *s, const nf_graph *F, int n_gin, const char *const *gin,
+                      int n_extra, const char *const *extra, nf_buf *err);
+/* build.c: names to slots and parameters (-1: none); whether F has an
+ * input called name; appending a name (NF_OK or NF_ENOMEM). */
+int nf__session_find_named(const nf__named *arr, int n, const char *name);
+int nf__session_find_param(const nf_session *s, const char *name);
+int nf__session_is_input(const nf_graph *F, const char *name);
+int nf__session_named_add(nf__named **arr, int *n, const char *name, int slot);
+
+/* ktable.c: runs op on the CPU through its entry: the candidate's canary,
+ * a race against tier 0, the verified kernel, or tier 0. */
+int nf__kt_run_cpu(nf_session *s, nf__op *op);
+
 /* session.c: a session training F (in ctx, which the session takes over)
  * with the `param` declarations of F->name in m, the gradients of the
  * inputs gin also formed, and the outputs extra also computed. */
@@ -220,12 +265,21 @@ nf_session *nf__session_new_graph(nf_model *m, nf_graph *F, nf_ir_ctx *ctx,
 /* dlink.c */
 int nf__dlink_start(nf_session *s);
 void nf__dlink_stop(nf_session *s);
-/* Offers a kernel binary for kent k as the daemon would (the link, and
- * tests): the digest, key and ELF checks, then the canary at the next
- * step.  key NULL: no key check (tests).  time_ms: the daemon's
+
+/* ktable.c: the kernel table's mailbox.  Producers on any thread (the
+ * link, the GPU generator, tests) offer a kernel binary for entry k: the
+ * digest and key checks, then the device's (s->dev->accept: the ELF
+ * image and the kernel ABI, or the CUDA bundle's plan and architecture);
+ * what passes waits in the entry's mailbox (a later offer replaces it,
+ * except that a tier-0 kernel generated here never replaces the
+ * daemon's).  key NULL: no key check (tests).  time_ms: the daemon's
  * measurement (0: none).  NF_OK or the reason (logged, counted). */
-int nf__session_offer(nf_session *s, int k, const void *bin, size_t len,
-                      const uint8_t sha256[32], const uint8_t key[32], int tier, double time_ms);
+int nf__kt_offer(nf_session *s, int k, const void *bin, size_t len, const uint8_t sha256[32],
+                 const uint8_t key[32], int tier, double time_ms);
+/* At a step boundary, with s->mu held: what waits in entry k's mailbox
+ * (NULL: nothing), its tier, digest and time copied to k's candidate
+ * fields, the mailbox emptied. */
+void *nf__kt_take_locked(nf_session *s, nf__kent *k);
 
 /* session.c: the time per kernel entry (neoflow train --profile): prints
  * one line per entry, slowest first, over the steps since the last call
@@ -269,11 +323,6 @@ int64_t nf__gpu_graph_runs(const nf_session *s, int *captures);
  * to the host (pull) or back (push). */
 int nf__gpu_pull(nf_session *s, const void *host, size_t n);
 int nf__gpu_push(nf_session *s, const void *host, size_t n);
-/* For the link: checks that bin is a bundle entry k can run; NF_OK or
- * NF_EFORMAT with why in err. */
-int nf__gpu_check_bundle(const nf_session *s, int k, const void *bin, size_t len, nf_buf *err);
-/* The device's architecture and name (0 and "" on the CPU). */
-int nf__gpu_sm(const nf_session *s, const char **name);
 /* The entries cuBLAS runs at tier 0 (0 without cuBLAS). */
 int nf__gpu_blas_entries(const nf_session *s);
 /* The entries cuDNN runs at tier 0 (0 without cuDNN). */

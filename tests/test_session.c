@@ -251,7 +251,7 @@ static int offer_compiled(nf_session *s, int k) {
   compile_graph(s->kents[k].g, &so);
   uint8_t sha[32];
   crypto_hash_sha256(sha, so.data, so.len);
-  int rc = nf__session_offer(s, k, so.data, so.len, sha, NULL, 1, 0);
+  int rc = nf__kt_offer(s, k, so.data, so.len, sha, NULL, 1, 0);
   nf_blob_free(&so);
   return rc;
 }
@@ -650,7 +650,7 @@ static void offer_scheduled(nf_session *s, int k, const nf_schedule *sch, uint8_
   rc = nf_cpu_compile(p, &tgt, &so, NULL, &err);
   ck_assert_msg(rc == NF_OK, "compile: %s", nf_buf_str(&err));
   crypto_hash_sha256(sha, so.data, so.len);
-  rc = nf__session_offer(s, k, so.data, so.len, sha, NULL, 1, 0);
+  rc = nf__kt_offer(s, k, so.data, so.len, sha, NULL, 1, 0);
   ck_assert_msg(rc == NF_OK, "offer: %s: %s", nf_strerror(rc), session_log(s));
   nf_blob_free(&so);
   nf_buf_free(&err);
@@ -887,10 +887,10 @@ START_TEST(session_corrupted_kernel_rejected) {
   /* (a) the digest announced is not the bytes' */
   crypto_hash_sha256(sha, so.data, so.len);
   sha[7] ^= 0x20;
-  rc = nf__session_offer(s, k, so.data, so.len, sha, NULL, 2, 0);
+  rc = nf__kt_offer(s, k, so.data, so.len, sha, NULL, 2, 0);
   ck_assert_int_eq(rc, NF_EFORMAT);
   ck_assert_int_eq(stats(s).rejected, 1);
-  ck_assert_ptr_null(s->kents[k].in_k);
+  ck_assert_ptr_null(s->kents[k].in_obj);
   ck_assert_msg(strstr(session_log(s), "SHA-256") != NULL, "log: %s", session_log(s));
   /* (b) a damaged ELF header, with the digest of the damaged bytes */
   uint8_t *bad = malloc(so.len);
@@ -899,17 +899,17 @@ START_TEST(session_corrupted_kernel_rejected) {
   ck_assert(bad[0] == 0x7f && bad[1] == 'E' && bad[2] == 'L' && bad[3] == 'F');
   bad[1] = 'X';
   crypto_hash_sha256(sha, bad, so.len);
-  rc = nf__session_offer(s, k, bad, so.len, sha, NULL, 2, 0);
+  rc = nf__kt_offer(s, k, bad, so.len, sha, NULL, 2, 0);
   ck_assert_msg(rc == NF_EFORMAT, "damaged ELF: %s", nf_strerror(rc));
   ck_assert_int_eq(stats(s).rejected, 2);
-  ck_assert_ptr_null(s->kents[k].in_k);
+  ck_assert_ptr_null(s->kents[k].in_obj);
   /* ... and a valid header on a truncated image */
   memcpy(bad, so.data, so.len);
   crypto_hash_sha256(sha, bad, so.len / 3);
-  rc = nf__session_offer(s, k, bad, so.len / 3, sha, NULL, 2, 0);
+  rc = nf__kt_offer(s, k, bad, so.len / 3, sha, NULL, 2, 0);
   ck_assert_msg(rc != NF_OK, "truncated ELF accepted");
   ck_assert_int_eq(stats(s).rejected, 3);
-  ck_assert_ptr_null(s->kents[k].in_k);
+  ck_assert_ptr_null(s->kents[k].in_obj);
   free(bad);
   nf_blob_free(&so);
   /* (c) a valid kernel of another graph with the same buffers: it loads,
@@ -918,10 +918,10 @@ START_TEST(session_corrupted_kernel_rejected) {
   nf_graph *w = wrong_twin(wctx, s->kents[k].g);
   compile_graph(w, &so);
   crypto_hash_sha256(sha, so.data, so.len);
-  rc = nf__session_offer(s, k, so.data, so.len, sha, NULL, 2, 0);
+  rc = nf__kt_offer(s, k, so.data, so.len, sha, NULL, 2, 0);
   ck_assert_msg(rc == NF_OK, "the wrong kernel should load: %s: %s", nf_strerror(rc),
                 session_log(s));
-  ck_assert_ptr_nonnull(s->kents[k].in_k);
+  ck_assert_ptr_nonnull(s->kents[k].in_obj);
   nf_blob_free(&so);
   st = stats(s);
   ck_assert_int_eq(st.rejected, 3);
@@ -934,7 +934,7 @@ START_TEST(session_corrupted_kernel_rejected) {
   ck_assert_ptr_eq(s->kents[k].cur, cur);
   ck_assert_int_eq(s->kents[k].cur_tier, 1);
   ck_assert_ptr_null(s->kents[k].cand);
-  ck_assert_ptr_null(s->kents[k].in_k);
+  ck_assert_ptr_null(s->kents[k].in_obj);
   ck_assert_int_eq(st.tier1 + st.tier0_kept, 1);
   ck_assert_int_eq(st.tier2, 0);
   ck_assert_msg(strstr(session_log(s), "differ from the reference") != NULL, "log: %s",
@@ -1821,7 +1821,7 @@ static void default_gpu_bundle(const nf_session *g, int k, nf_buf *bun, uint8_t 
   nf_lprog *p = NULL;
   nf_buf err = NF_BUF_INIT;
   ck_assert_int_eq(nf_lower(g->kents[k].g, sch, ctx, &p, &err), NF_OK);
-  ck_assert_msg(nf_cuda_compile_bundle(p, nf__gpu_sm(g, NULL), bun, NULL, &err) == NF_OK, "%s",
+  ck_assert_msg(nf_cuda_compile_bundle(p, g->dev->target(g, NULL), bun, NULL, &err) == NF_OK, "%s",
                 nf_buf_str(&err));
   crypto_hash_sha256(sha, (const uint8_t *)bun->data, bun->len);
   nf_buf_free(&err);
@@ -1895,8 +1895,8 @@ START_TEST(session_gpu_graphs) {
       nf_buf bun = NF_BUF_INIT;
       uint8_t sha[32];
       default_gpu_bundle(g, k, &bun, sha);
-      ck_assert_int_eq(nf__session_offer(g, k, bun.data, bun.len, sha, NULL, 1, 0), NF_OK);
-      ck_assert_int_eq(nf__session_offer(l, k, bun.data, bun.len, sha, NULL, 1, 0), NF_OK);
+      ck_assert_int_eq(nf__kt_offer(g, k, bun.data, bun.len, sha, NULL, 1, 0), NF_OK);
+      ck_assert_int_eq(nf__kt_offer(l, k, bun.data, bun.len, sha, NULL, 1, 0), NF_OK);
       for (int i = 12; i < 18; i++) {
         mlp_feed(g, data, i % MLP_POOL);
         mlp_feed(l, data, i % MLP_POOL);
@@ -2008,13 +2008,13 @@ START_TEST(session_gpu_generated) {
   nf_buf bun = NF_BUF_INIT;
   uint8_t sha[32];
   default_gpu_bundle(g, k, &bun, sha);
-  ck_assert_int_eq(nf__session_offer(g, k, bun.data, bun.len, sha, NULL, 1, 0), NF_OK);
+  ck_assert_int_eq(nf__kt_offer(g, k, bun.data, bun.len, sha, NULL, 1, 0), NF_OK);
   mlp_feed(g, data, 0);
   step(g);
   nf_session_stats st = stats(g);
   ck_assert_msg(st.tier1 == 1 && st.generated == made - 1 && g->kents[k].cur_tier == 1,
                 "tier1 %d, generated %d: %s", st.tier1, st.generated, session_log(g));
-  ck_assert_int_eq(nf__session_offer(g, k, bun.data, bun.len, sha, NULL, 0, 0), NF_OK);
+  ck_assert_int_eq(nf__kt_offer(g, k, bun.data, bun.len, sha, NULL, 0, 0), NF_OK);
   mlp_feed(g, data, 0);
   step(g);
   st = stats(g);

@@ -192,6 +192,8 @@ int nf__sched_used_once(const nf_graph *g, uint32_t t);
 /* dst = a followed by suffix, cut to a loop name (NF_SCHED_NAME bytes). */
 void nf__sched_cat(char *dst, const char *a, const char *suffix);
 int nf__sched_inlined_by_default(const nf_graph *g, uint32_t si);
+/* Internal (the policies): whether expression e uses index variable v. */
+int nf__sched_uses_var(const nf_expr *e, uint32_t v);
 /* Internal (lower.c): the default schedule of g for t without the check
  * by lowering (schedule.c): use_stencil 0 takes the plain schedules
  * only; *n_stencil counts the statements given a stencil,
