@@ -38,11 +38,15 @@
  * kernel bundles (nf_cuda_plan.h) and this process owns the CUDA context
  * of device N (the daemon's processes never create one); before anything
  * else it runs the health probe (nf_cuda_rt_probe), and exits if the
- * device fails it.  Every copy's
- * buffers get device twins, uploaded once; a candidate is loaded as a
- * module, its check run's outputs and inputs are downloaded and checked
- * as above, and each timed run is the device's time between two CUDA
- * events around its launches (nf_cuda_module_time).  No RLIMIT_AS then (the driver maps large address ranges).
+ * device fails it.  Every copy's buffers get device twins, uploaded once;
+ * a candidate is loaded as a module, its check run's outputs and inputs
+ * are downloaded and checked as above, and each timed run is the
+ * device's time between two CUDA events around its launches.  No
+ * RLIMIT_AS then (the driver maps large address ranges).
+ *
+ * One measurement loop serves both: it runs against the device interface
+ * (common/runtime/nf_device.h), whose CPU device takes the host buffers as
+ * its own (no copies) and times a run by the wall clock.
  * A sticky CUDA error (an illegal address, a failed launch) leaves the
  * context unusable: the worker prints the error and exits with status 3,
  * which the measurer reports as a crash of that candidate and answers
@@ -61,8 +65,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "nf_cuda_plan.h"
 #include "nf_cuda_rt.h"
+#include "nf_device.h"
 #include "nf_runtime.h"
 #include "nf_ir.h"
 #include "nf_measure.h"
@@ -192,7 +196,9 @@ static int g_cuda = -1;  /* the device, or -1: CPU kernels */
 static int g_want_sm;    /* --cuda-sm: the device must be this (0: any) */
 static const char *g_want_name; /* --cuda-name: ... and have this name */
 static nf_cuda_rt *g_rt;
-static uint64_t **g_dbufs; /* n_copies arrays of n_in + n_out device buffers */
+static nf_device *g_dev;    /* where candidates run (dev_setup) */
+static uint64_t **g_dbufs; /* n_copies arrays of n_in + n_out device buffers
+                              (on the CPU: the host buffers, P.bufs) */
 
 static void *alloc64(size_t bytes) {
   size_t n = (bytes + 63) / 64 * 64;
@@ -211,9 +217,23 @@ static void take(cursor *c, void *out, size_t n) {
   c->left -= n;
 }
 
-/* Opens the device and makes every copy's device twins. */
-static void gpu_setup(void) {
+/* Opens the device (the CPU, or --cuda's GPU after its health probe) and
+ * gives every copy its device twins: on the CPU the host buffers
+ * themselves, on a GPU device memory holding the check inputs. */
+static void dev_setup(void) {
   nf_buf why = NF_BUF_INIT;
+  uint32_t n_t = P.n_in + P.n_out;
+  g_dbufs = calloc(P.n_copies, sizeof *g_dbufs);
+  if (!g_dbufs) fail("out of memory");
+  if (g_cuda < 0) {
+    /* candidates are measured once and dropped: their code is unloaded */
+    if (nf_device_open_cpu(P.pool, 1, &g_dev) != NF_OK) fail("out of memory");
+    for (uint32_t k = 0; k < P.n_copies; k++) {
+      if (!(g_dbufs[k] = calloc(n_t + 1, sizeof **g_dbufs))) fail("out of memory");
+      for (uint32_t i = 0; i < n_t; i++) g_dbufs[k][i] = (uint64_t)(uintptr_t)P.bufs[k][i];
+    }
+    return;
+  }
   if (nf_cuda_rt_open(g_cuda, &g_rt, &why) != NF_OK) fail("GPU %d: %s", g_cuda, nf_buf_str(&why));
   int sm = nf_cuda_rt_sm(g_rt);
   const char *name = nf_cuda_rt_name(g_rt);
@@ -224,22 +244,20 @@ static void gpu_setup(void) {
    * run on it (a device a sticky error left broken fails here) */
   if (nf_cuda_rt_probe(g_rt, &why) != NF_OK)
     fail("GPU %d failed its health probe: %s", g_cuda, nf_buf_str(&why));
-  uint32_t n_t = P.n_in + P.n_out;
-  g_dbufs = calloc(P.n_copies, sizeof *g_dbufs);
-  if (!g_dbufs) fail("out of memory");
+  if (nf_device_open_cuda(g_rt, &g_dev) != NF_OK) fail("out of memory");
   for (uint32_t k = 0; k < P.n_copies; k++) {
     if (!(g_dbufs[k] = calloc(n_t + 1, sizeof **g_dbufs))) fail("out of memory");
     for (uint32_t i = 0; i < n_t; i++) {
       /* at least one byte: a zero-size tensor still needs an address */
       size_t b = P.t[i].bytes ? P.t[i].bytes : 1;
-      if (nf_cuda_rt_alloc(g_rt, b, &g_dbufs[k][i], &why) != NF_OK ||
-          (i < P.n_in && nf_cuda_rt_upload(g_rt, g_dbufs[k][i], P.pristine[i], P.t[i].bytes,
-                                           &why) != NF_OK))
+      if (nf_device_alloc(g_dev, b, &g_dbufs[k][i], &why) != NF_OK ||
+          (i < P.n_in &&
+           nf_device_upload(g_dev, g_dbufs[k][i], P.pristine[i], P.t[i].bytes, &why) != NF_OK))
         fail("GPU %d: device memory for copy %u of tensor %u: %s", g_cuda, k, i,
              nf_buf_str(&why));
     }
   }
-  if (nf_cuda_rt_sync(g_rt, &why) != NF_OK) fail("GPU %d: %s", g_cuda, nf_buf_str(&why));
+  if (nf_device_sync(g_dev, &why) != NF_OK) fail("GPU %d: %s", g_cuda, nf_buf_str(&why));
   nf_buf_free(&why);
 }
 
@@ -346,7 +364,7 @@ static void read_problem(void) {
       if (i < P.n_in) memcpy(P.bufs[k][i], P.pristine[i], P.t[i].bytes);
     }
   }
-  if (g_cuda >= 0) gpu_setup();
+  dev_setup();
   send_frame(NF__MEAS_F_READY, NULL, 0);
 }
 
@@ -367,10 +385,14 @@ static void free_problem(void) {
   free(P.t);
   if (P.pool) nf_pool_free(P.pool);
   for (uint32_t k = 0; g_dbufs && k < P.n_copies; k++) {
-    for (uint32_t i = 0; g_dbufs[k] && i < P.n_in + P.n_out; i++) nf_cuda_rt_free(g_rt, g_dbufs[k][i]);
+    /* (on the CPU they are P.bufs, freed above) */
+    for (uint32_t i = 0; g_dev && !nf_device_is_host(g_dev) && g_dbufs[k] && i < P.n_in + P.n_out;
+         i++)
+      nf_device_free(g_dev, g_dbufs[k][i]);
     free(g_dbufs[k]);
   }
   free(g_dbufs);
+  if (g_dev) nf_device_close(g_dev);
   nf_cuda_rt_close(g_rt);
 }
 
@@ -503,50 +525,97 @@ static int cmp_double(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-static int run(nf_kernel *k, uint32_t copy, result *r) {
+/* A device call failed: on the CPU, the candidate's fault; on a GPU the
+ * candidate's (reason set) unless the device is broken (a sticky error),
+ * after which this process cannot go on. */
+static void dev_failed(result *r, const char *what, nf_buf *err) {
+  if (nf_device_is_host(g_dev)) {
+    set_reason(r, NF_MEAS_LOAD, "%s", nf_buf_str(err));
+    return;
+  }
+  nf_buf probe = NF_BUF_INIT;
+  if (nf_device_sync(g_dev, &probe) != NF_OK) die(3, "%s: %s", what, nf_buf_str(err));
+  nf_buf_free(&probe);
+  set_reason(r, NF_MEAS_LOAD, "%s: %s", what, nf_buf_str(err));
+}
+
+/* One run of k on copy; timed into *ms when ms is not NULL. */
+static int run(nf_dkernel *k, uint32_t copy, double *ms, result *r) {
   nf_buf err = NF_BUF_INIT;
-  int rc = nf_kernel_run(k, P.bufs[copy], P.n_in + P.n_out, P.pool, &err);
-  if (rc != NF_OK) set_reason(r, NF_MEAS_LOAD, "%s", nf_buf_str(&err));
+  uint32_t n = P.n_in + P.n_out;
+  int rc = ms ? nf_device_time(g_dev, k, g_dbufs[copy], n, ms, &err)
+              : nf_device_run(g_dev, k, g_dbufs[copy], n, &err);
+  if (rc != NF_OK) dev_failed(r, "running it", &err);
   nf_buf_free(&err);
   return rc;
 }
 
-static void measure(const void *so, size_t n, result *r) {
-  memset(r, 0, sizeof *r);
-  nf_kernel *k = NULL;
+/* Brings copy's inputs back from the device and checks them (restoring
+ * the device's when they changed); 0 when untouched. */
+static int dev_inputs_intact(uint32_t copy, result *r) {
   nf_buf err = NF_BUF_INIT;
-  if (nf_kernel_load(so, n, &k, &err) != NF_OK) {
-    set_reason(r, NF_MEAS_LOAD, "%s", nf_buf_str(&err));
+  for (uint32_t i = 0; i < P.n_in; i++)
+    if (nf_device_download(g_dev, P.bufs[copy][i], g_dbufs[copy][i], P.t[i].bytes, &err) != NF_OK)
+      die(3, "downloading input %u: %s", i, nf_buf_str(&err));
+  int bad = inputs_intact(copy, r);
+  for (uint32_t i = 0; bad && i < P.n_in; i++)
+    if (nf_device_upload(g_dev, g_dbufs[copy][i], P.pristine[i], P.t[i].bytes, &err) != NF_OK)
+      die(3, "restoring input %u: %s", i, nf_buf_str(&err));
+  nf_buf_free(&err);
+  return bad;
+}
+
+/* Measures one candidate, on the CPU or the GPU alike: the check run on
+ * poisoned outputs against the reference, inputs untouched, warm-up runs,
+ * then timed runs (the device's own time: the wall clock around a CPU
+ * run, CUDA events around the launches) over the copies in turn until
+ * min_time_ms and 3 runs, or max_repeat, or one run over the cutoff. */
+static void measure(const void *bin, size_t n, result *r) {
+  memset(r, 0, sizeof *r);
+  nf_dkernel *k = NULL;
+  nf_buf err = NF_BUF_INIT;
+  int lrc = nf_device_load(g_dev, bin, n, P.n_in + P.n_out, &k, &err);
+  if (lrc != NF_OK) {
+    if (lrc == NF_EFORMAT || lrc == NF_ENOMEM || nf_device_is_host(g_dev))
+      set_reason(r, NF_MEAS_LOAD, "%s", nf_buf_str(&err));
+    else
+      dev_failed(r, "loading it", &err);
     nf_buf_free(&err);
     return;
   }
-  nf_buf_free(&err);
   poison(0);
+  for (uint32_t i = P.n_in; i < P.n_in + P.n_out; i++)
+    if (nf_device_upload(g_dev, g_dbufs[0][i], P.bufs[0][i], P.t[i].bytes, &err) != NF_OK)
+      die(3, "poisoning output %u: %s", i - P.n_in, nf_buf_str(&err));
   double check_t0 = now_ms();
-  if (run(k, 0, r)) goto done;
+  if (run(k, 0, NULL, r)) goto done;
   double check_ms = now_ms() - check_t0;
+  for (uint32_t i = P.n_in; i < P.n_in + P.n_out; i++)
+    if (nf_device_download(g_dev, P.bufs[0][i], g_dbufs[0][i], P.t[i].bytes, &err) != NF_OK)
+      die(3, "downloading output %u: %s", i - P.n_in, nf_buf_str(&err));
   for (uint32_t o = 0; o < P.n_out; o++)
     if (compare(o, r)) goto done;
-  if (inputs_intact(0, r)) goto done;
+  if (dev_inputs_intact(0, r)) goto done;
 
   uint32_t next = 1 % P.n_copies;
   /* a candidate already slower than the cutoff: its check run warmed it */
   int slow = P.cutoff_ms > 0 && check_ms > P.cutoff_ms;
   for (int i = 0; i < P.warmup && !slow; i++, next = (next + 1) % P.n_copies)
-    if (run(k, next, r)) goto done;
+    if (run(k, next, NULL, r)) goto done;
+  /* the wall clock only bounds the measurement */
   double start = now_ms();
   int n_runs = 0;
   while (n_runs < P.max_repeat) {
-    double t0 = now_ms();
-    if (run(k, next, r)) goto done;
+    double ms = 0;
+    if (run(k, next, &ms, r)) goto done;
     double t1 = now_ms();
     next = (next + 1) % P.n_copies;
-    P.times[n_runs++] = t1 - t0;
+    P.times[n_runs++] = ms;
     if (n_runs >= 3 && t1 - start >= P.min_time_ms) break;
-    if (n_runs == 1 && P.cutoff_ms > 0 && t1 - t0 > P.cutoff_ms) break; /* clearly slow */
+    if (n_runs == 1 && P.cutoff_ms > 0 && ms > P.cutoff_ms) break; /* clearly slow */
   }
   int bad = 0; /* check (and restore) every copy, not just up to the first bad one */
-  for (uint32_t c = 0; c < P.n_copies; c++) bad |= inputs_intact(c, r);
+  for (uint32_t c = 0; c < P.n_copies; c++) bad |= dev_inputs_intact(c, r);
   if (bad) goto done;
   qsort(P.times, (size_t)n_runs, sizeof *P.times, cmp_double);
   r->n_runs = n_runs;
@@ -560,128 +629,9 @@ done:
     r->median_ms = r->min_ms = 0;
     /* whatever stopped it, the next candidate gets pristine inputs */
     result scratch = {.status = NF_MEAS_WRONG};
-    for (uint32_t c = 0; c < P.n_copies; c++) inputs_intact(c, &scratch);
+    for (uint32_t c = 0; c < P.n_copies; c++) dev_inputs_intact(c, &scratch);
   }
-  nf_kernel_free_unload(k);
-}
-
-/* ---- one candidate on the GPU ---- */
-
-/* A CUDA call failed: the candidate's fault (reason set), or a sticky
- * error, after which this process cannot go on. */
-static void gpu_failed(result *r, const char *what, nf_buf *err) {
-  nf_buf probe = NF_BUF_INIT;
-  if (nf_cuda_rt_sync(g_rt, &probe) != NF_OK) die(3, "%s: %s", what, nf_buf_str(err));
-  nf_buf_free(&probe);
-  set_reason(r, NF_MEAS_LOAD, "%s: %s", what, nf_buf_str(err));
-}
-
-static int gpu_run(nf_cuda_module *m, uint32_t copy, uint64_t scratch, result *r) {
-  nf_buf err = NF_BUF_INIT;
-  int rc = nf_cuda_module_run(m, g_dbufs[copy], P.n_in + P.n_out, scratch, &err);
-  if (rc == NF_OK) rc = nf_cuda_rt_sync(g_rt, &err);
-  if (rc != NF_OK) gpu_failed(r, "running it", &err);
-  nf_buf_free(&err);
-  return rc;
-}
-
-/* One run timed by CUDA events (nf_cuda_module_time) into *ms. */
-static int gpu_time(nf_cuda_module *m, uint32_t copy, uint64_t scratch, double *ms, result *r) {
-  nf_buf err = NF_BUF_INIT;
-  int rc = nf_cuda_module_time(m, g_dbufs[copy], P.n_in + P.n_out, scratch, ms, &err);
-  if (rc != NF_OK) gpu_failed(r, "running it", &err);
-  nf_buf_free(&err);
-  return rc;
-}
-
-/* Brings copy's inputs back from the device and checks them (restoring
- * the device's when they changed); 0 when untouched. */
-static int gpu_inputs_intact(uint32_t copy, result *r) {
-  nf_buf err = NF_BUF_INIT;
-  for (uint32_t i = 0; i < P.n_in; i++)
-    if (nf_cuda_rt_download(g_rt, P.bufs[copy][i], g_dbufs[copy][i], P.t[i].bytes, &err) != NF_OK)
-      die(3, "downloading input %u: %s", i, nf_buf_str(&err));
-  int bad = inputs_intact(copy, r);
-  for (uint32_t i = 0; bad && i < P.n_in; i++)
-    if (nf_cuda_rt_upload(g_rt, g_dbufs[copy][i], P.pristine[i], P.t[i].bytes, &err) != NF_OK)
-      die(3, "restoring input %u: %s", i, nf_buf_str(&err));
-  nf_buf_free(&err);
-  return bad;
-}
-
-static void measure_gpu(const void *bin, size_t n, result *r) {
-  memset(r, 0, sizeof *r);
-  nf_cuda_bundle b;
-  nf_cuda_module *m = NULL;
-  uint64_t scratch = 0;
-  nf_buf err = NF_BUF_INIT;
-  if (nf_cuda_bundle_decode(bin, n, &b, &err) != NF_OK) {
-    set_reason(r, NF_MEAS_LOAD, "%s", nf_buf_str(&err));
-    nf_buf_free(&err);
-    return;
-  }
-  if (b.plan.n_args != P.n_in + P.n_out) {
-    set_reason(r, NF_MEAS_LOAD, "its plan takes %u buffers, the problem has %u", b.plan.n_args,
-               P.n_in + P.n_out);
-    goto done;
-  }
-  if (nf_cuda_module_load_bundle(g_rt, &b, &m, &err) != NF_OK) {
-    gpu_failed(r, "loading it", &err);
-    goto done;
-  }
-  if (nf_cuda_rt_alloc(g_rt, (size_t)b.plan.scratch_bytes, &scratch, &err) != NF_OK) {
-    gpu_failed(r, "its scratch memory", &err);
-    goto done;
-  }
-  poison(0);
-  for (uint32_t i = P.n_in; i < P.n_in + P.n_out; i++)
-    if (nf_cuda_rt_upload(g_rt, g_dbufs[0][i], P.bufs[0][i], P.t[i].bytes, &err) != NF_OK)
-      die(3, "poisoning output %u: %s", i - P.n_in, nf_buf_str(&err));
-  double check_t0 = now_ms();
-  if (gpu_run(m, 0, scratch, r)) goto done;
-  double check_ms = now_ms() - check_t0;
-  for (uint32_t i = P.n_in; i < P.n_in + P.n_out; i++)
-    if (nf_cuda_rt_download(g_rt, P.bufs[0][i], g_dbufs[0][i], P.t[i].bytes, &err) != NF_OK)
-      die(3, "downloading output %u: %s", i - P.n_in, nf_buf_str(&err));
-  for (uint32_t o = 0; o < P.n_out; o++)
-    if (compare(o, r)) goto done;
-  if (gpu_inputs_intact(0, r)) goto done;
-  uint32_t next = 1 % P.n_copies;
-  int slow = P.cutoff_ms > 0 && check_ms > P.cutoff_ms;
-  for (int i = 0; i < P.warmup && !slow; i++, next = (next + 1) % P.n_copies)
-    if (gpu_run(m, next, scratch, r)) goto done;
-  /* each run timed by CUDA events around its launches (the device's
-   * time); the wall clock only bounds the measurement */
-  double start = now_ms();
-  int n_runs = 0;
-  while (n_runs < P.max_repeat) {
-    double ms = 0;
-    if (gpu_time(m, next, scratch, &ms, r)) goto done;
-    double t1 = now_ms();
-    next = (next + 1) % P.n_copies;
-    P.times[n_runs++] = ms;
-    if (n_runs >= 3 && t1 - start >= P.min_time_ms) break;
-    if (n_runs == 1 && P.cutoff_ms > 0 && ms > P.cutoff_ms) break;
-  }
-  int bad = 0;
-  for (uint32_t c = 0; c < P.n_copies; c++) bad |= gpu_inputs_intact(c, r);
-  if (bad) goto done;
-  qsort(P.times, (size_t)n_runs, sizeof *P.times, cmp_double);
-  r->n_runs = n_runs;
-  r->min_ms = P.times[0];
-  r->median_ms = n_runs % 2 ? P.times[n_runs / 2]
-                            : 0.5 * (P.times[n_runs / 2 - 1] + P.times[n_runs / 2]);
-  r->status = NF_MEAS_OK;
-done:
-  if (r->status != NF_MEAS_OK) {
-    r->n_runs = 0;
-    r->median_ms = r->min_ms = 0;
-    result scratch_r = {.status = NF_MEAS_WRONG};
-    for (uint32_t c = 0; c < P.n_copies; c++) gpu_inputs_intact(c, &scratch_r);
-  }
-  nf_cuda_rt_free(g_rt, scratch);
-  nf_cuda_module_free(m);
-  nf_cuda_bundle_free(&b);
+  nf_device_unload(g_dev, k);
   nf_buf_free(&err);
 }
 
@@ -784,8 +734,7 @@ int main(int argc, char **argv) {
     if (!so) fail("out of memory reading a candidate of %" PRIu64 " bytes", len);
     recv_payload(so, len);
     result r;
-    if (g_cuda >= 0) measure_gpu(so, (size_t)len, &r);
-    else measure(so, (size_t)len, &r);
+    measure(so, (size_t)len, &r);
     free(so);
     send_result(&r);
   }
