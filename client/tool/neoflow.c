@@ -23,6 +23,7 @@
 #include "nf_autodiff.h"
 #include "nf_config.h"
 #include "nf_cuda_rt.h"
+#include "nf_device.h"
 #include "nf_lower.h"
 #include "nf_nvrtc_link.h"
 #include "nf_runtime.h"
@@ -717,16 +718,23 @@ static int cuda_target(const opts *o, int *sm) {
   return 1;
 }
 
-/* Lowers g with --schedule, else the default of the target (the GPU's
- * with gpu set or --target cuda). */
+/* Lowers g with --schedule, else the default of the target: the GPU's
+ * with gpu set or --target cuda, the CPU's for cpu_t (NULL: this CPU). */
 static int lower_graph_for(const opts *o, const nf_graph *g, nf_ir_ctx *ctx, nf_lprog **p,
-                           int gpu) {
+                           int gpu, const nf_cpu_target *cpu_t) {
   nf_schedule *sch = NULL;
   int sm;
   if (read_schedule(o, &sch)) return 1;
   nf_buf err = NF_BUF_INIT;
   int rc = NF_OK;
-  if (!sch && (gpu || cuda_target(o, &sm) == 1)) rc = nf_schedule_default_gpu(g, NF_GPU_DEFAULT_THREADS, &sch);
+  if (!sch && (gpu || cuda_target(o, &sm) == 1)) {
+    rc = nf_schedule_default_gpu(g, NF_GPU_DEFAULT_THREADS, &sch);
+  } else if (!sch && cpu_t) {
+#if NF_HAVE_LLVM
+    nf_sched_target st = nf_cpu_sched_target(cpu_t);
+    rc = nf_schedule_default_for(g, &st, &sch);
+#endif
+  }
   if (rc == NF_OK) rc = nf_lower(g, sch, ctx, p, &err);
   if (rc) fprintf(stderr, "%s: error: cannot lower %s: %s\n", o->schedule ? o->schedule : o->file,
                   o->def, nf_buf_str(&err));
@@ -736,7 +744,7 @@ static int lower_graph_for(const opts *o, const nf_graph *g, nf_ir_ctx *ctx, nf_
 }
 
 static int lower_graph(const opts *o, const nf_graph *g, nf_ir_ctx *ctx, nf_lprog **p) {
-  return lower_graph_for(o, g, ctx, p, 0);
+  return lower_graph_for(o, g, ctx, p, 0, NULL);
 }
 
 static int cmd_lower(opts *o) {
@@ -869,7 +877,7 @@ static int compile_graph(const opts *o, const nf_graph *g, nf_blob *so, nf_cpu_s
   nf_cpu_target t;
   char tbuf[512];
   int rc = 1;
-  if (ctx && !parse_target(o, &t, tbuf, sizeof tbuf) && !lower_graph(o, g, ctx, &p)) {
+  if (ctx && !parse_target(o, &t, tbuf, sizeof tbuf) && !lower_graph_for(o, g, ctx, &p, 0, &t)) {
     nf_buf err = NF_BUF_INIT;
     /* Tier-1 level (the backend's short function pipeline: about 30 ms
      * median per library op here, bench/compile_bench.c). */
@@ -912,145 +920,135 @@ static int cmd_compile(opts *o) {
   return rc;
 }
 
-/* The compiled engine: default (or --schedule) kernel, run with a pool. */
-static int run_compiled(const opts *o, const nf_graph *g, nf_array *ins, nf_array *outs) {
-  nf_blob so = NF_BLOB_INIT;
-  nf_cpu_stats st;
-  memset(&st, 0, sizeof st);
-  if (compile_graph(o, g, &so, &st)) return 1;
-  nf_buf err = NF_BUF_INIT;
-  nf_kernel *k = NULL;
-  int rc = 1;
-  uint32_t nb = g->n_inputs + g->n_outputs;
-  void **bufs = calloc(nb + 1, sizeof(void *));
-  nf_array *conv = calloc(g->n_inputs + 1, sizeof(nf_array));
-  nf_pool *pool = nf_pool_new(o->threads > 0 ? o->threads : 1);
-  if (!bufs || !conv || !pool) goto done;
-  if (nf_kernel_load(so.data, so.len, &k, &err)) {
-    fprintf(stderr, "neoflow: error: cannot load the kernel: %s\n", nf_buf_str(&err));
-    goto done;
-  }
-  for (uint32_t i = 0; i < g->n_inputs; i++) {
-    const nf_tensor *t = &g->tensors[g->inputs[i]];
-    int same = ins[i].rank == t->rank;
-    for (int d = 0; same && d < t->rank; d++) same = ins[i].shape[d] == t->shape[d];
-    if (!same) {
-      fprintf(stderr, "neoflow: error: input %s has the wrong shape\n", t->name);
-      goto done;
-    }
-    if (convert_array(&ins[i], (nf_dtype)t->dtype, &conv[i])) {
-      fprintf(stderr, "neoflow: error: input %s: unsupported dtype for the compiled engine\n",
-              t->name);
-      goto done;
-    }
-    bufs[i] = conv[i].data;
-  }
-  for (uint32_t i = 0; i < g->n_outputs; i++) {
-    const nf_tensor *t = &g->tensors[g->outputs[i]];
-    if (nf_array_alloc(&outs[i], (nf_dtype)t->dtype, t->rank, t->shape)) goto done;
-    bufs[g->n_inputs + i] = outs[i].data;
-  }
-  if (nf_kernel_run(k, bufs, nb, pool, &err)) {
-    fprintf(stderr, "neoflow: error: the kernel failed: %s\n", nf_buf_str(&err));
-    goto done;
-  }
-  fprintf(stderr, "neoflow: compiled kernel: %zu bytes in %.1f ms\n", so.len, st.total_ms);
-  rc = 0;
-done:
-  if (rc)
-    for (uint32_t i = 0; i < g->n_outputs; i++) nf_array_free(&outs[i]);
-  if (conv)
-    for (uint32_t i = 0; i < g->n_inputs; i++) nf_array_free(&conv[i]);
-  free(conv);
-  free(bufs);
-  nf_kernel_free(k);
-  nf_pool_free(pool);
-  nf_blob_free(&so);
-  nf_buf_free(&err);
-  return rc;
-}
 #endif
 
-/* The CUDA engine: the GPU default (or --schedule) program compiled by
- * NVRTC for the first device, run there; no device: the reason, exit 1. */
-static int run_cuda(const opts *o, const nf_graph *g, nf_array *ins, nf_array *outs) {
+/* The compiled engines (--engine compiled, cuda): the kernel the daemon
+ * would make first (the target's default schedule, or --schedule),
+ * loaded and run through the device interface (nf_device.h) by one path
+ * whichever the device: on the CPU with a pool of --threads (the host
+ * arrays are the device's buffers), on the first GPU (NVRTC; no GPU: the
+ * reason, exit 1). */
+static int run_engine(const opts *o, const nf_graph *g, nf_array *ins, nf_array *outs, int cuda) {
   nf_buf err = NF_BUF_INIT;
   nf_cuda_rt *rt = NULL;
+  nf_pool *pool = NULL;
+  nf_device *d = NULL;
+  nf_dkernel *k = NULL;
   nf_ir_ctx *ctx = NULL;
-  nf_lprog *p = NULL;
-  nf_buf bun = NF_BUF_INIT;
-  nf_cuda_bundle b;
-  nf_cuda_stats st;
-  nf_cuda_module *m = NULL;
+  nf_blob so = NF_BLOB_INIT; /* a CPU kernel */
+  nf_buf bun = NF_BUF_INIT;  /* a CUDA bundle */
+  const void *bin = NULL;
+  size_t bin_len = 0;
+  char done_note[256] = "";
   uint32_t nb = g->n_inputs + g->n_outputs;
-  uint64_t *dev = calloc(nb + 1, sizeof *dev), scratch = 0;
+  uint64_t *addr = calloc(nb + 1, sizeof *addr);
   nf_array *conv = calloc(g->n_inputs + 1, sizeof(nf_array));
-  int rc = 1;
-  memset(&b, 0, sizeof b);
-  if (!dev || !conv) goto done;
-  if (!nf_cuda_available(&err) || nf_cuda_rt_open(0, &rt, &err)) {
-    fprintf(stderr, "neoflow: error: no GPU to run on: %s\n", nf_buf_str(&err));
+  int rc = 1, own = 0;
+  if (!addr || !conv) goto done;
+  if (cuda) {
+    nf_lprog *p = NULL;
+    nf_cuda_stats st;
+    if (!nf_cuda_available(&err) || nf_cuda_rt_open(0, &rt, &err)) {
+      fprintf(stderr, "neoflow: error: no GPU to run on: %s\n", nf_buf_str(&err));
+      goto done;
+    }
+    if (!(ctx = nf_ir_ctx_new()) || lower_graph_for(o, g, ctx, &p, 1, NULL)) goto done;
+    /* a bundle, as the daemon sends: the emulated driver of the tests runs
+     * its source */
+    if (nf_cuda_compile_bundle(p, nf_cuda_rt_sm(rt), &bun, &st, &err)) {
+      fprintf(stderr, "%s: error: cannot compile %s for %s (sm_%d): %s\n", o->file, o->def,
+              nf_cuda_rt_name(rt), nf_cuda_rt_sm(rt), nf_buf_str(&err));
+      goto done;
+    }
+    nf_cuda_bundle b;
+    if (nf_cuda_bundle_decode(bun.data, bun.len, &b, &err) == NF_OK) {
+      snprintf(done_note, sizeof done_note,
+               "GPU kernel on %s (sm_%d): %d launches, %zu bytes of %s, NVRTC %.1f ms",
+               nf_cuda_rt_name(rt), nf_cuda_rt_sm(rt), b.plan.n_launches, b.image_len,
+               st.ptx ? "PTX" : "cubin", st.nvrtc_ms);
+      nf_cuda_bundle_free(&b);
+    }
+    bin = bun.data;
+    bin_len = bun.len;
+    if (nf_device_open_cuda(rt, &d)) goto done;
+  } else {
+#if NF_HAVE_LLVM
+    nf_cpu_stats st;
+    memset(&st, 0, sizeof st);
+    if (compile_graph(o, g, &so, &st)) goto done;
+    snprintf(done_note, sizeof done_note, "compiled kernel: %zu bytes in %.1f ms", so.len,
+             st.total_ms);
+    bin = so.data;
+    bin_len = so.len;
+    if (!(pool = nf_pool_new(o->threads > 0 ? o->threads : 1)) ||
+        nf_device_open_cpu(pool, 0, &d))
+      goto done;
+#else
+    fprintf(stderr, "neoflow: error: this build has no code generator (LLVM was not found)\n");
+    goto done;
+#endif
+  }
+  if (nf_device_load(d, bin, bin_len, nb, &k, &err)) {
+    fprintf(stderr, "neoflow: error: cannot load the kernel on %s: %s\n", nf_device_name(d),
+            nf_buf_str(&err));
     goto done;
   }
-  if (!(ctx = nf_ir_ctx_new()) || lower_graph_for(o, g, ctx, &p, 1)) goto done;
-  /* a bundle, as the daemon sends: the emulated driver of the tests runs
-   * its source */
-  if (nf_cuda_compile_bundle(p, nf_cuda_rt_sm(rt), &bun, &st, &err) ||
-      nf_cuda_bundle_decode(bun.data, bun.len, &b, &err) ||
-      nf_cuda_module_load_bundle(rt, &b, &m, &err)) {
-    fprintf(stderr, "%s: error: cannot compile %s for %s (sm_%d): %s\n", o->file, o->def,
-            nf_cuda_rt_name(rt), nf_cuda_rt_sm(rt), nf_buf_str(&err));
-    goto done;
-  }
+  /* the buffers: the host arrays themselves on the CPU, device memory
+   * holding the inputs on a GPU */
+  own = !nf_device_is_host(d);
   for (uint32_t i = 0; i < nb; i++) {
     const nf_tensor *t = &g->tensors[i < g->n_inputs ? g->inputs[i] : g->outputs[i - g->n_inputs]];
     nf_array *a = i < g->n_inputs ? &conv[i] : &outs[i - g->n_inputs];
     if (i < g->n_inputs) {
       int same = ins[i].rank == t->rank;
-      for (int d = 0; same && d < t->rank; d++) same = ins[i].shape[d] == t->shape[d];
-      if (!same || convert_array(&ins[i], (nf_dtype)t->dtype, a)) {
-        fprintf(stderr, "neoflow: error: input %s: wrong shape or unsupported dtype\n", t->name);
+      for (int dd = 0; same && dd < t->rank; dd++) same = ins[i].shape[dd] == t->shape[dd];
+      if (!same) {
+        fprintf(stderr, "neoflow: error: input %s has the wrong shape\n", t->name);
+        goto done;
+      }
+      if (convert_array(&ins[i], (nf_dtype)t->dtype, a)) {
+        fprintf(stderr, "neoflow: error: input %s: unsupported dtype for the %s engine\n",
+                t->name, o->engine);
         goto done;
       }
     } else if (nf_array_alloc(a, (nf_dtype)t->dtype, t->rank, t->shape)) {
       goto done;
     }
     size_t n = (size_t)a->numel * nf_dtype_size((nf_dtype)t->dtype);
-    if (nf_cuda_rt_alloc(rt, n, &dev[i], &err) ||
-        (i < g->n_inputs && nf_cuda_rt_upload(rt, dev[i], a->data, n, &err))) {
-      fprintf(stderr, "neoflow: error: GPU memory: %s\n", nf_buf_str(&err));
+    if (!own) {
+      addr[i] = (uint64_t)(uintptr_t)a->data;
+    } else if (nf_device_alloc(d, n ? n : 1, &addr[i], &err) ||
+               (i < g->n_inputs && nf_device_upload(d, addr[i], a->data, n, &err))) {
+      fprintf(stderr, "neoflow: error: memory on %s: %s\n", nf_device_name(d), nf_buf_str(&err));
       goto done;
     }
   }
-  if (nf_cuda_rt_alloc(rt, b.plan.scratch_bytes, &scratch, &err) ||
-      nf_cuda_module_run(m, dev, nb, scratch, &err) || nf_cuda_rt_sync(rt, &err)) {
-    fprintf(stderr, "neoflow: error: the GPU kernel failed: %s\n", nf_buf_str(&err));
+  if (nf_device_run(d, k, addr, nb, &err)) {
+    fprintf(stderr, "neoflow: error: the kernel failed on %s: %s\n", nf_device_name(d),
+            nf_buf_str(&err));
     goto done;
   }
   for (uint32_t i = 0; i < g->n_outputs; i++)
-    if (nf_cuda_rt_download(rt, outs[i].data, dev[g->n_inputs + i],
-                            (size_t)outs[i].numel * nf_dtype_size((nf_dtype)outs[i].dtype), &err)) {
-      fprintf(stderr, "neoflow: error: GPU memory: %s\n", nf_buf_str(&err));
+    if (nf_device_download(d, outs[i].data, addr[g->n_inputs + i],
+                           (size_t)outs[i].numel * nf_dtype_size((nf_dtype)outs[i].dtype), &err)) {
+      fprintf(stderr, "neoflow: error: memory on %s: %s\n", nf_device_name(d), nf_buf_str(&err));
       goto done;
     }
-  fprintf(stderr, "neoflow: GPU kernel on %s (sm_%d): %d launches, %zu bytes of %s, NVRTC %.1f ms\n",
-          nf_cuda_rt_name(rt), nf_cuda_rt_sm(rt), b.plan.n_launches, b.image_len,
-          st.ptx ? "PTX" : "cubin", st.nvrtc_ms);
+  if (*done_note) fprintf(stderr, "neoflow: %s\n", done_note);
   rc = 0;
 done:
   if (rc)
     for (uint32_t i = 0; i < g->n_outputs; i++) nf_array_free(&outs[i]);
   if (conv)
     for (uint32_t i = 0; i < g->n_inputs; i++) nf_array_free(&conv[i]);
-  if (rt) {
-    for (uint32_t i = 0; dev && i < nb; i++) nf_cuda_rt_free(rt, dev[i]);
-    nf_cuda_rt_free(rt, scratch);
-  }
-  nf_cuda_module_free(m);
+  for (uint32_t i = 0; own && addr && i < nb; i++) nf_device_free(d, addr[i]);
+  if (d) nf_device_unload(d, k);
+  if (d) nf_device_close(d);
   nf_cuda_rt_close(rt);
-  nf_cuda_bundle_free(&b);
+  nf_pool_free(pool);
+  nf_blob_free(&so);
   nf_buf_free(&bun);
-  free(dev);
+  free(addr);
   free(conv);
   nf_ir_ctx_free(ctx);
   nf_buf_free(&err);
@@ -1061,22 +1059,12 @@ done:
 static int run_graph(const opts *o, const nf_graph *g, nf_array *ins) {
   nf_array *outs = calloc(g->n_outputs + 1, sizeof(nf_array));
   if (!outs) return 1;
-  if (o->engine && strcmp(o->engine, "cuda") == 0) {
-    if (run_cuda(o, g, ins, outs)) {
+  int cuda = o->engine && strcmp(o->engine, "cuda") == 0;
+  if (cuda || (o->engine && strcmp(o->engine, "compiled") == 0)) {
+    if (run_engine(o, g, ins, outs, cuda)) {
       free(outs);
       return 1;
     }
-  } else if (o->engine && strcmp(o->engine, "compiled") == 0) {
-#if NF_HAVE_LLVM
-    if (run_compiled(o, g, ins, outs)) {
-      free(outs);
-      return 1;
-    }
-#else
-    fprintf(stderr, "neoflow: error: this build has no code generator (LLVM was not found)\n");
-    free(outs);
-    return 1;
-#endif
   } else {
     nf_buf err = NF_BUF_INIT;
     int irc = nf_interp_run(g, ins, o->precision, outs, &err);
