@@ -59,15 +59,15 @@ int nf__session_find_param(const nf_session *s, const char *name) {
 }
 
 static int kent_for(nf_session *s, const nf_subgraph *sg, int alias) {
-  for (int i = 0; i < s->n_kents; i++)
-    if (!memcmp(s->kents[i].key, sg->key, 32) && s->kents[i].alias == alias) {
-      s->kents[i].n_ops++;
+  for (int i = 0; i < s->kt.n_kents; i++)
+    if (!memcmp(s->kt.kents[i].key, sg->key, 32) && s->kt.kents[i].alias == alias) {
+      s->kt.kents[i].n_ops++;
       return i;
     }
-  nf__kent *nk = realloc(s->kents, (size_t)(s->n_kents + 1) * sizeof *nk);
+  nf__kent *nk = realloc(s->kt.kents, (size_t)(s->kt.n_kents + 1) * sizeof *nk);
   if (!nk) return NF_ENOMEM;
-  s->kents = nk;
-  nf__kent *k = &s->kents[s->n_kents];
+  s->kt.kents = nk;
+  nf__kent *k = &s->kt.kents[s->kt.n_kents];
   memset(k, 0, sizeof *k);
   memcpy(k->key, sg->key, 32);
   k->g = sg->g;
@@ -80,13 +80,13 @@ static int kent_for(nf_session *s, const nf_subgraph *sg, int alias) {
   if (rc != NF_OK) return rc;
   k->gather_in = k->gemm ? nf_gemm_gather_input(k->gemm) : -1;
   k->gather_peer = -1;
-  for (int i = 0; k->gather_in >= 0 && i < s->n_kents; i++) {
-    nf__kent *o = &s->kents[i];
+  for (int i = 0; k->gather_in >= 0 && i < s->kt.n_kents; i++) {
+    nf__kent *o = &s->kt.kents[i];
     if (o->gather_in < 0 || !nf_gemm_gather_same(o->gemm, k->gemm)) continue;
     if (k->gather_peer < 0) k->gather_peer = i;
-    if (o->gather_peer < 0) o->gather_peer = s->n_kents;
+    if (o->gather_peer < 0) o->gather_peer = s->kt.n_kents;
   }
-  return s->n_kents++;
+  return s->kt.n_kents++;
 }
 
 /* Grows the lifetime arrays (first and last op positions per slot) to n

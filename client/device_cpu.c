@@ -1,13 +1,13 @@
-/* device_cpu.c - the CPU's entry in the device interface (session_int.h):
+/* device_cpu.c - the CPU's entry in the device table (nf_ktable.h):
  * a kernel arrives as a shared object, loaded and checked by the runtime's
  * verified loader (nf_kernel_load: ELF image, kernel ABI) on the thread
  * that offers it. */
+#include "nf_ktable.h"
 #include "nf_runtime.h"
-#include "session_int.h"
 
-static int cpu_accept(const nf_session *s, int k, const void *bin, size_t len, void **obj,
+static int cpu_accept(const nf__ktable *kt, int k, const void *bin, size_t len, void **obj,
                       nf_buf *err) {
-  (void)s;
+  (void)kt;
   (void)k;
   nf_kernel *kn = NULL;
   int rc = nf_kernel_load(bin, len, &kn, err);
@@ -17,8 +17,8 @@ static int cpu_accept(const nf_session *s, int k, const void *bin, size_t len, v
 
 static void cpu_drop(void *obj) { nf_kernel_free(obj); }
 
-static int cpu_target(const nf_session *s, const char **name) {
-  (void)s;
+static int cpu_target(const nf__ktable *kt, const char **name) {
+  (void)kt;
   if (name) *name = "";
   return 0;
 }

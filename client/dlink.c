@@ -26,11 +26,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "nf_clock.h"
 #include "nf_config.h"
 #include "nf_dconn.h"
 #include "nf_kernel.h"
 #include "nf_wire.h"
-#include "session_int.h"
+#include "nf_dlink.h"
 #include "nf_env.h"
 
 extern char **environ;
@@ -44,8 +45,13 @@ typedef struct asm_k { /* a kernel being reassembled */
   size_t len, want;
 } asm_k;
 
-typedef struct dlink {
-  nf_session *s;
+struct nf__dlink {
+  nf__ktable *kt;     /* the table it feeds (never the session) */
+  nf__link_cfg cfg;   /* a copy; the strings and trust are the caller's */
+  pthread_t th;
+  int stop;           /* under kt->mu */
+  int cancel[2];      /* a pipe: written when the link must stop at once,
+                         even inside a handshake */
   nf_dconn *c;
   uint64_t next_id;
   asm_k *as; /* per kent */
@@ -57,7 +63,8 @@ typedef struct dlink {
   int warned_busy;    /* CACHE_BUSY said once */
   int idle_closed;    /* the daemon closed an idle connection: reconnect
                          only when something needs it */
-} dlink;
+};
+typedef struct nf__dlink dlink;
 
 /* ---- the daemon process ---- */
 
@@ -88,9 +95,9 @@ static int is_unix_address(const char *a) {
  * of the program and never left a zombie.  Between fork and exec only
  * async-signal-safe calls are made. */
 static void spawn_daemon(dlink *L) {
-  nf_session *s = L->s;
+  nf__ktable *kt = L->kt;
   const char *path = neoflowd_path();
-  const char *addr = s->daemon_addr;
+  const char *addr = L->cfg.daemon_addr;
   if (addr && !strncmp(addr, "unix:", 5)) addr += 5;
   char *argv[5] = {(char *)"neoflowd", NULL, NULL, NULL, NULL};
   if (addr && *addr) {
@@ -101,7 +108,7 @@ static void spawn_daemon(dlink *L) {
    * so here rather than start a daemon that exits at once, unseen */
   char sock[4096];
   int origin;
-  if (nf_dconn_address(addr, &s->trust, sock, sizeof sock, &origin) != NF_OK) sock[0] = 0;
+  if (nf_dconn_address(addr, L->cfg.trust, sock, sizeof sock, &origin) != NF_OK) sock[0] = 0;
   if (!strncmp(sock, "unix:", 5)) memmove(sock, sock + 5, strlen(sock + 5) + 1);
   char *slash = strrchr(sock, '/');
   struct stat dst;
@@ -109,7 +116,7 @@ static void spawn_daemon(dlink *L) {
     *slash = 0;
     if (lstat(sock, &dst) == 0 && S_ISDIR(dst.st_mode) && (dst.st_mode & S_IRWXO)) {
       if (!L->warned_spawn)
-        nf__slog_warn(&s->log, "not starting neoflowd: its socket directory %s has mode %04o, and "
+        nf__slog_warn(kt->log, "not starting neoflowd: its socket directory %s has mode %04o, and "
                           "neoflowd refuses a directory other users may enter (chmod 700 %s); "
                           "training on fallback kernels", sock,
                        (unsigned)dst.st_mode & 07777, sock);
@@ -136,7 +143,7 @@ static void spawn_daemon(dlink *L) {
       pp = c ? c + 1 : NULL;
     }
     if (!found[0]) {
-      nf__slog_warn(&s->log, "cannot start neoflowd: not found (set NF_NEOFLOWD); training on "
+      nf__slog_warn(kt->log, "cannot start neoflowd: not found (set NF_NEOFLOWD); training on "
                           "fallback kernels");
       L->last_spawn = nf_now_ms();
       return;
@@ -146,7 +153,7 @@ static void spawn_daemon(dlink *L) {
   L->last_spawn = nf_now_ms();
   pid_t pid = fork();
   if (pid < 0) {
-    nf__slog_warn(&s->log, "cannot start neoflowd: fork: %s", strerror(errno));
+    nf__slog_warn(kt->log, "cannot start neoflowd: fork: %s", strerror(errno));
     return;
   }
   if (pid == 0) {
@@ -179,22 +186,22 @@ static void reap(dlink *L) {
 /* ---- the connection ---- */
 
 static void drop(dlink *L, const char *why) {
-  nf_session *s = L->s;
+  nf__ktable *kt = L->kt;
   if (L->c) {
     nf_dconn_close(L->c);
     L->c = NULL;
     if (!L->idle_closed)
-      nf__slog_warn(&s->log, "lost the daemon connection (%s); training goes on, reconnecting", why);
+      nf__slog_warn(kt->log, "lost the daemon connection (%s); training goes on, reconnecting", why);
   }
-  pthread_mutex_lock(&s->mu);
-  s->connected = 0;
-  for (int i = 0; i < s->n_kents; i++) {
-    nf__kent *k = &s->kents[i];
+  pthread_mutex_lock(&kt->mu);
+  kt->connected = 0;
+  for (int i = 0; i < kt->n_kents; i++) {
+    nf__kent *k = &kt->kents[i];
     if (k->dstate == DK_SUBMITTED || k->dstate == DK_ACCEPTED) k->dstate = DK_NONE;
   }
-  pthread_cond_broadcast(&s->cv);
-  pthread_mutex_unlock(&s->mu);
-  for (int i = 0; i < s->n_kents; i++) {
+  pthread_cond_broadcast(&kt->cv);
+  pthread_mutex_unlock(&kt->mu);
+  for (int i = 0; i < kt->n_kents; i++) {
     free(L->as[i].bin);
     memset(&L->as[i], 0, sizeof L->as[i]);
     L->as[i].kent = -1;
@@ -204,38 +211,38 @@ static void drop(dlink *L, const char *why) {
 /* Under mu: whether k's final kernel ran slower here than tier 0 and the
  * daemon is still to be asked for a faster one (a tuning session only:
  * compile_only asked for no search). */
-static int asks_better(const nf_session *s, const nf__kent *k) {
-  return k->ask_better == 1 && k->dstate == DK_FINAL && !s->opts.compile_only && !s->gpu;
+static int asks_better(const dlink *L, const nf__kent *k) {
+  return k->ask_better == 1 && k->dstate == DK_FINAL && !L->cfg.compile_only && !L->cfg.gpu;
 }
 
 static int submit_all(dlink *L) {
-  nf_session *s = L->s;
+  nf__ktable *kt = L->kt;
   nf_buf err = NF_BUF_INIT;
   int rc = NF_OK;
-  for (int i = 0; i < s->n_kents && rc == NF_OK; i++) {
-    nf__kent *k = &s->kents[i];
-    pthread_mutex_lock(&s->mu);
-    int better = asks_better(s, k);
+  for (int i = 0; i < kt->n_kents && rc == NF_OK; i++) {
+    nf__kent *k = &kt->kents[i];
+    pthread_mutex_lock(&kt->mu);
+    int better = asks_better(L, k);
     int need = k->dstate == DK_NONE || better;
     uint8_t slow_sha[32];
     double slow_ratio = k->slow_ratio;
     memcpy(slow_sha, k->slow_sha, 32);
-    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_unlock(&kt->mu);
     if (!need) continue;
     Neoflow__Graph *pg = NULL;
     if (nf_wire_graph_from_ir(k->g, &pg) != NF_OK) {
-      pthread_mutex_lock(&s->mu);
+      pthread_mutex_lock(&kt->mu);
       k->dstate = DK_FAILED;
-      pthread_mutex_unlock(&s->mu);
+      pthread_mutex_unlock(&kt->mu);
       continue;
     }
     Neoflow__Submit sm = NEOFLOW__SUBMIT__INIT;
     uint64_t id = ++L->next_id;
     sm.request_id = id;
     sm.graph = pg;
-    sm.mode = s->opts.compile_only ? NEOFLOW__MODE__MODE_COMPILE : NEOFLOW__MODE__MODE_TUNE;
-    sm.max_trials = s->opts.tune_trials > 0 ? (uint32_t)s->opts.tune_trials : 0;
-    sm.max_seconds = s->opts.tune_seconds > 0 ? (uint32_t)s->opts.tune_seconds : 0;
+    sm.mode = L->cfg.compile_only ? NEOFLOW__MODE__MODE_COMPILE : NEOFLOW__MODE__MODE_TUNE;
+    sm.max_trials = L->cfg.tune_trials > 0 ? (uint32_t)L->cfg.tune_trials : 0;
+    sm.max_seconds = L->cfg.tune_seconds > 0 ? (uint32_t)L->cfg.tune_seconds : 0;
     if (better) {
       sm.slower_sha256.data = slow_sha;
       sm.slower_sha256.len = 32;
@@ -247,58 +254,58 @@ static int submit_all(dlink *L) {
     rc = nf_dconn_send(L->c, &cm, &err);
     nf_wire_graph_free(pg);
     if (rc == NF_OK) {
-      pthread_mutex_lock(&s->mu);
+      pthread_mutex_lock(&kt->mu);
       if (better) k->ask_better = 2;
       k->req_id = id;
       k->dstate = DK_SUBMITTED;
       k->trial = k->max_trials = 0;
-      pthread_mutex_unlock(&s->mu);
+      pthread_mutex_unlock(&kt->mu);
     }
   }
   nf_buf_free(&err);
   return rc;
 }
 
-static int kent_of(const nf_session *s, uint64_t id) {
+static int kent_of(const nf__ktable *kt, uint64_t id) {
   if (!id) return -1;
-  for (int i = 0; i < s->n_kents; i++)
-    if (s->kents[i].req_id == id) return i;
+  for (int i = 0; i < kt->n_kents; i++)
+    if (kt->kents[i].req_id == id) return i;
   return -1;
 }
 
 /* Handles one message; returns 0, or -1 when the connection must go. */
 static int handle(dlink *L, const Neoflow__ServerMessage *m) {
-  nf_session *s = L->s;
+  nf__ktable *kt = L->kt;
   int k;
   switch (m->msg_case) {
     case NEOFLOW__SERVER_MESSAGE__MSG_ACCEPTED:
       if (m->accepted->cache_error == NEOFLOW__ERROR_CODE__ERR_CACHE_BUSY && !L->warned_busy) {
         L->warned_busy = 1;
-        nf__slog_warn(&s->log, "the daemon's cache is locked by another process (CACHE_BUSY): "
+        nf__slog_warn(kt->log, "the daemon's cache is locked by another process (CACHE_BUSY): "
                             "kernels still arrive, but may not be kept for the next session");
       }
-      pthread_mutex_lock(&s->mu);
-      if ((k = kent_of(s, m->accepted->request_id)) >= 0 && m->accepted->key.len == 32) {
-        memcpy(s->kents[k].dkey, m->accepted->key.data, 32);
-        if (s->kents[k].dstate == DK_SUBMITTED) s->kents[k].dstate = DK_ACCEPTED;
+      pthread_mutex_lock(&kt->mu);
+      if ((k = kent_of(kt, m->accepted->request_id)) >= 0 && m->accepted->key.len == 32) {
+        memcpy(kt->kents[k].dkey, m->accepted->key.data, 32);
+        if (kt->kents[k].dstate == DK_SUBMITTED) kt->kents[k].dstate = DK_ACCEPTED;
       }
-      pthread_mutex_unlock(&s->mu);
+      pthread_mutex_unlock(&kt->mu);
       return 0;
     case NEOFLOW__SERVER_MESSAGE__MSG_PROGRESS:
-      pthread_mutex_lock(&s->mu);
-      if ((k = kent_of(s, m->progress->request_id)) >= 0) {
-        s->kents[k].trial = m->progress->trial;
-        s->kents[k].max_trials = m->progress->max_trials;
+      pthread_mutex_lock(&kt->mu);
+      if ((k = kent_of(kt, m->progress->request_id)) >= 0) {
+        kt->kents[k].trial = m->progress->trial;
+        kt->kents[k].max_trials = m->progress->max_trials;
       }
-      pthread_mutex_unlock(&s->mu);
+      pthread_mutex_unlock(&kt->mu);
       return 0;
     case NEOFLOW__SERVER_MESSAGE__MSG_KERNEL: {
       const Neoflow__KernelUpdate *u = m->kernel;
-      pthread_mutex_lock(&s->mu);
-      k = kent_of(s, u->request_id);
-      int key_ok = k >= 0 && s->kents[k].dstate >= DK_ACCEPTED && u->key.len == 32 &&
-                   !memcmp(s->kents[k].dkey, u->key.data, 32);
-      pthread_mutex_unlock(&s->mu);
+      pthread_mutex_lock(&kt->mu);
+      k = kent_of(kt, u->request_id);
+      int key_ok = k >= 0 && kt->kents[k].dstate >= DK_ACCEPTED && u->key.len == 32 &&
+                   !memcmp(kt->kents[k].dkey, u->key.data, 32);
+      pthread_mutex_unlock(&kt->mu);
       if (k < 0) return 0; /* a request of an earlier connection */
       asm_k *a = &L->as[k];
       free(a->bin);
@@ -314,13 +321,13 @@ static int handle(dlink *L, const Neoflow__ServerMessage *m) {
                             ? "its signature does not verify against the daemon's key"
                             : NULL;
       if (why) {
-        pthread_mutex_lock(&s->mu);
-        s->link_rejected++;
+        pthread_mutex_lock(&kt->mu);
+        kt->link_rejected++;
         /* a refused final kernel is not asked for again on every reconnect */
-        if (u->final && k >= 0) s->kents[k].dstate = DK_FAILED;
-        pthread_cond_broadcast(&s->cv);
-        pthread_mutex_unlock(&s->mu);
-        nf__slog_warn(&s->log, "kernel for request %llu rejected (ARTIFACT_REJECTED): %s",
+        if (u->final && k >= 0) kt->kents[k].dstate = DK_FAILED;
+        pthread_cond_broadcast(&kt->cv);
+        pthread_mutex_unlock(&kt->mu);
+        nf__slog_warn(kt->log, "kernel for request %llu rejected (ARTIFACT_REJECTED): %s",
                          (unsigned long long)u->request_id, why);
         return 0;
       }
@@ -336,9 +343,9 @@ static int handle(dlink *L, const Neoflow__ServerMessage *m) {
     }
     case NEOFLOW__SERVER_MESSAGE__MSG_CHUNK: {
       const Neoflow__Chunk *ch = m->chunk;
-      pthread_mutex_lock(&s->mu);
-      k = kent_of(s, ch->request_id);
-      pthread_mutex_unlock(&s->mu);
+      pthread_mutex_lock(&kt->mu);
+      k = kent_of(kt, ch->request_id);
+      pthread_mutex_unlock(&kt->mu);
       if (k < 0) return 0;
       asm_k *a = &L->as[k];
       if (a->kent != k) return 0; /* the announcement was refused */
@@ -347,14 +354,14 @@ static int handle(dlink *L, const Neoflow__ServerMessage *m) {
       a->len += ch->data.len;
       if (a->len < a->want) return 0;
       uint8_t key[32];
-      pthread_mutex_lock(&s->mu);
-      memcpy(key, s->kents[k].dkey, 32);
-      pthread_mutex_unlock(&s->mu);
-      int rc = nf__kt_offer(s, k, a->bin, a->len, a->sha, key, a->tier, a->time_ms);
-      pthread_mutex_lock(&s->mu);
-      if (a->final) s->kents[k].dstate = rc == NF_OK ? DK_FINAL : DK_FAILED;
-      pthread_cond_broadcast(&s->cv);
-      pthread_mutex_unlock(&s->mu);
+      pthread_mutex_lock(&kt->mu);
+      memcpy(key, kt->kents[k].dkey, 32);
+      pthread_mutex_unlock(&kt->mu);
+      int rc = nf__kt_offer(kt, k, a->bin, a->len, a->sha, key, a->tier, a->time_ms);
+      pthread_mutex_lock(&kt->mu);
+      if (a->final) kt->kents[k].dstate = rc == NF_OK ? DK_FINAL : DK_FAILED;
+      pthread_cond_broadcast(&kt->cv);
+      pthread_mutex_unlock(&kt->mu);
       free(a->bin);
       memset(a, 0, sizeof *a);
       a->kent = -1;
@@ -362,16 +369,16 @@ static int handle(dlink *L, const Neoflow__ServerMessage *m) {
     }
     case NEOFLOW__SERVER_MESSAGE__MSG_ERROR: {
       const Neoflow__Error *e = m->error;
-      pthread_mutex_lock(&s->mu);
-      k = kent_of(s, e->request_id);
-      if (k >= 0) s->kents[k].dstate = DK_FAILED;
-      pthread_cond_broadcast(&s->cv);
-      pthread_mutex_unlock(&s->mu);
+      pthread_mutex_lock(&kt->mu);
+      k = kent_of(kt, e->request_id);
+      if (k >= 0) kt->kents[k].dstate = DK_FAILED;
+      pthread_cond_broadcast(&kt->cv);
+      pthread_mutex_unlock(&kt->mu);
       if (k >= 0) {
         char hex[65];
-        nf_hash_hex(s->kents[k].key, hex);
+        nf_hash_hex(kt->kents[k].key, hex);
         hex[16] = 0;
-        nf__slog_warn(&s->log, "the daemon gave up on subgraph %s: %s", hex, e->message);
+        nf__slog_warn(kt->log, "the daemon gave up on subgraph %s: %s", hex, e->message);
       }
       return e->fatal || e->request_id == 0 ? -1 : 0;
     }
@@ -383,24 +390,24 @@ static int handle(dlink *L, const Neoflow__ServerMessage *m) {
 }
 
 static void report(dlink *L) {
-  nf_session *s = L->s;
-  uint64_t *ids = malloc(sizeof(uint64_t) * (size_t)(s->n_kents + 1));
-  double *ms = malloc(sizeof(double) * (size_t)(s->n_kents + 1));
+  nf__ktable *kt = L->kt;
+  uint64_t *ids = malloc(sizeof(uint64_t) * (size_t)(kt->n_kents + 1));
+  double *ms = malloc(sizeof(double) * (size_t)(kt->n_kents + 1));
   size_t n = 0, n_open = 0;
   if (ids && ms) {
     /* every subgraph's time, also those whose kernel is final: the daemon
      * divides its tuning budget by each open request's part of the whole
      * step (it ignores the ids it no longer has open) */
-    pthread_mutex_lock(&s->mu);
-    for (int i = 0; i < s->n_kents && n < NF_WIRE_MAX_STEP_TIMES; i++) {
-      const nf__kent *k = &s->kents[i];
+    pthread_mutex_lock(&kt->mu);
+    for (int i = 0; i < kt->n_kents && n < NF_WIRE_MAX_STEP_TIMES; i++) {
+      const nf__kent *k = &kt->kents[i];
       if (k->share_ms > 0) {
         ids[n] = k->dstate == DK_NONE ? 0 : k->req_id;
         ms[n++] = k->share_ms;
         n_open += k->dstate == DK_ACCEPTED || k->dstate == DK_SUBMITTED;
       }
     }
-    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_unlock(&kt->mu);
   }
   if (n_open) {
     Neoflow__StepTimes st = NEOFLOW__STEP_TIMES__INIT;
@@ -419,14 +426,16 @@ static void report(dlink *L) {
   free(ms);
 }
 
-static int stopping(nf_session *s) {
-  pthread_mutex_lock(&s->mu);
-  int v = s->link_stop;
-  pthread_mutex_unlock(&s->mu);
+static int stopping(dlink *L) {
+  nf__ktable *kt = L->kt;
+  pthread_mutex_lock(&kt->mu);
+  int v = L->stop;
+  pthread_mutex_unlock(&kt->mu);
   return v;
 }
 
-static void nap(nf_session *s, double ms) {
+static void nap(dlink *L, double ms) {
+  nf__ktable *kt = L->kt;
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   ts.tv_nsec += (long)(ms * 1e6);
@@ -434,26 +443,26 @@ static void nap(nf_session *s, double ms) {
     ts.tv_sec++;
     ts.tv_nsec -= 1000000000L;
   }
-  pthread_mutex_lock(&s->mu);
-  if (!s->link_stop) pthread_cond_timedwait(&s->cv, &s->mu, &ts);
-  pthread_mutex_unlock(&s->mu);
+  pthread_mutex_lock(&kt->mu);
+  if (!L->stop) pthread_cond_timedwait(&kt->cv, &kt->mu, &ts);
+  pthread_mutex_unlock(&kt->mu);
 }
 
 static void *link_main(void *arg) {
   dlink *L = arg;
-  nf_session *s = L->s;
+  nf__ktable *kt = L->kt;
   double backoff = 100, next_try = 0;
-  while (!stopping(s)) {
+  while (!stopping(L)) {
     reap(L);
     if (!L->c && L->idle_closed) {
       /* closed for idleness with every kernel final: nothing to ask */
       int need = 0;
-      pthread_mutex_lock(&s->mu);
-      for (int i = 0; i < s->n_kents; i++)
-        need |= s->kents[i].dstate == DK_NONE || asks_better(s, &s->kents[i]);
-      pthread_mutex_unlock(&s->mu);
+      pthread_mutex_lock(&kt->mu);
+      for (int i = 0; i < kt->n_kents; i++)
+        need |= kt->kents[i].dstate == DK_NONE || asks_better(L, &kt->kents[i]);
+      pthread_mutex_unlock(&kt->mu);
       if (!need) {
-        nap(s, 1000);
+        nap(L, 1000);
         continue;
       }
       L->idle_closed = 0;
@@ -461,15 +470,15 @@ static void *link_main(void *arg) {
     if (!L->c) {
       double now = nf_now_ms();
       if (now < next_try) {
-        nap(s, next_try - now);
+        nap(L, next_try - now);
         continue;
       }
       nf_buf err = NF_BUF_INIT;
-      nf_dconn_opts o = {.address = s->daemon_addr, .client_name = "libneoflow-client",
-                         .timeout_ms = 2000, .trust = &s->trust, .key_file = s->daemon_key,
-                         .cancel_fd = s->link_cancel[0]};
+      nf_dconn_opts o = {.address = L->cfg.daemon_addr, .client_name = "libneoflow-client",
+                         .timeout_ms = 2000, .trust = L->cfg.trust, .key_file = L->cfg.daemon_key,
+                         .cancel_fd = L->cancel[0]};
       /* a GPU session asks for kernels for its device */
-      o.cuda_sm = s->dev->target(s, &o.cuda_name);
+      o.cuda_sm = kt->dev->target(kt, &o.cuda_name);
       int rc = nf_dconn_open(&o, &L->c, &err);
       if (rc == NF_EPERM || rc == NF_EINVAL) {
         /* someone we do not trust answers or holds the socket's
@@ -477,13 +486,13 @@ static void *link_main(void *arg) {
          * never start a daemon into that; say why once (retried with
          * backoff), keep training on fallbacks */
         if (!L->warned_refused)
-          nf__slog_warn(&s->log, "not using a daemon: %s; training on fallback kernels",
+          nf__slog_warn(kt->log, "not using a daemon: %s; training on fallback kernels",
                            nf_buf_str(&err));
         L->warned_refused = 1;
       }
       if (rc == NF_OK && !nf_dconn_same_target(L->c)) {
         if (!L->warned_target)
-          nf__slog_warn(&s->log, "the daemon compiles for another machine (%s): not using it",
+          nf__slog_warn(kt->log, "the daemon compiles for another machine (%s): not using it",
                            nf_dconn_daemon_target(L->c));
         L->warned_target = 1;
         nf_dconn_close(L->c);
@@ -491,18 +500,18 @@ static void *link_main(void *arg) {
         rc = NF_EUNSUPPORTED;
       }
       if (rc == NF_OK) {
-        pthread_mutex_lock(&s->mu);
-        s->connected = 1;
-        s->connects++;
-        pthread_cond_broadcast(&s->cv);
-        pthread_mutex_unlock(&s->mu);
+        pthread_mutex_lock(&kt->mu);
+        kt->connected = 1;
+        kt->connects++;
+        pthread_cond_broadcast(&kt->cv);
+        pthread_mutex_unlock(&kt->mu);
         backoff = 100;
         L->warned_refused = L->warned_spawn = 0;
         if (submit_all(L) != NF_OK) drop(L, "cannot submit");
-        pthread_mutex_lock(&s->mu);
-        s->link_first = 0;
-        pthread_cond_broadcast(&s->cv);
-        pthread_mutex_unlock(&s->mu);
+        pthread_mutex_lock(&kt->mu);
+        kt->link_first = 0;
+        pthread_cond_broadcast(&kt->cv);
+        pthread_mutex_unlock(&kt->mu);
       } else {
         /* nothing answers on the Unix socket: start a per-user daemon
          * (at most every 10 s), then poll quickly while it comes up */
@@ -510,23 +519,23 @@ static void *link_main(void *arg) {
          * which its operator runs: never one of ours */
         char where[4096];
         int origin = NF_DCONN_ADDR_PER_USER;
-        nf_dconn_address(s->daemon_addr, &s->trust, where, sizeof where, &origin);
+        nf_dconn_address(L->cfg.daemon_addr, L->cfg.trust, where, sizeof where, &origin);
         int shared = origin == NF_DCONN_ADDR_CONFIG;
-        if (rc == NF_EIO && is_unix_address(s->daemon_addr) && !s->opts.no_spawn && !shared &&
+        if (rc == NF_EIO && is_unix_address(L->cfg.daemon_addr) && !L->cfg.no_spawn && !shared &&
             L->spawned == 0 && (L->last_spawn == 0 || now - L->last_spawn > 10000))
           spawn_daemon(L);
         int starting = L->last_spawn > 0 && now - L->last_spawn < 3000;
         if (rc == NF_EIO && L->spawned && !starting && !L->warned_spawn) {
-          nf__slog_warn(&s->log, "started neoflowd, but nothing answers after 3 s (%s); run "
+          nf__slog_warn(kt->log, "started neoflowd, but nothing answers after 3 s (%s); run "
                               "neoflowd by hand with the same socket to see why; training on "
                               "fallback kernels meanwhile", nf_buf_str(&err));
           L->warned_spawn = 1;
         }
         if (!starting) {
-          pthread_mutex_lock(&s->mu);
-          s->link_first = 0; /* no daemon for now: nobody waits for one */
-          pthread_cond_broadcast(&s->cv);
-          pthread_mutex_unlock(&s->mu);
+          pthread_mutex_lock(&kt->mu);
+          kt->link_first = 0; /* no daemon for now: nobody waits for one */
+          pthread_cond_broadcast(&kt->cv);
+          pthread_mutex_unlock(&kt->mu);
         }
         next_try = now + (starting ? 50 : backoff);
         if (!starting) backoff = backoff * 2 > 5000 ? 5000 : backoff * 2;
@@ -555,10 +564,10 @@ static void *link_main(void *arg) {
     /* resubmit what a lost request left, report step times */
     if (L->c) {
       int again = 0;
-      pthread_mutex_lock(&s->mu);
-      for (int i = 0; i < s->n_kents; i++)
-        again |= s->kents[i].dstate == DK_NONE || asks_better(s, &s->kents[i]);
-      pthread_mutex_unlock(&s->mu);
+      pthread_mutex_lock(&kt->mu);
+      for (int i = 0; i < kt->n_kents; i++)
+        again |= kt->kents[i].dstate == DK_NONE || asks_better(L, &kt->kents[i]);
+      pthread_mutex_unlock(&kt->mu);
       if (again && submit_all(L) != NF_OK) drop(L, "cannot submit");
     }
     double now = nf_now_ms();
@@ -568,51 +577,52 @@ static void *link_main(void *arg) {
     }
   }
   if (L->c) nf_dconn_close(L->c);
-  for (int i = 0; i < s->n_kents; i++) free(L->as[i].bin);
-  free(L->as);
+  L->c = NULL;
   reap(L);
-  free(L);
   return NULL;
 }
 
-int nf__dlink_start(nf_session *s) {
+int nf__dlink_start(nf__ktable *kt, const nf__link_cfg *cfg, nf__dlink **out, nf_buf *err) {
+  *out = NULL;
   dlink *L = calloc(1, sizeof *L);
   if (!L) return NF_ENOMEM;
-  L->s = s;
-  L->as = calloc((size_t)s->n_kents + 1, sizeof *L->as);
+  L->kt = kt;
+  L->cfg = *cfg;
+  L->as = calloc((size_t)kt->n_kents + 1, sizeof *L->as);
   if (!L->as) {
     free(L);
     return NF_ENOMEM;
   }
-  for (int i = 0; i < s->n_kents; i++) L->as[i].kent = -1;
-  if (pipe2(s->link_cancel, O_CLOEXEC | O_NONBLOCK) != 0) s->link_cancel[0] = s->link_cancel[1] = -1;
-  s->link_first = 1;
-  if (pthread_create(&s->link_th, NULL, link_main, L) != 0) {
-    s->link_first = 0;
-    if (s->link_cancel[0] >= 0) close(s->link_cancel[0]);
-    if (s->link_cancel[1] >= 0) close(s->link_cancel[1]);
+  for (int i = 0; i < kt->n_kents; i++) L->as[i].kent = -1;
+  if (pipe2(L->cancel, O_CLOEXEC | O_NONBLOCK) != 0) L->cancel[0] = L->cancel[1] = -1;
+  kt->link_first = 1;
+  if (pthread_create(&L->th, NULL, link_main, L) != 0) {
+    kt->link_first = 0;
+    if (L->cancel[0] >= 0) close(L->cancel[0]);
+    if (L->cancel[1] >= 0) close(L->cancel[1]);
     free(L->as);
     free(L);
-    nf_buf_printf(&s->err, "cannot start the daemon thread");
+    nf_buf_printf(err, "cannot start the daemon thread");
     return NF_ENOMEM;
   }
-  s->link_started = 1;
+  *out = L;
   return NF_OK;
 }
 
-void nf__dlink_stop(nf_session *s) {
-  if (!s->link_started) return;
-  pthread_mutex_lock(&s->mu);
-  s->link_stop = 1;
-  pthread_cond_broadcast(&s->cv);
-  pthread_mutex_unlock(&s->mu);
-  if (s->link_cancel[1] >= 0) {
-    ssize_t w = write(s->link_cancel[1], "x", 1); /* ends a wait on a silent daemon */
+void nf__dlink_stop(nf__dlink *L) {
+  if (!L) return;
+  pthread_mutex_lock(&L->kt->mu);
+  L->stop = 1;
+  pthread_cond_broadcast(&L->kt->cv);
+  pthread_mutex_unlock(&L->kt->mu);
+  if (L->cancel[1] >= 0) {
+    ssize_t w = write(L->cancel[1], "x", 1); /* ends a wait on a silent daemon */
     (void)w;
   }
-  pthread_join(s->link_th, NULL);
-  s->link_started = 0;
-  if (s->link_cancel[0] >= 0) close(s->link_cancel[0]);
-  if (s->link_cancel[1] >= 0) close(s->link_cancel[1]);
-  s->link_cancel[0] = s->link_cancel[1] = -1;
+  pthread_join(L->th, NULL);
+  if (L->cancel[0] >= 0) close(L->cancel[0]);
+  if (L->cancel[1] >= 0) close(L->cancel[1]);
+  for (int i = 0; i < L->kt->n_kents; i++) free(L->as[i].bin);
+  free(L->as);
+  free(L);
 }

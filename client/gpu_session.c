@@ -155,20 +155,21 @@ int nf__gpu_push(nf_session *s, const void *host, size_t n) {
   return rc ? rc : nf_cuda_rt_upload(s->gpu->rt, d, host, n, &s->err);
 }
 
-static int gpu_target(const nf_session *s, const char **name) {
-  if (name) *name = s->gpu ? nf_cuda_rt_name(s->gpu->rt) : "";
-  return s->gpu ? nf_cuda_rt_sm(s->gpu->rt) : 0;
+static int gpu_target(const nf__ktable *kt, const char **name) {
+  const struct nf__gpu *G = kt->dev_ctx;
+  if (name) *name = G ? nf_cuda_rt_name(G->rt) : "";
+  return G ? nf_cuda_rt_sm(G->rt) : 0;
 }
 
 int nf__gpu_blas_entries(const nf_session *s) {
   int n = 0;
-  for (int k = 0; s->gpu && s->gpu->blas && k < s->n_kents; k++) n += s->gpu->plain[k];
+  for (int k = 0; s->gpu && s->gpu->blas && k < s->kt.n_kents; k++) n += s->gpu->plain[k];
   return n;
 }
 
 int nf__gpu_dnn_entries(const nf_session *s) {
   int n = 0;
-  for (int k = 0; s->gpu && s->gpu->dnn && k < s->n_kents; k++) n += s->gpu->conv[k] != NULL;
+  for (int k = 0; s->gpu && s->gpu->dnn && k < s->kt.n_kents; k++) n += s->gpu->conv[k] != NULL;
   return n;
 }
 
@@ -179,7 +180,7 @@ static int lib_tier0(const struct nf__gpu *G, int k) {
 
 const char *nf__gpu_tier0_name(const nf_session *s, const nf__kent *k) {
   const struct nf__gpu *G = s->gpu;
-  int i = (int)(k - s->kents);
+  int i = (int)(k - s->kt.kents);
   if (G->blas && G->plain[i]) return "cuBLAS";
   if (G->dnn && G->conv[i]) return "cuDNN";
   return "host";
@@ -207,27 +208,29 @@ static int device_index(const char *d) {
 void nf__gpu_close(nf_session *s) {
   struct nf__gpu *G = s->gpu;
   if (!G) return;
-  nf__gpu_gen_stop(s);
+  nf__gpu_gen_stop(s->gen);
+  s->gen = NULL;
   /* bundles still in the mailboxes: the CUDA device's; the session goes
    * back to the CPU's device (no producer runs now: the generator has
    * stopped, the link is started only after the device is open and
    * stopped before it is closed) */
-  pthread_mutex_lock(&s->mu);
-  for (int i = 0; i < s->n_kents; i++) {
-    nf__cuda_device.drop(s->kents[i].in_obj);
-    s->kents[i].in_obj = NULL;
+  pthread_mutex_lock(&s->kt.mu);
+  for (int i = 0; i < s->kt.n_kents; i++) {
+    nf__cuda_device.drop(s->kt.kents[i].in_obj);
+    s->kt.kents[i].in_obj = NULL;
   }
-  s->dev = &nf__cpu_device;
-  pthread_mutex_unlock(&s->mu);
+  s->kt.dev = &nf__cpu_device;
+  s->kt.dev_ctx = NULL;
+  pthread_mutex_unlock(&s->kt.mu);
   /* the graphs first: they launch the modules */
   for (int i = 0; i < 2; i++) nf_cuda_graph_free(G->rt, G->graph[i]);
-  for (int i = 0; i < s->n_kents; i++) {
-    nf_cuda_module_free(s->kents[i].gcur);
-    nf_cuda_module_free(s->kents[i].gcand);
-    s->kents[i].gcur = s->kents[i].gcand = NULL;
+  for (int i = 0; i < s->kt.n_kents; i++) {
+    nf_cuda_module_free(s->kt.kents[i].gcur);
+    nf_cuda_module_free(s->kt.kents[i].gcand);
+    s->kt.kents[i].gcur = s->kt.kents[i].gcand = NULL;
   }
   nf_cublas_close(G->blas);
-  for (int i = 0; G->res_dev && i < s->n_kents; i++) {
+  for (int i = 0; G->res_dev && i < s->kt.n_kents; i++) {
     nf_cuda_rt_free(G->rt, G->res_dev[i]);
     free(G->res_host[i]);
   }
@@ -235,7 +238,7 @@ void nf__gpu_close(nf_session *s) {
   free(G->res_host);
   free(G->desc);
   free(G->plain);
-  for (int i = 0; G->conv && i < s->n_kents; i++) {
+  for (int i = 0; G->conv && i < s->kt.n_kents; i++) {
     nf_conv_free(G->conv[i]);
   }
   nf_cudnn_close(G->dnn);
@@ -361,7 +364,8 @@ int nf__gpu_open(nf_session *s) {
   }
   G->rt = rt;
   s->gpu = G;
-  s->dev = &nf__cuda_device;
+  s->kt.dev = &nf__cuda_device;
+  s->kt.dev_ctx = G;
   size_t fb = (size_t)s->n_flat * sizeof(float);
   rc = region_add(G, s->arena, (size_t)s->arena_bytes);
   if (rc == NF_OK) rc = region_add(G, s->P, fb);
@@ -391,12 +395,12 @@ int nf__gpu_open(nf_session *s) {
     }
   }
   /* products (without a prologue): cuBLAS when it can be loaded */
-  if (rc == NF_OK && (!(G->desc = calloc((size_t)s->n_kents + 1, sizeof *G->desc)) ||
-                      !(G->plain = calloc((size_t)s->n_kents + 1, 1))))
+  if (rc == NF_OK && (!(G->desc = calloc((size_t)s->kt.n_kents + 1, sizeof *G->desc)) ||
+                      !(G->plain = calloc((size_t)s->kt.n_kents + 1, 1))))
     rc = NF_ENOMEM;
   int n_plain = 0;
-  for (int k = 0; rc == NF_OK && k < s->n_kents; k++)
-    n_plain += G->plain[k] = (uint8_t)nf_gemm_device(s->kents[k].gemm, &G->desc[k]);
+  for (int k = 0; rc == NF_OK && k < s->kt.n_kents; k++)
+    n_plain += G->plain[k] = (uint8_t)nf_gemm_device(s->kt.kents[k].gemm, &G->desc[k]);
   const char *blas_note = "";
   nf_buf bwhy = NF_BUF_INIT;
   if (rc == NF_OK && n_plain && nf_cublas_open(rt, &G->blas, &bwhy) != NF_OK) {
@@ -405,10 +409,10 @@ int nf__gpu_open(nf_session *s) {
   }
   /* convolutions: cuDNN when it can be loaded */
   int n_conv = 0;
-  if (rc == NF_OK && !(G->conv = calloc((size_t)s->n_kents + 1, sizeof *G->conv))) rc = NF_ENOMEM;
-  for (int k = 0; rc == NF_OK && k < s->n_kents; k++) {
-    if (s->kents[k].alias || G->plain[k]) continue;
-    rc = nf_conv_prepare(s->kents[k].g, &G->conv[k], &s->err);
+  if (rc == NF_OK && !(G->conv = calloc((size_t)s->kt.n_kents + 1, sizeof *G->conv))) rc = NF_ENOMEM;
+  for (int k = 0; rc == NF_OK && k < s->kt.n_kents; k++) {
+    if (s->kt.kents[k].alias || G->plain[k]) continue;
+    rc = nf_conv_prepare(s->kt.kents[k].g, &G->conv[k], &s->err);
     n_conv += G->conv[k] != NULL;
   }
   const char *dnn_note = "";
@@ -418,11 +422,11 @@ int nf__gpu_open(nf_session *s) {
     dnn_note = nf_buf_str(&dwhy);
   }
   /* a library result that is a local: its storage, once */
-  if (rc == NF_OK && (!(G->res_dev = calloc((size_t)s->n_kents + 1, sizeof *G->res_dev)) ||
-                      !(G->res_host = calloc((size_t)s->n_kents + 1, sizeof *G->res_host))))
+  if (rc == NF_OK && (!(G->res_dev = calloc((size_t)s->kt.n_kents + 1, sizeof *G->res_dev)) ||
+                      !(G->res_host = calloc((size_t)s->kt.n_kents + 1, sizeof *G->res_host))))
     rc = NF_ENOMEM;
-  for (int k = 0; rc == NF_OK && k < s->n_kents; k++) {
-    const nf__kent *e = &s->kents[k];
+  for (int k = 0; rc == NF_OK && k < s->kt.n_kents; k++) {
+    const nf__kent *e = &s->kt.kents[k];
     nf_conv_sub *cs = G->conv[k];
     int64_t b = -1;
     if (G->blas && G->plain[k] && G->desc[k].c == e->g->n_inputs + e->g->n_outputs)
@@ -446,11 +450,12 @@ int nf__gpu_open(nf_session *s) {
     return rc;
   }
   /* the rest: kernels generated here, from a background thread */
-  uint8_t *lib = calloc((size_t)s->n_kents + 1, 1);
+  uint8_t *lib = calloc((size_t)s->kt.n_kents + 1, 1);
   char gen_note[512];
   rc = lib ? NF_OK : NF_ENOMEM;
-  for (int k = 0; rc == NF_OK && k < s->n_kents; k++) lib[k] = (uint8_t)lib_tier0(G, k);
-  if (rc == NF_OK) rc = nf__gpu_gen_start(s, lib, nf_cuda_rt_sm(rt), gen_note, sizeof gen_note);
+  for (int k = 0; rc == NF_OK && k < s->kt.n_kents; k++) lib[k] = (uint8_t)lib_tier0(G, k);
+  if (rc == NF_OK) rc = nf__gpu_gen_start(&s->kt, lib, nf_cuda_rt_sm(rt), gen_note, sizeof gen_note,
+                                           &s->gen);
   free(lib);
   if (rc != NF_OK) {
     nf_buf_free(&bwhy);
@@ -479,29 +484,29 @@ static uint32_t kent_args(const nf__kent *k) { return k->g->n_inputs + k->g->n_o
  * against its entry (plan, architecture) and copied; the program thread
  * loads it at the step boundary (nf__gpu_begin), where the context is
  * used. */
-static int gpu_check_bundle(const nf_session *s, int k, const void *bin, size_t len,
+static int gpu_check_bundle(const nf__ktable *kt, int k, const void *bin, size_t len,
                             nf_buf *err) {
   nf_cuda_bundle b;
   int rc = nf_cuda_bundle_decode(bin, len, &b, err);
   if (rc != NF_OK) return rc == NF_ENOMEM ? rc : NF_EFORMAT;
-  uint32_t want = kent_args(&s->kents[k]);
+  uint32_t want = kent_args(&kt->kents[k]);
   if (b.plan.n_args != want) {
     nf_buf_printf(err, "its launch plan takes %u buffers, the subgraph has %u", b.plan.n_args,
                   want);
     rc = NF_EFORMAT;
-  } else if (b.sm > gpu_target(s, NULL)) {
+  } else if (b.sm > gpu_target(kt, NULL)) {
     nf_buf_printf(err, "it is built for sm_%d, newer than this device (sm_%d)", b.sm,
-                  gpu_target(s, NULL));
+                  gpu_target(kt, NULL));
     rc = NF_EFORMAT;
   }
   nf_cuda_bundle_free(&b);
   return rc;
 }
 
-static int gpu_accept(const nf_session *s, int k, const void *bin, size_t len, void **obj,
+static int gpu_accept(const nf__ktable *kt, int k, const void *bin, size_t len, void **obj,
                       nf_buf *err) {
   *obj = NULL;
-  int rc = gpu_check_bundle(s, k, bin, len, err);
+  int rc = gpu_check_bundle(kt, k, bin, len, err);
   if (rc != NF_OK) return rc;
   gpu_bun *b = malloc(sizeof *b + len);
   if (!b) {
@@ -568,18 +573,18 @@ int nf__gpu_begin(nf_session *s) {
   if (!G) return NF_OK;
   G->timed = s->step % GPU_TIMED_EVERY == 0;
   memset(G->used, 0, sizeof G->used);
-  for (int i = 0; i < s->n_kents; i++) {
-    nf__kent *k = &s->kents[i];
-    pthread_mutex_lock(&s->mu);
+  for (int i = 0; i < s->kt.n_kents; i++) {
+    nf__kent *k = &s->kt.kents[i];
+    pthread_mutex_lock(&s->kt.mu);
     gpu_bun *bun = NULL;
     if (k->in_obj && k->in_tier == 0 && (k->gcur || k->gcand)) {
       /* a kernel generated here, late: the daemon's is in use already */
       free(k->in_obj);
       k->in_obj = NULL;
     } else {
-      bun = nf__kt_take_locked(s, k);
+      bun = nf__kt_take_locked(&s->kt, k);
     }
-    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_unlock(&s->kt.mu);
     if (bun) take_bundle(s, k, bun);
   }
   return nf__gpu_push(s, s->hp, sizeof s->hp);
@@ -595,7 +600,7 @@ static size_t buf_bytes(const nf_session *s, const nf__op *op, uint32_t j) {
  * nf_gemm_epilogue), what it writes uploaded. */
 static int lib_epilogue(nf_session *s, nf__kent *k, nf__op *op, int rb, size_t bytes) {
   struct nf__gpu *G = s->gpu;
-  int ki = (int)(k - s->kents);
+  int ki = (int)(k - s->kt.kents);
   nf_conv_sub *cs = G->conv[ki];
   void *res = rb >= 0 ? op->bufs[rb] : G->res_host[ki];
   int rc = rb >= 0 ? nf__gpu_pull(s, res, bytes)
@@ -661,7 +666,7 @@ static int run_blas(nf_session *s, nf__kent *k, nf__op *op, int ki) {
  * the host: inputs down, the CPU's tier 0, outputs up. */
 static int run_host(nf_session *s, nf__kent *k, nf__op *op) {
   struct nf__gpu *G = s->gpu;
-  int ki = (int)(k - s->kents);
+  int ki = (int)(k - s->kt.kents);
   if (G->blas && G->plain[ki] && !op->alias) {
     int brc = run_blas(s, k, op, ki);
     if (brc != NF_EUNSUPPORTED) return brc;
@@ -769,7 +774,7 @@ static int run_canary(nf_session *s, nf__kent *k, nf__op *op, int op_index) {
       ok = nf__canary_output_ok(op->g, o, got[o], op->bufs[op->n_in + o], &worst);
     if (ok) {
       promote(G, k);
-      k->race_left = lib_tier0(G, (int)(k - s->kents)) ? NF_RACE_RUNS : 0;
+      k->race_left = lib_tier0(G, (int)(k - s->kt.kents)) ? NF_RACE_RUNS : 0;
       k->prefer_t0 = 0;
       s->swaps++;
       nf__verified_add(s, k->key, k->cand_sha);
@@ -847,12 +852,12 @@ static int dispatch(nf_session *s, nf__kent *k, nf__op *op, int op_index, double
 
 static int nf__gpu_run_op(nf_session *s, nf__op *op) {
   struct nf__gpu *G = s->gpu;
-  nf__kent *k = &s->kents[op->kent];
+  nf__kent *k = &s->kt.kents[op->kent];
   int op_index = (int)(op - s->ops);
   if (k->gcand && nf__verified_has(s, k->key, k->cand_sha)) {
     /* these very bytes passed a canary for this key before */
     promote(G, k);
-    k->race_left = lib_tier0(G, (int)(k - s->kents)) ? NF_RACE_RUNS : 0;
+    k->race_left = lib_tier0(G, (int)(k - s->kt.kents)) ? NF_RACE_RUNS : 0;
     k->prefer_t0 = 0;
     s->swaps++;
     s->trusted++;
@@ -903,7 +908,7 @@ static uint64_t mix(uint64_t h, uint64_t v) {
  * run, host work, a library's host epilogue). */
 static int op_sig(const nf_session *s, const nf__op *op, uint64_t *sig) {
   const struct nf__gpu *G = s->gpu;
-  const nf__kent *k = &s->kents[op->kent];
+  const nf__kent *k = &s->kt.kents[op->kent];
   int ki = op->kent;
   if (k->gcand || (k->gcur && k->race_left > 0)) return 0;
   if (k->gcur && !k->prefer_t0) {

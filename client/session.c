@@ -35,7 +35,8 @@ static nf_session *session_alloc(const nf_session_opts *o) {
   s->opts.shape_dims = NULL;
   s->opts.n_iparams = s->opts.n_shapes = 0;
   nf__slog_init(&s->log, s->opts.log, s->opts.log_user, s->opts.quiet);
-  s->dev = &nf__cpu_device;
+  s->kt.dev = &nf__cpu_device;
+  s->kt.log = &s->log;
   nf_optimizer *op = &s->opts.optim;
   if (op->lr <= 0) op->lr = op->kind == NF_OPTIM_SGD ? 0.01 : 0.001;
   if (op->beta1 <= 0) op->beta1 = 0.9;
@@ -46,8 +47,8 @@ static nf_session *session_alloc(const nf_session_opts *o) {
   s->opts.daemon = s->daemon_addr;
   s->device = o && o->device ? strdup(o->device) : NULL;
   s->opts.device = s->device;
-  pthread_mutex_init(&s->mu, NULL);
-  pthread_cond_init(&s->cv, NULL);
+  pthread_mutex_init(&s->kt.mu, NULL);
+  pthread_cond_init(&s->kt.cv, NULL);
   s->ctx = nf_ir_ctx_new();
   s->t_start = nf_now_ms();
   s->interp_rate = 2e5; /* flops per ms before anything is measured */
@@ -98,7 +99,7 @@ static int load_trust(nf_session *s, const nf_session_opts *o, nf_buf *err) {
 static void warn_blas_misfit(nf_session *s) {
   const char *suggest, *core = nf_gemm_blas_misfit(&suggest);
   int any = 0;
-  for (int i = 0; i < s->n_kents && !any; i++) any = s->kents[i].gemm != NULL;
+  for (int i = 0; i < s->kt.n_kents && !any; i++) any = s->kt.kents[i].gemm != NULL;
   if (core && any)
     nf__slog_warn(&s->log,
                      "OpenBLAS chose its generic %s kernels on this CPU (it has %s): products "
@@ -135,9 +136,17 @@ static int finish(nf_session *s, const nf_graph *F, int n_gin, const char *const
   if ((rc = nf__gpu_open(s))) goto fail;
   nf__verified_load(s);
   nf__verdicts_load(s);
-  if (!(s->daemon_addr && !strcmp(s->daemon_addr, "none")) && !s->trust_bad &&
-      (rc = nf__dlink_start(s)))
-    goto fail;
+  if (!(s->daemon_addr && !strcmp(s->daemon_addr, "none")) && !s->trust_bad) {
+    nf__link_cfg lc = {.daemon_addr = s->daemon_addr,
+                       .daemon_key = s->daemon_key,
+                       .trust = &s->trust,
+                       .no_spawn = s->opts.no_spawn,
+                       .compile_only = s->opts.compile_only,
+                       .tune_trials = s->opts.tune_trials,
+                       .tune_seconds = s->opts.tune_seconds,
+                       .gpu = s->gpu != NULL};
+    if ((rc = nf__dlink_start(&s->kt, &lc, &s->link, &s->err))) goto fail;
+  }
   return NF_OK;
 fail:
   if (err) *err = nf__session_err_dup("", s->err.len ? nf_buf_str(&s->err) : nf_strerror(rc));
@@ -350,16 +359,17 @@ nf_session *nf_session_new_def(nf_model *m, const char *def, const nf_session_op
 
 void nf_session_free(nf_session *s) {
   if (!s) return;
-  nf__dlink_stop(s);
+  nf__dlink_stop(s->link);
+  s->link = NULL;
   nf__gpu_close(s);
-  for (int i = 0; i < s->n_kents; i++) {
-    nf__kent *k = &s->kents[i];
-    if (s->dev) s->dev->drop(k->in_obj);
+  for (int i = 0; i < s->kt.n_kents; i++) {
+    nf__kent *k = &s->kt.kents[i];
+    if (s->kt.dev) s->kt.dev->drop(k->in_obj);
     nf_gemm_free(k->gemm);
     nf_kernel_free(k->cur);
     nf_kernel_free(k->cand);
   }
-  free(s->kents);
+  free(s->kt.kents);
   for (int i = 0; i < s->n_ops; i++) {
     free(s->ops[i].slots);
     free(s->ops[i].bufs);
@@ -396,8 +406,8 @@ void nf_session_free(nf_session *s) {
   free(s->verified_path);
   free(s->verified);
   free(s->verdicts);
-  pthread_mutex_destroy(&s->mu);
-  pthread_cond_destroy(&s->cv);
+  pthread_mutex_destroy(&s->kt.mu);
+  pthread_cond_destroy(&s->kt.cv);
   free(s);
 }
 
@@ -431,17 +441,17 @@ int nf_session_step(nf_session *s, double *loss) {
   double t0 = nf_now_ms();
   /* step boundary: take kernels the link handed over (a GPU session takes
    * its bundles in nf__gpu_begin) */
-  pthread_mutex_lock(&s->mu);
-  for (int i = 0; i < s->n_kents && !s->gpu; i++) {
-    nf__kent *k = &s->kents[i];
-    void *arrived = nf__kt_take_locked(s, k);
+  pthread_mutex_lock(&s->kt.mu);
+  for (int i = 0; i < s->kt.n_kents && !s->gpu; i++) {
+    nf__kent *k = &s->kt.kents[i];
+    void *arrived = nf__kt_take_locked(&s->kt, k);
     if (!arrived) continue;
     nf_kernel_free(k->cand); /* superseded before its canary */
     k->cand = arrived;
   }
-  pthread_mutex_unlock(&s->mu);
+  pthread_mutex_unlock(&s->kt.mu);
   update_hp(s);
-  for (int i = 0; i < s->n_kents; i++) s->kents[i].run_ms = 0;
+  for (int i = 0; i < s->kt.n_kents; i++) s->kt.kents[i].run_ms = 0;
   s->run_seq++;
   int rc = nf__gpu_begin(s);
   if (rc == NF_OK && s->gpu)
@@ -461,13 +471,13 @@ int nf_session_step(nf_session *s, double *loss) {
   s->last_ms = now - t0;
   s->ms_hist[(s->step - 1) % 10] = s->last_ms;
   if (s->step == 1) s->first_step_ms = now - s->t_start;
-  pthread_mutex_lock(&s->mu);
+  pthread_mutex_lock(&s->kt.mu);
   if (nf__gpu_timed(s)) {
-    for (int i = 0; i < s->n_kents; i++) s->kents[i].share_ms = s->kents[i].run_ms;
-    for (int i = 0; i < s->n_kents; i++) s->kents[i].prof_ms += s->kents[i].run_ms;
+    for (int i = 0; i < s->kt.n_kents; i++) s->kt.kents[i].share_ms = s->kt.kents[i].run_ms;
+    for (int i = 0; i < s->kt.n_kents; i++) s->kt.kents[i].prof_ms += s->kt.kents[i].run_ms;
     s->prof_steps++;
   }
-  pthread_mutex_unlock(&s->mu);
+  pthread_mutex_unlock(&s->kt.mu);
   return NF_OK;
 }
 
@@ -653,21 +663,21 @@ static int cmp_prof(const void *a, const void *b, void *arg) {
 
 void nf__session_profile(nf_session *s, FILE *f, int reset) {
   if (!reset) {
-    int *ord = malloc(sizeof(int) * (size_t)(s->n_kents + 1));
+    int *ord = malloc(sizeof(int) * (size_t)(s->kt.n_kents + 1));
     double total = 0;
     if (!ord) return;
-    for (int i = 0; i < s->n_kents; i++) {
+    for (int i = 0; i < s->kt.n_kents; i++) {
       ord[i] = i;
-      total += s->kents[i].prof_ms;
+      total += s->kt.kents[i].prof_ms;
     }
-    qsort_r(ord, (size_t)s->n_kents, sizeof *ord, cmp_prof, s->kents);
+    qsort_r(ord, (size_t)s->kt.n_kents, sizeof *ord, cmp_prof, s->kt.kents);
     int64_t n = s->prof_steps ? s->prof_steps : 1;
     fprintf(f, "time per kernel entry over %lld steps (%.2f ms/step in kernels):\n",
             (long long)s->prof_steps, total / (double)n);
     fprintf(f, "  %-16s %-24s %4s %-9s %10s %6s %9s %9s %7s\n", "key", "first output", "ops",
             "runs on", "ms/step", "share", "MFLOP", "GFLOP/s", "k/tier0");
-    for (int q = 0; q < s->n_kents; q++) {
-      const nf__kent *k = &s->kents[ord[q]];
+    for (int q = 0; q < s->kt.n_kents; q++) {
+      const nf__kent *k = &s->kt.kents[ord[q]];
       char hex[65];
       nf_hash_hex(k->key, hex);
       hex[16] = 0;
@@ -687,7 +697,7 @@ void nf__session_profile(nf_session *s, FILE *f, int reset) {
     }
     free(ord);
   }
-  for (int i = 0; i < s->n_kents; i++) s->kents[i].prof_ms = 0;
+  for (int i = 0; i < s->kt.n_kents; i++) s->kt.kents[i].prof_ms = 0;
   s->prof_steps = 0;
 }
 
@@ -714,11 +724,11 @@ int nf_session_stats_get(const nf_session *s, nf_session_stats *st) {
   st->ms = s->last_ms;
   int n = s->step < 10 ? (int)s->step : 10;
   for (int i = 0; i < n; i++) st->ms_avg += s->ms_hist[i] / n;
-  st->kernels = s->n_kents;
+  st->kernels = s->kt.n_kents;
   nf_session *ms = (nf_session *)s;
-  pthread_mutex_lock(&ms->mu);
-  for (int i = 0; i < s->n_kents; i++) {
-    const nf__kent *k = &s->kents[i];
+  pthread_mutex_lock(&ms->kt.mu);
+  for (int i = 0; i < s->kt.n_kents; i++) {
+    const nf__kent *k = &s->kt.kents[i];
     int cur = k->cur || k->gcur;
     if (cur && k->prefer_t0) {
       st->tier0_kept++;
@@ -735,10 +745,10 @@ int nf_session_stats_get(const nf_session *s, nf_session_stats *st) {
       st->trials_max += k->max_trials;
     }
   }
-  st->connected = s->connected;
-  st->reconnects = s->connects > 1 ? s->connects - 1 : 0;
-  st->rejected = s->rejected + s->link_rejected;
-  pthread_mutex_unlock(&ms->mu);
+  st->connected = s->kt.connected;
+  st->reconnects = s->kt.connects > 1 ? s->kt.connects - 1 : 0;
+  st->rejected = s->rejected + s->kt.link_rejected;
+  pthread_mutex_unlock(&ms->kt.mu);
   st->swaps = s->swaps;
   st->trusted = s->trusted;
   st->remembered = s->remembered;
@@ -750,20 +760,20 @@ int nf_session_stats_get(const nf_session *s, nf_session_stats *st) {
 int nf_session_wait_kernels(nf_session *s, int timeout_ms, int want_tier) {
   if (!s) return NF_EINVAL;
   double until = nf_now_ms() + (timeout_ms > 0 ? timeout_ms : 1e12);
-  pthread_mutex_lock(&s->mu);
+  pthread_mutex_lock(&s->kt.mu);
   for (;;) {
     int done = 1;
-    for (int i = 0; i < s->n_kents && done; i++) {
-      const nf__kent *k = &s->kents[i];
+    for (int i = 0; i < s->kt.n_kents && done; i++) {
+      const nf__kent *k = &s->kt.kents[i];
       if (k->dstate == DK_FAILED) continue;
       if (want_tier <= 1) done = k->cur || k->cand || (!s->gpu && k->in_obj) || nf__gpu_has_kernel(s, k);
       else done = k->dstate == DK_FINAL;
     }
-    if (!s->link_started) done = 1;
+    if (!s->link) done = 1;
     if (done) break;
     double now = nf_now_ms();
     if (now >= until) {
-      pthread_mutex_unlock(&s->mu);
+      pthread_mutex_unlock(&s->kt.mu);
       return NF_ERANGE;
     }
     struct timespec ts;
@@ -774,9 +784,9 @@ int nf_session_wait_kernels(nf_session *s, int timeout_ms, int want_tier) {
       ts.tv_sec++;
       ts.tv_nsec -= 1000000000L;
     }
-    pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+    pthread_cond_timedwait(&s->kt.cv, &s->kt.mu, &ts);
   }
-  pthread_mutex_unlock(&s->mu);
+  pthread_mutex_unlock(&s->kt.mu);
   return NF_OK;
 }
 

@@ -1,12 +1,14 @@
-/* session_int.h - the training session's internals, shared by session.c
- * (building the step program, running steps, swapping kernels), dlink.c
- * (the daemon connection on its background thread), init.c (parameter
- * initialisers) and params_io.c (parameter files).
+/* session_int.h - the training session's internals, shared by the files
+ * that run on the program's thread: session.c (opening, steps, the API),
+ * model.c, build.c (the step program), kt_cpu.c (the CPU's canary and
+ * races), tier0.c, gpu_session.c (the CUDA device), verify.c, init.c,
+ * params_io.c, net.c.  The producers of kernels (dlink.c, gpu_local.c)
+ * and the mailbox (ktable.c) see only the kernel table (nf_ktable.h).
  *
  * Threads: the program's thread runs steps and is the only one that
  * touches slots, ops and the kernels in use (kent.cur, kent.cand).  The
- * link thread owns its nf_dconn and writes only the fields marked
- * "under mu"; it hands a loaded kernel over through kent.in_k.  Kernels
+ * producers write only the fields marked "under mu" (the table's) and
+ * hand a kernel over through the entry's mailbox (kent.in_obj).  Kernels
  * are swapped at step boundaries only, and a replaced kernel's code stays
  * loaded (nf_kernel_free never unloads), so no call can run freed code. */
 #ifndef NF_SESSION_INT_H
@@ -24,6 +26,9 @@
 #include "nf_ir.h"
 #include "nf_lang.h"
 #include "nf_partition.h"
+#include "nf_dlink.h"
+#include "nf_gpugen.h"
+#include "nf_ktable.h"
 #include "nf_slog.h"
 #include "nf_trust.h"
 
@@ -34,71 +39,6 @@ struct nf_cuda_module;
 struct nf_model {
   nf_module *mod;
 };
-
-/* Kernel state as the daemon reports it (kent.dstate). */
-enum { DK_NONE = 0, DK_SUBMITTED, DK_ACCEPTED, DK_FINAL, DK_FAILED };
-
-/* Runs of an OpenBLAS-vs-compiled race (even: half each). */
-#define NF_RACE_RUNS 6
-
-/* One distinct subgraph (by canonical key): the kernels that run it. */
-typedef struct nf__kent {
-  uint8_t key[32];      /* nf_graph_hash of g */
-  const nf_graph *g;    /* the first op's subgraph graph (immutable) */
-  nf_gemm_sub *gemm;    /* tier 0 through OpenBLAS, or NULL */
-  int64_t flops;        /* per run */
-  int n_ops;            /* ops running it per step */
-  int alias;            /* its ops run in place (the optimizer update) */
-  /* program thread only */
-  nf_kernel *cur;       /* compiled kernel in use, or NULL (tier 0) */
-  int cur_tier;         /* 0, 1 or 2 */
-  double cur_ms;        /* daemon-measured time of cur (0: unknown) */
-  nf_kernel *cand;      /* loaded, waiting for its canary */
-  int cand_tier;
-  uint8_t cand_sha[32];
-  double cand_ms;
-  int verified;         /* a compiled kernel passed a canary against tier 0 */
-  double run_ms;        /* time spent in it during the last step */
-  double prof_ms;       /* ... summed over the steps since the profile was reset */
-  uint8_t cur_sha[32];
-  /* Never slower than tier 0: a kernel replaces tier 0 only when it is
-   * faster here.  Its canary times both; unless the kernel is clearly
-   * faster than the interpreter, the next RACE_RUNS runs alternate
-   * between tier 0 and the kernel and the faster by median is kept
-   * (prefer_t0).  The verdict is recorded (verify.c), so a later session
-   * with the same kernel neither measures nor races again. */
-  int race_left;
-  double race_ms[2][NF_RACE_RUNS / 2]; /* [1]: tier 0, [0]: the kernel */
-  int prefer_t0;
-  int probe;            /* time the kernel's next run against tier 0's estimate */
-  double t0_ms;         /* tier 0's last measured time per run (0: unknown) */
-  double kn_ms;         /* the kernel's, as judged against t0_ms (0: unknown) */
-  double slow_ratio;    /* prefer_t0: the kernel's time over tier 0's */
-  /* under mu: 1 when the link is to ask the daemon for a faster kernel
-   * than the one (slow_sha) that ran slow_ratio times tier 0's time; 2 once
-   * asked (once per session) */
-  int ask_better;
-  uint8_t slow_sha[32];
-  /* a convolution's gathered operand shared with another entry's (the
-   * forward's and the weight gradient's im2col): the input it gathers
-   * (-1: none), the entry gathering the same cells (-1: none), and the
-   * run (run_seq) and source buffer of this entry's last gather */
-  int gather_in, gather_peer;
-  uint64_t gather_seq;
-  const void *gather_src;
-  /* GPU sessions (gpu_session.c): CUDA modules in place of cur and cand */
-  struct nf_cuda_module *gcur, *gcand; /* program thread */
-  /* under mu: the mailbox (ktable.c) */
-  void *in_obj;         /* handed over (s->dev->accept made it), or NULL */
-  int in_tier;
-  uint8_t in_sha[32];
-  double in_ms;
-  int dstate;           /* DK_* */
-  uint64_t req_id;
-  uint8_t dkey[32];     /* the key the daemon accepted it under */
-  uint32_t trial, max_trials;
-  double share_ms;      /* step time share to report */
-} nf__kent;
 
 /* A buffer of the step program. */
 typedef struct nf__slot {
@@ -135,34 +75,8 @@ typedef struct nf__param {
   float *init_data;     /* NF_INIT_FN_BUFFER: a copy */
 } nf__param;
 
-/* ---- the device interface ----
- * What differs between the devices a session trains on, as a table of
- * functions: nf__cpu_device (device_cpu.c) and nf__cuda_device
- * (gpu_session.c).  The producers of kernels (the link, the GPU
- * generator) and the kernel table reach the device only through it.  It
- * covers how a kernel arrives today; the step loop, the canary and the
- * transfers are to join it (docs/architecture.md, "Where the client goes
- * next"). */
-typedef struct nf__device {
-  const char *name; /* "cpu", "cuda" */
-  /* Checks binary bin for entry k and makes what the step boundary takes
-   * into *obj: the loaded kernel (CPU), a checked copy of the CUDA bundle
-   * (CUDA).  Any thread.  NF_OK, or an error with why in err. */
-  int (*accept)(const nf_session *s, int k, const void *bin, size_t len, void **obj,
-                nf_buf *err);
-  /* Frees what accept made that nobody took (NULL: no-op). */
-  void (*drop)(void *obj);
-  /* The architecture kernels are asked for (0: the CPU) and the device's
-   * name ("" on the CPU). */
-  int (*target)(const nf_session *s, const char **name);
-} nf__device;
-
-extern const nf__device nf__cpu_device;
-extern const nf__device nf__cuda_device;
-
 struct nf_session {
   nf_buf err;
-  const nf__device *dev; /* nf__cpu_device unless a GPU was opened */
   nf_session_opts opts;
   char *daemon_addr;
   char *daemon_key;   /* TCP key file (opts.daemon_key), NULL: the config's */
@@ -181,8 +95,7 @@ struct nf_session {
   nf__slot *slots;
   int n_ops;
   nf__op *ops;
-  int n_kents;
-  nf__kent *kents;
+  nf__ktable kt;         /* the kernel entries and their mailboxes (nf_ktable.h) */
   void *arena;
   int64_t arena_bytes;
   int n_inputs;          /* data inputs fed by the program */
@@ -219,18 +132,7 @@ struct nf_session {
   int n_verdicts;
   struct nf__verdict *verdicts;
   /* the link */
-  pthread_mutex_t mu;
-  pthread_cond_t cv;     /* a kernel arrived, or the link's state changed */
-  pthread_t link_th;
-  int link_started;
-  int link_stop;         /* under mu */
-  int link_cancel[2];    /* a pipe: written when the link must stop at
-                            once, even inside a handshake */
-  int connected;         /* under mu */
-  int link_first;        /* under mu: the first connection is still being tried
-                            (a daemon may be starting) */
-  int64_t connects;      /* under mu */
-  int64_t link_rejected; /* under mu: refused by the link (digest, key, load) */
+  struct nf__dlink *link; /* the daemon link (nf_dlink.h), or NULL */
   nf__slog log;          /* messages for the program's log callback */
 };
 
@@ -251,7 +153,7 @@ int nf__session_find_param(const nf_session *s, const char *name);
 int nf__session_is_input(const nf_graph *F, const char *name);
 int nf__session_named_add(nf__named **arr, int *n, const char *name, int slot);
 
-/* ktable.c: runs op on the CPU through its entry: the candidate's canary,
+/* kt_cpu.c: runs op on the CPU through its entry: the candidate's canary,
  * a race against tier 0, the verified kernel, or tier 0. */
 int nf__kt_run_cpu(nf_session *s, nf__op *op);
 
@@ -262,24 +164,7 @@ nf_session *nf__session_new_graph(nf_model *m, nf_graph *F, nf_ir_ctx *ctx,
                                   const nf_session_opts *o, int n_gin, const char *const *gin,
                                   int n_extra, const char *const *extra, char **err);
 
-/* dlink.c */
-int nf__dlink_start(nf_session *s);
-void nf__dlink_stop(nf_session *s);
 
-/* ktable.c: the kernel table's mailbox.  Producers on any thread (the
- * link, the GPU generator, tests) offer a kernel binary for entry k: the
- * digest and key checks, then the device's (s->dev->accept: the ELF
- * image and the kernel ABI, or the CUDA bundle's plan and architecture);
- * what passes waits in the entry's mailbox (a later offer replaces it,
- * except that a tier-0 kernel generated here never replaces the
- * daemon's).  key NULL: no key check (tests).  time_ms: the daemon's
- * measurement (0: none).  NF_OK or the reason (logged, counted). */
-int nf__kt_offer(nf_session *s, int k, const void *bin, size_t len, const uint8_t sha256[32],
-                 const uint8_t key[32], int tier, double time_ms);
-/* At a step boundary, with s->mu held: what waits in entry k's mailbox
- * (NULL: nothing), its tier, digest and time copied to k's candidate
- * fields, the mailbox emptied. */
-void *nf__kt_take_locked(nf_session *s, nf__kent *k);
 
 /* session.c: the time per kernel entry (neoflow train --profile): prints
  * one line per entry, slowest first, over the steps since the last call
@@ -334,18 +219,7 @@ const char *nf__gpu_tier0_name(const nf_session *s, const nf__kent *k);
 /* Whether kent k has a GPU kernel running or waiting. */
 int nf__gpu_has_kernel(const nf_session *s, const nf__kent *k);
 
-/* gpu_local.c: tier-0 kernels a GPU session generates itself for the
- * entries no library takes (lib[k] == 0), compiled for sm by an NVRTC
- * loaded at run time and handed over as tier 0.  note gets where those
- * entries run meanwhile, for the session's opening line.  NF_OK also
- * when there is no NVRTC (the note says so); NF_ENOMEM. */
-int nf__gpu_gen_start(nf_session *s, const uint8_t *lib, int sm, char *note, size_t note_n);
-/* Stops the thread (at its next entry) and frees it; no-op without one. */
-void nf__gpu_gen_stop(nf_session *s);
-/* Waits until the thread has gone through every entry; how many kernels
- * it handed over, how many subgraphs the backend refused, how many
- * failed, and the time spent compiling.  NF_EUNSUPPORTED: no thread. */
-int nf__gpu_gen_wait(nf_session *s, int *made, int *refused, int *failed, double *ms);
+/* gpu_local.c: nf_gpugen.h */
 
 /* verify.c */
 void nf__verified_load(nf_session *s);

@@ -59,7 +59,7 @@ int nf__tier0_run(nf_session *s, nf__kent *k, const nf__op *op, void *const *buf
    * or evaluation: within one, a buffer is written once, before its
    * first reader, and stays live (so unchanged) until its last */
   const void *src = bufs[k->gather_in];
-  const nf__kent *p = k->gather_peer >= 0 ? &s->kents[k->gather_peer] : NULL;
+  const nf__kent *p = k->gather_peer >= 0 ? &s->kt.kents[k->gather_peer] : NULL;
   int share = p && p->gather_seq == s->run_seq && p->gather_src == src;
   int rc = nf_gemm_run_shared(k->gemm, bufs, s->pool, share ? p->gemm : NULL, err);
   k->gather_seq = rc == NF_OK ? s->run_seq : 0;

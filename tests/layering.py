@@ -11,13 +11,17 @@ fail to compile; this checks what was linked:
  3. the library's contract: libneoflow-client.so uses neither stdout nor
     stderr (it reports through the session's log callback), and at most
     two of its source files read the environment (common/env.c does);
- 4. no circle among the files of the client's libraries: a file that uses
+ 4. the producers of kernels (client/dlink.c, client/gpu_local.c), the
+    mailbox (client/ktable.c) and the CPU's device entry never see the
+    session: none of them includes session_int.h (they see nf_ktable.h);
+ 5. no circle among the files of the client's libraries: a file that uses
     a function another defines while that one (directly or through
     others) uses one of its own.  CIRCLES_LEFT lists the circles known
     and accepted (none today); a new circle, or a listed one gone, fails,
     so the list stays true.
 
-Usage: layering.py BUILD_DIR.  Exit 0 when all hold, 1 with each breach
+Usage: layering.py BUILD_DIR [SOURCE_DIR] (SOURCE_DIR: BUILD_DIR/.. unless
+given; the source check 4 is skipped where it is not a NeoFlow tree).  Exit 0 when all hold, 1 with each breach
 named, 77 (skipped) without nm or readelf."""
 import os
 import shutil
@@ -30,6 +34,8 @@ DAEMON_LIBS = ['daemon/codegen/libnfcodegen.a', 'daemon/codegen/libnfcuda.a',
                'daemon/search/libnfsearch.a', 'daemon/cache/libnfcache.a',
                'daemon/libnfdaemon.a']
 FORBIDDEN_NEEDED = ['libLLVM', 'libsqlite3', 'libxgboost', 'libuv', 'libnvrtc']
+# the files that see the kernel table, never the session
+TABLE_ONLY = ['client/dlink.c', 'client/gpu_local.c', 'client/ktable.c', 'client/device_cpu.c']
 # what libneoflow-client.so is made of (client/meson.build)
 SO_LIBS = CLIENT_LIBS + ['common/libnfcommon.a', 'common/lower/libnflower.a',
                          'common/runtime/libnfruntime.a', 'proto/libnfproto.a']
@@ -126,10 +132,11 @@ def sccs(nodes, edges):
 
 
 def main():
-    if len(sys.argv) != 2:
+    if len(sys.argv) not in (2, 3):
         print(__doc__)
         return 2
     build = sys.argv[1]
+    src = sys.argv[2] if len(sys.argv) == 3 else os.path.join(build, '..')
     if not shutil.which('nm') or not shutil.which('readelf'):
         print('layering: SKIP: nm or readelf missing (binutils)')
         return 77
@@ -167,6 +174,12 @@ def main():
         hits = sorted(s for s in defined_in(path) if s in client_globals)
         for s in hits[:20]:
             bad.append(f'{exe} holds {s} of {client_globals[s]}')
+
+    for f in TABLE_ONLY:
+        path = os.path.join(src, f)
+        if os.path.exists(path) and '#include "session_int.h"' in open(path).read():
+            bad.append(f'{f} includes session_int.h: a producer sees the kernel table '
+                       '(nf_ktable.h), never the session')
 
     # circles among the client's files
     defs, uses = {}, {}

@@ -248,10 +248,10 @@ static void compile_graph(const nf_graph *g, nf_blob *so) {
 /* Compiles entry k's graph and offers it (tier 1, key unchecked). */
 static int offer_compiled(nf_session *s, int k) {
   nf_blob so = NF_BLOB_INIT;
-  compile_graph(s->kents[k].g, &so);
+  compile_graph(s->kt.kents[k].g, &so);
   uint8_t sha[32];
   crypto_hash_sha256(sha, so.data, so.len);
-  int rc = nf__kt_offer(s, k, so.data, so.len, sha, NULL, 1, 0);
+  int rc = nf__kt_offer(&s->kt, k, so.data, so.len, sha, NULL, 1, 0);
   nf_blob_free(&so);
   return rc;
 }
@@ -555,12 +555,12 @@ START_TEST(session_tiers_agree) {
   o.optim = (nf_optimizer){.kind = NF_OPTIM_SGD, .lr = 0.01, .momentum = 0.5};
   nf_session *a = open_def(m, "mlp", &o);
   nf_session *b = open_def(m, "mlp", &o);
-  ck_assert_int_eq(a->n_kents, b->n_kents);
-  int n_k = b->n_kents, n_gemm = 0;
+  ck_assert_int_eq(a->kt.n_kents, b->kt.n_kents);
+  int n_k = b->kt.n_kents, n_gemm = 0;
   for (int k = 0; k < n_k; k++) {
     int rc = offer_compiled(b, k);
     ck_assert_msg(rc == NF_OK, "offer %d: %s: %s", k, nf_strerror(rc), session_log(b));
-    n_gemm += b->kents[k].gemm != NULL;
+    n_gemm += b->kt.kents[k].gemm != NULL;
   }
   ck_assert_int_gt(n_gemm, 0);
   nf_session_stats st = stats(b);
@@ -582,9 +582,9 @@ START_TEST(session_tiers_agree) {
       ck_assert_int_eq(st.trusted, 0);
       ck_assert_int_eq(st.blas, st.blas_kept);
       for (int k = 0; k < n_k; k++) {
-        ck_assert_ptr_nonnull(b->kents[k].cur);
-        ck_assert_ptr_null(b->kents[k].cand);
-        ck_assert_int_eq(b->kents[k].cur_tier, 1);
+        ck_assert_ptr_nonnull(b->kt.kents[k].cur);
+        ck_assert_ptr_null(b->kt.kents[k].cand);
+        ck_assert_int_eq(b->kt.kents[k].cur_tier, 1);
       }
       /* the reference produced step 1's results */
       ck_assert_msg(la[0] == lb[0], "step 1: loss %.9g at tier 0, %.9g with canaries", la[0],
@@ -645,12 +645,12 @@ static void offer_scheduled(nf_session *s, int k, const nf_schedule *sch, uint8_
   nf_lprog *p = NULL;
   nf_cpu_target tgt = {NULL, NULL, NULL, 0};
   nf_blob so = NF_BLOB_INIT;
-  int rc = nf_lower(s->kents[k].g, sch, pctx, &p, &err);
+  int rc = nf_lower(s->kt.kents[k].g, sch, pctx, &p, &err);
   ck_assert_msg(rc == NF_OK, "lower: %s", nf_buf_str(&err));
   rc = nf_cpu_compile(p, &tgt, &so, NULL, &err);
   ck_assert_msg(rc == NF_OK, "compile: %s", nf_buf_str(&err));
   crypto_hash_sha256(sha, so.data, so.len);
-  rc = nf__kt_offer(s, k, so.data, so.len, sha, NULL, 1, 0);
+  rc = nf__kt_offer(&s->kt, k, so.data, so.len, sha, NULL, 1, 0);
   ck_assert_msg(rc == NF_OK, "offer: %s: %s", nf_strerror(rc), session_log(s));
   nf_blob_free(&so);
   nf_buf_free(&err);
@@ -660,9 +660,9 @@ static void offer_scheduled(nf_session *s, int k, const nf_schedule *sch, uint8_
 /* Entry of s whose tier 0 is OpenBLAS and whose graph computes Y (the
  * forward product). */
 static int forward_gemm_entry(const nf_session *s) {
-  for (int k = 0; k < s->n_kents; k++) {
-    const nf_graph *g = s->kents[k].g;
-    if (!s->kents[k].gemm) continue;
+  for (int k = 0; k < s->kt.n_kents; k++) {
+    const nf_graph *g = s->kt.kents[k].g;
+    if (!s->kt.kents[k].gemm) continue;
     for (uint32_t o = 0; o < g->n_outputs; o++)
       if (!strcmp(g->tensors[g->outputs[o]].name, "Y")) return k;
   }
@@ -712,9 +712,9 @@ START_TEST(session_slow_kernel_keeps_tier0) {
                 (long long)st.swaps, (long long)st.rejected, session_log(a));
   /* the canary alone never condemns a kernel: a race follows, and stops
    * after two pairs of runs that far apart */
-  ck_assert_int_eq(a->kents[k].race_left, NF_RACE_RUNS);
+  ck_assert_int_eq(a->kt.kents[k].race_left, NF_RACE_RUNS);
   int steps = 1;
-  while (a->kents[k].race_left > 0 && steps < 10) {
+  while (a->kt.kents[k].race_left > 0 && steps < 10) {
     step(a);
     steps++;
   }
@@ -723,9 +723,9 @@ START_TEST(session_slow_kernel_keeps_tier0) {
   ck_assert_msg(st.tier0_kept == 1 && st.blas_kept == 1 && st.tier1 == 0,
                 "kept %d/%d, tier1 %d: the slow kernel replaced OpenBLAS: %s", st.tier0_kept,
                 st.blas_kept, st.tier1, session_log(a));
-  ck_assert_int_eq(a->kents[k].prefer_t0, 1);
-  ck_assert_msg(a->kents[k].slow_ratio > 3, "ratio %g", a->kents[k].slow_ratio);
-  ck_assert_int_eq(a->kents[k].ask_better, 1);
+  ck_assert_int_eq(a->kt.kents[k].prefer_t0, 1);
+  ck_assert_msg(a->kt.kents[k].slow_ratio > 3, "ratio %g", a->kt.kents[k].slow_ratio);
+  ck_assert_int_eq(a->kt.kents[k].ask_better, 1);
   ck_assert_ptr_nonnull(strstr(session_log(a), "slower than OpenBLAS"));
   /* later steps stay on OpenBLAS */
   for (int i = 0; i < 3; i++) step(a);
@@ -735,7 +735,7 @@ START_TEST(session_slow_kernel_keeps_tier0) {
   ck_assert_int_eq(stat(speed, &sb), 0);
   ck_assert_int_eq(sb.st_size, 96);
   ck_assert_int_eq(sb.st_mode & 0777, 0600);
-  const nf__verdict *v = nf__verdict_get(a, a->kents[k].key, sha);
+  const nf__verdict *v = nf__verdict_get(a, a->kt.kents[k].key, sha);
   ck_assert_ptr_nonnull(v);
   ck_assert_int_eq(v->flags, NF__VERDICT_SLOWER | NF__VERDICT_RACED);
   ck_assert(v->kernel_ms > 3 * v->tier0_ms);
@@ -752,9 +752,9 @@ START_TEST(session_slow_kernel_keeps_tier0) {
   ck_assert_msg(st.trusted == 1 && st.remembered == 1, "trusted %lld, remembered %lld: %s",
                 (long long)st.trusted, (long long)st.remembered, session_log(b));
   ck_assert_int_eq(st.tier0_kept, 1);
-  ck_assert_int_eq(b->kents[k].race_left, 0);
-  ck_assert_int_eq(b->kents[k].probe, 0);
-  ck_assert_int_eq(b->kents[k].ask_better, 1);
+  ck_assert_int_eq(b->kt.kents[k].race_left, 0);
+  ck_assert_int_eq(b->kt.kents[k].probe, 0);
+  ck_assert_int_eq(b->kt.kents[k].ask_better, 1);
   ck_assert_ptr_nonnull(strstr(session_log(b), "ran"));
   nf_session_free(b);
 
@@ -776,13 +776,13 @@ START_TEST(session_slow_kernel_keeps_tier0) {
   close(fd);
   o.threads = 1;
   nf_session *d = open_def(m, "slowm", &o);
-  ck_assert_ptr_nonnull(nf__verdict_get(d, d->kents[k].key, sha));
-  nf__verdict_put(d, d->kents[k].key, sha, 1.0, 2.0, 0); /* overrules: faster */
+  ck_assert_ptr_nonnull(nf__verdict_get(d, d->kt.kents[k].key, sha));
+  nf__verdict_put(d, d->kt.kents[k].key, sha, 1.0, 2.0, 0); /* overrules: faster */
   nf_session_free(d);
   /* a loss found while the daemon worked beside the race is raced again */
   {
     nf_session *f = open_def(m, "slowm", &o);
-    nf__verdict_put(f, f->kents[k].key, sha, 9.0, 1.0,
+    nf__verdict_put(f, f->kt.kents[k].key, sha, 9.0, 1.0,
                     NF__VERDICT_SLOWER | NF__VERDICT_RACED | NF__VERDICT_BUSY);
     nf_session_free(f);
     nf_session *g = open_def(m, "slowm", &o);
@@ -790,16 +790,16 @@ START_TEST(session_slow_kernel_keeps_tier0) {
     feed(g, "X", X, xbytes);
     step(g);
     ck_assert_int_eq(stats(g).remembered, 0);
-    ck_assert_int_gt(g->kents[k].race_left, 0);
+    ck_assert_int_gt(g->kt.kents[k].race_left, 0);
     nf_session_free(g);
     nf_session *h = open_def(m, "slowm", &o);
-    nf__verdict_put(h, h->kents[k].key, sha, 1.0, 2.0, 0);
+    nf__verdict_put(h, h->kt.kents[k].key, sha, 1.0, 2.0, 0);
     nf_session_free(h);
   }
   ck_assert_int_eq(stat(speed, &sb), 0);
   ck_assert_int_eq(sb.st_size % 96, 0);
   nf_session *e = open_def(m, "slowm", &o);
-  v = nf__verdict_get(e, e->kents[k].key, sha);
+  v = nf__verdict_get(e, e->kt.kents[k].key, sha);
   ck_assert_ptr_nonnull(v);
   ck_assert_int_eq(v->flags & NF__VERDICT_SLOWER, 0);
   nf_session_free(e);
@@ -821,30 +821,30 @@ START_TEST(session_fast_kernel_verdict) {
   int kept_total = 0, judged = 0;
   uint8_t shas[64][32];
   nf_session *a = open_def(m, "slowm", &o);
-  ck_assert_int_le(a->n_kents, 64);
-  for (int k = 0; k < a->n_kents; k++)
-    if (!a->kents[k].gemm) offer_scheduled(a, k, NULL, shas[k]);
+  ck_assert_int_le(a->kt.n_kents, 64);
+  for (int k = 0; k < a->kt.n_kents; k++)
+    if (!a->kt.kents[k].gemm) offer_scheduled(a, k, NULL, shas[k]);
   feed(a, "X", X, xbytes);
   for (int i = 0; i < 8; i++) step(a); /* canaries, then any race to its end */
-  for (int k = 0; k < a->n_kents; k++) {
-    if (a->kents[k].gemm) continue;
-    ck_assert_int_eq(a->kents[k].race_left, 0);
-    kept_total += a->kents[k].prefer_t0;
-    judged += nf__verdict_get(a, a->kents[k].key, shas[k]) != NULL;
+  for (int k = 0; k < a->kt.n_kents; k++) {
+    if (a->kt.kents[k].gemm) continue;
+    ck_assert_int_eq(a->kt.kents[k].race_left, 0);
+    kept_total += a->kt.kents[k].prefer_t0;
+    judged += nf__verdict_get(a, a->kt.kents[k].key, shas[k]) != NULL;
   }
   ck_assert_int_gt(judged, 0);
   ck_assert_msg(kept_total == 0, "%d default kernels lost to the interpreter: %s", kept_total,
                 session_log(a));
   nf_session_free(a);
   nf_session *b = open_def(m, "slowm", &o);
-  for (int k = 0; k < b->n_kents; k++)
-    if (!b->kents[k].gemm) offer_scheduled(b, k, NULL, shas[k]);
+  for (int k = 0; k < b->kt.n_kents; k++)
+    if (!b->kt.kents[k].gemm) offer_scheduled(b, k, NULL, shas[k]);
   feed(b, "X", X, xbytes);
   step(b);
   nf_session_stats st = stats(b);
   ck_assert_int_eq(st.remembered, judged);
   ck_assert_int_eq(st.tier0_kept, 0);
-  for (int k = 0; k < b->n_kents; k++) ck_assert_int_eq(b->kents[k].race_left, 0);
+  for (int k = 0; k < b->kt.n_kents; k++) ck_assert_int_eq(b->kt.kents[k].race_left, 0);
   nf_session_free(b);
   nf_model_free(m);
   verdict_cleanup(dir, rec, speed);
@@ -863,8 +863,8 @@ START_TEST(session_corrupted_kernel_rejected) {
   /* an entry of one op that runs in the interpreter at tier 0 gets a
    * verified compiled kernel, then the attacks */
   int k = -1;
-  for (int i = 0; i < s->n_kents && k < 0; i++)
-    if (!s->kents[i].alias && !s->kents[i].gemm && s->kents[i].n_ops == 1) k = i;
+  for (int i = 0; i < s->kt.n_kents && k < 0; i++)
+    if (!s->kt.kents[i].alias && !s->kt.kents[i].gemm && s->kt.kents[i].n_ops == 1) k = i;
   ck_assert_int_ge(k, 0);
   int rc = offer_compiled(s, k);
   ck_assert_msg(rc == NF_OK, "offer: %s: %s", nf_strerror(rc), session_log(s));
@@ -877,20 +877,20 @@ START_TEST(session_corrupted_kernel_rejected) {
   ck_assert_int_eq(st.rejected, 0);
   /* its kernel, or the interpreter where that ran faster (a tiny op) */
   ck_assert_int_eq(st.tier1 + st.tier0_kept, 1);
-  nf_kernel *cur = s->kents[k].cur;
+  nf_kernel *cur = s->kt.kents[k].cur;
   ck_assert_ptr_nonnull(cur);
-  ck_assert_int_eq(s->kents[k].cur_tier, 1);
+  ck_assert_int_eq(s->kt.kents[k].cur_tier, 1);
 
   nf_blob so = NF_BLOB_INIT;
-  compile_graph(s->kents[k].g, &so);
+  compile_graph(s->kt.kents[k].g, &so);
   uint8_t sha[32];
   /* (a) the digest announced is not the bytes' */
   crypto_hash_sha256(sha, so.data, so.len);
   sha[7] ^= 0x20;
-  rc = nf__kt_offer(s, k, so.data, so.len, sha, NULL, 2, 0);
+  rc = nf__kt_offer(&s->kt, k, so.data, so.len, sha, NULL, 2, 0);
   ck_assert_int_eq(rc, NF_EFORMAT);
   ck_assert_int_eq(stats(s).rejected, 1);
-  ck_assert_ptr_null(s->kents[k].in_obj);
+  ck_assert_ptr_null(s->kt.kents[k].in_obj);
   ck_assert_msg(strstr(session_log(s), "SHA-256") != NULL, "log: %s", session_log(s));
   /* (b) a damaged ELF header, with the digest of the damaged bytes */
   uint8_t *bad = malloc(so.len);
@@ -899,29 +899,29 @@ START_TEST(session_corrupted_kernel_rejected) {
   ck_assert(bad[0] == 0x7f && bad[1] == 'E' && bad[2] == 'L' && bad[3] == 'F');
   bad[1] = 'X';
   crypto_hash_sha256(sha, bad, so.len);
-  rc = nf__kt_offer(s, k, bad, so.len, sha, NULL, 2, 0);
+  rc = nf__kt_offer(&s->kt, k, bad, so.len, sha, NULL, 2, 0);
   ck_assert_msg(rc == NF_EFORMAT, "damaged ELF: %s", nf_strerror(rc));
   ck_assert_int_eq(stats(s).rejected, 2);
-  ck_assert_ptr_null(s->kents[k].in_obj);
+  ck_assert_ptr_null(s->kt.kents[k].in_obj);
   /* ... and a valid header on a truncated image */
   memcpy(bad, so.data, so.len);
   crypto_hash_sha256(sha, bad, so.len / 3);
-  rc = nf__kt_offer(s, k, bad, so.len / 3, sha, NULL, 2, 0);
+  rc = nf__kt_offer(&s->kt, k, bad, so.len / 3, sha, NULL, 2, 0);
   ck_assert_msg(rc != NF_OK, "truncated ELF accepted");
   ck_assert_int_eq(stats(s).rejected, 3);
-  ck_assert_ptr_null(s->kents[k].in_obj);
+  ck_assert_ptr_null(s->kt.kents[k].in_obj);
   free(bad);
   nf_blob_free(&so);
   /* (c) a valid kernel of another graph with the same buffers: it loads,
    * and its canary at the next step refuses it */
   nf_ir_ctx *wctx = nf_ir_ctx_new();
-  nf_graph *w = wrong_twin(wctx, s->kents[k].g);
+  nf_graph *w = wrong_twin(wctx, s->kt.kents[k].g);
   compile_graph(w, &so);
   crypto_hash_sha256(sha, so.data, so.len);
-  rc = nf__kt_offer(s, k, so.data, so.len, sha, NULL, 2, 0);
+  rc = nf__kt_offer(&s->kt, k, so.data, so.len, sha, NULL, 2, 0);
   ck_assert_msg(rc == NF_OK, "the wrong kernel should load: %s: %s", nf_strerror(rc),
                 session_log(s));
-  ck_assert_ptr_nonnull(s->kents[k].in_obj);
+  ck_assert_ptr_nonnull(s->kt.kents[k].in_obj);
   nf_blob_free(&so);
   st = stats(s);
   ck_assert_int_eq(st.rejected, 3);
@@ -931,10 +931,10 @@ START_TEST(session_corrupted_kernel_rejected) {
   st = stats(s);
   ck_assert_msg(st.rejected == 4, "rejected %lld: %s", (long long)st.rejected, session_log(s));
   ck_assert_int_eq(st.swaps, 1);
-  ck_assert_ptr_eq(s->kents[k].cur, cur);
-  ck_assert_int_eq(s->kents[k].cur_tier, 1);
-  ck_assert_ptr_null(s->kents[k].cand);
-  ck_assert_ptr_null(s->kents[k].in_obj);
+  ck_assert_ptr_eq(s->kt.kents[k].cur, cur);
+  ck_assert_int_eq(s->kt.kents[k].cur_tier, 1);
+  ck_assert_ptr_null(s->kt.kents[k].cand);
+  ck_assert_ptr_null(s->kt.kents[k].in_obj);
   ck_assert_int_eq(st.tier1 + st.tier0_kept, 1);
   ck_assert_int_eq(st.tier2, 0);
   ck_assert_msg(strstr(session_log(s), "differ from the reference") != NULL, "log: %s",
@@ -945,7 +945,7 @@ START_TEST(session_corrupted_kernel_rejected) {
   mlp_feed(ref, d, 2);
   double l2 = step(s), r2 = step(ref);
   ck_assert_msg(fabs(l2 - r2) <= 1e-5 * fabs(r2), "step 3: %.9g vs tier 0 %.9g", l2, r2);
-  ck_assert_ptr_eq(s->kents[k].cur, cur);
+  ck_assert_ptr_eq(s->kt.kents[k].cur, cur);
   ck_assert_int_eq(stats(s).rejected, 4);
   nf_ir_ctx_free(wctx);
   nf_session_free(s);
@@ -1640,7 +1640,7 @@ START_TEST(session_gpu_emulated) {
   o.device = "cuda";
   nf_session *b = open_def(m, "mlp", &o);
   ck_assert_ptr_nonnull(b->gpu);
-  int n_k = b->n_kents;
+  int n_k = b->kt.n_kents;
   /* the same on the GPU without a daemon: tier 0 throughout, plain
    * products on cuBLAS (the emulated one here), the rest on the host */
   nf_session_opts oc = o;
@@ -1665,7 +1665,7 @@ START_TEST(session_gpu_emulated) {
                     "swaps %lld of %d, rejected %lld, tier1 %d (see %s): %s",
                     (long long)st.swaps, n_k, (long long)st.rejected, st.tier1, d.log,
                     session_log(b));
-      for (int k = 0; k < n_k; k++) ck_assert_ptr_nonnull(b->kents[k].gcur);
+      for (int k = 0; k < n_k; k++) ck_assert_ptr_nonnull(b->kt.kents[k].gcur);
       /* step 1's results came from the reference */
       ck_assert_msg(la[0] == lb[0], "step 1: loss %.9g on the CPU, %.9g on the GPU", la[0],
                     lb[0]);
@@ -1807,8 +1807,8 @@ END_TEST
 /* The first entry of GPU session g running a kernel it generated itself. */
 static int generated_entry(const nf_session *g) {
   int k = 0;
-  while (k < g->n_kents && !(g->kents[k].gcur && g->kents[k].cur_tier == 0)) k++;
-  ck_assert_int_lt(k, g->n_kents);
+  while (k < g->kt.n_kents && !(g->kt.kents[k].gcur && g->kt.kents[k].cur_tier == 0)) k++;
+  ck_assert_int_lt(k, g->kt.n_kents);
   return k;
 }
 
@@ -1816,12 +1816,12 @@ static int generated_entry(const nf_session *g) {
  * schedule, compiled for g's device) into *bun, with its digest. */
 static void default_gpu_bundle(const nf_session *g, int k, nf_buf *bun, uint8_t sha[32]) {
   nf_schedule *sch = NULL;
-  ck_assert_int_eq(nf_schedule_default_gpu(g->kents[k].g, NF_GPU_DEFAULT_THREADS, &sch), NF_OK);
+  ck_assert_int_eq(nf_schedule_default_gpu(g->kt.kents[k].g, NF_GPU_DEFAULT_THREADS, &sch), NF_OK);
   nf_ir_ctx *ctx = nf_ir_ctx_new();
   nf_lprog *p = NULL;
   nf_buf err = NF_BUF_INIT;
-  ck_assert_int_eq(nf_lower(g->kents[k].g, sch, ctx, &p, &err), NF_OK);
-  ck_assert_msg(nf_cuda_compile_bundle(p, g->dev->target(g, NULL), bun, NULL, &err) == NF_OK, "%s",
+  ck_assert_int_eq(nf_lower(g->kt.kents[k].g, sch, ctx, &p, &err), NF_OK);
+  ck_assert_msg(nf_cuda_compile_bundle(p, g->kt.dev->target(&g->kt, NULL), bun, NULL, &err) == NF_OK, "%s",
                 nf_buf_str(&err));
   crypto_hash_sha256(sha, (const uint8_t *)bun->data, bun->len);
   nf_buf_free(&err);
@@ -1857,8 +1857,8 @@ START_TEST(session_gpu_graphs) {
     nf_session *l = open_def(m, "mlp", &o);
     unsetenv("NEOFLOW_GPU_GRAPHS");
     ck_assert(g->gpu && l->gpu);
-    if (nf__gpu_gen_wait(g, NULL, NULL, NULL, NULL) != NF_OK ||
-        nf__gpu_gen_wait(l, NULL, NULL, NULL, NULL) != NF_OK) {
+    if (nf__gpu_gen_wait(g->gen, NULL, NULL, NULL, NULL) != NF_OK ||
+        nf__gpu_gen_wait(l->gen, NULL, NULL, NULL, NULL) != NF_OK) {
       fprintf(stderr, "session_gpu_graphs: skipped: no NVRTC to load\n");
       nf_session_free(g);
       nf_session_free(l);
@@ -1895,8 +1895,8 @@ START_TEST(session_gpu_graphs) {
       nf_buf bun = NF_BUF_INIT;
       uint8_t sha[32];
       default_gpu_bundle(g, k, &bun, sha);
-      ck_assert_int_eq(nf__kt_offer(g, k, bun.data, bun.len, sha, NULL, 1, 0), NF_OK);
-      ck_assert_int_eq(nf__kt_offer(l, k, bun.data, bun.len, sha, NULL, 1, 0), NF_OK);
+      ck_assert_int_eq(nf__kt_offer(&g->kt, k, bun.data, bun.len, sha, NULL, 1, 0), NF_OK);
+      ck_assert_int_eq(nf__kt_offer(&l->kt, k, bun.data, bun.len, sha, NULL, 1, 0), NF_OK);
       for (int i = 12; i < 18; i++) {
         mlp_feed(g, data, i % MLP_POOL);
         mlp_feed(l, data, i % MLP_POOL);
@@ -1963,7 +1963,7 @@ START_TEST(session_gpu_generated) {
   ck_assert_ptr_nonnull(g->gpu);
   int made = 0, refused = 0, failed = 0;
   double ms = 0;
-  if (nf__gpu_gen_wait(g, &made, &refused, &failed, &ms) != NF_OK) {
+  if (nf__gpu_gen_wait(g->gen, &made, &refused, &failed, &ms) != NF_OK) {
     fprintf(stderr, "session_gpu_generated: skipped: no NVRTC to load (%s)\n", session_log(g));
     nf_session_free(g);
     nf_session_free(a);
@@ -1972,9 +1972,9 @@ START_TEST(session_gpu_generated) {
     return;
   }
   int n_lib = nf__gpu_blas_entries(g) + nf__gpu_dnn_entries(g);
-  ck_assert_msg(failed == 0 && refused == 0 && made == g->n_kents - n_lib,
+  ck_assert_msg(failed == 0 && refused == 0 && made == g->kt.n_kents - n_lib,
                 "generated %d, refused %d, failed %d of %d entries (%d on libraries): %s", made,
-                refused, failed, g->n_kents, n_lib, session_log(g));
+                refused, failed, g->kt.n_kents, n_lib, session_log(g));
   ck_assert_int_gt(made, 0);
   fprintf(stderr, "session_gpu_generated: %d kernels generated in %.0f ms\n", made, ms);
   double la[3];
@@ -2008,17 +2008,17 @@ START_TEST(session_gpu_generated) {
   nf_buf bun = NF_BUF_INIT;
   uint8_t sha[32];
   default_gpu_bundle(g, k, &bun, sha);
-  ck_assert_int_eq(nf__kt_offer(g, k, bun.data, bun.len, sha, NULL, 1, 0), NF_OK);
+  ck_assert_int_eq(nf__kt_offer(&g->kt, k, bun.data, bun.len, sha, NULL, 1, 0), NF_OK);
   mlp_feed(g, data, 0);
   step(g);
   nf_session_stats st = stats(g);
-  ck_assert_msg(st.tier1 == 1 && st.generated == made - 1 && g->kents[k].cur_tier == 1,
+  ck_assert_msg(st.tier1 == 1 && st.generated == made - 1 && g->kt.kents[k].cur_tier == 1,
                 "tier1 %d, generated %d: %s", st.tier1, st.generated, session_log(g));
-  ck_assert_int_eq(nf__kt_offer(g, k, bun.data, bun.len, sha, NULL, 0, 0), NF_OK);
+  ck_assert_int_eq(nf__kt_offer(&g->kt, k, bun.data, bun.len, sha, NULL, 0, 0), NF_OK);
   mlp_feed(g, data, 0);
   step(g);
   st = stats(g);
-  ck_assert_msg(st.tier1 == 1 && st.generated == made - 1 && g->kents[k].cur_tier == 1,
+  ck_assert_msg(st.tier1 == 1 && st.generated == made - 1 && g->kt.kents[k].cur_tier == 1,
                 "after a late generated kernel: tier1 %d, generated %d", st.tier1, st.generated);
   nf_buf_free(&bun);
   nf_session_free(g);
@@ -2026,7 +2026,7 @@ START_TEST(session_gpu_generated) {
   setenv("NEOFLOW_LIBNVRTC", "/nonexistent/libnvrtc.so", 1);
   g = open_def(m, "mlp", &o);
   ck_assert_ptr_nonnull(g->gpu);
-  ck_assert_int_eq(nf__gpu_gen_wait(g, NULL, NULL, NULL, NULL), NF_EUNSUPPORTED);
+  ck_assert_int_eq(nf__gpu_gen_wait(g->gen, NULL, NULL, NULL, NULL), NF_EUNSUPPORTED);
   mlp_feed(g, data, 0);
   nf_session_free(a);
   nf_session_opts oc = o;

@@ -1,0 +1,147 @@
+/* nf_ktable.h - the kernel table of a session (ktable.c): one entry per
+ * distinct subgraph with the kernels that run it, each entry's mailbox,
+ * and the state the producers of kernels share with the program's
+ * thread.  The producers (the daemon link, dlink.c; the GPU generator,
+ * gpu_local.c) see this table and the device table, never the session.
+ *
+ * Threads: the program's thread runs steps and is the only one that
+ * touches the kernels in use (cur, cand, gcur, gcand); the fields marked
+ * "under mu" are shared with the producers under the table's mu. */
+#ifndef NF_KTABLE_H
+#define NF_KTABLE_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nf_buf.h"
+#include "nf_gemm.h"
+#include "nf_ir.h"
+#include "nf_runtime.h"
+#include "nf_slog.h"
+
+struct nf_cuda_module;
+
+/* Kernel state as the daemon reports it (kent.dstate). */
+enum { DK_NONE = 0, DK_SUBMITTED, DK_ACCEPTED, DK_FINAL, DK_FAILED };
+
+/* Runs of an OpenBLAS-vs-compiled race (even: half each). */
+#define NF_RACE_RUNS 6
+
+/* One distinct subgraph (by canonical key): the kernels that run it. */
+typedef struct nf__kent {
+  uint8_t key[32];      /* nf_graph_hash of g */
+  const nf_graph *g;    /* the first op's subgraph graph (immutable) */
+  nf_gemm_sub *gemm;    /* tier 0 through OpenBLAS, or NULL */
+  int64_t flops;        /* per run */
+  int n_ops;            /* ops running it per step */
+  int alias;            /* its ops run in place (the optimizer update) */
+  /* program thread only */
+  nf_kernel *cur;       /* compiled kernel in use, or NULL (tier 0) */
+  int cur_tier;         /* 0, 1 or 2 */
+  double cur_ms;        /* daemon-measured time of cur (0: unknown) */
+  nf_kernel *cand;      /* loaded, waiting for its canary */
+  int cand_tier;
+  uint8_t cand_sha[32];
+  double cand_ms;
+  int verified;         /* a compiled kernel passed a canary against tier 0 */
+  double run_ms;        /* time spent in it during the last step */
+  double prof_ms;       /* ... summed over the steps since the profile was reset */
+  uint8_t cur_sha[32];
+  /* Never slower than tier 0: a kernel replaces tier 0 only when it is
+   * faster here.  Its canary times both; unless the kernel is clearly
+   * faster than the interpreter, the next RACE_RUNS runs alternate
+   * between tier 0 and the kernel and the faster by median is kept
+   * (prefer_t0).  The verdict is recorded (verify.c), so a later session
+   * with the same kernel neither measures nor races again. */
+  int race_left;
+  double race_ms[2][NF_RACE_RUNS / 2]; /* [1]: tier 0, [0]: the kernel */
+  int prefer_t0;
+  int probe;            /* time the kernel's next run against tier 0's estimate */
+  double t0_ms;         /* tier 0's last measured time per run (0: unknown) */
+  double kn_ms;         /* the kernel's, as judged against t0_ms (0: unknown) */
+  double slow_ratio;    /* prefer_t0: the kernel's time over tier 0's */
+  /* under mu: 1 when the link is to ask the daemon for a faster kernel
+   * than the one (slow_sha) that ran slow_ratio times tier 0's time; 2 once
+   * asked (once per session) */
+  int ask_better;
+  uint8_t slow_sha[32];
+  /* a convolution's gathered operand shared with another entry's (the
+   * forward's and the weight gradient's im2col): the input it gathers
+   * (-1: none), the entry gathering the same cells (-1: none), and the
+   * run (run_seq) and source buffer of this entry's last gather */
+  int gather_in, gather_peer;
+  uint64_t gather_seq;
+  const void *gather_src;
+  /* GPU sessions (gpu_session.c): CUDA modules in place of cur and cand */
+  struct nf_cuda_module *gcur, *gcand; /* program thread */
+  /* under mu: the mailbox (ktable.c) */
+  void *in_obj;         /* handed over (s->dev->accept made it), or NULL */
+  int in_tier;
+  uint8_t in_sha[32];
+  double in_ms;
+  int dstate;           /* DK_* */
+  uint64_t req_id;
+  uint8_t dkey[32];     /* the key the daemon accepted it under */
+  uint32_t trial, max_trials;
+  double share_ms;      /* step time share to report */
+} nf__kent;
+
+/* ---- the device interface ----
+ * What differs between the devices a session trains on, as a table of
+ * functions: nf__cpu_device (device_cpu.c) and nf__cuda_device
+ * (gpu_session.c).  The producers of kernels (the link, the GPU
+ * generator) and the kernel table reach the device only through it.  It
+ * covers how a kernel arrives today; the step loop, the canary and the
+ * transfers are to join it (docs/architecture.md, "Where the client goes
+ * next"). */
+typedef struct nf__ktable nf__ktable;
+typedef struct nf__device {
+  const char *name; /* "cpu", "cuda" */
+  /* Checks binary bin for entry k of kt and makes what the step boundary
+   * takes into *obj: the loaded kernel (CPU), a checked copy of the CUDA
+   * bundle (CUDA; kt->dev_ctx is the GPU's state).  Any thread.  NF_OK, or
+   * an error with why in err. */
+  int (*accept)(const nf__ktable *kt, int k, const void *bin, size_t len, void **obj,
+                nf_buf *err);
+  /* Frees what accept made that nobody took (NULL: no-op). */
+  void (*drop)(void *obj);
+  /* The architecture kernels are asked for (0: the CPU) and the device's
+   * name ("" on the CPU). */
+  int (*target)(const nf__ktable *kt, const char **name);
+} nf__device;
+
+extern const nf__device nf__cpu_device;
+extern const nf__device nf__cuda_device;
+
+struct nf__ktable {
+  int n_kents;
+  nf__kent *kents;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;      /* a kernel arrived, or the link's state changed */
+  const nf__device *dev;  /* nf__cpu_device unless a GPU was opened */
+  void *dev_ctx;          /* the device's state (the GPU's struct nf__gpu) */
+  nf__slog *log;          /* the session's messages */
+  int connected;          /* under mu */
+  int link_first;         /* under mu: the first connection is still being
+                             tried (a daemon may be starting) */
+  int64_t connects;       /* under mu */
+  int64_t link_rejected;  /* under mu: refused by the link (digest, key, load) */
+};
+
+/* ktable.c: the kernel table's mailbox.  Producers on any thread (the
+ * link, the GPU generator, tests) offer a kernel binary for entry k: the
+ * digest and key checks, then the device's (kt->dev->accept: the ELF
+ * image and the kernel ABI, or the CUDA bundle's plan and architecture);
+ * what passes waits in the entry's mailbox (a later offer replaces it,
+ * except that a tier-0 kernel generated here never replaces the
+ * daemon's).  key NULL: no key check (tests).  time_ms: the daemon's
+ * measurement (0: none).  NF_OK or the reason (logged, counted). */
+int nf__kt_offer(nf__ktable *kt, int k, const void *bin, size_t len, const uint8_t sha256[32],
+                 const uint8_t key[32], int tier, double time_ms);
+/* At a step boundary, with kt->mu held: what waits in entry k's mailbox
+ * (NULL: nothing), its tier, digest and time copied to k's candidate
+ * fields, the mailbox emptied. */
+void *nf__kt_take_locked(nf__ktable *kt, nf__kent *k);
+
+#endif
