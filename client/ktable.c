@@ -40,7 +40,7 @@ int nf__kt_offer(nf__ktable *kt, int k, const void *bin, size_t len, const uint8
   pthread_mutex_lock(&kt->mu);
   if (rc != NF_OK) {
     kt->link_rejected++;
-  } else if (tier == 0 && e->in_obj) {
+  } else if (tier == 0 && e->in_obj && e->in_tier > 0) {
     kt->dev->drop(obj); /* generated here (gpu_local.c): the daemon's kernel came first */
   } else {
     kt->dev->drop(e->in_obj);

@@ -134,8 +134,8 @@ struct nf__ktable {
  * digest and key checks, then the device's (kt->dev->accept: the ELF
  * image and the kernel ABI, or the CUDA bundle's plan and architecture);
  * what passes waits in the entry's mailbox (a later offer replaces it,
- * except that a tier-0 kernel generated here never replaces the
- * daemon's).  key NULL: no key check (tests).  time_ms: the daemon's
+ * except that a tier-0 kernel generated here never replaces one of the
+ * daemon's waiting there).  key NULL: no key check (tests).  time_ms: the daemon's
  * measurement (0: none).  NF_OK or the reason (logged, counted). */
 int nf__kt_offer(nf__ktable *kt, int k, const void *bin, size_t len, const uint8_t sha256[32],
                  const uint8_t key[32], int tier, double time_ms);

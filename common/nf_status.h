@@ -42,14 +42,22 @@ __attribute__((visibility("default"))) const char *nf_strerror(int status);
 
 /* NF_ASSERT guards the code's own invariants only (never user input).  It
  * is always on (NDEBUG or not) and aborts through the C library's own
- * assertion report (file, line, function, condition), so that the
- * libraries hold no printing of their own. */
+ * assertion report (file, line, function, condition) where that is
+ * glibc's __assert_fail, else silently, so that the libraries hold no
+ * printing of their own. */
+#if defined(__GLIBC__)
 extern void __assert_fail(const char *assertion, const char *file, unsigned int line,
                           const char *function) __attribute__((__noreturn__));
 #define NF_ASSERT(cond)                                                   \
   do {                                                                    \
     if (!(cond)) __assert_fail(#cond, __FILE__, __LINE__, __func__);      \
   } while (0)
+#else
+#define NF_ASSERT(cond)                                                   \
+  do {                                                                    \
+    if (!(cond)) abort();                                                 \
+  } while (0)
+#endif
 
 #if defined(__GNUC__)
 #define NF_PRINTF(a, b) __attribute__((format(printf, a, b)))

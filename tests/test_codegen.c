@@ -869,6 +869,23 @@ START_TEST(codegen_bad_programs) {
 }
 END_TEST
 
+/* The default schedule's target from a compile target: its features; the
+ * host's without any (no CPU named, or the host's name); AVX2's 16
+ * registers for another CPU named without features. */
+START_TEST(codegen_sched_target) {
+  nf_cpu_target f = {NULL, "skylake-avx512", "+avx2,+avx512f", 0};
+  ck_assert_int_eq(nf_cpu_sched_target(&f).vector_regs, 32);
+  nf_cpu_target g = {NULL, NULL, "+avx2,-avx512f", 0};
+  ck_assert_int_eq(nf_cpu_sched_target(&g).vector_regs, 16);
+  nf_cpu_target other = {NULL, "x86-64-v3", NULL, 0};
+  ck_assert_int_eq(nf_cpu_sched_target(&other).vector_regs, 16);
+  nf_cpu_target none = {NULL, NULL, NULL, 0};
+  int host = nf_cpu_sched_target(&none).vector_regs;
+  ck_assert(host == 16 || host == 32);
+  ck_assert_int_eq(nf_cpu_sched_target(NULL).vector_regs, host);
+}
+END_TEST
+
 /* One case per test so that CK_RUN_CASE=<name> runs one alone. */
 static void add_case(Suite *s, const char *name, const TTest *t, int loop_n) {
   TCase *tc = tcase_create(name);
@@ -884,6 +901,7 @@ static void add_case(Suite *s, const char *name, const TTest *t, int loop_n) {
 static Suite *suite(void) {
   Suite *s = suite_create("codegen");
   add_case(s, "abi_mismatch", codegen_abi_mismatch, 0);
+  add_case(s, "sched_target", codegen_sched_target, 0);
   add_case(s, "bad_programs", codegen_bad_programs, 0);
   add_case(s, "matmul", codegen_matmul, 0);
   add_case(s, "elementwise_ops", codegen_elementwise_ops, 0);

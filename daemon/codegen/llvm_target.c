@@ -246,6 +246,11 @@ done:
 nf_sched_target nf_cpu_sched_target(const nf_cpu_target *t) {
   if (t && t->features && t->features[0]) return nf_sched_target_of(t->features);
   pthread_once(&llvm_once, llvm_init);
+  /* a CPU named without features: its registers are not known here (the
+   * C API gives no CPU's features but the host's), so the default takes
+   * the count every x86-64 vector unit has, unless it is the host */
+  if (t && t->cpu && t->cpu[0] && (!host_cpu || strcmp(t->cpu, host_cpu) != 0))
+    return nf_sched_target_of(NULL);
   return nf_sched_target_of(host_features);
 }
 

@@ -83,7 +83,8 @@ int nf_cpu_link(const void *object, size_t n, unsigned timeout_ms,
 void nf_cpu_codegen_version(char *out, size_t n);
 
 /* What the default schedule needs of t (nf_schedule_default_for): from
- * its features, or the host's (LLVM's) when it names none. */
+ * its features; without features, the host's for the host (or no CPU
+ * named), and AVX2's 16 registers for another CPU named. */
 nf_sched_target nf_cpu_sched_target(const nf_cpu_target *t);
 
 /* Both steps: p -> shared object bytes ready for nf_kernel_load. */

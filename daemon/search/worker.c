@@ -576,7 +576,7 @@ static void measure(const void *bin, size_t n, result *r) {
   nf_buf err = NF_BUF_INIT;
   int lrc = nf_device_load(g_dev, bin, n, P.n_in + P.n_out, &k, &err);
   if (lrc != NF_OK) {
-    if (lrc == NF_EFORMAT || lrc == NF_ENOMEM || nf_device_is_host(g_dev))
+    if (lrc == NF_EFORMAT || nf_device_is_host(g_dev))
       set_reason(r, NF_MEAS_LOAD, "%s", nf_buf_str(&err));
     else
       dev_failed(r, "loading it", &err);
