@@ -209,10 +209,11 @@ static void drop(dlink *L, const char *why) {
 }
 
 /* Under mu: whether k's final kernel ran slower here than tier 0 and the
- * daemon is still to be asked for a faster one (a tuning session only:
- * compile_only asked for no search). */
+ * daemon is still to be asked for a faster one (a tuning session on the
+ * CPU only: compile_only asked for no search). */
 static int asks_better(const dlink *L, const nf__kent *k) {
-  return k->ask_better == 1 && k->dstate == DK_FINAL && !L->cfg.compile_only && !L->cfg.gpu;
+  return k->ask_better == 1 && k->dstate == DK_FINAL && !L->cfg.compile_only &&
+         L->kt->dev == &nf__cpu_device;
 }
 
 static int submit_all(dlink *L) {

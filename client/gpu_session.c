@@ -765,25 +765,14 @@ static int run_canary(nf_session *s, nf__kent *k, nf__op *op, int op_index) {
     }
   }
   if (rc == NF_OK) {
-    char hex[65];
-    nf_hash_hex(k->key, hex);
-    hex[16] = 0;
-    double worst = 0;
-    int ok = crc == NF_OK;
-    for (uint32_t o = 0; ok && o < op->n_out; o++)
-      ok = nf__canary_output_ok(op->g, o, got[o], op->bufs[op->n_in + o], &worst);
-    if (ok) {
+    if (nf__canary_verdict(s, k, op, got, crc, &e, "GPU kernel")) {
       promote(G, k);
       k->race_left = lib_tier0(G, (int)(k - s->kt.kents)) ? NF_RACE_RUNS : 0;
       k->prefer_t0 = 0;
       s->swaps++;
       nf__verified_add(s, k->key, k->cand_sha);
     } else {
-      nf__slog_warn(&s->log, "GPU kernel %s (tier %d) rejected: %s%s", hex, k->cand_tier,
-                       crc != NF_OK ? "it failed: " : "its results differ from the reference",
-                       crc != NF_OK ? nf_buf_str(&e) : "");
       nf_cuda_module_free(k->gcand);
-      s->rejected++;
     }
     k->gcand = NULL;
   }

@@ -151,7 +151,6 @@ static int run_canary(nf_session *s, nf__kent *k, nf__op *op) {
   void **cb = calloc(n, sizeof(void *));
   void **scratch = calloc(n, sizeof(void *));
   int rc = cb && scratch ? NF_OK : NF_ENOMEM;
-  const nf_graph *g = op->g;
   /* candidate buffers: outputs to scratch; for an in-place op, inputs
    * copied to scratch too and outputs aliasing those copies */
   for (uint32_t j = 0; rc == NF_OK && j < n; j++) {
@@ -192,14 +191,7 @@ static int run_canary(nf_session *s, nf__kent *k, nf__op *op) {
   }
   double r_ms = nf_now_ms() - r0;
   if (rc == NF_OK) {
-    char hex[65];
-    nf_hash_hex(k->key, hex);
-    hex[16] = 0;
-    double worst = 0;
-    int ok = crc == NF_OK;
-    for (uint32_t o = 0; ok && o < op->n_out; o++)
-      ok = nf__canary_output_ok(g, o, cb[op->n_in + o], op->bufs[op->n_in + o], &worst);
-    if (ok) {
+    if (nf__canary_verdict(s, k, op, cb + op->n_in, crc, &e, "kernel")) {
       promote(s, k);
       nf__verified_add(s, k->key, k->cur_sha);
       if (vs_t0) {
@@ -216,11 +208,7 @@ static int run_canary(nf_session *s, nf__kent *k, nf__op *op) {
         }
       }
     } else {
-      nf__slog_warn(&s->log, "kernel %s (tier %d) rejected: %s%s", hex, k->cand_tier,
-                       crc != NF_OK ? "it failed: " : "its results differ from the reference",
-                       crc != NF_OK ? nf_buf_str(&e) : "");
       nf_kernel_free(k->cand);
-      s->rejected++;
     }
     k->cand = NULL;
   }

@@ -17,7 +17,6 @@ typedef struct nf__link_cfg {
   int no_spawn;            /* never start a per-user neoflowd */
   int compile_only;        /* ask for default kernels only */
   int tune_trials, tune_seconds; /* per subgraph; 0: the daemon's defaults */
-  int gpu;                 /* the table's device is a GPU (no retuning asks) */
 } nf__link_cfg;
 
 typedef struct nf__dlink nf__dlink;

@@ -143,8 +143,7 @@ static int finish(nf_session *s, const nf_graph *F, int n_gin, const char *const
                        .no_spawn = s->opts.no_spawn,
                        .compile_only = s->opts.compile_only,
                        .tune_trials = s->opts.tune_trials,
-                       .tune_seconds = s->opts.tune_seconds,
-                       .gpu = s->gpu != NULL};
+                       .tune_seconds = s->opts.tune_seconds};
     if ((rc = nf__dlink_start(&s->kt, &lc, &s->link, &s->err))) goto fail;
   }
   return NF_OK;
@@ -441,15 +440,17 @@ int nf_session_step(nf_session *s, double *loss) {
   double t0 = nf_now_ms();
   /* step boundary: take kernels the link handed over (a GPU session takes
    * its bundles in nf__gpu_begin) */
-  pthread_mutex_lock(&s->kt.mu);
-  for (int i = 0; i < s->kt.n_kents && !s->gpu; i++) {
-    nf__kent *k = &s->kt.kents[i];
-    void *arrived = nf__kt_take_locked(&s->kt, k);
-    if (!arrived) continue;
-    nf_kernel_free(k->cand); /* superseded before its canary */
-    k->cand = arrived;
+  if (!s->gpu) {
+    pthread_mutex_lock(&s->kt.mu);
+    for (int i = 0; i < s->kt.n_kents; i++) {
+      nf__kent *k = &s->kt.kents[i];
+      void *arrived = nf__kt_take_locked(&s->kt, k);
+      if (!arrived) continue;
+      nf_kernel_free(k->cand); /* superseded before its canary */
+      k->cand = arrived;
+    }
+    pthread_mutex_unlock(&s->kt.mu);
   }
-  pthread_mutex_unlock(&s->kt.mu);
   update_hp(s);
   for (int i = 0; i < s->kt.n_kents; i++) s->kt.kents[i].run_ms = 0;
   s->run_seq++;

@@ -178,6 +178,13 @@ void nf__session_profile(nf_session *s, FILE *f, int reset);
 int nf__tier0_run(nf_session *s, nf__kent *k, const nf__op *op, void *const *bufs, nf_buf *err);
 int nf__canary_output_ok(const nf_graph *g, uint32_t out, const void *a, const void *ref,
                          double *worst);
+/* tier0.c, the canary's verdict for both devices: 1 when the candidate ran
+ * (crc NF_OK) and each of its outputs got[0..n_out) (on the host) agrees
+ * with op's buffers (the reference); else the rejection is logged
+ * ("<what> <key> (tier T) rejected: ..." with err's text when it failed)
+ * and counted in s->rejected, and 0. */
+int nf__canary_verdict(nf_session *s, const nf__kent *k, const nf__op *op, void *const *got,
+                       int crc, const nf_buf *err, const char *what);
 
 /* gpu_session.c: training on a GPU (docs/gpu.md).  The step program is
  * the same; its buffers live in device memory (planned once, like the

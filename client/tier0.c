@@ -92,3 +92,20 @@ int nf__canary_output_ok(const nf_graph *g, uint32_t out, const void *a, const v
   }
   return memcmp(a, ref, (size_t)n * nf_dtype_size((nf_dtype)t->dtype)) == 0;
 }
+
+int nf__canary_verdict(nf_session *s, const nf__kent *k, const nf__op *op, void *const *got,
+                       int crc, const nf_buf *err, const char *what) {
+  double worst = 0;
+  int ok = crc == NF_OK;
+  for (uint32_t o = 0; ok && o < op->n_out; o++)
+    ok = nf__canary_output_ok(op->g, o, got[o], op->bufs[op->n_in + o], &worst);
+  if (ok) return 1;
+  char hex[65];
+  nf_hash_hex(k->key, hex);
+  hex[16] = 0;
+  nf__slog_warn(&s->log, "%s %s (tier %d) rejected: %s%s", what, hex, k->cand_tier,
+                crc != NF_OK ? "it failed: " : "its results differ from the reference",
+                crc != NF_OK ? nf_buf_str(err) : "");
+  s->rejected++;
+  return 0;
+}
