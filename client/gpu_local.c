@@ -11,7 +11,7 @@
  * it is loaded at a step boundary and checked by a canary against the
  * host's tier 0 before it runs.  A kernel from the daemon always wins:
  * an entry that has one is skipped, and a generated one that arrives
- * after it is dropped (nf__gpu_begin).  A subgraph the backend refuses
+ * after it is dropped (nf__kt_boundary).  A subgraph the backend refuses
  * (a block over the limits, f16/bf16) stays on the host.
  *
  * Without NVRTC (not installed, $NEOFLOW_LIBNVRTC=none) the session

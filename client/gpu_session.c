@@ -141,14 +141,14 @@ static int mirror_of(nf_session *s, const void *host, size_t n, uint64_t *d) {
   return NF_EINTERNAL;
 }
 
-int nf__gpu_pull(nf_session *s, const void *host, size_t n) {
+static int gpu_pull(nf_session *s, const void *host, size_t n) {
   uint64_t d = 0;
   if (!s->gpu || !n) return NF_OK;
   int rc = mirror_of(s, host, n, &d);
   return rc ? rc : nf_cuda_rt_download(s->gpu->rt, (void *)host, d, n, &s->err);
 }
 
-int nf__gpu_push(nf_session *s, const void *host, size_t n) {
+static int gpu_push(nf_session *s, const void *host, size_t n) {
   uint64_t d = 0;
   if (!s->gpu || !n) return NF_OK;
   int rc = mirror_of(s, host, n, &d);
@@ -178,18 +178,16 @@ static int lib_tier0(const struct nf__gpu *G, int k) {
   return (G->blas && G->plain[k]) || (G->dnn && G->conv[k]);
 }
 
-const char *nf__gpu_tier0_name(const nf_session *s, const nf__kent *k) {
+static int gpu_lib_tier0(const nf_session *s, const nf__kent *k) {
+  return lib_tier0(s->gpu, (int)(k - s->kt.kents));
+}
+
+static const char *gpu_tier0_name(const nf_session *s, const nf__kent *k) {
   const struct nf__gpu *G = s->gpu;
   int i = (int)(k - s->kt.kents);
   if (G->blas && G->plain[i]) return "cuBLAS";
   if (G->dnn && G->conv[i]) return "cuDNN";
   return "host";
-}
-
-int nf__gpu_has_kernel(const nf_session *s, const nf__kent *k) {
-  (void)s; /* (a kernel generated here, tier 0, does not count) */
-  return (k->gcur && k->cur_tier > 0) || (k->gcand && k->cand_tier > 0) ||
-         (k->in_obj && k->in_tier > 0);
 }
 
 /* Which device the options name: -1 for the CPU, else the GPU's index;
@@ -205,30 +203,28 @@ static int device_index(const char *d) {
   return -2;
 }
 
-void nf__gpu_close(nf_session *s) {
+static void gpu_close(nf_session *s) {
   struct nf__gpu *G = s->gpu;
   if (!G) return;
   nf__gpu_gen_stop(s->gen);
   s->gen = NULL;
-  /* bundles still in the mailboxes: the CUDA device's; the session goes
-   * back to the CPU's device (no producer runs now: the generator has
-   * stopped, the link is started only after the device is open and
-   * stopped before it is closed) */
+  /* the graphs first: they launch the modules */
+  for (int i = 0; i < 2; i++) nf_cuda_graph_free(G->rt, G->graph[i]);
+  /* bundles still in the mailboxes and the modules: the CUDA device's;
+   * the session goes back to the CPU's device (no producer runs now: the
+   * generator has stopped, the link is started only after the device is
+   * open and stopped before it is closed) */
   pthread_mutex_lock(&s->kt.mu);
   for (int i = 0; i < s->kt.n_kents; i++) {
-    nf__cuda_device.drop(s->kt.kents[i].in_obj);
-    s->kt.kents[i].in_obj = NULL;
+    nf__kent *k = &s->kt.kents[i];
+    nf__cuda_device.drop(k->in_obj);
+    nf_cuda_module_free(k->cur);
+    nf_cuda_module_free(k->cand);
+    k->in_obj = k->cur = k->cand = NULL;
   }
   s->kt.dev = &nf__cpu_device;
   s->kt.dev_ctx = NULL;
   pthread_mutex_unlock(&s->kt.mu);
-  /* the graphs first: they launch the modules */
-  for (int i = 0; i < 2; i++) nf_cuda_graph_free(G->rt, G->graph[i]);
-  for (int i = 0; i < s->kt.n_kents; i++) {
-    nf_cuda_module_free(s->kt.kents[i].gcur);
-    nf_cuda_module_free(s->kt.kents[i].gcand);
-    s->kt.kents[i].gcur = s->kt.kents[i].gcand = NULL;
-  }
   nf_cublas_close(G->blas);
   for (int i = 0; G->res_dev && i < s->kt.n_kents; i++) {
     nf_cuda_rt_free(G->rt, G->res_dev[i]);
@@ -446,7 +442,7 @@ int nf__gpu_open(nf_session *s) {
     nf_buf_free(&dwhy);
     nf_buf_printf(&s->err, "%sdevice %s (%s): setting up device memory failed",
                   s->err.len ? "; " : "", want, nf_cuda_rt_name(rt));
-    nf__gpu_close(s);
+    gpu_close(s);
     return rc;
   }
   /* the rest: kernels generated here, from a background thread */
@@ -460,7 +456,7 @@ int nf__gpu_open(nf_session *s) {
   if (rc != NF_OK) {
     nf_buf_free(&bwhy);
     nf_buf_free(&dwhy);
-    nf__gpu_close(s);
+    gpu_close(s);
     return rc;
   }
   nf__slog_msg(&s->log, NEOFLOW_LOG_INFO,
@@ -482,7 +478,7 @@ static uint32_t kent_args(const nf__kent *k) { return k->g->n_inputs + k->g->n_o
 
 /* The CUDA entry of the device interface: a bundle arrives checked
  * against its entry (plan, architecture) and copied; the program thread
- * loads it at the step boundary (nf__gpu_begin), where the context is
+ * loads it at the step boundary (gpu_load), where the context is
  * used. */
 static int gpu_check_bundle(const nf__ktable *kt, int k, const void *bin, size_t len,
                             nf_buf *err) {
@@ -521,10 +517,12 @@ static int gpu_accept(const nf__ktable *kt, int k, const void *bin, size_t len, 
 
 static void gpu_drop(void *obj) { free(obj); }
 
-const nf__device nf__cuda_device = {"cuda", gpu_accept, gpu_drop, gpu_target};
+static void gpu_unload(void *kern) { nf_cuda_module_free(kern); }
 
-/* Loads a bundle handed over for entry k as its candidate (and frees it). */
-static void take_bundle(nf_session *s, nf__kent *k, gpu_bun *bun) {
+/* Loads a bundle handed over for entry k (and frees it): the module, or
+ * NULL (said and counted). */
+static void *gpu_load(nf_session *s, nf__kent *k, void *obj) {
+  gpu_bun *bun = obj;
   const uint8_t *bin = bun->bytes;
   size_t len = bun->len;
   struct nf__gpu *G = s->gpu;
@@ -558,36 +556,20 @@ static void take_bundle(nf_session *s, nf__kent *k, gpu_bun *bun) {
                      k->cand_tier, nf_buf_str(&err));
     nf_cuda_module_free(m);
     s->rejected++;
-  } else {
-    nf_cuda_module_free(k->gcand); /* superseded before its canary */
-    k->gcand = m;
+    m = NULL;
   }
   nf_buf_free(&err);
   free(bun);
+  return m;
 }
 
-int nf__gpu_timed(const nf_session *s) { return !s->gpu || s->gpu->timed; }
+static int gpu_timed(const nf_session *s) { return s->gpu->timed; }
 
-int nf__gpu_begin(nf_session *s) {
+static int gpu_begin(nf_session *s) {
   struct nf__gpu *G = s->gpu;
-  if (!G) return NF_OK;
   G->timed = s->step % GPU_TIMED_EVERY == 0;
   memset(G->used, 0, sizeof G->used);
-  for (int i = 0; i < s->kt.n_kents; i++) {
-    nf__kent *k = &s->kt.kents[i];
-    pthread_mutex_lock(&s->kt.mu);
-    gpu_bun *bun = NULL;
-    if (k->in_obj && k->in_tier == 0 && (k->gcur || k->gcand)) {
-      /* a kernel generated here, late: the daemon's is in use already */
-      free(k->in_obj);
-      k->in_obj = NULL;
-    } else {
-      bun = nf__kt_take_locked(&s->kt, k);
-    }
-    pthread_mutex_unlock(&s->kt.mu);
-    if (bun) take_bundle(s, k, bun);
-  }
-  return nf__gpu_push(s, s->hp, sizeof s->hp);
+  return gpu_push(s, s->hp, sizeof s->hp);
 }
 
 static size_t buf_bytes(const nf_session *s, const nf__op *op, uint32_t j) {
@@ -603,16 +585,16 @@ static int lib_epilogue(nf_session *s, nf__kent *k, nf__op *op, int rb, size_t b
   int ki = (int)(k - s->kt.kents);
   nf_conv_sub *cs = G->conv[ki];
   void *res = rb >= 0 ? op->bufs[rb] : G->res_host[ki];
-  int rc = rb >= 0 ? nf__gpu_pull(s, res, bytes)
+  int rc = rb >= 0 ? gpu_pull(s, res, bytes)
                    : nf_cuda_rt_download(G->rt, res, G->res_dev[ki], bytes, &s->err);
   for (uint32_t j = 0; rc == NF_OK && j < op->n_in; j++)
     if (cs ? nf_conv_sub_epilogue_reads(cs, j) : nf_gemm_epilogue_reads(k->gemm, j))
-      rc = nf__gpu_pull(s, op->bufs[j], buf_bytes(s, op, j));
+      rc = gpu_pull(s, op->bufs[j], buf_bytes(s, op, j));
   if (rc == NF_OK)
     rc = cs ? nf_conv_sub_epilogue(cs, op->bufs, res, &s->err)
             : nf_gemm_epilogue(k->gemm, op->bufs, res, &s->err);
   for (uint32_t j = op->n_in; rc == NF_OK && j < op->n_in + op->n_out; j++)
-    if ((int)j != rb) rc = nf__gpu_push(s, op->bufs[j], buf_bytes(s, op, j));
+    if ((int)j != rb) rc = gpu_push(s, op->bufs[j], buf_bytes(s, op, j));
   return rc;
 }
 
@@ -662,27 +644,32 @@ static int run_blas(nf_session *s, nf__kent *k, nf__op *op, int ki) {
   return lib_epilogue(s, k, op, c < nb ? (int)c : -1, (size_t)nf_gemm_c_bytes(k->gemm));
 }
 
-/* Tier 0: cuBLAS for a plain product, cuDNN for a convolution; else on
- * the host: inputs down, the CPU's tier 0, outputs up. */
-static int run_host(nf_session *s, nf__kent *k, nf__op *op) {
+/* Tier 0 on the host: inputs down, the CPU's tier 0, outputs up. */
+static int host_tier0(nf_session *s, nf__kent *k, nf__op *op) {
+  int rc = NF_OK;
+  for (uint32_t j = 0; rc == NF_OK && j < op->n_in; j++)
+    rc = gpu_pull(s, op->bufs[j], buf_bytes(s, op, j));
+  if (rc == NF_OK) rc = nf__tier0_run(s, k, op, op->bufs, &s->err);
+  for (uint32_t j = op->n_in; rc == NF_OK && j < op->n_in + op->n_out; j++)
+    rc = gpu_push(s, op->bufs[j], buf_bytes(s, op, j));
+  return rc;
+}
+
+/* Tier 0: cuBLAS for a plain product, cuDNN for a convolution; else (and
+ * as a canary's reference) on the host. */
+static int gpu_tier0(nf_session *s, nf__kent *k, nf__op *op, int reference) {
   struct nf__gpu *G = s->gpu;
   int ki = (int)(k - s->kt.kents);
-  if (G->blas && G->plain[ki] && !op->alias) {
+  if (!reference && G->blas && G->plain[ki] && !op->alias) {
     int brc = run_blas(s, k, op, ki);
     if (brc != NF_EUNSUPPORTED) return brc;
   }
   /* (an op whose output shares an input's memory stays on the host) */
-  if (G->dnn && G->conv[ki] && !op->alias) {
+  if (!reference && G->dnn && G->conv[ki] && !op->alias) {
     int crc = run_conv(s, k, op, ki);
     if (crc != NF_EUNSUPPORTED) return crc;
   }
-  int rc = NF_OK;
-  for (uint32_t j = 0; rc == NF_OK && j < op->n_in; j++)
-    rc = nf__gpu_pull(s, op->bufs[j], buf_bytes(s, op, j));
-  if (rc == NF_OK) rc = nf__tier0_run(s, k, op, op->bufs, &s->err);
-  for (uint32_t j = op->n_in; rc == NF_OK && j < op->n_in + op->n_out; j++)
-    rc = nf__gpu_push(s, op->bufs[j], buf_bytes(s, op, j));
-  return rc;
+  return host_tier0(s, k, op);
 }
 
 static int run_module(nf_session *s, nf_cuda_module *m, const uint64_t *args, uint32_t n,
@@ -690,34 +677,41 @@ static int run_module(nf_session *s, nf_cuda_module *m, const uint64_t *args, ui
   return nf_cuda_module_run(m, args, n, s->gpu->scratch[nf_cuda_rt_selected(s->gpu->rt)], err);
 }
 
-/* Entry k's verified candidate becomes its module: the graphs, which may
- * launch the old one, go first. */
-static void promote(struct nf__gpu *G, nf__kent *k) {
+static int gpu_run(nf_session *s, nf__kent *k, nf__op *op, void *kern) {
+  (void)k;
+  return run_module(s, kern, s->gpu->dargs[op - s->ops], op->n_in + op->n_out, &s->err);
+}
+
+static int gpu_sync(nf_session *s) { return nf_cuda_rt_sync(s->gpu->rt, &s->err); }
+
+/* Entry k's module is about to be replaced: the graphs, which may launch
+ * the old one, go first. */
+static void gpu_swapped(nf_session *s, nf__kent *k) {
+  struct nf__gpu *G = s->gpu;
+  (void)k;
   for (int i = 0; i < 2; i++) {
     nf_cuda_graph_free(G->rt, G->graph[i]);
     G->graph[i] = NULL;
   }
   G->epoch++;
-  nf_cuda_module_free(k->gcur);
-  k->gcur = k->gcand;
-  k->gcand = NULL;
-  k->cur_tier = k->cand_tier;
-  k->cur_ms = k->cand_ms;
-  k->verified = 1;
 }
 
-/* The canary: the candidate on copies, then the reference for real, the
- * outputs compared on the host; the candidate is promoted or dropped. */
-static int run_canary(nf_session *s, nf__kent *k, nf__op *op, int op_index) {
+/* A canary's run of the candidate: on device copies of the buffers it
+ * writes (and of an in-place op's inputs), synchronised, its outputs
+ * downloaded.  A candidate that breaks the context ends the step. */
+static int gpu_canary(nf_session *s, nf__kent *k, nf__op *op, void *kern, void **got, double *ms,
+                      int *crc, nf_buf *e) {
   struct nf__gpu *G = s->gpu;
+  (void)k;
+  int op_index = (int)(op - s->ops);
   uint32_t n = op->n_in + op->n_out;
   uint64_t *ca = calloc(n + 1, sizeof *ca);
   uint64_t *own = calloc(n + 1, sizeof *own); /* device copies to free */
-  void **got = calloc(n + 1, sizeof *got);    /* the candidate's outputs, on the host */
-  int rc = ca && own && got ? NF_OK : NF_ENOMEM;
-  /* the step's inputs, on the host too (the reference may run there) */
+  int rc = ca && own ? NF_OK : NF_ENOMEM;
+  /* the step's inputs, on the host too (an in-place op's copies come
+   * from there, and the reference may run there) */
   for (uint32_t j = 0; rc == NF_OK && j < op->n_in; j++)
-    rc = nf__gpu_pull(s, op->bufs[j], buf_bytes(s, op, j));
+    rc = gpu_pull(s, op->bufs[j], buf_bytes(s, op, j));
   for (uint32_t j = 0; rc == NF_OK && j < n; j++) {
     if (j < op->n_in && !op->alias) {
       ca[j] = G->dargs[op_index][j];
@@ -733,56 +727,29 @@ static int run_canary(nf_session *s, nf__kent *k, nf__op *op, int op_index) {
     if (rc == NF_OK && j < op->n_in) rc = nf_cuda_rt_upload(G->rt, own[j], op->bufs[j], b, &s->err);
     ca[j] = own[j];
   }
-  nf_buf e = NF_BUF_INIT;
-  int crc = NF_OK;
   if (rc == NF_OK) {
-    crc = run_module(s, k->gcand, ca, n, &e);
-    if (crc == NF_OK) crc = nf_cuda_rt_sync(G->rt, &e);
-    for (uint32_t o = 0; crc == NF_OK && o < op->n_out; o++) {
+    double c0 = nf_now_ms();
+    *crc = run_module(s, kern, ca, n, e);
+    if (*crc == NF_OK) *crc = nf_cuda_rt_sync(G->rt, e);
+    *ms = nf_now_ms() - c0;
+    for (uint32_t o = 0; *crc == NF_OK && o < op->n_out; o++) {
       size_t b = buf_bytes(s, op, op->n_in + o);
-      if (!(got[o] = malloc(b ? b : 1))) crc = NF_ENOMEM;
-      else crc = nf_cuda_rt_download(G->rt, got[o], ca[op->n_in + o], b, &e);
+      if (!(got[o] = malloc(b ? b : 1))) *crc = NF_ENOMEM;
+      else *crc = nf_cuda_rt_download(G->rt, got[o], ca[op->n_in + o], b, e);
     }
     nf_buf probe = NF_BUF_INIT;
-    int broken = crc != NF_OK && nf_cuda_rt_sync(G->rt, &probe) != NF_OK;
+    int broken = *crc != NF_OK && nf_cuda_rt_sync(G->rt, &probe) != NF_OK;
     nf_buf_free(&probe);
     if (broken) {
       /* the candidate broke the context: nothing else can run */
-      nf_buf_printf(&s->err, "a GPU kernel broke the CUDA context: %s", nf_buf_str(&e));
+      nf_buf_printf(&s->err, "a GPU kernel broke the CUDA context: %s", nf_buf_str(e));
       rc = NF_EIO;
     }
   }
-  /* the reference, for real */
-  if (rc == NF_OK) {
-    if (k->gcur && k->verified) {
-      rc = run_module(s, k->gcur, G->dargs[op_index], n, &s->err);
-      for (uint32_t j = op->n_in; rc == NF_OK && j < n; j++)
-        rc = nf__gpu_pull(s, op->bufs[j], buf_bytes(s, op, j));
-    } else {
-      rc = nf__tier0_run(s, k, op, op->bufs, &s->err);
-      for (uint32_t j = op->n_in; rc == NF_OK && j < n; j++)
-        rc = nf__gpu_push(s, op->bufs[j], buf_bytes(s, op, j));
-    }
-  }
-  if (rc == NF_OK) {
-    if (nf__canary_verdict(s, k, op, got, crc, &e, "GPU kernel")) {
-      promote(G, k);
-      k->race_left = lib_tier0(G, (int)(k - s->kt.kents)) ? NF_RACE_RUNS : 0;
-      k->prefer_t0 = 0;
-      s->swaps++;
-      nf__verified_add(s, k->key, k->cand_sha);
-    } else {
-      nf_cuda_module_free(k->gcand);
-    }
-    k->gcand = NULL;
-  }
-  nf_buf_free(&e);
   nf_buf probe = NF_BUF_INIT;
   if (nf_cuda_rt_sync(G->rt, &probe) == NF_OK)
     for (uint32_t j = 0; own && j < n; j++) nf_cuda_rt_free(G->rt, own[j]);
   nf_buf_free(&probe);
-  for (uint32_t j = 0; got && j < n; j++) free(got[j]);
-  free(got);
   free(own);
   free(ca);
   return rc;
@@ -806,75 +773,30 @@ static int wait_deps(nf_session *s, int j, int st) {
   return rc;
 }
 
-static int cmp_ms(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
+/* Before op i of the loop: its stream selected, waiting for the ops it
+ * depends on that ran on other streams. */
+static int gpu_op_begin(nf_session *s, int i) {
+  struct nf__gpu *G = s->gpu;
+  if (G->n_streams <= 1) return NF_OK;
+  nf_cuda_rt_select(G->rt, G->op_stream[i]);
+  return wait_deps(s, i, G->op_stream[i]);
 }
 
-/* Runs op once on the selected stream: the candidate's canary, a run of
- * the race between a library and the module, the module, or tier 0. */
-static int dispatch(nf_session *s, nf__kent *k, nf__op *op, int op_index, double t0) {
+/* After op i: its event recorded (what later ops on other streams wait
+ * for), and on a timed step the wait for it, so that its entry's time is
+ * the device's rather than the launch's (on other steps only the step as
+ * a whole is timed, and per-entry times keep the last timed step's). */
+static int gpu_op_end(nf_session *s, int i, int kernel, int rc) {
   struct nf__gpu *G = s->gpu;
-  int rc;
-  if (k->gcand) {
-    rc = run_canary(s, k, op, op_index);
-  } else if (k->gcur && k->race_left > 0) {
-    /* cuBLAS or cuDNN against the module, alternating, each synchronised */
-    int blas = k->race_left % 2, i = (k->race_left - 1) / 2;
-    rc = blas ? run_host(s, k, op)
-              : run_module(s, k->gcur, G->dargs[op_index], op->n_in + op->n_out, &s->err);
-    if (rc == NF_OK) rc = nf_cuda_rt_sync(G->rt, &s->err);
-    k->race_ms[blas][i] = nf_now_ms() - t0;
-    if (--k->race_left == 0) {
-      double *b = k->race_ms[1], *c = k->race_ms[0];
-      qsort(b, NF_RACE_RUNS / 2, sizeof *b, cmp_ms);
-      qsort(c, NF_RACE_RUNS / 2, sizeof *c, cmp_ms);
-      k->prefer_t0 = b[NF_RACE_RUNS / 4] < 0.97 * c[NF_RACE_RUNS / 4];
-    }
-  } else if (k->gcur && !k->prefer_t0) {
-    rc = run_module(s, k->gcur, G->dargs[op_index], op->n_in + op->n_out, &s->err);
-  } else {
-    rc = run_host(s, k, op);
-  }
-  return rc;
-}
-
-static int nf__gpu_run_op(nf_session *s, nf__op *op) {
-  struct nf__gpu *G = s->gpu;
-  nf__kent *k = &s->kt.kents[op->kent];
-  int op_index = (int)(op - s->ops);
-  if (k->gcand && nf__verified_has(s, k->key, k->cand_sha)) {
-    /* these very bytes passed a canary for this key before */
-    promote(G, k);
-    k->race_left = lib_tier0(G, (int)(k - s->kt.kents)) ? NF_RACE_RUNS : 0;
-    k->prefer_t0 = 0;
-    s->swaps++;
-    s->trusted++;
-  }
-  double t0 = nf_now_ms();
-  int rc = NF_OK;
-  /* everything an op runs goes to its stream (cuBLAS and cuDNN through
-   * that stream's handle); a canary, a race run and the host's tier 0
-   * synchronise as they go */
-  int module = !k->gcand && k->gcur && k->race_left <= 0 && !k->prefer_t0;
-  int st = G->n_streams > 1 ? G->op_stream[op_index] : 0;
   if (G->n_streams > 1) {
-    nf_cuda_rt_select(G->rt, st);
-    rc = wait_deps(s, op_index, st);
-  }
-  if (rc == NF_OK) rc = dispatch(s, k, op, op_index, t0);
-  if (G->n_streams > 1) {
-    if (rc == NF_OK) rc = nf_cuda_rt_record(G->rt, op_index, &s->err);
-    G->ran_stream[op_index] = st;
-    G->ran_seq[op_index] = ++G->seq;
-    G->used[st] |= module;
+    int st = G->op_stream[i];
+    if (rc == NF_OK) rc = nf_cuda_rt_record(G->rt, i, &s->err);
+    G->ran_stream[i] = st;
+    G->ran_seq[i] = ++G->seq;
+    G->used[st] |= kernel;
     nf_cuda_rt_select(G->rt, 0);
   }
-  /* launches are asynchronous: on a timed step each entry waits for its
-   * kernels, so its time is the device's; on others only the step as a
-   * whole is timed (and per-entry times keep the last timed step's) */
   if (rc == NF_OK && G->timed) rc = nf_cuda_rt_sync(G->rt, &s->err);
-  k->run_ms += nf_now_ms() - t0;
   return rc;
 }
 
@@ -899,8 +821,8 @@ static int op_sig(const nf_session *s, const nf__op *op, uint64_t *sig) {
   const struct nf__gpu *G = s->gpu;
   const nf__kent *k = &s->kt.kents[op->kent];
   int ki = op->kent;
-  if (k->gcand || (k->gcur && k->race_left > 0)) return 0;
-  if (k->gcur && !k->prefer_t0) {
+  if (k->cand || (k->cur && k->race_left > 0)) return 0;
+  if (k->cur && !k->prefer_t0) {
     *sig = mix(*sig, 3);
     return 1;
   }
@@ -928,23 +850,18 @@ static int run_sig(const nf_session *s, const uint8_t *mask, uint64_t *sig) {
   return 1;
 }
 
-static int run_live(nf_session *s, const uint8_t *mask) {
-  int rc = NF_OK;
-  for (int i = 0; i < s->n_ops && rc == NF_OK; i++)
-    if (!mask || mask[i]) rc = nf__gpu_run_op(s, &s->ops[i]);
-  return rc;
-}
-
-int nf__gpu_run_ops(nf_session *s, const uint8_t *mask) {
+/* The loop's runs: live, or captured into a graph and replayed
+ * (session_int.h, nf__gpu_open). */
+static int gpu_run_ops(nf_session *s, const uint8_t *mask) {
   struct nf__gpu *G = s->gpu;
   int w = mask != NULL;
-  /* every run starts after the last one's work (nf__gpu_begin's upload
+  /* every run starts after the last one's work (gpu_begin's upload
    * waited for it): no op waits for an event of an earlier run */
   for (int i = 0; G->ran_stream && i < s->n_ops; i++) G->ran_stream[i] = -1;
   uint64_t sig = 0;
   if (!G->graphs || G->timed || !run_sig(s, mask, &sig)) {
     G->stable[w] = 0;
-    return run_live(s, mask);
+    return nf__kt_run_ops(s, mask);
   }
   if (G->graph[w] && G->graph_sig[w] == sig) {
     memcpy(G->used, G->graph_used[w], sizeof G->used);
@@ -955,7 +872,7 @@ int nf__gpu_run_ops(nf_session *s, const uint8_t *mask) {
     G->last_sig[w] = sig;
     G->stable[w] = 0;
   }
-  if (++G->stable[w] <= GRAPH_AFTER) return run_live(s, mask);
+  if (++G->stable[w] <= GRAPH_AFTER) return nf__kt_run_ops(s, mask);
   /* capture: the ops are queued as in a live run, recorded instead of
    * run, then the graph is launched */
   nf_cuda_graph_free(G->rt, G->graph[w]);
@@ -963,7 +880,7 @@ int nf__gpu_run_ops(nf_session *s, const uint8_t *mask) {
   nf_buf why = NF_BUF_INIT;
   nf_cuda_graph *g = NULL;
   int rc = nf_cuda_rt_capture_begin(G->rt, &why);
-  if (rc == NF_OK) rc = run_live(s, mask);
+  if (rc == NF_OK) rc = nf__kt_run_ops(s, mask);
   if (rc == NF_OK) rc = nf_cuda_rt_capture_end(G->rt, &g, &why);
   else nf_cuda_rt_capture_abort(G->rt);
   if (rc == NF_OK) {
@@ -987,7 +904,7 @@ int nf__gpu_run_ops(nf_session *s, const uint8_t *mask) {
   nf__slog_warn(&s->log, "CUDA graphs off: capturing the %s failed: %s",
                    w ? "evaluation" : "step", nf_buf_str(&why));
   nf_buf_free(&why);
-  return run_live(s, mask);
+  return nf__kt_run_ops(s, mask);
 }
 
 int64_t nf__gpu_graph_runs(const nf_session *s, int *captures) {
@@ -995,3 +912,28 @@ int64_t nf__gpu_graph_runs(const nf_session *s, int *captures) {
   return s->gpu ? s->gpu->graph_runs : 0;
 }
 
+
+const nf__device nf__cuda_device = {
+    .name = "cuda",
+    .accept = gpu_accept,
+    .drop = gpu_drop,
+    .target = gpu_target,
+    .load = gpu_load,
+    .unload = gpu_unload,
+    .begin = gpu_begin,
+    .run_ops = gpu_run_ops,
+    .op_begin = gpu_op_begin,
+    .op_end = gpu_op_end,
+    .run = gpu_run,
+    .tier0 = gpu_tier0,
+    .canary = gpu_canary,
+    .sync = gpu_sync,
+    .pull = gpu_pull,
+    .push = gpu_push,
+    .swapped = gpu_swapped,
+    .lib_tier0 = gpu_lib_tier0,
+    .tier0_name = gpu_tier0_name,
+    .timed = gpu_timed,
+    .close = gpu_close,
+    .race_host = 0,
+};

@@ -5,7 +5,7 @@
  * gpu_local.c) see this table and the device table, never the session.
  *
  * Threads: the program's thread runs steps and is the only one that
- * touches the kernels in use (cur, cand, gcur, gcand); the fields marked
+ * touches the kernels in use (cur, cand); the fields marked
  * "under mu" are shared with the producers under the table's mu. */
 #ifndef NF_KTABLE_H
 #define NF_KTABLE_H
@@ -20,7 +20,8 @@
 #include "nf_runtime.h"
 #include "nf_slog.h"
 
-struct nf_cuda_module;
+struct nf_session;
+struct nf__op;
 
 /* Kernel state as the daemon reports it (kent.dstate). */
 enum { DK_NONE = 0, DK_SUBMITTED, DK_ACCEPTED, DK_FINAL, DK_FAILED };
@@ -36,11 +37,13 @@ typedef struct nf__kent {
   int64_t flops;        /* per run */
   int n_ops;            /* ops running it per step */
   int alias;            /* its ops run in place (the optimizer update) */
-  /* program thread only */
-  nf_kernel *cur;       /* compiled kernel in use, or NULL (tier 0) */
-  int cur_tier;         /* 0, 1 or 2 */
+  /* program thread only; cur and cand are the device's kernels (made by
+   * its load, freed by its unload: an nf_kernel on the CPU, a CUDA module
+   * on a GPU) */
+  void *cur;            /* compiled kernel in use, or NULL (tier 0) */
+  int cur_tier;         /* 0 (generated here), 1 or 2 */
   double cur_ms;        /* daemon-measured time of cur (0: unknown) */
-  nf_kernel *cand;      /* loaded, waiting for its canary */
+  void *cand;           /* loaded, waiting for its canary */
   int cand_tier;
   uint8_t cand_sha[32];
   double cand_ms;
@@ -73,8 +76,6 @@ typedef struct nf__kent {
   int gather_in, gather_peer;
   uint64_t gather_seq;
   const void *gather_src;
-  /* GPU sessions (gpu_session.c): CUDA modules in place of cur and cand */
-  struct nf_cuda_module *gcur, *gcand; /* program thread */
   /* under mu: the mailbox (ktable.c) */
   void *in_obj;         /* handed over (s->dev->accept made it), or NULL */
   int in_tier;
@@ -90,11 +91,15 @@ typedef struct nf__kent {
 /* ---- the device interface ----
  * What differs between the devices a session trains on, as a table of
  * functions: nf__cpu_device (device_cpu.c) and nf__cuda_device
- * (gpu_session.c).  The producers of kernels (the link, the GPU
- * generator) and the kernel table reach the device only through it.  It
- * covers how a kernel arrives today; the step loop, the canary and the
- * transfers are to join it (docs/architecture.md, "Where the client goes
- * next"). */
+ * (gpu_session.c).  Everything else (the step loop, the mailbox, the
+ * canary, the races and their verdicts, kt_run.c) exists once and reaches
+ * the device only through this table.
+ *
+ * The first three entries are called by the producers of kernels (any
+ * thread, the table only); the rest on the program's thread with the
+ * session (session_int.h), op being one of its ops.  An entry that may be
+ * NULL says so: NULL means "nothing to do" (the CPU's host memory is the
+ * device's). */
 typedef struct nf__ktable nf__ktable;
 typedef struct nf__device {
   const char *name; /* "cpu", "cuda" */
@@ -109,6 +114,61 @@ typedef struct nf__device {
   /* The architecture kernels are asked for (0: the CPU) and the device's
    * name ("" on the CPU). */
   int (*target)(const nf__ktable *kt, const char **name);
+
+  /* At a step boundary: what accept made for entry k becomes a kernel the
+   * device runs (obj consumed).  NULL when it cannot (the reason logged
+   * and counted in s->rejected). */
+  void *(*load)(struct nf_session *s, nf__kent *k, void *obj);
+  /* Frees a kernel load made (NULL: no-op). */
+  void (*unload)(void *kern);
+  /* The start of a step or evaluation, after the kernels were taken
+   * (the GPU: whether its entries are timed, the hyper-parameters up). */
+  int (*begin)(struct nf_session *s);
+  /* Runs the ops mask marks (NULL: all) through nf__kt_run_ops, the one
+   * step loop, possibly wrapped (the GPU: captured into a CUDA graph and
+   * replayed).  NULL: nf__kt_run_ops itself. */
+  int (*run_ops)(struct nf_session *s, const uint8_t *mask);
+  /* Around one op of the loop (NULL: nothing): the GPU selects the op's
+   * stream and waits for its dependencies, then records its event and,
+   * on a timed step, waits for it.  kernel: the op ran its entry's
+   * verified kernel. */
+  int (*op_begin)(struct nf_session *s, int op_index);
+  int (*op_end)(struct nf_session *s, int op_index, int kernel, int rc);
+  /* Runs kernel kern (cur or cand of op's entry) on op's buffers. */
+  int (*run)(struct nf_session *s, nf__kent *k, struct nf__op *op, void *kern);
+  /* Runs k's tier 0 on op's buffers (the GPU: cuBLAS or cuDNN where they
+   * take the entry, else the host's with the data moved); reference: the
+   * host's tier 0 (OpenBLAS or the interpreter), as a canary's reference. */
+  int (*tier0)(struct nf_session *s, nf__kent *k, struct nf__op *op, int reference);
+  /* A canary's run of candidate kern on copies of op's inputs: its
+   * outputs, on the host, in got[0..n_out) (malloc'd; the caller frees
+   * them), *ms the run's time.  Returns NF_OK or an error that ends the
+   * step (out of memory, a broken context); the candidate's own failure
+   * goes to *crc with why in err. */
+  int (*canary)(struct nf_session *s, nf__kent *k, struct nf__op *op, void *kern, void **got,
+                double *ms, int *crc, nf_buf *err);
+  /* Waits for what was queued (NULL: runs are synchronous). */
+  int (*sync)(struct nf_session *s);
+  /* Copies n bytes at host (inside a buffer of the program) from the
+   * device (pull) or to it (push); NULL: host memory is the device's. */
+  int (*pull)(struct nf_session *s, const void *host, size_t n);
+  int (*push)(struct nf_session *s, const void *host, size_t n);
+  /* Entry k's kernel was replaced (NULL: nothing to do; the GPU drops the
+   * graphs that launch the old one). */
+  void (*swapped)(struct nf_session *s, nf__kent *k);
+  /* Whether k's tier 0 is a tuned library (OpenBLAS; cuBLAS, cuDNN),
+   * which a new kernel always races, and its name for messages. */
+  int (*lib_tier0)(const struct nf_session *s, const nf__kent *k);
+  const char *(*tier0_name)(const struct nf_session *s, const nf__kent *k);
+  /* Whether this run's per-entry times are real (NULL: always). */
+  int (*timed)(const struct nf_session *s);
+  /* Frees the device's state and puts the CPU's table back (NULL: no
+   * state); called when the session ends. */
+  void (*close)(struct nf_session *s);
+  /* 1: a kernel not clearly faster than a tier 0 that is not a library
+   * races it too (the CPU's interpreter); 0: a kernel is kept over such
+   * a tier 0 (the GPU's runs on the host, its data moved each time). */
+  int race_host;
 } nf__device;
 
 extern const nf__device nf__cpu_device;

@@ -360,13 +360,15 @@ void nf_session_free(nf_session *s) {
   if (!s) return;
   nf__dlink_stop(s->link);
   s->link = NULL;
-  nf__gpu_close(s);
+  if (s->kt.dev && s->kt.dev->close) s->kt.dev->close(s);
   for (int i = 0; i < s->kt.n_kents; i++) {
     nf__kent *k = &s->kt.kents[i];
-    if (s->kt.dev) s->kt.dev->drop(k->in_obj);
+    if (s->kt.dev) {
+      s->kt.dev->drop(k->in_obj);
+      s->kt.dev->unload(k->cur);
+      s->kt.dev->unload(k->cand);
+    }
     nf_gemm_free(k->gemm);
-    nf_kernel_free(k->cur);
-    nf_kernel_free(k->cand);
   }
   free(s->kt.kents);
   for (int i = 0; i < s->n_ops; i++) {
@@ -434,32 +436,26 @@ static void update_hp(nf_session *s) {
   }
 }
 
+/* A step's or an evaluation's run of the program (the ops mask marks,
+ * NULL: all) on the session's device: the kernels that arrived taken, the
+ * device's start, the one step loop (kt_run.c), the loss on the host. */
+static int run_program(nf_session *s, const uint8_t *mask) {
+  const nf__device *d = s->kt.dev;
+  nf__kt_boundary(s);
+  s->run_seq++;
+  int rc = d->begin ? d->begin(s) : NF_OK;
+  if (rc == NF_OK) rc = d->run_ops ? d->run_ops(s, mask) : nf__kt_run_ops(s, mask);
+  if (rc == NF_OK) rc = nf__dev_pull(s, s->slots[s->loss_slot].ptr, sizeof(float));
+  return rc;
+}
+
 int nf_session_step(nf_session *s, double *loss) {
   if (!s) return NF_EINVAL;
   nf_buf_reset(&s->err);
   double t0 = nf_now_ms();
-  /* step boundary: take kernels the link handed over (a GPU session takes
-   * its bundles in nf__gpu_begin) */
-  if (!s->gpu) {
-    pthread_mutex_lock(&s->kt.mu);
-    for (int i = 0; i < s->kt.n_kents; i++) {
-      nf__kent *k = &s->kt.kents[i];
-      void *arrived = nf__kt_take_locked(&s->kt, k);
-      if (!arrived) continue;
-      nf_kernel_free(k->cand); /* superseded before its canary */
-      k->cand = arrived;
-    }
-    pthread_mutex_unlock(&s->kt.mu);
-  }
   update_hp(s);
   for (int i = 0; i < s->kt.n_kents; i++) s->kt.kents[i].run_ms = 0;
-  s->run_seq++;
-  int rc = nf__gpu_begin(s);
-  if (rc == NF_OK && s->gpu)
-    rc = nf__gpu_run_ops(s, NULL);
-  else
-    for (int i = 0; i < s->n_ops && rc == NF_OK; i++) rc = nf__kt_run_cpu(s, &s->ops[i]);
-  if (rc == NF_OK) rc = nf__gpu_pull(s, s->slots[s->loss_slot].ptr, sizeof(float));
+  int rc = run_program(s, NULL);
   if (rc != NF_OK) {
     if (!s->err.len) nf_buf_printf(&s->err, "step %lld failed: %s", (long long)s->step + 1,
                                    nf_strerror(rc));
@@ -473,7 +469,7 @@ int nf_session_step(nf_session *s, double *loss) {
   s->ms_hist[(s->step - 1) % 10] = s->last_ms;
   if (s->step == 1) s->first_step_ms = now - s->t_start;
   pthread_mutex_lock(&s->kt.mu);
-  if (nf__gpu_timed(s)) {
+  if (!s->kt.dev->timed || s->kt.dev->timed(s)) {
     for (int i = 0; i < s->kt.n_kents; i++) s->kt.kents[i].share_ms = s->kt.kents[i].run_ms;
     for (int i = 0; i < s->kt.n_kents; i++) s->kt.kents[i].prof_ms += s->kt.kents[i].run_ms;
     s->prof_steps++;
@@ -516,14 +512,7 @@ int nf_session_eval(nf_session *s, double *loss) {
     int rc = eval_mask(s);
     if (rc != NF_OK) return rc;
   }
-  s->run_seq++;
-  int rc = nf__gpu_begin(s);
-  if (rc == NF_OK && s->gpu)
-    rc = nf__gpu_run_ops(s, s->eval_op);
-  else
-    for (int i = 0; i < s->n_ops && rc == NF_OK; i++)
-      if (s->eval_op[i]) rc = nf__kt_run_cpu(s, &s->ops[i]);
-  if (rc == NF_OK) rc = nf__gpu_pull(s, s->slots[s->loss_slot].ptr, sizeof(float));
+  int rc = run_program(s, s->eval_op);
   if (rc != NF_OK) {
     if (!s->err.len) nf_buf_printf(&s->err, "evaluation failed: %s", nf_strerror(rc));
     return rc;
@@ -564,7 +553,7 @@ int nf_session_feed(nf_session *s, const char *input, const void *data, size_t b
     return NF_EINVAL;
   }
   memcpy(s->slots[sl].ptr, data, bytes);
-  return nf__gpu_push(s, s->slots[sl].ptr, bytes);
+  return nf__dev_push(s, s->slots[sl].ptr, bytes);
 }
 
 int nf_session_read(nf_session *s, const char *name, void *data, size_t bytes) {
@@ -594,7 +583,7 @@ int nf_session_read(nf_session *s, const char *name, void *data, size_t bytes) {
     nf_buf_printf(&s->err, "'%s' has %lld bytes, not %zu", name, (long long)want, bytes);
     return NF_EINVAL;
   }
-  if ((rc = nf__gpu_pull(s, src, bytes)) != NF_OK) return rc;
+  if ((rc = nf__dev_pull(s, src, bytes)) != NF_OK) return rc;
   memcpy(data, src, bytes);
   return NF_OK;
 }
@@ -614,7 +603,7 @@ int nf_session_set_param(nf_session *s, const char *name, const float *data, siz
     return NF_EINVAL;
   }
   memcpy(s->P + s->params[pi].offset, data, n * sizeof(float));
-  return nf__gpu_push(s, s->P + s->params[pi].offset, n * sizeof(float));
+  return nf__dev_push(s, s->P + s->params[pi].offset, n * sizeof(float));
 }
 
 int nf_session_set_lr(nf_session *s, double lr) {
@@ -683,10 +672,11 @@ void nf__session_profile(nf_session *s, FILE *f, int reset) {
       nf_hash_hex(k->key, hex);
       hex[16] = 0;
       const char *first = k->g && k->g->n_outputs ? k->g->tensors[k->g->outputs[0]].name : "?";
-      const char *on = k->cand || k->gcand ? "canary"
-                       : (k->cur || k->gcur) && !k->prefer_t0
+      const char *on = k->cand ? "canary"
+                       : k->cur && !k->prefer_t0
                        ? (k->cur_tier == 2 ? "tier 2" : k->cur_tier == 1 ? "tier 1" : "generated")
-                       : s->gpu ? nf__gpu_tier0_name(s, k) : k->gemm ? "OpenBLAS" : "interp";
+                       : s->kt.dev->tier0_name(s, k);
+      if (!strcmp(on, "the interpreter")) on = "interp";
       double ms = k->prof_ms / (double)n;
       double fl = (double)k->flops * k->n_ops;
       char vs[16] = "-";
@@ -730,7 +720,7 @@ int nf_session_stats_get(const nf_session *s, nf_session_stats *st) {
   pthread_mutex_lock(&ms->kt.mu);
   for (int i = 0; i < s->kt.n_kents; i++) {
     const nf__kent *k = &s->kt.kents[i];
-    int cur = k->cur || k->gcur;
+    int cur = k->cur != NULL;
     if (cur && k->prefer_t0) {
       st->tier0_kept++;
       if (k->gemm || s->gpu) st->blas++, st->blas_kept++;
@@ -767,7 +757,10 @@ int nf_session_wait_kernels(nf_session *s, int timeout_ms, int want_tier) {
     for (int i = 0; i < s->kt.n_kents && done; i++) {
       const nf__kent *k = &s->kt.kents[i];
       if (k->dstate == DK_FAILED) continue;
-      if (want_tier <= 1) done = k->cur || k->cand || (!s->gpu && k->in_obj) || nf__gpu_has_kernel(s, k);
+      /* (a kernel generated here, tier 0, does not count) */
+      if (want_tier <= 1)
+        done = (k->cur && k->cur_tier > 0) || (k->cand && k->cand_tier > 0) ||
+               (k->in_obj && k->in_tier > 0);
       else done = k->dstate == DK_FINAL;
     }
     if (!s->link) done = 1;
@@ -794,7 +787,7 @@ int nf_session_wait_kernels(nf_session *s, int timeout_ms, int want_tier) {
 int nf_session_save(nf_session *s, const char *path) {
   if (!s || !path) return NF_EINVAL;
   nf_buf_reset(&s->err);
-  int rc = nf__gpu_pull(s, s->P, (size_t)s->n_flat * sizeof(float));
+  int rc = nf__dev_pull(s, s->P, (size_t)s->n_flat * sizeof(float));
   return rc == NF_OK ? nf__params_save(s, path) : rc;
 }
 
@@ -802,5 +795,5 @@ int nf_session_load(nf_session *s, const char *path) {
   if (!s || !path) return NF_EINVAL;
   nf_buf_reset(&s->err);
   int rc = nf__params_load(s, path);
-  return rc == NF_OK ? nf__gpu_push(s, s->P, (size_t)s->n_flat * sizeof(float)) : rc;
+  return rc == NF_OK ? nf__dev_push(s, s->P, (size_t)s->n_flat * sizeof(float)) : rc;
 }

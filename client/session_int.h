@@ -1,16 +1,18 @@
 /* session_int.h - the training session's internals, shared by the files
  * that run on the program's thread: session.c (opening, steps, the API),
- * model.c, build.c (the step program), kt_cpu.c (the CPU's canary and
- * races), tier0.c, gpu_session.c (the CUDA device), verify.c, init.c,
- * params_io.c, net.c.  The producers of kernels (dlink.c, gpu_local.c)
+ * model.c, build.c (the step program), kt_run.c (the step loop, the
+ * canary and the races, for every device), the devices (device_cpu.c,
+ * gpu_session.c), tier0.c, verify.c, init.c, params_io.c, net.c.  The producers of kernels (dlink.c, gpu_local.c)
  * and the mailbox (ktable.c) see only the kernel table (nf_ktable.h).
  *
  * Threads: the program's thread runs steps and is the only one that
  * touches slots, ops and the kernels in use (kent.cur, kent.cand).  The
  * producers write only the fields marked "under mu" (the table's) and
  * hand a kernel over through the entry's mailbox (kent.in_obj).  Kernels
- * are swapped at step boundaries only, and a replaced kernel's code stays
- * loaded (nf_kernel_free never unloads), so no call can run freed code. */
+ * are taken at step boundaries and swapped in by their canary; a replaced
+ * CPU kernel's code stays loaded (nf_kernel_free never unloads), and a
+ * replaced GPU module is freed only after the graphs that launch it, so no
+ * call can run freed code. */
 #ifndef NF_SESSION_INT_H
 #define NF_SESSION_INT_H
 
@@ -34,7 +36,6 @@
 
 struct nf__gpu;
 struct nf__gen;
-struct nf_cuda_module;
 
 struct nf_model {
   nf_module *mod;
@@ -153,9 +154,24 @@ int nf__session_find_param(const nf_session *s, const char *name);
 int nf__session_is_input(const nf_graph *F, const char *name);
 int nf__session_named_add(nf__named **arr, int *n, const char *name, int slot);
 
-/* kt_cpu.c: runs op on the CPU through its entry: the candidate's canary,
- * a race against tier 0, the verified kernel, or tier 0. */
-int nf__kt_run_cpu(nf_session *s, nf__op *op);
+/* kt_run.c, the one step loop for every device (through s->kt.dev): at a
+ * step boundary, what waits in each entry's mailbox becomes its
+ * candidate (loaded by the device; a kernel generated here that arrives
+ * after the daemon's is dropped); then each op marked by mask (NULL:
+ * all) runs through its entry: the candidate's canary, a race against
+ * tier 0, the verified kernel, or tier 0.  A device may wrap the loop
+ * (nf__device.run_ops). */
+void nf__kt_boundary(nf_session *s);
+int nf__kt_run_ops(nf_session *s, const uint8_t *mask);
+
+/* The device's transfers (nf__device.pull, push): no-ops where the host's
+ * memory is the device's. */
+static inline int nf__dev_pull(nf_session *s, const void *host, size_t n) {
+  return s->kt.dev->pull ? s->kt.dev->pull(s, host, n) : NF_OK;
+}
+static inline int nf__dev_push(nf_session *s, const void *host, size_t n) {
+  return s->kt.dev->push ? s->kt.dev->push(s, host, n) : NF_OK;
+}
 
 /* session.c: a session training F (in ctx, which the session takes over)
  * with the `param` declarations of F->name in m, the gradients of the
@@ -186,45 +202,25 @@ int nf__canary_output_ok(const nf_graph *g, uint32_t out, const void *a, const v
 int nf__canary_verdict(nf_session *s, const nf__kent *k, const nf__op *op, void *const *got,
                        int crc, const nf_buf *err, const char *what);
 
-/* gpu_session.c: training on a GPU (docs/gpu.md).  The step program is
- * the same; its buffers live in device memory (planned once, like the
- * CPU's), host copies are refreshed on demand; an entry runs its CUDA
- * module from the daemon, or tier 0 on the host with its inputs
- * downloaded and its outputs uploaded.  All nf__gpu_* calls are no-ops
- * returning NF_OK when s->gpu is NULL. */
+/* gpu_session.c: training on a GPU (docs/gpu.md), the CUDA device of the
+ * table (nf__cuda_device).  The step program is the same; its buffers
+ * live in device memory (planned once, like the CPU's), host copies are
+ * refreshed on demand (nf__dev_pull); an entry runs its CUDA module, or
+ * tier 0 through cuBLAS, cuDNN or on the host.  The accessors below
+ * answer 0 when s->gpu is NULL. */
 /* Opens opts.device (or $NEOFLOW_DEVICE) when it names a GPU ("cuda",
- * "cuda:N"); without a usable one, warns and leaves the session on the
- * CPU.  NF_EINVAL for a device string it does not know. */
+ * "cuda:N") and makes s->kt.dev the CUDA device; without a usable one,
+ * warns and leaves the session on the CPU.  NF_EINVAL for a device string
+ * it does not know. */
 int nf__gpu_open(nf_session *s);
-void nf__gpu_close(nf_session *s);
-/* The start of a step or evaluation: takes the bundles the link handed
- * over (loading them), uploads the optimizer's hyper-parameters. */
-int nf__gpu_begin(nf_session *s);
-/* Whether this step's per-entry times are real (always on the CPU; on a
- * GPU, every 16th step, which synchronises after each entry). */
-int nf__gpu_timed(const nf_session *s);
-/* Runs the program's ops (those mask marks; mask NULL: all, a step) on
- * the GPU: one by one, or, once the same ops have run the same way (the
- * same modules, libraries, no host work or checks) on two untimed runs
- * in a row, captured into a CUDA graph and replayed from then on in one
- * launch until something changes ($NEOFLOW_GPU_GRAPHS=0: never). */
-int nf__gpu_run_ops(nf_session *s, const uint8_t *mask);
-/* Runs replayed from a graph, and graphs captured, so far. */
+/* Runs replayed from a CUDA graph, and graphs captured, so far. */
 int64_t nf__gpu_graph_runs(const nf_session *s, int *captures);
-/* Copies n bytes at host (inside a buffer of the program) from the device
- * to the host (pull) or back (push). */
-int nf__gpu_pull(nf_session *s, const void *host, size_t n);
-int nf__gpu_push(nf_session *s, const void *host, size_t n);
 /* The entries cuBLAS runs at tier 0 (0 without cuBLAS). */
 int nf__gpu_blas_entries(const nf_session *s);
 /* The entries cuDNN runs at tier 0 (0 without cuDNN). */
 int nf__gpu_dnn_entries(const nf_session *s);
 /* How many streams modules ran on during the last step (or evaluation). */
 int nf__gpu_streams_used(const nf_session *s);
-/* Where entry k's tier 0 runs on the GPU: "cuBLAS", "cuDNN" or "host". */
-const char *nf__gpu_tier0_name(const nf_session *s, const nf__kent *k);
-/* Whether kent k has a GPU kernel running or waiting. */
-int nf__gpu_has_kernel(const nf_session *s, const nf__kent *k);
 
 /* gpu_local.c: nf_gpugen.h */
 

@@ -35,7 +35,7 @@ DAEMON_LIBS = ['daemon/codegen/libnfcodegen.a', 'daemon/codegen/libnfcuda.a',
                'daemon/libnfdaemon.a']
 FORBIDDEN_NEEDED = ['libLLVM', 'libsqlite3', 'libxgboost', 'libuv', 'libnvrtc']
 # the files that see the kernel table, never the session
-TABLE_ONLY = ['client/dlink.c', 'client/gpu_local.c', 'client/ktable.c', 'client/device_cpu.c']
+TABLE_ONLY = ['client/dlink.c', 'client/gpu_local.c', 'client/ktable.c']
 # what libneoflow-client.so is made of (client/meson.build)
 SO_LIBS = CLIENT_LIBS + ['common/libnfcommon.a', 'common/lower/libnflower.a',
                          'common/runtime/libnfruntime.a', 'proto/libnfproto.a']

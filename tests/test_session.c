@@ -1665,7 +1665,7 @@ START_TEST(session_gpu_emulated) {
                     "swaps %lld of %d, rejected %lld, tier1 %d (see %s): %s",
                     (long long)st.swaps, n_k, (long long)st.rejected, st.tier1, d.log,
                     session_log(b));
-      for (int k = 0; k < n_k; k++) ck_assert_ptr_nonnull(b->kt.kents[k].gcur);
+      for (int k = 0; k < n_k; k++) ck_assert_ptr_nonnull(b->kt.kents[k].cur);
       /* step 1's results came from the reference */
       ck_assert_msg(la[0] == lb[0], "step 1: loss %.9g on the CPU, %.9g on the GPU", la[0],
                     lb[0]);
@@ -1807,26 +1807,31 @@ END_TEST
 /* The first entry of GPU session g running a kernel it generated itself. */
 static int generated_entry(const nf_session *g) {
   int k = 0;
-  while (k < g->kt.n_kents && !(g->kt.kents[k].gcur && g->kt.kents[k].cur_tier == 0)) k++;
+  while (k < g->kt.n_kents && !(g->kt.kents[k].cur && g->kt.kents[k].cur_tier == 0)) k++;
   ck_assert_int_lt(k, g->kt.n_kents);
   return k;
 }
 
-/* Entry k's kernel as the daemon's tier 1 would build it (the default GPU
+/* Graph gr's kernel as the daemon's tier 1 would build it (the default GPU
  * schedule, compiled for g's device) into *bun, with its digest. */
-static void default_gpu_bundle(const nf_session *g, int k, nf_buf *bun, uint8_t sha[32]) {
+static void gpu_bundle_of(const nf_session *g, const nf_graph *gr, nf_buf *bun, uint8_t sha[32]) {
   nf_schedule *sch = NULL;
-  ck_assert_int_eq(nf_schedule_default_gpu(g->kt.kents[k].g, NF_GPU_DEFAULT_THREADS, &sch), NF_OK);
+  ck_assert_int_eq(nf_schedule_default_gpu(gr, NF_GPU_DEFAULT_THREADS, &sch), NF_OK);
   nf_ir_ctx *ctx = nf_ir_ctx_new();
   nf_lprog *p = NULL;
   nf_buf err = NF_BUF_INIT;
-  ck_assert_int_eq(nf_lower(g->kt.kents[k].g, sch, ctx, &p, &err), NF_OK);
+  ck_assert_int_eq(nf_lower(gr, sch, ctx, &p, &err), NF_OK);
   ck_assert_msg(nf_cuda_compile_bundle(p, g->kt.dev->target(&g->kt, NULL), bun, NULL, &err) == NF_OK, "%s",
                 nf_buf_str(&err));
   crypto_hash_sha256(sha, (const uint8_t *)bun->data, bun->len);
   nf_buf_free(&err);
   nf_ir_ctx_free(ctx);
   nf_schedule_free(sch);
+}
+
+/* Entry k's kernel as the daemon's tier 1 would build it. */
+static void default_gpu_bundle(const nf_session *g, int k, nf_buf *bun, uint8_t sha[32]) {
+  gpu_bundle_of(g, g->kt.kents[k].g, bun, sha);
 }
 
 /* CUDA graphs: an MLP trained on the (emulated) GPU without a daemon,
@@ -2020,6 +2025,28 @@ START_TEST(session_gpu_generated) {
   st = stats(g);
   ck_assert_msg(st.tier1 == 1 && st.generated == made - 1 && g->kt.kents[k].cur_tier == 1,
                 "after a late generated kernel: tier1 %d, generated %d", st.tier1, st.generated);
+  /* a kernel that loads and runs but computes something else (a wrong
+   * twin of the entry's graph): its canary against the verified kernel
+   * rejects it, says why, and the step's results are the verified
+   * kernel's */
+  nf_ir_ctx *wctx = nf_ir_ctx_new();
+  nf_graph *w = wrong_twin(wctx, g->kt.kents[k].g);
+  nf_buf wbun = NF_BUF_INIT;
+  uint8_t wsha[32];
+  gpu_bundle_of(g, w, &wbun, wsha);
+  ck_assert_int_eq(nf__kt_offer(&g->kt, k, wbun.data, wbun.len, wsha, NULL, 2, 0), NF_OK);
+  mlp_feed(g, data, 1);
+  double lg = step(g);
+  st = stats(g);
+  ck_assert_msg(st.rejected == 1 && st.tier1 == 1 && st.tier2 == 0 &&
+                    g->kt.kents[k].cur_tier == 1 && !g->kt.kents[k].cand &&
+                    strstr(session_log(g), "GPU kernel") &&
+                    strstr(session_log(g), "(tier 2) rejected: its results differ"),
+                "rejected %lld, tier1 %d, tier2 %d: %s", (long long)st.rejected, st.tier1,
+                st.tier2, session_log(g));
+  ck_assert(isfinite(lg));
+  nf_buf_free(&wbun);
+  nf_ir_ctx_free(wctx);
   nf_buf_free(&bun);
   nf_session_free(g);
   /* no NVRTC: the rest on the host, the same loss */

@@ -1,13 +1,15 @@
-/* kt_cpu.c - running a kernel table's entries on the CPU (session_int.h):
- * an entry runs its compiled kernel when one has been verified, else
- * tier 0 (OpenBLAS for matmul-shaped subgraphs, the interpreter
- * otherwise).  A kernel taken from the mailbox is a candidate: its first
- * run is checked against what it replaces (tier 0 for the entry's first
- * compiled kernel, the verified kernel after that) on the step's real
- * data (the canary), and it is used only from then on.  A kernel that
- * passed replaces tier 0 only where it is faster here: a race of
- * alternating runs decides when the canary's times do not, and the
- * verdict is recorded (verify.c). */
+/* kt_run.c - the one step loop, for every device (session_int.h): each
+ * op runs through its kernel table entry, on the device the session
+ * trains on (the table s->kt.dev, nf_ktable.h).  An entry runs its
+ * compiled kernel when one has been verified, else tier 0 (OpenBLAS,
+ * cuBLAS or cuDNN where they take the subgraph, the interpreter
+ * otherwise).  A kernel taken from the mailbox at a step boundary is a
+ * candidate: its first run is checked against what it replaces (the host's
+ * tier 0 for the entry's first compiled kernel, the verified kernel after
+ * that) on the step's real data (the canary), and it is used only from
+ * then on.  A kernel that passed replaces tier 0 only where it is faster
+ * here: a race of alternating runs decides when the canary's times do
+ * not, and the verdict is recorded (verify.c). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,15 +17,24 @@
 
 #include "session_int.h"
 
-static int run_kernel(nf_session *s, nf_kernel *kn, const nf__op *op, void *const *bufs,
-                      nf_buf *err) {
-  return nf_kernel_run(kn, bufs, op->n_in + op->n_out, s->pool, err);
+static const nf__device *dev(const nf_session *s) { return s->kt.dev; }
+
+static int lib(const nf_session *s, const nf__kent *k) { return dev(s)->lib_tier0(s, k); }
+
+/* A run, then a wait for it where the device queues work: its time. */
+static int timed_run(nf_session *s, int rc) {
+  return rc == NF_OK && dev(s)->sync ? dev(s)->sync(s) : rc;
+}
+
+static void unload(nf_session *s, void *kern) {
+  if (kern && dev(s)->unload) dev(s)->unload(kern);
 }
 
 /* k's candidate becomes its kernel (it passed a canary, or these bytes
  * did before).  Whether it runs instead of tier 0 is decided apart. */
 static void promote(nf_session *s, nf__kent *k) {
-  nf_kernel_free(k->cur); /* the handle only: the code stays loaded */
+  if (dev(s)->swapped) dev(s)->swapped(s, k);
+  unload(s, k->cur); /* the CPU: the handle only, the code stays loaded */
   k->cur = k->cand;
   k->cand = NULL;
   k->cur_tier = k->cand_tier;
@@ -36,7 +47,6 @@ static void promote(nf_session *s, nf__kent *k) {
   s->swaps++;
 }
 
-static const char *tier0_name(const nf__kent *k) { return k->gemm ? "OpenBLAS" : "the interpreter"; }
 
 /* k keeps tier 0: its kernel ran kn_ms per run against tier 0's t0_ms.
  * Where that costs a step NF_SLOW_NOTICE_MS or more, it is said (once per
@@ -52,10 +62,11 @@ static void hold_t0(nf_session *s, nf__kent *k, double kn_ms, double t0_ms, int 
   char hex[65];
   nf_hash_hex(k->key, hex);
   hex[16] = 0;
-  nf__slog_warn(&s->log, "kernel %s (tier %d) %s %.2fx slower than %s here (%.3g against %.3g ms per "
-                      "run at %d thread%s): keeping %s; the daemon is asked for a faster one",
-                   hex, k->cur_tier, remembered ? "ran" : "runs", k->slow_ratio, tier0_name(k),
-                   kn_ms, t0_ms, s->threads, s->threads == 1 ? "" : "s", tier0_name(k));
+  nf__slog_warn(&s->log, "kernel %s (tier %d) %s %.2fx slower than %s here (%.3g against %.3g ms "
+                "per run at %d thread%s): keeping %s; the daemon is asked for a faster one",
+                hex, k->cur_tier, remembered ? "ran" : "runs", k->slow_ratio,
+                dev(s)->tier0_name(s, k), kn_ms, t0_ms, s->threads, s->threads == 1 ? "" : "s",
+                dev(s)->tier0_name(s, k));
   pthread_mutex_lock(&s->kt.mu);
   if (!k->ask_better) {
     k->ask_better = 1;
@@ -84,12 +95,13 @@ static unsigned verdict_flags(nf_session *s) {
  * microseconds was seen taking 150 ms there, as its second thread waited
  * for a core.  So a canary decides only for the kernel (noise does not
  * make a kernel look faster): by a quarter against the interpreter.
- * Otherwise, and always against OpenBLAS (whose first run is cold too),
- * the two race. */
+ * Otherwise, and always against a library (OpenBLAS, cuBLAS, cuDNN, whose
+ * first run is cold too), the two race; on a device whose tier 0 without
+ * a library runs on the host (race_host 0), the kernel is kept. */
 static void judge(nf_session *s, nf__kent *k, double kn_ms, double t0_ms) {
   k->kn_ms = kn_ms;
   k->t0_ms = t0_ms;
-  if (!k->gemm && kn_ms * 1.25 < t0_ms)
+  if (!lib(s, k) && (kn_ms * 1.25 < t0_ms || !dev(s)->race_host))
     nf__verdict_put(s, k->key, k->cur_sha, kn_ms, t0_ms, verdict_flags(s));
   else
     k->race_left = NF_RACE_RUNS;
@@ -121,7 +133,7 @@ static void race_end(nf_session *s, nf__kent *k, int pairs) {
 
 /* A candidate whose very bytes passed a canary here before: swapped in
  * without one.  Its recorded verdict says whether it runs instead of tier
- * 0; without one, OpenBLAS races it, and a kernel replacing the
+ * 0; without one, a library races it, and a kernel replacing the
  * interpreter is timed on its first run against the interpreter's
  * estimated time (a race when that is not clear). */
 static void promote_trusted(nf_session *s, nf__kent *k) {
@@ -137,86 +149,82 @@ static void promote_trusted(nf_session *s, nf__kent *k) {
     k->t0_ms = v->tier0_ms;
     k->kn_ms = v->kernel_ms;
     if (v->flags & NF__VERDICT_SLOWER) hold_t0(s, k, v->kernel_ms, v->tier0_ms, 1);
-  } else if (k->gemm) {
+  } else if (lib(s, k)) {
     k->race_left = NF_RACE_RUNS;
   } else {
-    k->probe = 1;
+    k->probe = dev(s)->race_host;
   }
 }
 
-/* Runs op with k's candidate and what it replaces, compares, and promotes
- * or rejects the candidate.  The real outputs come from the reference. */
+/* Runs op with k's candidate (on copies, by the device) and what it
+ * replaces (for real), compares on the host, and promotes or rejects the
+ * candidate.  The real outputs come from the reference: the host's tier 0
+ * while the entry keeps tier 0, else the verified kernel. */
 static int run_canary(nf_session *s, nf__kent *k, nf__op *op) {
-  uint32_t n = op->n_in + op->n_out;
-  void **cb = calloc(n, sizeof(void *));
-  void **scratch = calloc(n, sizeof(void *));
-  int rc = cb && scratch ? NF_OK : NF_ENOMEM;
-  /* candidate buffers: outputs to scratch; for an in-place op, inputs
-   * copied to scratch too and outputs aliasing those copies */
-  for (uint32_t j = 0; rc == NF_OK && j < n; j++) {
-    const nf__slot *sl = &s->slots[op->slots[j]];
-    if (j < op->n_in && !op->alias) {
-      cb[j] = op->bufs[j];
-      continue;
-    }
-    if (j >= op->n_in && op->alias) {
-      for (uint32_t i = 0; i < op->n_in; i++)
-        if (s->slots[op->slots[i]].ptr == sl->ptr) cb[j] = cb[i];
-      if (cb[j]) continue;
-    }
-    scratch[j] = aligned_alloc(64, ((size_t)sl->bytes + 63) / 64 * 64 + 64);
-    if (!scratch[j]) {
-      rc = NF_ENOMEM;
-      break;
-    }
-    if (j < op->n_in) memcpy(scratch[j], op->bufs[j], (size_t)sl->bytes);
-    cb[j] = scratch[j];
-  }
+  void **got = calloc(op->n_out + 1, sizeof *got);
+  if (!got) return NF_ENOMEM;
   nf_buf e = NF_BUF_INIT;
   int crc = NF_OK;
-  /* the scratch outputs touched first: their page faults are not the
-   * candidate's time */
-  for (uint32_t j = op->n_in; rc == NF_OK && j < n; j++)
-    if (scratch[j]) memset(scratch[j], 0, (size_t)s->slots[op->slots[j]].bytes);
-  double c0 = nf_now_ms();
-  if (rc == NF_OK) crc = run_kernel(s, k->cand, op, cb, &e);
-  double c_ms = nf_now_ms() - c0;
-  /* the reference, for real: what runs now (tier 0 while the entry keeps
-   * it, else the verified kernel) */
+  double c_ms = 0;
+  int rc = dev(s)->canary(s, k, op, k->cand, got, &c_ms, &crc, &e);
   int vs_t0 = !(k->cur && k->verified && !k->prefer_t0);
   double r0 = nf_now_ms();
-  if (rc == NF_OK) {
-    if (!vs_t0) rc = run_kernel(s, k->cur, op, op->bufs, &s->err);
-    else rc = nf__tier0_run(s, k, op, op->bufs, &s->err);
-  }
+  if (rc == NF_OK)
+    rc = timed_run(s, vs_t0 ? dev(s)->tier0(s, k, op, 1) : dev(s)->run(s, k, op, k->cur));
   double r_ms = nf_now_ms() - r0;
+  for (uint32_t j = op->n_in; rc == NF_OK && dev(s)->pull && j < op->n_in + op->n_out; j++)
+    rc = dev(s)->pull(s, op->bufs[j], (size_t)s->slots[op->slots[j]].bytes);
   if (rc == NF_OK) {
-    if (nf__canary_verdict(s, k, op, cb + op->n_in, crc, &e, "kernel")) {
+    if (nf__canary_verdict(s, k, op, got, crc, &e, dev(s)->sync ? "GPU kernel" : "kernel")) {
       promote(s, k);
       nf__verified_add(s, k->key, k->cur_sha);
       if (vs_t0) {
-        k->t0_ms = r_ms;
         judge(s, k, c_ms, r_ms);
       } else {
-        /* a better kernel replacing a verified one: OpenBLAS races it
+        /* a better kernel replacing a verified one: a library races it
          * again; one that beats a kernel faster than the interpreter
          * is faster than the interpreter too */
-        k->race_left = k->gemm ? NF_RACE_RUNS : 0;
-        if (!k->gemm && k->t0_ms > 0 && c_ms < k->t0_ms) {
+        k->race_left = lib(s, k) ? NF_RACE_RUNS : 0;
+        if (!lib(s, k) && k->t0_ms > 0 && c_ms < k->t0_ms) {
           k->kn_ms = c_ms;
           nf__verdict_put(s, k->key, k->cur_sha, c_ms, k->t0_ms, verdict_flags(s));
         }
       }
     } else {
-      nf_kernel_free(k->cand);
+      unload(s, k->cand);
     }
     k->cand = NULL;
   }
   nf_buf_free(&e);
-  for (uint32_t j = 0; scratch && j < n; j++) free(scratch[j]);
-  free(scratch);
-  free(cb);
+  for (uint32_t o = 0; o < op->n_out; o++) free(got[o]);
+  free(got);
   return rc;
+}
+
+/* What arrived for k (the device's accept made it) becomes its candidate,
+ * loaded by the device; one still waiting for its canary is superseded. */
+static void set_cand(nf_session *s, nf__kent *k, void *arrived) {
+  void *kern = dev(s)->load ? dev(s)->load(s, k, arrived) : arrived;
+  if (!kern) return;
+  unload(s, k->cand);
+  k->cand = kern;
+}
+
+void nf__kt_boundary(nf_session *s) {
+  for (int i = 0; i < s->kt.n_kents; i++) {
+    nf__kent *k = &s->kt.kents[i];
+    pthread_mutex_lock(&s->kt.mu);
+    void *arrived = NULL;
+    if (k->in_obj && k->in_tier == 0 && (k->cur || k->cand)) {
+      /* a kernel generated here, late: the daemon's is in use already */
+      s->kt.dev->drop(k->in_obj);
+      k->in_obj = NULL;
+    } else {
+      arrived = nf__kt_take_locked(&s->kt, k);
+    }
+    pthread_mutex_unlock(&s->kt.mu);
+    if (arrived) set_cand(s, k, arrived);
+  }
 }
 
 /* Whether to wait for the daemon's first kernel of k rather than run
@@ -231,7 +239,7 @@ static int run_canary(nf_session *s, nf__kent *k, nf__op *op) {
  * session runs such a subgraph at tier 0 once rather than twice.  The
  * waits of a session are bounded by NF_COLD_WAIT_MS in all. */
 static void maybe_wait(nf_session *s, nf__kent *k) {
-  if (k->cur || k->gemm || k->cand) return;
+  if (k->cur || lib(s, k) || k->cand) return;
   double est = (double)k->flops * k->n_ops / s->interp_rate;
   if (est > 120000) est = 120000;
   double allow;
@@ -268,24 +276,22 @@ static void maybe_wait(nf_session *s, nf__kent *k) {
   else
     s->first_wait_left -= waited > est ? waited - est : 0;
   void *arrived = nf__kt_take_locked(&s->kt, k);
-  if (arrived) k->cand = arrived;
   pthread_mutex_unlock(&s->kt.mu);
+  if (arrived) set_cand(s, k, arrived);
 }
 
-int nf__kt_run_cpu(nf_session *s, nf__op *op) {
-  nf__kent *k = &s->kt.kents[op->kent];
-  if (!k->cur && !k->cand && s->step == 0) maybe_wait(s, k);
-  if (k->cand && nf__verified_has(s, k->key, k->cand_sha)) promote_trusted(s, k);
+/* Runs op once: the candidate's canary, a run of the race between tier 0
+ * and the kernel, the kernel, or tier 0. */
+static int dispatch(nf_session *s, nf__kent *k, nf__op *op) {
   double t0 = nf_now_ms();
   int rc;
   if (k->cand) {
     rc = run_canary(s, k, op);
   } else if (k->cur && k->race_left > 0) {
-    /* tier 0 against the compiled kernel, alternating, the kernel first;
-     * both are verified, so either result is the step's */
+    /* tier 0 against the compiled kernel, alternating, the kernel first,
+     * each waited for; both are verified, so either result is the step's */
     int t0run = k->race_left % 2, i = (NF_RACE_RUNS - k->race_left) / 2;
-    rc = t0run ? nf__tier0_run(s, k, op, op->bufs, &s->err)
-               : run_kernel(s, k->cur, op, op->bufs, &s->err);
+    rc = timed_run(s, t0run ? dev(s)->tier0(s, k, op, 0) : dev(s)->run(s, k, op, k->cur));
     k->race_ms[t0run][i] = nf_now_ms() - t0;
     k->race_left--;
     if (rc == NF_OK && t0run) {
@@ -299,10 +305,11 @@ int nf__kt_run_cpu(nf_session *s, nf__op *op) {
       if (k->race_left == 0 || far == 2 || far == -2) race_end(s, k, i + 1);
     }
   } else if (k->cur && !k->prefer_t0) {
-    rc = run_kernel(s, k->cur, op, op->bufs, &s->err);
+    rc = dev(s)->run(s, k, op, k->cur);
     if (k->probe && rc == NF_OK) {
       /* the first run of a kernel trusted without a verdict: clearly
        * faster than the interpreter's estimate, or a race */
+      rc = timed_run(s, rc);
       double kn = nf_now_ms() - t0, est = (double)k->flops / s->interp_rate;
       k->probe = 0;
       k->kn_ms = kn;
@@ -313,14 +320,32 @@ int nf__kt_run_cpu(nf_session *s, nf__op *op) {
         k->race_left = NF_RACE_RUNS;
     }
   } else {
-    rc = nf__tier0_run(s, k, op, op->bufs, &s->err);
+    rc = dev(s)->tier0(s, k, op, 0);
     double dt = nf_now_ms() - t0;
-    k->t0_ms = dt;
-    if (!k->gemm && dt > 1 && k->flops > 0) {
+    if (!dev(s)->sync || !lib(s, k)) k->t0_ms = dt; /* (a queued library call: not its time) */
+    if (!lib(s, k) && dt > 1 && k->flops > 0) {
       double r = (double)k->flops / dt;
       s->interp_rate = 0.7 * s->interp_rate + 0.3 * r;
     }
   }
-  k->run_ms += nf_now_ms() - t0;
+  return rc;
+}
+
+int nf__kt_run_ops(nf_session *s, const uint8_t *mask) {
+  const nf__device *d = dev(s);
+  int rc = NF_OK;
+  for (int i = 0; i < s->n_ops && rc == NF_OK; i++) {
+    if (mask && !mask[i]) continue;
+    nf__op *op = &s->ops[i];
+    nf__kent *k = &s->kt.kents[op->kent];
+    if (!k->cur && !k->cand && s->step == 0) maybe_wait(s, k);
+    if (k->cand && nf__verified_has(s, k->key, k->cand_sha)) promote_trusted(s, k);
+    double t0 = nf_now_ms();
+    int kernel = !k->cand && k->cur && k->race_left <= 0 && !k->prefer_t0;
+    if (d->op_begin) rc = d->op_begin(s, i);
+    if (rc == NF_OK) rc = dispatch(s, k, op);
+    if (d->op_end) rc = d->op_end(s, i, kernel, rc);
+    k->run_ms += nf_now_ms() - t0;
+  }
   return rc;
 }
