@@ -121,6 +121,18 @@ static void wrapped(const nf_ast_expr *e, nf_buf *b, int wrap, int no_gt) {
   if (wrap) nf_buf_putc(b, ')');
 }
 
+/* A call's `<name = value, ...>` (nothing without parameters). */
+static void call_params(const nf_ast_param_arg *pa, int n, nf_buf *b) {
+  if (!n) return;
+  nf_buf_putc(b, '<');
+  for (int i = 0; i < n; i++) {
+    if (i) nf_buf_puts(b, ", ");
+    nf_buf_printf(b, "%s = ", pa[i].name);
+    expr(pa[i].value, b, 1);
+  }
+  nf_buf_putc(b, '>');
+}
+
 static void expr(const nf_ast_expr *e, nf_buf *b, int no_gt) {
   if (!e) {
     nf_buf_puts(b, "<null>");
@@ -138,6 +150,11 @@ static void expr(const nf_ast_expr *e, nf_buf *b, int no_gt) {
     break;
   case NF_A_NAME:
     nf_buf_puts(b, e->name);
+    if (e->sub) {
+      nf_buf_putc(b, '[');
+      expr(e->sub, b, 0);
+      nf_buf_putc(b, ']');
+    }
     break;
   case NF_A_PACK:
     nf_buf_putc(b, '*');
@@ -176,6 +193,16 @@ static void expr(const nf_ast_expr *e, nf_buf *b, int no_gt) {
       expr(e->sub, b, 0);
       nf_buf_putc(b, ']');
     }
+    nf_buf_putc(b, '(');
+    for (int i = 0; i < e->n_args; i++) {
+      if (i) nf_buf_puts(b, ", ");
+      expr(e->args[i], b, 0);
+    }
+    nf_buf_putc(b, ')');
+    break;
+  case NF_A_CALL:
+    nf_buf_puts(b, e->name);
+    call_params(e->params, e->n_params, b);
     nf_buf_putc(b, '(');
     for (int i = 0; i < e->n_args; i++) {
       if (i) nf_buf_puts(b, ", ");
@@ -272,20 +299,16 @@ static void stmt(const nf_ast_stmt *s, nf_buf *b, int level) {
       tref(&s->results[i], b);
     }
     nf_buf_puts(b, " = ");
+    if (s->value) {
+      expr(s->value, b, 0);
+      break;
+    }
     if (!s->callee) { /* a copy */
       if (s->n_args > 0) tref(&s->args[0], b);
       break;
     }
     nf_buf_puts(b, s->callee);
-    if (s->n_params) {
-      nf_buf_putc(b, '<');
-      for (int i = 0; i < s->n_params; i++) {
-        if (i) nf_buf_puts(b, ", ");
-        nf_buf_printf(b, "%s = ", s->params[i].name);
-        expr(s->params[i].value, b, 1);
-      }
-      nf_buf_putc(b, '>');
-    }
+    call_params(s->params, s->n_params, b);
     nf_buf_putc(b, '(');
     for (int i = 0; i < s->n_args; i++) {
       if (i) nf_buf_puts(b, ", ");
@@ -375,6 +398,7 @@ int nf__ast_expr_equal(const nf_ast_expr *a, const nf_ast_expr *b) {
   case NF_A_FLOAT:
     return memcmp(&a->fval, &b->fval, sizeof a->fval) == 0;
   case NF_A_NAME:
+    return str_eq(a->name, b->name) && nf__ast_expr_equal(a->sub, b->sub);
   case NF_A_PACK:
     return str_eq(a->name, b->name);
   case NF_A_UNARY:
@@ -384,6 +408,13 @@ int nf__ast_expr_equal(const nf_ast_expr *a, const nf_ast_expr *b) {
   case NF_A_APPLY:
     if (!str_eq(a->name, b->name) || !nf__ast_expr_equal(a->sub, b->sub))
       return 0;
+    break;
+  case NF_A_CALL:
+    if (!str_eq(a->name, b->name) || a->n_params != b->n_params) return 0;
+    for (int i = 0; i < a->n_params; i++)
+      if (!str_eq(a->params[i].name, b->params[i].name) ||
+          !nf__ast_expr_equal(a->params[i].value, b->params[i].value))
+        return 0;
     break;
   default:
     break;
@@ -431,7 +462,8 @@ static int stmt_eq(const nf_ast_stmt *a, const nf_ast_stmt *b) {
     return 1;
   case NF_S_CALL:
     if (a->n_results != b->n_results || !str_eq(a->callee, b->callee) ||
-        a->n_params != b->n_params || a->n_args != b->n_args)
+        a->n_params != b->n_params || a->n_args != b->n_args ||
+        !nf__ast_expr_equal(a->value, b->value))
       return 0;
     for (int i = 0; i < a->n_results; i++)
       if (!tref_eq(&a->results[i], &b->results[i])) return 0;

@@ -1909,9 +1909,12 @@ static int do_copy(inst *I, const nf_ast_stmt *st) {
   return NF_OK;
 }
 
+static int do_value(inst *I, const nf_ast_stmt *st);
+
 static int do_call(inst *I, const nf_ast_stmt *st) {
   elab *E = I->E;
   int rc;
+  if (st->value) return do_value(I, st);
   if (!st->callee) return do_copy(I, st);
   const nf_ast_def *cd = nf__module_find(E->m, st->callee);
   if (!cd)
@@ -2043,6 +2046,268 @@ noted:
 out:
   E->depth--;
   return rc;
+}
+
+/* ---- tensor expressions (`T = sigmoid(linear(X, W, b)) * 2.0 + B`) ----
+ *
+ * The right side of a call statement may be a tensor expression
+ * (st->value).  It is elaborated as the statements one would write by
+ * hand: each call of a def inside it becomes a call statement into a
+ * local named after the statement's first result and the callee
+ * ("T.linear"), and the elementwise rest (+ - * /, unary minus, literals,
+ * math functions and casts) becomes one element statement over the
+ * broadcast shape, with NumPy's rules: shapes aligned at their last
+ * dimension, a dimension of size 1 read at 0 against a larger one. */
+
+static nf_ast_expr *tx_node(elab *E, int kind, nf_loc loc, int n_args) {
+  nf_ast_expr *e = talloc(E, sizeof *e);
+  if (!e) return NULL;
+  memset(e, 0, sizeof *e);
+  e->kind = (uint8_t)kind;
+  e->loc = loc;
+  e->n_args = n_args;
+  if (n_args && !(e->args = talloc(E, sizeof *e->args * (size_t)n_args))) return NULL;
+  return e;
+}
+
+/* A fresh local's key "BASE.WHAT" (then "BASE.WHAT2", ...). */
+static const char *tx_temp(inst *I, const char *base, const char *what) {
+  for (int n = 1;; n++) {
+    const char *k = n == 1 ? tprintf(I->E, "%s.%s", base, what)
+                           : tprintf(I->E, "%s.%s%d", base, what, n);
+    if (!k || !tfind(I, k)) return k;
+  }
+}
+
+/* The defined tensor r names: its id. */
+static int tx_lookup(inst *I, const nf_ast_tref *r, uint32_t *id) {
+  elab *E = I->E;
+  const char *key;
+  int rc = tref_key(I, r, &key);
+  if (rc) return rc;
+  tent *te = tfind(I, key);
+  if (!te && defines(I->def->body, I->def->n_body, r->name))
+    return fail(E, r->loc, NF_ETYPE, "tensor '%s' is used before it is defined", key);
+  if (!te) return fail(E, r->loc, NF_ENOENT, "unknown tensor '%s'", key);
+  if (!te->defined)
+    return fail(E, r->loc, NF_ETYPE, "tensor '%s' is used before it is defined", key);
+  *id = te->id;
+  return NF_OK;
+}
+
+static int tx_tensor(inst *I, const nf_ast_expr *e, const char *base, const nf_ast_stmt *top,
+                     nf_ast_tref *out);
+
+/* Calls of defs inside e made into locals: a copy of e in which each is
+ * a plain tensor (NF_A_NAME). */
+static int tx_hoist(inst *I, const nf_ast_expr *e, const char *base, nf_ast_expr **out) {
+  elab *E = I->E;
+  if (e->kind == NF_A_CALL && nf__module_find(E->m, e->name)) {
+    nf_ast_tref r;
+    int rc = tx_tensor(I, e, base, NULL, &r);
+    if (rc) return rc;
+    nf_ast_expr *n = tx_node(E, NF_A_NAME, e->loc, 0);
+    if (!n) return oom(E);
+    n->name = r.name;
+    n->sub = r.sub;
+    *out = n;
+    return NF_OK;
+  }
+  nf_ast_expr *c = talloc(E, sizeof *c);
+  if (!c) return oom(E);
+  *c = *e;
+  if (e->n_args && !(c->args = talloc(E, sizeof *c->args * (size_t)e->n_args))) return oom(E);
+  for (int k = 0; k < e->n_args; k++) {
+    int rc = tx_hoist(I, e->args[k], base, &c->args[k]);
+    if (rc) return rc;
+  }
+  *out = c;
+  return NF_OK;
+}
+
+/* The broadcast of the shapes of the tensors in e (after tx_hoist) into
+ * rank/shape. */
+static int tx_shape(inst *I, const nf_ast_expr *e, int *rank, int64_t *shape) {
+  elab *E = I->E;
+  if (e->kind == NF_A_NAME && !e->sub && !tfind(I, e->name) && cfind(I, e->name))
+    return NF_OK; /* a size, parameter or loop variable: a scalar */
+  if (e->kind == NF_A_NAME) {
+    nf_ast_tref r = {.name = e->name, .sub = e->sub, .loc = e->loc};
+    uint32_t id;
+    int rc = tx_lookup(I, &r, &id);
+    if (rc) return rc;
+    const nf_tensor *t = tensor_of(I, id);
+    int R = t->rank > *rank ? t->rank : *rank;
+    int64_t res[NF_MAX_RANK];
+    for (int d = 0; d < R; d++) {
+      int a = d - (R - *rank), b = d - (R - t->rank);
+      int64_t x = a >= 0 ? shape[a] : 1, y = b >= 0 ? t->shape[b] : 1;
+      if (x != y && x != 1 && y != 1)
+        return fail(E, e->loc, NF_ETYPE,
+                    "'%s' is %s, which does not broadcast with %s (dimension %d "
+                    "from the end: %" PRId64 " against %" PRId64 ")",
+                    e->name, shape_str(E, t->rank, t->shape), shape_str(E, *rank, shape),
+                    R - d, y, x);
+      res[d] = x == 1 ? y : x;
+    }
+    *rank = R;
+    memcpy(shape, res, sizeof(int64_t) * (size_t)R);
+    return NF_OK;
+  }
+  for (int k = 0; k < e->n_args; k++) {
+    int rc = tx_shape(I, e->args[k], rank, shape);
+    if (rc) return rc;
+  }
+  return NF_OK;
+}
+
+/* e (after tx_hoist) as an element expression over the variables vars of
+ * the result's rank/shape: each tensor read at the variables of its last
+ * dimensions, at 0 where it has size 1 against a larger result. */
+static int tx_elem(inst *I, const nf_ast_expr *e, int rank, const int64_t *shape,
+                   nf_ast_expr *const *vars, nf_ast_expr **out) {
+  elab *E = I->E;
+  if (e->kind == NF_A_NAME && !e->sub && !tfind(I, e->name) && cfind(I, e->name)) {
+    *out = (nf_ast_expr *)e; /* a size: the element statement reads it */
+    return NF_OK;
+  }
+  if (e->kind == NF_A_NAME) {
+    nf_ast_tref r = {.name = e->name, .sub = e->sub, .loc = e->loc};
+    uint32_t id;
+    int rc = tx_lookup(I, &r, &id);
+    if (rc) return rc;
+    const nf_tensor *t = tensor_of(I, id);
+    nf_ast_expr *a = tx_node(E, NF_A_APPLY, e->loc, t->rank);
+    if (!a) return oom(E);
+    a->name = e->name;
+    a->sub = e->sub;
+    for (int d = 0; d < t->rank; d++) {
+      int rd = d + rank - t->rank;
+      if (t->shape[d] == 1 && shape[rd] != 1) {
+        if (!(a->args[d] = tx_node(E, NF_A_INT, e->loc, 0))) return oom(E);
+      } else {
+        a->args[d] = vars[rd];
+      }
+    }
+    *out = a;
+    return NF_OK;
+  }
+  if (e->kind == NF_A_CALL) {
+    nf_op op;
+    int ar;
+    nf_dtype dt;
+    if (!nf__lang_math_fn(e->name, &op, &ar) && !nf_dtype_parse(e->name, strlen(e->name), &dt))
+      return fail(E, e->loc, NF_ENOENT, "unknown def or function '%s'", e->name);
+    if (e->n_params)
+      return fail(E, e->params[0].loc, NF_ETYPE, "%s takes no parameters", e->name);
+  }
+  nf_ast_expr *c = talloc(E, sizeof *c);
+  if (!c) return oom(E);
+  *c = *e;
+  if (e->kind == NF_A_CALL) c->kind = NF_A_APPLY;
+  if (e->n_args && !(c->args = talloc(E, sizeof *c->args * (size_t)e->n_args))) return oom(E);
+  for (int k = 0; k < e->n_args; k++) {
+    int rc = tx_elem(I, e->args[k], rank, shape, vars, &c->args[k]);
+    if (rc) return rc;
+  }
+  *out = c;
+  return NF_OK;
+}
+
+/* Makes the tensor of expression e: into the results of statement top
+ * when given (e is its whole right side), else into a new local named
+ * after base.  *out names it. */
+static int tx_tensor(inst *I, const nf_ast_expr *e, const char *base, const nf_ast_stmt *top,
+                     nf_ast_tref *out) {
+  elab *E = I->E;
+  int rc;
+  if (e->kind == NF_A_NAME && !top) {
+    out->name = e->name;
+    out->sub = e->sub;
+    out->loc = e->loc;
+    return NF_OK;
+  }
+  nf_ast_stmt *s = talloc(E, sizeof *s);
+  if (!s) return oom(E);
+  memset(s, 0, sizeof *s);
+  s->loc = top ? top->loc : e->loc;
+  if (top) {
+    s->n_results = top->n_results;
+    s->results = top->results;
+  } else {
+    if (!(s->results = talloc(E, sizeof *s->results))) return oom(E);
+    memset(s->results, 0, sizeof *s->results);
+    s->n_results = 1;
+    s->results[0].name =
+        tx_temp(I, base, e->kind == NF_A_CALL ? e->name : e->kind == NF_A_NAME ? "copy" : "expr");
+    s->results[0].loc = e->loc;
+    if (!s->results[0].name) return oom(E);
+  }
+  *out = s->results[0];
+  if (e->kind == NF_A_CALL && nf__module_find(E->m, e->name)) {
+    s->kind = NF_S_CALL;
+    s->callee = e->name;
+    s->callee_loc = e->loc;
+    s->n_params = e->n_params;
+    s->params = e->params;
+    s->n_args = e->n_args;
+    if (e->n_args && !(s->args = talloc(E, sizeof *s->args * (size_t)e->n_args)))
+      return oom(E);
+    for (int k = 0; k < e->n_args; k++) {
+      const nf_ast_expr *a = e->args[k];
+      if (a->kind == NF_A_INT || a->kind == NF_A_FLOAT)
+        return fail(E, a->loc, NF_ETYPE,
+                    "argument %d of %s is a number; a def takes whole tensors", k + 1,
+                    e->name);
+      if ((rc = tx_tensor(I, a, base, NULL, &s->args[k]))) return rc;
+    }
+    return do_call(I, s);
+  }
+  if (top && top->n_results != 1)
+    return fail(E, top->loc, NF_ETYPE, "an expression has one result, not %d",
+                top->n_results);
+  /* elementwise: the calls inside first, then one element statement */
+  nf_ast_expr *h;
+  if ((rc = tx_hoist(I, e, base, &h))) return rc;
+  int rank = 0;
+  int64_t shape[NF_MAX_RANK];
+  if ((rc = tx_shape(I, h, &rank, shape))) return rc;
+  const char *key;
+  if ((rc = tref_key(I, &s->results[0], &key))) return rc;
+  tent *dst = tfind(I, key);
+  if (dst && !dst->defined) {
+    const nf_tensor *t = tensor_of(I, dst->id);
+    int same = t->rank == rank;
+    for (int d = 0; same && d < rank; d++) same = t->shape[d] == shape[d];
+    if (!same)
+      return fail(E, s->results[0].loc, NF_ETYPE, "'%s' is declared %s%s but receives %s",
+                  key, nf_dtype_name((nf_dtype)t->dtype), shape_str(E, t->rank, t->shape),
+                  shape_str(E, rank, shape));
+  }
+  nf_ast_expr *vars[NF_MAX_RANK];
+  for (int d = 0; d < rank; d++) {
+    const char *v = tprintf(E, "i%d", d);
+    while (v && (cfind(I, v) || tfind(I, v))) v = tprintf(E, "%s_", v);
+    if (!v || !(vars[d] = tx_node(E, NF_A_NAME, e->loc, 0))) return oom(E);
+    vars[d]->name = v;
+  }
+  s->kind = NF_S_ELEM;
+  s->lhs = s->results[0];
+  s->n_idx = rank;
+  if (rank && !(s->idx = talloc(E, sizeof *s->idx * (size_t)rank))) return oom(E);
+  for (int d = 0; d < rank; d++) s->idx[d] = vars[d];
+  s->red = NF_RED_NONE;
+  if ((rc = tx_elem(I, h, rank, shape, vars, &s->rhs))) return rc;
+  return do_elem(I, s);
+}
+
+/* `results = tensor expression` (st->value). */
+static int do_value(inst *I, const nf_ast_stmt *st) {
+  const char *base;
+  int rc = tref_key(I, &st->results[0], &base);
+  if (rc) return rc;
+  nf_ast_tref r;
+  return tx_tensor(I, st->value, base, st, &r);
 }
 
 static int do_for(inst *I, const nf_ast_stmt *st) {

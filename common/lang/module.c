@@ -305,6 +305,29 @@ static int collect_defined(nf_ast_stmt *const *body, int n, names *s) {
   return NF_OK;
 }
 
+/* The names a tensor expression may read as scalars: the def's integer
+ * parameters, `where` sizes, the sizes its shapes bind, and loop
+ * variables (body: the statements to look for loops in; def NULL then). */
+static int collect_scalars(const nf_ast_def *def, nf_ast_stmt *const *body, int n,
+                           names *s) {
+  int rc = NF_OK;
+  for (int k = 0; def && k < def->n_params && !rc; k++) rc = names_add(s, def->params[k].name);
+  for (int k = 0; def && k < def->n_wheres && !rc; k++) rc = names_add(s, def->wheres[k].name);
+  for (int io = 0; def && io < 2; io++) {
+    const nf_ast_tdecl *ts = io ? def->outputs : def->inputs;
+    int nt = io ? def->n_outputs : def->n_inputs;
+    for (int k = 0; k < nt; k++)
+      for (int j = 0; j < ts[k].n_dims && !rc; j++)
+        if (ts[k].dims[j]->kind == NF_A_NAME) rc = names_add(s, ts[k].dims[j]->name);
+  }
+  for (int k = 0; k < n && !rc; k++)
+    if (body[k]->kind == NF_S_FOR) {
+      rc = names_add(s, body[k]->var);
+      if (!rc) rc = collect_scalars(NULL, body[k]->body, body[k]->n_body, s);
+    }
+  return rc;
+}
+
 static int check_expr(const nf_ast_expr *e, const names *tensors, nf_diag *d) {
   if (!e) return 0;
   int bad = 0;
@@ -325,14 +348,110 @@ static int check_expr(const nf_ast_expr *e, const names *tensors, nf_diag *d) {
   return bad;
 }
 
+/* A call of def cd at loc with n_args arguments and params: the arity,
+ * the parameters' names and, for n_results >= 0, the results (a call in
+ * a tensor expression, n_results -1, must have one output).  1 after
+ * errors. */
+static int check_call(const nf_ast_def *cd, nf_loc loc, nf_loc stmt_loc, int n_args,
+                      int n_results, const nf_ast_param_arg *params, int n_params,
+                      nf_diag *d) {
+  int bad = 0;
+  if (n_args != cd->n_inputs) {
+    nf_diag_error(d, loc, "%s takes %d input%s, got %d", cd->name, cd->n_inputs,
+                  cd->n_inputs == 1 ? "" : "s", n_args);
+    nf_diag_note(d, cd->loc, "%s is defined here", cd->name);
+    bad = 1;
+  }
+  if (n_results >= 0 && n_results != cd->n_outputs) {
+    nf_diag_error(d, stmt_loc, "%s returns %d output%s, but %d %s named", cd->name,
+                  cd->n_outputs, cd->n_outputs == 1 ? "" : "s", n_results,
+                  n_results == 1 ? "is" : "are");
+    bad = 1;
+  }
+  if (n_results < 0 && cd->n_outputs != 1) {
+    nf_diag_error(d, loc,
+                  "%s returns %d outputs: only a def with one output is a value "
+                  "inside an expression; name its results in a statement of its "
+                  "own ('A, B = %s(...)')",
+                  cd->name, cd->n_outputs, cd->name);
+    bad = 1;
+  }
+  for (int j = 0; j < n_params; j++) {
+    int found = 0;
+    for (int p = 0; p < cd->n_params; p++)
+      if (strcmp(cd->params[p].name, params[j].name) == 0) found = 1;
+    if (!found) {
+      nf_diag_error(d, params[j].loc, "%s has no parameter '%s'", cd->name,
+                    params[j].name);
+      bad = 1;
+    }
+  }
+  return bad;
+}
+
+/* A tensor expression (the right side of `T = ...`): its tensors known,
+ * its calls of defs checked (top: the statement's own call, with its
+ * n_results), its functions and casts elementwise with one argument
+ * (pow, min and max with two). */
+static int check_texpr(const nf_module *m, const nf_ast_expr *e, int top, int n_results,
+                       nf_loc stmt_loc, const names *tensors, const names *scalars,
+                       nf_diag *d) {
+  int bad = 0;
+  if (e->kind == NF_A_NAME && !names_has(tensors, e->name) &&
+      (e->sub || !names_has(scalars, e->name))) {
+    nf_diag_error(d, e->loc, "unknown tensor '%s'", e->name);
+    bad = 1;
+  }
+  if (e->kind == NF_A_CALL) {
+    const nf_ast_def *cd = nf__module_find(m, e->name);
+    nf_op op;
+    int ar = 1;
+    nf_dtype dt;
+    if (cd) {
+      bad |= check_call(cd, e->loc, stmt_loc, e->n_args, top ? n_results : -1, e->params,
+                        e->n_params, d);
+    } else if (nf__lang_math_fn(e->name, &op, &ar) ||
+               nf_dtype_parse(e->name, strlen(e->name), &dt)) {
+      if (nf_dtype_parse(e->name, strlen(e->name), &dt)) ar = 1;
+      if (e->n_args != ar) {
+        nf_diag_error(d, e->loc, "%s takes %d argument%s, got %d", e->name, ar,
+                      ar == 1 ? "" : "s", e->n_args);
+        bad = 1;
+      }
+      if (e->n_params) {
+        nf_diag_error(d, e->params[0].loc, "%s takes no parameters", e->name);
+        bad = 1;
+      }
+      if (top && n_results != 1) {
+        nf_diag_error(d, stmt_loc, "%s has one result, but %d are named", e->name,
+                      n_results);
+        bad = 1;
+      }
+    } else if (names_has(tensors, e->name)) {
+      nf_diag_error(d, e->loc,
+                    "'%s' is a tensor, not a def: a tensor expression uses whole "
+                    "tensors (write %s, not %s(...)); index it in an element "
+                    "statement",
+                    e->name, e->name, e->name);
+      bad = 1;
+    } else {
+      nf_diag_error(d, e->loc, "unknown def or function '%s'", e->name);
+      bad = 1;
+    }
+  }
+  for (int k = 0; k < e->n_args; k++)
+    bad |= check_texpr(m, e->args[k], 0, 0, stmt_loc, tensors, scalars, d);
+  return bad;
+}
+
 static int check_body(const nf_module *m, const nf_ast_def *def,
                       nf_ast_stmt *const *body, int n, const names *tensors,
-                      nf_diag *d) {
+                      const names *scalars, nf_diag *d) {
   int bad = 0;
   for (int k = 0; k < n; k++) {
     const nf_ast_stmt *st = body[k];
     if (st->kind == NF_S_FOR) {
-      bad |= check_body(m, def, st->body, st->n_body, tensors, d);
+      bad |= check_body(m, def, st->body, st->n_body, tensors, scalars, d);
       continue;
     }
     if (st->kind == NF_S_ELEM) {
@@ -340,6 +459,10 @@ static int check_body(const nf_module *m, const nf_ast_def *def,
       continue;
     }
     if (st->kind == NF_S_PARAM) continue; /* checked by check_param_decls */
+    if (st->value) {
+      bad |= check_texpr(m, st->value, 1, st->n_results, st->loc, tensors, scalars, d);
+      continue;
+    }
     for (int j = 0; j < st->n_args; j++)
       if (!names_has(tensors, st->args[j].name)) {
         nf_diag_error(d, st->args[j].loc, "unknown tensor '%s'", st->args[j].name);
@@ -352,28 +475,8 @@ static int check_body(const nf_module *m, const nf_ast_def *def,
       bad = 1;
       continue;
     }
-    if (st->n_args != cd->n_inputs) {
-      nf_diag_error(d, st->callee_loc, "%s takes %d input%s, got %d", cd->name,
-                    cd->n_inputs, cd->n_inputs == 1 ? "" : "s", st->n_args);
-      nf_diag_note(d, cd->loc, "%s is defined here", cd->name);
-      bad = 1;
-    }
-    if (st->n_results != cd->n_outputs) {
-      nf_diag_error(d, st->loc, "%s returns %d output%s, but %d %s named",
-                    cd->name, cd->n_outputs, cd->n_outputs == 1 ? "" : "s",
-                    st->n_results, st->n_results == 1 ? "is" : "are");
-      bad = 1;
-    }
-    for (int j = 0; j < st->n_params; j++) {
-      int found = 0;
-      for (int p = 0; p < cd->n_params; p++)
-        if (strcmp(cd->params[p].name, st->params[j].name) == 0) found = 1;
-      if (!found) {
-        nf_diag_error(d, st->params[j].loc, "%s has no parameter '%s'",
-                      cd->name, st->params[j].name);
-        bad = 1;
-      }
-    }
+    bad |= check_call(cd, st->callee_loc, st->loc, st->n_args, st->n_results, st->params,
+                      st->n_params, d);
   }
   return bad;
 }
@@ -484,7 +587,13 @@ static int check_def(const nf_module *m, const nf_ast_def *def, nf_diag *d) {
   for (int k = 0; k < defined.n; k++)
     if (names_add(&tensors, defined.v[k])) goto oom;
   free(defined.v);
-  bad |= check_body(m, def, def->body, def->n_body, &tensors, d);
+  names scalars = {0};
+  if (collect_scalars(def, def->body, def->n_body, &scalars)) {
+    free(scalars.v);
+    goto oom;
+  }
+  bad |= check_body(m, def, def->body, def->n_body, &tensors, &scalars, d);
+  free(scalars.v);
   free(all.v);
   free(tensors.v);
   return bad;
@@ -495,15 +604,26 @@ oom:
   return 1;
 }
 
+static void mark_callee(const nf_module *m, const char *name, char *mark) {
+  for (int j = 0; j < m->n_defs; j++)
+    if (strcmp(m->defs[j]->name, name) == 0) mark[j] = 1;
+}
+
+/* The defs a tensor expression calls. */
+static void texpr_callees(const nf_module *m, const nf_ast_expr *e, char *mark) {
+  if (e->kind == NF_A_CALL) mark_callee(m, e->name, mark);
+  for (int k = 0; k < e->n_args; k++) texpr_callees(m, e->args[k], mark);
+}
+
 /* Callees of a def (indices into m->defs), recursively through loops. */
 static void callees(const nf_module *m, nf_ast_stmt *const *body, int n,
                     char *mark) {
   for (int k = 0; k < n; k++) {
     const nf_ast_stmt *st = body[k];
     if (st->kind == NF_S_FOR) callees(m, st->body, st->n_body, mark);
-    if (st->kind != NF_S_CALL || !st->callee) continue;
-    for (int j = 0; j < m->n_defs; j++)
-      if (strcmp(m->defs[j]->name, st->callee) == 0) mark[j] = 1;
+    if (st->kind != NF_S_CALL) continue;
+    if (st->value) texpr_callees(m, st->value, mark);
+    if (st->callee) mark_callee(m, st->callee, mark);
   }
 }
 

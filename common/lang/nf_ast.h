@@ -20,17 +20,23 @@ typedef enum nf_ast_kind {
   NF_A_INT = 0, /* ival */
   NF_A_FLOAT,   /* fval; text holds the literal as written */
   NF_A_BOOL,    /* ival 0/1 */
-  NF_A_NAME,    /* name */
+  NF_A_NAME,    /* name; in a tensor expression, sub is the family
+                   subscript of NAME[sub] (or NULL) */
   NF_A_PACK,    /* *name: only as an index, dim or LHS variable */
   NF_A_UNARY,   /* op (NF_OP_NEG or NF_OP_NOT), args[0] */
   NF_A_BINARY,  /* op (ADD..OR), args[0], args[1] */
   NF_A_SELECT,  /* args[0] ? args[1] : args[2] */
-  NF_A_APPLY    /* name[sub](args...): a tensor access, a math function or
+  NF_A_APPLY,   /* name[sub](args...): a tensor access, a math function or
                    a cast; the elaborator decides by the name. sub is the
                    family subscript or NULL. `T()` has n_args 0. */
+  NF_A_CALL     /* name<params>(args...) in a tensor expression (the right
+                   side of `T = ...`): a def applied to whole tensors (the
+                   args, tensor expressions), or an elementwise math
+                   function or cast; params: n_params, params */
 } nf_ast_kind;
 
 typedef struct nf_ast_expr nf_ast_expr;
+typedef struct nf_ast_param_arg nf_ast_param_arg;
 struct nf_ast_expr {
   uint8_t kind; /* nf_ast_kind */
   uint8_t op;   /* nf_op for UNARY/BINARY */
@@ -42,6 +48,8 @@ struct nf_ast_expr {
   nf_ast_expr *sub; /* APPLY: family subscript, or NULL */
   int n_args;
   nf_ast_expr **args;
+  int n_params;             /* CALL: name = value, in <...> */
+  nf_ast_param_arg *params;
 };
 
 /* A reference to a whole tensor: NAME or NAME[sub]. */
@@ -57,11 +65,11 @@ typedef struct nf_ast_range { /* where NAME in LO:HI */
   nf_loc loc;
 } nf_ast_range;
 
-typedef struct nf_ast_param_arg { /* name = expr, in a call's <...> */
+struct nf_ast_param_arg { /* name = expr, in a call's <...> */
   const char *name;
   nf_ast_expr *value;
   nf_loc loc;
-} nf_ast_param_arg;
+};
 
 typedef struct nf_ast_tdecl { /* NAME: DTYPE[dims] */
   const char *name;
@@ -74,7 +82,10 @@ typedef struct nf_ast_tdecl { /* NAME: DTYPE[dims] */
 typedef enum nf_ast_stmt_kind {
   NF_S_ELEM = 0, /* lhs(idx...) OP rhs [where ranges] */
   NF_S_CALL,     /* results = callee<params>(args); callee NULL for a copy
-                    `T = U` (then n_args == 1, n_params == 0) */
+                    `T = U` (then n_args == 1, n_params == 0); or, when
+                    value is not NULL, results = a tensor expression
+                    (nested calls, elementwise arithmetic: callee NULL,
+                    n_args 0) */
   NF_S_FOR,      /* for var in lo:hi { body } */
   NF_S_PARAM     /* param NAME: DTYPE[dims] = init(args): only at the top
                     level of a def's body (the parser rejects it in `for`) */
@@ -101,6 +112,7 @@ struct nf_ast_stmt {
   nf_ast_param_arg *params;
   int n_args;
   nf_ast_tref *args;
+  nf_ast_expr *value;  /* a tensor expression, or NULL */
   /* FOR */
   const char *var;
   nf_ast_expr *lo, *hi;

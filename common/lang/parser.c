@@ -44,6 +44,7 @@
  * The parser does not resolve names or check types: `max(a, b)`, `f32(x)`
  * and `A(i)` are all NF_A_APPLY, and the elaborator decides. */
 #include "nf_ast.h"
+#include "nf_lang_int.h"
 
 #include <limits.h>
 #include <stdarg.h>
@@ -851,7 +852,213 @@ static nf_ast_stmt *parse_elem(parser *p, nf_ast_stmt *s) {
   return s;
 }
 
-/* results '=' (callee [<params>] '(' args ')' | tref) */
+/* ---- tensor expressions: the right side of `results = ...` ----
+ *
+ * texpr   := tsum
+ * tsum    := tprod (('+' | '-') tprod)*
+ * tprod   := tunary (('*' | '/') tunary)*
+ * tunary  := '-' tunary | tprimary
+ * tprimary:= INT | FLOAT | '(' texpr ')'
+ *          | NAME ['[' expr ']']                       (a tensor)
+ *          | NAME ['<' params '>'] '(' [texpr (',' texpr)*] ')'   (a call)
+ *
+ * Whole tensors: a call applies a def (or an elementwise function or
+ * cast) to tensor expressions; the arithmetic is elementwise with
+ * broadcasting (elab.c). */
+
+static nf_ast_expr *parse_texpr(parser *p);
+static int texpr_end(parser *p);
+
+/* '<' name '=' expr, ... '>' after a callee (the current token is '<'). */
+static int parse_call_params(parser *p, const char *callee, int *n,
+                             nf_ast_param_arg **params) {
+  int nl = p->nl_skip, cap = 0;
+  advance(p);
+  p->nl_skip++;
+  do {
+    nf_ast_param_arg *a = PUSH(p, *params, *n, cap);
+    if (!a) return 0;
+    a->name = expect_name(p, &a->loc, "a parameter name in '%.64s<...>'",
+                          callee);
+    if (!a->name) return 0;
+    if (!accept(p, NF_T_ASSIGN)) {
+      expected(p, "'=' and a value after parameter '%.64s'", a->name);
+      return 0;
+    }
+    p->no_gt = 1;
+    if (!(a->value = parse_expr(p))) return 0;
+    p->no_gt = 0;
+  } while (accept(p, NF_T_COMMA));
+  if (!accept(p, NF_T_GT)) {
+    expected(p, "'>' after the parameters of '%.64s'", callee);
+    return 0;
+  }
+  p->nl_skip = nl;
+  if (!at_kind(p, NF_T_LPAREN)) {
+    expected(p, "'(' and the arguments of '%.64s'", callee);
+    return 0;
+  }
+  return 1;
+}
+
+static nf_ast_expr *parse_tprimary(parser *p) {
+  const nf_token *t = cur(p);
+  nf_ast_expr *e;
+  if (t->kind == NF_T_INT || t->kind == NF_T_FLOAT) return parse_primary(p);
+  if (t->kind == NF_T_LPAREN) {
+    nf_loc open = t->loc;
+    int nl = p->nl_skip;
+    if (!enter(p, open, "expression")) return NULL;
+    advance(p);
+    p->nl_skip++;
+    e = parse_texpr(p);
+    if (!e || !texpr_end(p)) return NULL;
+    if (!accept(p, NF_T_RPAREN)) {
+      expected(p, "')' to close '('");
+      note_at(p, open, "'(' opened here");
+      return NULL;
+    }
+    p->nl_skip = nl;
+    p->depth--;
+    return e;
+  }
+  if (t->kind != NF_T_IDENT) {
+    expected(p, "a tensor, a call or a number");
+    return NULL;
+  }
+  nf_loc loc = t->loc;
+  const char *name = tok_str(p, t);
+  if (!name) return NULL;
+  advance(p);
+  if (at_kind(p, NF_T_LBRACK)) {
+    if (!(e = new_expr(p, NF_A_NAME, loc))) return NULL;
+    e->name = name;
+    if (!(e->sub = parse_subscript(p, name))) return NULL;
+    if (at_kind(p, NF_T_LPAREN) || at_kind(p, NF_T_LT)) {
+      error_at(p, cur(p)->loc,
+               "a call names a def, not a tensor family member '%.64s[...]'",
+               name);
+      return NULL;
+    }
+    return set_height(p, loc, 1) ? e : NULL;
+  }
+  if (!at_kind(p, NF_T_LPAREN) && !at_kind(p, NF_T_LT)) {
+    if (!(e = new_expr(p, NF_A_NAME, loc))) return NULL;
+    e->name = name;
+    p->h = 1;
+    return e;
+  }
+  if (!(e = new_expr(p, NF_A_CALL, loc))) return NULL;
+  e->name = name;
+  if (at_kind(p, NF_T_LT) && !parse_call_params(p, name, &e->n_params, &e->params))
+    return NULL;
+  nf_loc open = cur(p)->loc;
+  int nl = p->nl_skip, ng = p->no_gt, cap = 0, h = 0;
+  if (!enter(p, open, "expression")) return NULL;
+  advance(p); /* '(' */
+  p->nl_skip++;
+  p->no_gt = 0;
+  if (!at_kind(p, NF_T_RPAREN)) {
+    do {
+      nf_ast_expr *a = parse_texpr(p);
+      if (!a || !texpr_end(p)) return NULL;
+      if (p->h > h) h = p->h;
+      nf_ast_expr **slot = PUSH(p, e->args, e->n_args, cap);
+      if (!slot) return NULL;
+      *slot = a;
+    } while (accept(p, NF_T_COMMA));
+  }
+  if (!accept(p, NF_T_RPAREN)) {
+    expected(p, "')' after the arguments of '%.64s'", name);
+    return NULL;
+  }
+  p->nl_skip = nl;
+  p->no_gt = ng;
+  p->depth--;
+  return set_height(p, loc, h) ? e : NULL;
+}
+
+static nf_ast_expr *parse_tunary(parser *p) {
+  if (!at_kind(p, NF_T_MINUS)) return parse_tprimary(p);
+  nf_loc loc = cur(p)->loc;
+  if (!enter(p, loc, "expression")) return NULL;
+  advance(p);
+  nf_ast_expr *a = parse_tunary(p);
+  if (!a) return NULL;
+  p->depth--;
+  nf_ast_expr *e = new_expr(p, NF_A_UNARY, loc);
+  if (!e || !(e->args = alloc(p, sizeof *e->args))) return NULL;
+  e->op = NF_OP_NEG;
+  e->n_args = 1;
+  e->args[0] = a;
+  return set_height(p, loc, p->h) ? e : NULL;
+}
+
+/* level 0: + -, level 1: * / */
+static nf_ast_expr *parse_tbinary(parser *p, int level) {
+  nf_ast_expr *l = level ? parse_tunary(p) : parse_tbinary(p, 1);
+  if (!l) return NULL;
+  for (;;) {
+    int k = cur(p)->kind, op;
+    if (level == 0 && (k == NF_T_PLUS || k == NF_T_MINUS))
+      op = k == NF_T_PLUS ? NF_OP_ADD : NF_OP_SUB;
+    else if (level == 1 && (k == NF_T_STAR || k == NF_T_SLASH))
+      op = k == NF_T_STAR ? NF_OP_MUL : NF_OP_DIV;
+    else
+      return l;
+    int hl = p->h;
+    advance(p);
+    nf_ast_expr *r = level ? parse_tunary(p) : parse_tbinary(p, 1);
+    if (!r) return NULL;
+    int hr = p->h;
+    nf_ast_expr *e = new_expr(p, NF_A_BINARY, l->loc);
+    if (!e || !(e->args = alloc(p, 2 * sizeof *e->args))) return NULL;
+    e->op = (uint8_t)op;
+    e->n_args = 2;
+    e->args[0] = l;
+    e->args[1] = r;
+    if (!set_height(p, l->loc, hl > hr ? hl : hr)) return NULL;
+    l = e;
+  }
+}
+
+static nf_ast_expr *parse_texpr(parser *p) { return parse_tbinary(p, 0); }
+
+/* An operator of element expressions that tensor expressions lack, after
+ * one: reported (with what to write instead); 0 then. */
+static int texpr_end(parser *p) {
+  const char *op = NULL;
+  switch (cur(p)->kind) {
+  case NF_T_SLASHSLASH: op = "//"; break;
+  case NF_T_PERCENT: op = "%"; break;
+  case NF_T_LT: op = "<"; break;
+  case NF_T_LE: op = "<="; break;
+  case NF_T_GT: op = ">"; break;
+  case NF_T_GE: op = ">="; break;
+  case NF_T_EQEQ: op = "=="; break;
+  case NF_T_NE: op = "!="; break;
+  case NF_T_ANDAND: op = "&&"; break;
+  case NF_T_OROR: op = "||"; break;
+  case NF_T_QUESTION: op = "?"; break;
+  default: return 1;
+  }
+  error_at(p, cur(p)->loc,
+           "'%s' is not an operator of tensor expressions (whole tensors take "
+           "+ - * / and calls); write an element statement, e.g. "
+           "'Y(*i) = ...', or call where(C, A, B)",
+           op);
+  return 0;
+}
+
+/* The tensor of a tensor expression that is a plain tensor, into r. */
+static void tref_of(const nf_ast_expr *e, nf_ast_tref *r) {
+  r->name = e->name;
+  r->sub = e->sub;
+  r->loc = e->loc;
+}
+
+/* results '=' texpr: a copy `T = U`, a call whose arguments are tensors
+ * (callee, params, args), or any other tensor expression (value). */
 static nf_ast_stmt *parse_call(parser *p, nf_ast_stmt *s) {
   s->kind = NF_S_CALL;
   int cap = 1;
@@ -864,76 +1071,44 @@ static nf_ast_stmt *parse_call(parser *p, nf_ast_stmt *s) {
     expected(p, "',' or '=' after the results");
     return NULL;
   }
-  nf_ast_tref src;
-  memset(&src, 0, sizeof src);
-  if (!parse_tref(p, &src, "a def or a tensor after '='")) return NULL;
-  int k = cur(p)->kind;
-  if (src.sub || (k != NF_T_LT && k != NF_T_LPAREN)) { /* a copy */
-    if (k == NF_T_LPAREN) {
-      error_at(p, cur(p)->loc,
-               "a call names a def, not a tensor family member '%.64s[...]'",
-               src.name);
-      return NULL;
-    }
+  nf_ast_expr *v = parse_texpr(p);
+  if (!v || !texpr_end(p)) return NULL;
+  if (v->kind == NF_A_NAME) { /* a copy */
     if (s->n_results != 1) {
       error_at(p, s->loc, "a copy 'T = U' has one result, not %d",
                s->n_results);
       return NULL;
     }
     if (!(s->args = alloc(p, sizeof *s->args))) return NULL;
-    s->args[0] = src;
+    tref_of(v, &s->args[0]);
     s->n_args = 1;
-    s->callee_loc = src.loc;
+    s->callee_loc = v->loc;
     return s;
   }
-  s->callee = src.name;
-  s->callee_loc = src.loc;
-  if (k == NF_T_LT) {
-    int nl = p->nl_skip;
-    advance(p);
-    p->nl_skip++;
-    cap = 0;
-    do {
-      nf_ast_param_arg *a = PUSH(p, s->params, s->n_params, cap);
-      if (!a) return NULL;
-      a->name = expect_name(p, &a->loc, "a parameter name in '%.64s<...>'",
-                            s->callee);
-      if (!a->name) return NULL;
-      if (!accept(p, NF_T_ASSIGN)) {
-        expected(p, "'=' and a value after parameter '%.64s'", a->name);
-        return NULL;
-      }
-      p->no_gt = 1;
-      if (!(a->value = parse_expr(p))) return NULL;
-      p->no_gt = 0;
-    } while (accept(p, NF_T_COMMA));
-    if (!accept(p, NF_T_GT)) {
-      expected(p, "'>' after the parameters of '%.64s'", s->callee);
+  /* (a math function or cast of whole tensors, `Y = exp(X)`, is
+   * elementwise: a tensor expression) */
+  nf_op op;
+  int ar;
+  nf_dtype dt;
+  int plain = v->kind == NF_A_CALL && !nf__lang_math_fn(v->name, &op, &ar) &&
+              !nf_dtype_parse(v->name, strlen(v->name), &dt);
+  for (int k = 0; plain && k < v->n_args; k++) plain = v->args[k]->kind == NF_A_NAME;
+  if (!plain) {
+    if (v->kind != NF_A_CALL && s->n_results != 1) {
+      error_at(p, s->loc, "an expression has one result, not %d", s->n_results);
       return NULL;
     }
-    p->nl_skip = nl;
-    if (!at_kind(p, NF_T_LPAREN)) {
-      expected(p, "'(' and the arguments of '%.64s'", s->callee);
-      return NULL;
-    }
+    s->value = v;
+    s->callee_loc = v->loc;
+    return s;
   }
-  int nl = p->nl_skip;
-  advance(p); /* '(' */
-  p->nl_skip++;
-  cap = 0;
-  if (!at_kind(p, NF_T_RPAREN)) {
-    do {
-      nf_ast_tref *a = PUSH(p, s->args, s->n_args, cap);
-      if (!a || !parse_tref(p, a, "a tensor argument (calls take whole "
-                                  "tensors)"))
-        return NULL;
-    } while (accept(p, NF_T_COMMA));
-  }
-  if (!accept(p, NF_T_RPAREN)) {
-    expected(p, "')' after the arguments of '%.64s'", s->callee);
-    return NULL;
-  }
-  p->nl_skip = nl;
+  s->callee = v->name;
+  s->callee_loc = v->loc;
+  s->n_params = v->n_params;
+  s->params = v->params;
+  if (v->n_args && !(s->args = alloc(p, sizeof *s->args * (size_t)v->n_args))) return NULL;
+  for (int k = 0; k < v->n_args; k++) tref_of(v->args[k], &s->args[k]);
+  s->n_args = v->n_args;
   return s;
 }
 
