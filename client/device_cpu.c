@@ -83,13 +83,18 @@ static int cpu_canary(nf_session *s, nf__kent *k, nf__op *op, void *kern, void *
   double c0 = nf_now_ms();
   if (rc == NF_OK) *crc = nf_kernel_run(kern, cb, n, s->pool, err);
   *ms = nf_now_ms() - c0;
-  /* each output's buffer to the caller, once */
-  for (uint32_t o = 0; rc == NF_OK && o < op->n_out; o++)
-    for (uint32_t j = 0; j < n; j++)
+  /* each output's buffer to the caller (a copy for a second output over
+   * the same input) */
+  for (uint32_t o = 0; rc == NF_OK && o < op->n_out; o++) {
+    for (uint32_t j = 0; j < n && !got[o]; j++)
       if (scratch[j] && scratch[j] == cb[op->n_in + o]) {
         got[o] = scratch[j];
         scratch[j] = NULL;
       }
+    size_t b = (size_t)s->slots[op->slots[op->n_in + o]].bytes;
+    if (!got[o] && !(got[o] = malloc(b ? b : 1))) rc = NF_ENOMEM;
+    else if (got[o] != cb[op->n_in + o]) memcpy(got[o], cb[op->n_in + o], b);
+  }
   for (uint32_t j = 0; scratch && j < n; j++) free(scratch[j]);
   free(scratch);
   free(cb);
@@ -118,5 +123,6 @@ const nf__device nf__cpu_device = {
     .canary = cpu_canary,
     .lib_tier0 = cpu_lib_tier0,
     .tier0_name = cpu_tier0_name,
+    .host = 1,
     .race_host = 1,
 };

@@ -519,6 +519,8 @@ static void gpu_drop(void *obj) { free(obj); }
 
 static void gpu_unload(void *kern) { nf_cuda_module_free(kern); }
 
+static void gpu_swapped(nf_session *s, nf__kent *k);
+
 /* Loads a bundle handed over for entry k (and frees it): the module, or
  * NULL (said and counted). */
 static void *gpu_load(nf_session *s, nf__kent *k, void *obj) {
@@ -538,6 +540,7 @@ static void *gpu_load(nf_session *s, nf__kent *k, void *obj) {
     /* every module runs with its stream's scratch buffer: grow them
      * (nothing is running at a step boundary once the streams are idle) */
     if (rc == NF_OK && b.plan.scratch_bytes > G->scratch_bytes) {
+      gpu_swapped(s, k); /* the graphs launch with the old scratch */
       rc = nf_cuda_rt_sync(G->rt, &err);
       for (int i = 0; rc == NF_OK && i < G->n_streams; i++) {
         uint64_t d = 0;
@@ -935,5 +938,6 @@ const nf__device nf__cuda_device = {
     .tier0_name = gpu_tier0_name,
     .timed = gpu_timed,
     .close = gpu_close,
+    .host = 0,
     .race_host = 0,
 };

@@ -57,16 +57,20 @@ static void promote(nf_session *s, nf__kent *k) {
 static void hold_t0(nf_session *s, nf__kent *k, double kn_ms, double t0_ms, int remembered) {
   k->prefer_t0 = 1;
   k->race_left = 0;
+  pthread_mutex_lock(&s->kt.mu); /* (the link reads slow_ratio) */
   k->slow_ratio = t0_ms > 0 ? kn_ms / t0_ms : 0;
+  pthread_mutex_unlock(&s->kt.mu);
   if ((kn_ms - t0_ms) * (k->n_ops > 0 ? k->n_ops : 1) < NF_SLOW_NOTICE_MS) return;
-  char hex[65];
+  char hex[65], at[48] = "";
   nf_hash_hex(k->key, hex);
   hex[16] = 0;
+  if (dev(s)->host) snprintf(at, sizeof at, " at %d thread%s", s->threads, s->threads == 1 ? "" : "s");
   nf__slog_warn(&s->log, "kernel %s (tier %d) %s %.2fx slower than %s here (%.3g against %.3g ms "
-                "per run at %d thread%s): keeping %s; the daemon is asked for a faster one",
+                "per run%s): keeping %s%s",
                 hex, k->cur_tier, remembered ? "ran" : "runs", k->slow_ratio,
-                dev(s)->tier0_name(s, k), kn_ms, t0_ms, s->threads, s->threads == 1 ? "" : "s",
-                dev(s)->tier0_name(s, k));
+                dev(s)->tier0_name(s, k), kn_ms, t0_ms, at, dev(s)->tier0_name(s, k),
+                dev(s)->host ? "; the daemon is asked for a faster one" : "");
+  if (!dev(s)->host) return;
   pthread_mutex_lock(&s->kt.mu);
   if (!k->ask_better) {
     k->ask_better = 1;
@@ -74,6 +78,13 @@ static void hold_t0(nf_session *s, nf__kent *k, double kn_ms, double t0_ms, int 
   }
   pthread_cond_broadcast(&s->kt.cv);
   pthread_mutex_unlock(&s->kt.mu);
+}
+
+/* A speed verdict recorded (verify.c), on the host's CPU only
+ * (nf__device.host). */
+static void verdict(nf_session *s, const nf__kent *k, double kn_ms, double t0_ms,
+                    unsigned flags) {
+  if (dev(s)->host) nf__verdict_put(s, k->key, k->cur_sha, kn_ms, t0_ms, flags);
 }
 
 /* Flags for a verdict made now: BUSY while the daemon still works for
@@ -102,7 +113,7 @@ static void judge(nf_session *s, nf__kent *k, double kn_ms, double t0_ms) {
   k->kn_ms = kn_ms;
   k->t0_ms = t0_ms;
   if (!lib(s, k) && (kn_ms * 1.25 < t0_ms || !dev(s)->race_host))
-    nf__verdict_put(s, k->key, k->cur_sha, kn_ms, t0_ms, verdict_flags(s));
+    verdict(s, k, kn_ms, t0_ms, verdict_flags(s));
   else
     k->race_left = NF_RACE_RUNS;
 }
@@ -126,8 +137,7 @@ static void race_end(nf_session *s, nf__kent *k, int pairs) {
   k->race_left = 0;
   k->t0_ms = t0;
   k->kn_ms = kn;
-  nf__verdict_put(s, k->key, k->cur_sha, kn, t0,
-                  NF__VERDICT_RACED | (slower ? NF__VERDICT_SLOWER : 0) | verdict_flags(s));
+  verdict(s, k, kn, t0, NF__VERDICT_RACED | (slower ? NF__VERDICT_SLOWER : 0) | verdict_flags(s));
   if (slower) hold_t0(s, k, kn, t0, 0);
 }
 
@@ -137,13 +147,13 @@ static void race_end(nf_session *s, nf__kent *k, int pairs) {
  * interpreter is timed on its first run against the interpreter's
  * estimated time (a race when that is not clear). */
 static void promote_trusted(nf_session *s, nf__kent *k) {
-  const nf__verdict *v = nf__verdict_get(s, k->key, k->cand_sha);
+  const nf__verdict *v = dev(s)->host ? nf__verdict_get(s, k->key, k->cand_sha) : NULL;
   promote(s, k);
   s->trusted++;
   if (v && (v->flags & (NF__VERDICT_SLOWER | NF__VERDICT_BUSY)) ==
                (NF__VERDICT_SLOWER | NF__VERDICT_BUSY)) {
     /* lost while the daemon worked beside it: raced again */
-    k->race_left = NF_RACE_RUNS;
+    k->race_left = lib(s, k) || dev(s)->race_host ? NF_RACE_RUNS : 0;
   } else if (v) {
     s->remembered++;
     k->t0_ms = v->tier0_ms;
@@ -172,7 +182,8 @@ static int run_canary(nf_session *s, nf__kent *k, nf__op *op) {
   if (rc == NF_OK)
     rc = timed_run(s, vs_t0 ? dev(s)->tier0(s, k, op, 1) : dev(s)->run(s, k, op, k->cur));
   double r_ms = nf_now_ms() - r0;
-  for (uint32_t j = op->n_in; rc == NF_OK && dev(s)->pull && j < op->n_in + op->n_out; j++)
+  /* (tier 0 as the reference leaves its outputs on the host) */
+  for (uint32_t j = op->n_in; rc == NF_OK && !vs_t0 && dev(s)->pull && j < op->n_in + op->n_out; j++)
     rc = dev(s)->pull(s, op->bufs[j], (size_t)s->slots[op->slots[j]].bytes);
   if (rc == NF_OK) {
     if (nf__canary_verdict(s, k, op, got, crc, &e, dev(s)->sync ? "GPU kernel" : "kernel")) {
@@ -187,7 +198,7 @@ static int run_canary(nf_session *s, nf__kent *k, nf__op *op) {
         k->race_left = lib(s, k) ? NF_RACE_RUNS : 0;
         if (!lib(s, k) && k->t0_ms > 0 && c_ms < k->t0_ms) {
           k->kn_ms = c_ms;
-          nf__verdict_put(s, k->key, k->cur_sha, c_ms, k->t0_ms, verdict_flags(s));
+          verdict(s, k, c_ms, k->t0_ms, verdict_flags(s));
         }
       }
     } else {
@@ -201,11 +212,34 @@ static int run_canary(nf_session *s, nf__kent *k, nf__op *op) {
   return rc;
 }
 
+/* A candidate's tier, digest and time (kent.cand_*). */
+typedef struct cand_meta {
+  int tier;
+  uint8_t sha[32];
+  double ms;
+} cand_meta;
+
+/* Under mu: what waits in k's mailbox (NULL: nothing), its tier, digest
+ * and time made k's candidate's, the previous candidate's kept in *old. */
+static void *take_locked(nf_session *s, nf__kent *k, cand_meta *old) {
+  old->tier = k->cand_tier;
+  memcpy(old->sha, k->cand_sha, 32);
+  old->ms = k->cand_ms;
+  return nf__kt_take_locked(&s->kt, k);
+}
+
 /* What arrived for k (the device's accept made it) becomes its candidate,
- * loaded by the device; one still waiting for its canary is superseded. */
-static void set_cand(nf_session *s, nf__kent *k, void *arrived) {
+ * loaded by the device; one still waiting for its canary is superseded.
+ * When the load fails, the waiting candidate keeps its own tier, digest
+ * and time (old). */
+static void set_cand(nf_session *s, nf__kent *k, void *arrived, const cand_meta *old) {
   void *kern = dev(s)->load ? dev(s)->load(s, k, arrived) : arrived;
-  if (!kern) return;
+  if (!kern) {
+    k->cand_tier = old->tier;
+    memcpy(k->cand_sha, old->sha, 32);
+    k->cand_ms = old->ms;
+    return;
+  }
   unload(s, k->cand);
   k->cand = kern;
 }
@@ -215,15 +249,16 @@ void nf__kt_boundary(nf_session *s) {
     nf__kent *k = &s->kt.kents[i];
     pthread_mutex_lock(&s->kt.mu);
     void *arrived = NULL;
+    cand_meta old;
     if (k->in_obj && k->in_tier == 0 && (k->cur || k->cand)) {
       /* a kernel generated here, late: the daemon's is in use already */
       s->kt.dev->drop(k->in_obj);
       k->in_obj = NULL;
     } else {
-      arrived = nf__kt_take_locked(&s->kt, k);
+      arrived = take_locked(s, k, &old);
     }
     pthread_mutex_unlock(&s->kt.mu);
-    if (arrived) set_cand(s, k, arrived);
+    if (arrived) set_cand(s, k, arrived, &old);
   }
 }
 
@@ -239,7 +274,7 @@ void nf__kt_boundary(nf_session *s) {
  * session runs such a subgraph at tier 0 once rather than twice.  The
  * waits of a session are bounded by NF_COLD_WAIT_MS in all. */
 static void maybe_wait(nf_session *s, nf__kent *k) {
-  if (k->cur || lib(s, k) || k->cand) return;
+  if (k->cur || lib(s, k) || k->cand || !dev(s)->host) return;
   double est = (double)k->flops * k->n_ops / s->interp_rate;
   if (est > 120000) est = 120000;
   double allow;
@@ -275,16 +310,19 @@ static void maybe_wait(nf_session *s, nf__kent *k) {
     s->cold_wait_left -= waited;
   else
     s->first_wait_left -= waited > est ? waited - est : 0;
-  void *arrived = nf__kt_take_locked(&s->kt, k);
+  cand_meta old;
+  void *arrived = take_locked(s, k, &old);
   pthread_mutex_unlock(&s->kt.mu);
-  if (arrived) set_cand(s, k, arrived);
+  if (arrived) set_cand(s, k, arrived, &old);
 }
 
 /* Runs op once: the candidate's canary, a run of the race between tier 0
  * and the kernel, the kernel, or tier 0. */
 static int dispatch(nf_session *s, nf__kent *k, nf__op *op) {
+  /* (a race run's time must not include earlier ops' queued work) */
+  int rc = k->cur && !k->cand && k->race_left > 0 ? timed_run(s, NF_OK) : NF_OK;
+  if (rc != NF_OK) return rc;
   double t0 = nf_now_ms();
-  int rc;
   if (k->cand) {
     rc = run_canary(s, k, op);
   } else if (k->cur && k->race_left > 0) {
@@ -315,7 +353,7 @@ static int dispatch(nf_session *s, nf__kent *k, nf__op *op) {
       k->kn_ms = kn;
       k->t0_ms = est;
       if (kn * 4 < est)
-        nf__verdict_put(s, k->key, k->cur_sha, kn, est, NF__VERDICT_ESTIMATE | verdict_flags(s));
+        verdict(s, k, kn, est, NF__VERDICT_ESTIMATE | verdict_flags(s));
       else
         k->race_left = NF_RACE_RUNS;
     }
@@ -323,7 +361,9 @@ static int dispatch(nf_session *s, nf__kent *k, nf__op *op) {
     rc = dev(s)->tier0(s, k, op, 0);
     double dt = nf_now_ms() - t0;
     if (!dev(s)->sync || !lib(s, k)) k->t0_ms = dt; /* (a queued library call: not its time) */
-    if (!lib(s, k) && dt > 1 && k->flops > 0) {
+    /* the interpreter's rate, on the host's CPU alone (a GPU's host tier 0
+     * includes its transfers) */
+    if (dev(s)->host && !k->gemm && dt > 1 && k->flops > 0) {
       double r = (double)k->flops / dt;
       s->interp_rate = 0.7 * s->interp_rate + 0.3 * r;
     }

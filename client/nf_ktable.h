@@ -26,7 +26,8 @@ struct nf__op;
 /* Kernel state as the daemon reports it (kent.dstate). */
 enum { DK_NONE = 0, DK_SUBMITTED, DK_ACCEPTED, DK_FINAL, DK_FAILED };
 
-/* Runs of an OpenBLAS-vs-compiled race (even: half each). */
+/* Runs of a race between tier 0 (OpenBLAS, cuBLAS, cuDNN, the
+ * interpreter) and a compiled kernel (even: half each). */
 #define NF_RACE_RUNS 6
 
 /* One distinct subgraph (by canonical key): the kernels that run it. */
@@ -165,6 +166,14 @@ typedef struct nf__device {
   /* Frees the device's state and puts the CPU's table back (NULL: no
    * state); called when the session ends. */
   void (*close)(struct nf_session *s);
+  /* 1: the host's CPU itself.  Its kernels and tier 0 share the cores, so
+   * speed verdicts (per thread count, verify.c) are recorded and reused,
+   * the daemon is asked for a faster kernel than one that lost to tier 0,
+   * and the first step may wait for a kernel on its way rather than run
+   * the interpreter.  0 (a GPU): none of these (a verdict would depend on
+   * the GPU and on which library was there; the GPU's own generator makes
+   * tier-0 kernels within seconds). */
+  int host;
   /* 1: a kernel not clearly faster than a tier 0 that is not a library
    * races it too (the CPU's interpreter); 0: a kernel is kept over such
    * a tier 0 (the GPU's runs on the host, its data moved each time). */

@@ -365,8 +365,10 @@ void nf_session_free(nf_session *s) {
     nf__kent *k = &s->kt.kents[i];
     if (s->kt.dev) {
       s->kt.dev->drop(k->in_obj);
-      s->kt.dev->unload(k->cur);
-      s->kt.dev->unload(k->cand);
+      if (s->kt.dev->unload) {
+        s->kt.dev->unload(k->cur);
+        s->kt.dev->unload(k->cand);
+      }
     }
     nf_gemm_free(k->gemm);
   }

@@ -9,7 +9,9 @@
  * touches slots, ops and the kernels in use (kent.cur, kent.cand).  The
  * producers write only the fields marked "under mu" (the table's) and
  * hand a kernel over through the entry's mailbox (kent.in_obj).  Kernels
- * are taken at step boundaries and swapped in by their canary; a replaced
+ * are taken at the start of each step and evaluation (nf__kt_boundary;
+ * the first step's waits take one too) and swapped in by their canary; a
+ * replaced
  * CPU kernel's code stays loaded (nf_kernel_free never unloads), and a
  * replaced GPU module is freed only after the graphs that launch it, so no
  * call can run freed code. */
@@ -119,7 +121,7 @@ struct nf_session {
   int64_t prof_steps;    /* steps summed in kents[].prof_ms */
   double last_loss, last_ms, ms_hist[10];
   double t_start, first_step_ms;
-  double interp_rate;    /* flops per ms measured at tier 0 */
+  double interp_rate;    /* flops per ms of the interpreter, measured on the host */
   double first_wait_left; /* ms the first step may still wait beyond estimates */
   double cold_wait_left; /* ms a session may still wait for never-verified kernels */
   int64_t rejected, swaps, trusted;
