@@ -95,7 +95,7 @@ static int build(const char *lib, const char *def, const nf_arg_shape *sh, int n
   nf_buf err = NF_BUF_INIT;
   nf_blob so = NF_BLOB_INIT;
   nf_cpu_stats st;
-  nf_inst_opts o = {n_sh, sh, np, pn, pv};
+  nf_inst_opts o = {n_sh, sh, np, pn, pv, 0};
   int rc = 1;
   if (nf_module_load_file(m, path, d) || nf_module_instantiate(m, def, &o, ctx, &g, d)) {
     fprintf(stderr, "%s", nf_diag_text(d));

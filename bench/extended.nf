@@ -23,10 +23,7 @@ def mean_square(Y: f32[*S]) -> (L: f32[]) {
   L() = Sum() / f32(prod(*S))
 }
 
-# SiLU (swish, Ramachandran et al. 2017; Elfwing et al.): x sigmoid(x).
-def silu(X: f32[*S]) -> (Y: f32[*S]) {
-  Y(*i) = X(*i) * sigmoid(X(*i))
-}
+# (SiLU is lib/nn.nf's silu.)
 
 # RMSNorm (Zhang and Sennrich 2019) over the last axis with eps 1e-6:
 # x / sqrt(mean(x^2) + eps) * g, no centring and no bias.

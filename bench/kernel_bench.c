@@ -106,7 +106,7 @@ int main(int argc, char **argv) {
   nf_blob so = NF_BLOB_INIT;
   nf_kernel *k = NULL;
   nf_cpu_stats st;
-  nf_inst_opts o = {nsh, sh, np, pn, pv};
+  nf_inst_opts o = {nsh, sh, np, pn, pv, 0};
   const char *lib = getenv("NEOFLOW_LIB");
   if (lib) nf_module_set_lib_dir(m, lib);
   if (nf_module_load_file(m, file, d) || nf_module_instantiate(m, def, &o, ctx, &g, d)) {

@@ -1,6 +1,7 @@
 /* nf_diag.c - located diagnostics (see nf_diag.h). */
 #include "nf_diag.h"
 
+#include <ctype.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,4 +84,48 @@ const char *nf_diag_text(const nf_diag *d) {
 void nf_diag_clear(nf_diag *d) {
   nf_buf_reset(&d->text);
   d->n_errors = d->n_kept = d->last_kept = 0;
+}
+
+/* Twice the edit distance of a and b (a change of case costs 1, any other
+ * edit 2), with swaps of neighbours; stops early past limit. */
+static int edit2(const char *a, const char *b, int limit) {
+  size_t n = strlen(a), m = strlen(b);
+  if (n > 64 || m > 64) return limit + 1;
+  int d[65][65];
+  for (size_t i = 0; i <= n; i++) d[i][0] = (int)i * 2;
+  for (size_t j = 0; j <= m; j++) d[0][j] = (int)j * 2;
+  for (size_t i = 1; i <= n; i++) {
+    int best = limit + 1;
+    for (size_t j = 1; j <= m; j++) {
+      int c = a[i - 1] == b[j - 1] ? 0 : tolower((unsigned char)a[i - 1]) ==
+                                                 tolower((unsigned char)b[j - 1]) ? 1 : 2;
+      int v = d[i - 1][j - 1] + c;
+      if (d[i - 1][j] + 2 < v) v = d[i - 1][j] + 2;
+      if (d[i][j - 1] + 2 < v) v = d[i][j - 1] + 2;
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] &&
+          d[i - 2][j - 2] + 2 < v)
+        v = d[i - 2][j - 2] + 2;
+      d[i][j] = v;
+      if (v < best) best = v;
+    }
+    if (best > limit) return limit + 1;
+  }
+  return d[n][m];
+}
+
+const char *nf_did_you_mean(const char *word, const char *const *cands, int n) {
+  if (!word || !*word) return NULL;
+  int len = (int)strlen(word), max = len / 3;
+  if (max > 3) max = 3;
+  const char *best = NULL;
+  int bd = len < 3 ? 2 : 2 * max + 1; /* (a name of one or two letters: case only) */
+  for (int k = 0; k < n; k++) {
+    if (!cands[k] || !strcmp(cands[k], word)) continue;
+    int e = edit2(word, cands[k], bd - 1);
+    if (e < bd) {
+      bd = e;
+      best = cands[k];
+    }
+  }
+  return best;
 }

@@ -45,4 +45,12 @@ const char *nf_diag_text(const nf_diag *d);
 /* Forgets every message. */
 void nf_diag_clear(nf_diag *d);
 
+/* "Did you mean": the candidate closest to word by edit distance (an
+ * insertion, deletion, substitution or swap of neighbours each counts 1,
+ * a change of case half), when that distance is at most a third of word's
+ * length (at most 3; for a word of one or two letters, a change of case:
+ * `x` suggests `X`, `j` nothing) and the candidate is not word itself;
+ * else NULL.  NULL entries of cands are skipped. */
+const char *nf_did_you_mean(const char *word, const char *const *cands, int n);
+
 #endif

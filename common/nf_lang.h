@@ -58,6 +58,10 @@ typedef struct nf_inst_opts {
   int n_params; /* integer parameter values by name */
   const char *const *param_names;
   const int64_t *param_values;
+  /* 1: only a def that needs nothing given (its parameters have defaults,
+   * its inputs' dimensions are constants): otherwise NF_EUNSUPPORTED and
+   * no message (`neoflow check` instantiates every such def) */
+  int fixed_only;
 } nf_inst_opts;
 
 /* Instantiates def into a new graph in ctx.  Every input needs a shape

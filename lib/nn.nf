@@ -22,6 +22,12 @@ def batch_matmul(A: f32[*Bt, M, K], B: f32[*Bt, K, N]) -> (C: f32[*Bt, M, N]) {
   C(*b, i, j) +=! A(*b, i, k) * B(*b, k, j)
 }
 
+# Linear layer without bias, Y = X W^T over the last axis
+# (torch.nn.functional.linear(X, W), nn.Linear(..., bias=False)).
+def linear_nobias(X: f32[*B, I], W: f32[O, I]) -> (Y: f32[*B, O]) {
+  Y(*n, o) +=! X(*n, i) * W(o, i)
+}
+
 # Affine layer Y = X W^T + b over the last axis (torch.nn.functional.linear:
 # W is out x in).
 def linear(X: f32[*B, I], W: f32[O, I], b: f32[O]) -> (Y: f32[*B, O]) {
@@ -116,6 +122,31 @@ def sigmoid(X: f32[*S]) -> (Y: f32[*S]) {
 # Hyperbolic tangent.
 def tanh(X: f32[*S]) -> (Y: f32[*S]) {
   Y(*i) = tanh(X(*i))
+}
+
+# SiLU (swish), x sigmoid(x) (torch.nn.functional.silu).
+def silu(X: f32[*S]) -> (Y: f32[*S]) {
+  Y(*i) = X(*i) * sigmoid(X(*i))
+}
+
+# exp(x) - 1, accurate near 0 (torch.expm1): for |x| < 0.5 it is
+# 2 t / (1 - t) with t = tanh(x / 2), free of the cancellation in
+# exp(x) - 1; elsewhere exp(x) - 1.
+def expm1(X: f32[*S]) -> (Y: f32[*S]) {
+  T(*i) = tanh(X(*i) * 0.5)
+  Y(*i) = abs(X(*i)) < 0.5 ? 2.0 * T(*i) / (1.0 - T(*i)) : exp(X(*i)) - 1.0
+}
+
+# log(1 + x), accurate near 0 (torch.log1p): for |x| < 0.5, with
+# u = x / (2 + x) (|u| < 1/3), the series 2 (u + u^3/3 + ... + u^13/13),
+# whose first omitted term is below 2e-8 of the sum; elsewhere log(1 + x).
+def log1p(X: f32[*S]) -> (Y: f32[*S]) {
+  U(*i) = abs(X(*i)) < 0.5 ? X(*i) / (2.0 + X(*i)) : 0.0
+  Y(*i) = abs(X(*i)) < 0.5 ?
+    2.0 * U(*i) * (1.0 + U(*i) * U(*i) * (1.0 / 3.0 + U(*i) * U(*i) * (0.2 +
+      U(*i) * U(*i) * (1.0 / 7.0 + U(*i) * U(*i) * (1.0 / 9.0 + U(*i) * U(*i) *
+      (1.0 / 11.0 + U(*i) * U(*i) / 13.0)))))) :
+    log(1.0 + X(*i))
 }
 
 # Softplus with beta 1 and threshold 20: log(1 + exp(x)), or x where
@@ -214,40 +245,12 @@ def split<at>(X: f32[*B, N]) -> (Y1: f32[*B, at], Y2: f32[*B, N - at])
   Y2(*b, j) = X(*b, j + at)
 }
 
-# Row-major reshape of a matrix to [r0, r1] (torch.reshape; no -1).
-def reshape<r0, r1>(X: f32[M, N]) -> (Y: f32[r0, r1])
-    require r0 >= 0, r1 >= 0, r0 * r1 == M * N, N > 0
-{
-  Y(i, j) = X((i * r1 + j) // N, (i * r1 + j) % N)
-}
-
-# Flattens NCHW to [N, C * H * W] in row-major order (torch.flatten(X, 1)).
-def flatten(X: f32[N, C, H, W]) -> (Y: f32[N, C * H * W])
-    require H > 0, W > 0
-{
-  Y(n, f) = X(n, f // (H * W), (f // W) % H, f % W)
-}
-
-# Swaps the last two axes (X.transpose(-2, -1)).
-def transpose(X: f32[*B, M, N]) -> (Y: f32[*B, N, M]) {
-  Y(*b, i, j) = X(*b, j, i)
-}
-
-# Rank-4 permutation like torch.permute(X, (p0, p1, p2, p3)): output dim k
-# is input dim p_k.
-def permute<p0, p1, p2, p3>(X: f32[D0, D1, D2, D3]) -> (Y: f32[E0, E1, E2, E3])
-    where E0 = p0 == 0 ? D0 : p0 == 1 ? D1 : p0 == 2 ? D2 : D3,
-          E1 = p1 == 0 ? D0 : p1 == 1 ? D1 : p1 == 2 ? D2 : D3,
-          E2 = p2 == 0 ? D0 : p2 == 1 ? D1 : p2 == 2 ? D2 : D3,
-          E3 = p3 == 0 ? D0 : p3 == 1 ? D1 : p3 == 2 ? D2 : D3
-    require p0 >= 0, p0 < 4, p1 >= 0, p1 < 4, p2 >= 0, p2 < 4, p3 >= 0, p3 < 4,
-            p0 != p1, p0 != p2, p0 != p3, p1 != p2, p1 != p3, p2 != p3
-{
-  Y(i0, i1, i2, i3) = X(p0 == 0 ? i0 : p1 == 0 ? i1 : p2 == 0 ? i2 : i3,
-                        p0 == 1 ? i0 : p1 == 1 ? i1 : p2 == 1 ? i2 : i3,
-                        p0 == 2 ? i0 : p1 == 2 ? i1 : p2 == 2 ? i2 : i3,
-                        p0 == 3 ? i0 : p1 == 3 ? i1 : p2 == 3 ? i2 : i3)
-}
+# Reshaping, flattening, transposing and permuting any rank, reductions
+# over chosen axes, cat, stack, chunk and unbind along any axis are
+# built-in operators of the language (docs/language.md, "Built-in
+# operators"): reshape(X, 2, -1), flatten(X), transpose(X, 0, 1),
+# permute(X, 2, 0, 1), sum(X, -1), mean<keepdim = 1>(X, 1), cat<axis = 1>(A,
+# B), stack(H[1:T + 1]), A, B = chunk<axis = -1>(X).
 
 # ShuffleNet channel shuffle of NCHW: output channel c takes input channel
 # (c % groups) * (C // groups) + c // groups.

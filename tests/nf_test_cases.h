@@ -1,14 +1,17 @@
 /* nf_test_cases.h - what the gradient (test_autodiff.c) and lowering
  * (test_lower.c) suites share: a seeded generator of non-zero values, the
  * description of a random input, and the table of cases covering every
- * def of lib/nn.nf (odd shapes, strides, dilations, groups).  Header-only,
- * for the test executables. */
+ * def of lib/nn.nf (odd shapes, strides, dilations, groups) and every
+ * built-in operator (the defs of tests/data/builtins.nf, which imports
+ * nn: load it with nf_test_lib_path).  Header-only, for the test
+ * executables. */
 #ifndef NF_TEST_CASES_H
 #define NF_TEST_CASES_H
 
 #include <stdint.h>
 
 #include "nf_ir.h"
+#include "nf_test_lib.h"
 
 #define MAX_IN 12 /* inputs of one case */
 
@@ -64,7 +67,7 @@ typedef struct libcase {
 #define P4(a, va, b, vb, c, vc, d, vd) 4, {a, b, c, d}, {va, vb, vc, vd}
 #define P0 0, {0}, {0}
 
-/* Every def of lib/nn.nf. */
+/* Every def of lib/nn.nf, and the built-in operators. */
 static const libcase lib_cases[] = {
     {"matmul", "matmul", P0, 2, {NZ(1, 2, 5, 7), NZ(1, 2, 7, 3)}, NULL, 0, 0},
     {"batch_matmul", "batch_matmul", P0, 2, {NZ(1, 4, 2, 3, 5, 7), NZ(1, 4, 2, 3, 7, 3)},
@@ -115,6 +118,11 @@ static const libcase lib_cases[] = {
     {"sigmoid", "sigmoid", P0, 1, {NZ(3, 3, 3, 5, 7)}, NULL, 0, 0},
     {"tanh", "tanh", P0, 1, {NZ(2, 3, 3, 5, 7)}, NULL, 0, 0},
     {"softplus", "softplus", P0, 1, {NZ(25, 3, 3, 5, 7)}, NULL, 0, 0},
+    {"silu", "silu", P0, 1, {NZ(3, 3, 3, 5, 7)}, NULL, 0, 0},
+    {"expm1", "expm1", P0, 1, {NZ(1.5, 3, 3, 5, 7)}, NULL, 0, 0},
+    {"log1p", "log1p", P0, 1, {UNIF(-0.9, 3, 3, 3, 5, 7)}, NULL, 0, 0},
+    {"linear_nobias", "linear_nobias", P0, 2, {NZ(1, 3, 3, 4, 7), NZ(1, 2, 5, 7)}, NULL, 0,
+     0},
     {"softmax", "softmax", P0, 1, {NZ(3, 3, 3, 4, 9)}, NULL, 0, 0},
     {"softmax rank 1", "softmax", P0, 1, {NZ(3, 1, 7)}, NULL, 0, 0},
     {"log_softmax", "log_softmax", P0, 1, {NZ(3, 3, 3, 4, 9)}, NULL, 0, 0},
@@ -128,13 +136,31 @@ static const libcase lib_cases[] = {
      NULL, 0, 0},
     {"concat", "concat", P0, 2, {NZ(1, 3, 3, 4, 5), NZ(1, 3, 3, 4, 7)}, NULL, 0, 0},
     {"split", "split", P1("at", 3), 1, {NZ(1, 3, 3, 4, 7)}, NULL, 0, 0},
-    {"reshape", "reshape", P2("r0", 3, "r1", 10), 1, {NZ(1, 2, 5, 6)}, NULL, 0, 0},
-    {"flatten", "flatten", P0, 1, {NZ(1, 4, 2, 3, 5, 7)}, NULL, 0, 0},
-    {"transpose", "transpose", P0, 1, {NZ(1, 4, 2, 3, 5, 7)}, NULL, 0, 0},
-    {"permute 2031", "permute", P4("p0", 2, "p1", 0, "p2", 3, "p3", 1), 1,
+    {"reshape", "reshape2", P2("r0", 3, "r1", 10), 1, {NZ(1, 2, 5, 6)}, NULL, 0, 0},
+    {"flatten", "flatten_nchw", P0, 1, {NZ(1, 4, 2, 3, 5, 7)}, NULL, 0, 0},
+    {"transpose", "transpose_last", P0, 1, {NZ(1, 4, 2, 3, 5, 7)}, NULL, 0, 0},
+    {"permute 2031", "permute4", P4("p0", 2, "p1", 0, "p2", 3, "p3", 1), 1,
      {NZ(1, 4, 2, 3, 4, 5)}, NULL, 0, 0},
-    {"permute 3210", "permute", P4("p0", 3, "p1", 2, "p2", 1, "p3", 0), 1,
+    {"permute 3210", "permute4", P4("p0", 3, "p1", 2, "p2", 1, "p3", 0), 1,
      {NZ(1, 4, 2, 3, 4, 5)}, NULL, 0, 0},
+    {"reshape, flatten (built-in)", "bi_reshape", P0, 1, {NZ(1, 3, 3, 4, 5)}, NULL, 0, 0},
+    {"flatten 1..2 (built-in)", "bi_flatten", P0, 1, {NZ(1, 4, 2, 3, 4, 5)}, NULL, 0, 0},
+    {"transpose (built-in)", "bi_transpose", P0, 1, {NZ(1, 3, 3, 4, 5)}, NULL, 0, 0},
+    {"permute rank 5 (built-in)", "bi_permute", P0, 1, {NZ(1, 5, 2, 3, 4, 2, 3)}, NULL, 0,
+     0},
+    {"sum mean amax amin (built-in)", "bi_reduce", P0, 1, {NZ(1, 3, 3, 4, 5)}, NULL, 0, 0},
+    {"cat stack (built-in)", "bi_cat", P0, 3, {NZ(1, 2, 3, 2), NZ(1, 2, 3, 4), NZ(1, 2, 3, 2)},
+     NULL, 0, 0},
+    {"chunk (built-in)", "bi_chunk", P0, 1, {NZ(1, 2, 3, 6)}, NULL, 0, 0},
+    {"unbind (built-in)", "bi_unbind", P0, 1, {NZ(1, 2, 2, 5)}, NULL, 0, 0},
+    {"where clamp (built-in)", "bi_where", P0, 2, {NZ(1, 2, 4, 5), NZ(1, 1, 5)}, NULL, 0, 0},
+    {"X[t], stack(H[1:T+1]) (built-in)", "bi_rnn", P1("T", 4), 5,
+     {NZ(1, 2, 4, 3), NZ(0.5, 1, 3), NZ(0.5, 2, 3, 3), NZ(0.5, 2, 3, 3), NZ(0.5, 1, 3)}, NULL,
+     0, 0},
+    {"broadcasting", "bi_broadcast", P0, 3, {NZ(1, 3, 2, 3, 4), NZ(1, 2, 3, 1), NZ(1, 1, 4)},
+     NULL, 0, 0},
+    {"nested calls", "bi_nested", P0, 3, {NZ(1, 2, 3, 5), NZ(1, 2, 4, 5), NZ(1, 1, 4)}, NULL,
+     0, 0},
     {"channel_shuffle", "channel_shuffle", P1("groups", 3), 1, {NZ(1, 4, 2, 9, 3, 5)}, NULL,
      0, 0},
     {"add", "add", P0, 2, {NZ(1, 2, 5, 7), NZ(1, 2, 5, 7)}, NULL, 0, 0},

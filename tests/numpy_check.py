@@ -209,6 +209,13 @@ def cases(rng):
 
     X = nonzero(rng, (3, 5, 7), 25.0)
     yield ("softplus", "softplus", {"X": X}, {}, "Y", ref_softplus)
+    yield ("silu", "silu", {"X": X}, {}, "Y", lambda X: X / (1 + np.exp(-X)))
+    yield ("expm1", "expm1", {"X": X}, {}, "Y", np.expm1)
+    Xs = (X * 1e-4).astype(np.float32)  # near 0: exp(x) - 1 would lose digits
+    yield ("expm1 near 0", "expm1", {"X": Xs}, {}, "Y", np.expm1)
+    Xp = (np.abs(X) - 0.4).astype(np.float32)
+    yield ("log1p", "log1p", {"X": Xp}, {}, "Y", np.log1p)
+    yield ("log1p near 0", "log1p", {"X": Xs}, {}, "Y", np.log1p)
 
     S = nonzero(rng, (3, 10, 16), 0.5)
     yield ("squash", "squash", {"S": S}, {}, "V", ref_squash)
@@ -222,11 +229,6 @@ def cases(rng):
     yield ("channel_shuffle<3>", "channel_shuffle", {"X": X}, {"groups": 3}, "Y",
            lambda X: ref_channel_shuffle(X, 3))
 
-    X = nonzero(rng, (2, 3, 4, 5))
-    for perm in ((2, 0, 3, 1), (3, 2, 1, 0), (0, 1, 3, 2)):
-        yield ("permute<%d,%d,%d,%d>" % perm, "permute", {"X": X},
-               {"p%d" % k: perm[k] for k in range(4)}, "Y",
-               lambda X, p=perm: np.transpose(X, p))
 
     A, C = nonzero(rng, (3, 4, 5)), nonzero(rng, (3, 4, 7))
     yield ("concat", "concat", {"A": A, "C": C}, {}, "Y",
@@ -274,6 +276,52 @@ def run_case(neoflow, nn, tmp, k, label, defn, inputs, params, out_name, fn):
     return True, "relative error %.3g" % err
 
 
+def builtin_cases(rng):
+    """Cases of the defs of tests/data/builtins.nf, as cases() (one per
+    output)."""
+    X = nonzero(rng, (2, 3, 4, 5))
+    for perm in ((2, 0, 3, 1), (3, 2, 1, 0), (0, 1, 3, 2)):
+        yield ("permute<%d,%d,%d,%d>" % perm, "permute4", {"X": X},
+               {"p%d" % k: perm[k] for k in range(4)}, "Y",
+               lambda X, p=perm: np.transpose(X, p))
+    X = nonzero(rng, (3, 4, 5))
+    yield ("reshape(X, B, -1)", "bi_reshape", {"X": X}, {}, "Y", lambda X: X.reshape(4, -1))
+    yield ("flatten(X)", "bi_reshape", {"X": X}, {}, "F", lambda X: X.reshape(3, -1))
+    yield ("flatten(X * 2, 0)", "bi_reshape", {"X": X}, {}, "G", lambda X: (X * 2).ravel())
+    X = nonzero(rng, (2, 3, 4, 5))
+    yield ("flatten(X, 1, 2)", "bi_flatten", {"X": X}, {}, "Y", lambda X: X.reshape(2, 12, 5))
+    X = nonzero(rng, (3, 4, 5))
+    yield ("transpose(X, 0, -1)", "bi_transpose", {"X": X}, {}, "Y",
+           lambda X: np.swapaxes(X, 0, -1))
+    yield ("transpose(X)", "bi_transpose", {"X": X}, {}, "Z", lambda X: np.swapaxes(X, -2, -1))
+    X = nonzero(rng, (2, 3, 4, 2, 3))
+    yield ("permute (rank 5)", "bi_permute", {"X": X}, {}, "Y",
+           lambda X: np.transpose(X, (2, 4, 0, 3, 1)))
+    X = nonzero(rng, (3, 4, 5))
+    for out, fn in (("S", lambda X: X.sum(axis=(0, 2))),
+                    ("M", lambda X: X.mean(axis=1, keepdims=True)),
+                    ("L", lambda X: np.array(X.sum())), ("Mx", lambda X: X.max(axis=1)),
+                    ("Mn", lambda X: (X * X).min(axis=0)),
+                    ("Q", lambda X: np.array((X * X).mean()))):
+        yield ("reduce " + out, "bi_reduce", {"X": X}, {}, out, fn)
+    A, B, C = nonzero(rng, (3, 2)), nonzero(rng, (3, 4)), nonzero(rng, (3, 2))
+    abc = {"A": A, "B": B, "C": C}
+    yield ("cat<axis = 1>", "bi_cat", abc, {}, "Y",
+           lambda A, B, C: np.concatenate([A, B, C], axis=1))
+    yield ("stack", "bi_cat", abc, {}, "Z", lambda A, B, C: np.stack([A, C * 2, A + C]))
+    yield ("stack<axis = 1>", "bi_cat", abc, {}, "W", lambda A, B, C: np.stack([A, C], axis=1))
+    X = nonzero(rng, (3, 6))
+    for k, out in enumerate("ABC"):
+        yield ("chunk " + out, "bi_chunk", {"X": X}, {}, out,
+               lambda X, k=k: np.split(X, 3, axis=-1)[k])
+    X = nonzero(rng, (2, 5))
+    yield ("unbind", "bi_unbind", {"X": X}, {}, "R1", lambda X: X[1])
+    X, Y = nonzero(rng, (4, 5)), nonzero(rng, (5,))
+    yield ("where", "bi_where", {"X": X, "Y": Y}, {}, "Z",
+           lambda X, Y: np.where(X > Y, X * Y, 0.5 * X - Y))
+    yield ("clamp", "bi_where", {"X": X, "Y": Y}, {}, "C", lambda X, Y: np.clip(X, -0.5, 0.75))
+
+
 def main(argv):
     if len(argv) != 3:
         print("usage: numpy_check.py NEOFLOW_BINARY NN_NF", file=sys.stderr)
@@ -281,9 +329,11 @@ def main(argv):
     neoflow, nn = argv[1], argv[2]
     rng = np.random.default_rng(20261130)
     n_pass = n_fail = 0
+    builtins = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "builtins.nf")
+    all_cases = [(nn, c) for c in cases(rng)] + [(builtins, c) for c in builtin_cases(rng)]
     with tempfile.TemporaryDirectory(prefix="nf_numpy_") as tmp:
-        for k, case in enumerate(cases(rng)):
-            ok, msg = run_case(neoflow, nn, tmp, k, *case)
+        for k, (path, case) in enumerate(all_cases):
+            ok, msg = run_case(neoflow, path, tmp, k, *case)
             print("%-22s %s  %s" % (case[0], "ok  " if ok else "FAIL", msg))
             if ok:
                 n_pass += 1

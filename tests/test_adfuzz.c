@@ -27,11 +27,11 @@ static const char *const defs[][3] = {
     {"cross_entropy", "logits=3,5;labels=3", NULL},
     {"layer_norm", "X=3,5;gamma=5;beta=5", NULL},
     {"embedding", "table=6,3;idx=4", NULL},
-    {"permute", "X=2,3,4,5", "p0=3;p1=1;p2=0;p3=2"},
+    {"channel_shuffle", "X=2,6,2,3", "groups=3"},
     {"squash", "S=3,4", NULL},
     {"gelu", "X=6", NULL},
     {"batch_norm", "X=2,3,2,2;gamma=3;beta=3", NULL},
-    {"reshape", "X=4,6", "r0=3;r1=8"},
+    {"split", "X=4,6", "at=2"},
 };
 enum { N_DEFS = sizeof defs / sizeof defs[0] };
 
@@ -63,7 +63,7 @@ static nf_graph *inst(nf_module *m, nf_ir_ctx *ctx, const char *def, const char 
     pn[np] = tok;
     pv[np++] = strtoll(eq + 1, NULL, 10);
   }
-  nf_inst_opts o = {ns, sh, np, pn, pv};
+  nf_inst_opts o = {ns, sh, np, pn, pv, 0};
   nf_diag *d = nf_diag_new();
   nf_graph *g = NULL;
   int rc = nf_module_instantiate(m, def, &o, ctx, &g, d);

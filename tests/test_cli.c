@@ -95,6 +95,25 @@ static void expect(const char *args, int status, const char *needle) {
 START_TEST(cli_check_prints_signatures) {
   expect("check mm.nf", 0, "mm(A: f32[M, K], B: f32[K, N]) -> (C: f32[M, N])\nmm.nf: 1 def ok");
   expect("check mm.nf mm --shape A=3,4 --shape B=4,5", 0, "mm: 4 tensors, 2 statements: ok");
+  /* a def whose sizes its own parameters fix is instantiated by check: a
+   * shape error shows without --shape; a typo gets a suggestion */
+  write_text("fixed.nf",
+             "def f<n = 3>(X: f32[n, 8], W: f32[4, 8]) -> (Y: f32[n, 5]) {\n"
+             "  Y(i, o) +=! X(i, k) * W(o, k)\n"
+             "}\n");
+  expect("check fixed.nf", 1,
+         "fixed.nf:2:25: error: W(o, k) may be out of bounds: index 0 takes values in [0, 4]");
+  write_text("typo.nf",
+             "def f(Hidden: f32[N, 8], b: f32[8]) -> (Y: f32[N, 8]) {\n"
+             "  Y = exp(Hiden) + b\n"
+             "}\n");
+  expect("check typo.nf", 1, "unknown tensor 'Hiden' (did you mean 'Hidden'?)");
+  write_text("typo2.nf",
+             "def g(X: f32[N, 8], b: f32[8]) -> (Y: f32[N, 8]) {\n"
+             "  Y(row, col) = X(row, col) * b(cool)\n"
+             "}\n");
+  expect("check typo2.nf g --shape X=2,8 --shape b=8", 1,
+         "'cool' is not an index of 'Y' (did you mean 'col'?)");
 }
 END_TEST
 
@@ -114,10 +133,26 @@ START_TEST(cli_bad_uses_fail_cleanly) {
   expect("hash mm.nf mm --shape A=3,4 --shape B=5,6", 1,
          "sizes disagree: 'K' is 4 from input A, dimension 1 but 5 from input B, dimension 0");
   expect("hash mm.nf mm --shape A=3,4", 1, "no shape given for input 'B' of mm");
-  expect("hash mm.nf mm --shape A=3,x", 2, "--shape: 'x' is not a dimension");
+  expect("hash mm.nf mm --shape A=3,x", 2, "--shape A: 'x' is not a dimension");
   expect("eval mm.nf mm --param 3", 2, "--param wants NAME=INTEGER");
+  expect("eval mm.nf mm --param stride=0.25", 2, "--param stride: '0.25' is not an integer");
   expect("frobnicate mm.nf", 2, "unknown command 'frobnicate'");
+  expect("evl mm.nf", 2, "unknown command 'evl' (did you mean 'eval'?)");
   expect("eval mm.nf mm --bogus", 2, "unknown option '--bogus'");
+  expect("eval mm.nf mm --shap A=3,4", 2, "unknown option '--shap' (did you mean '--shape'?)");
+  /* an option the command would ignore */
+  expect("compile mm.nf mm --wrt A -o x.so", 2,
+         "neoflow compile: --wrt is not an option of compile (it takes: --shape --param "
+         "--schedule --target -o)");
+  expect("eval mm.nf mm --dot x.dot", 2, "--dot is not an option of eval");
+  expect("check mm.nf --out d", 2, "--out is not an option of check");
+  /* neoflow train's messages name the option and value, once */
+  expect("train mm.nf mm --data synthetic --stpes 3", 2,
+         "unknown option '--stpes' (did you mean '--steps'?)");
+  expect("train mm.nf mm --data synthetic --lr fast", 2, "--lr wants a non-negative number, "
+         "got 'fast'");
+  expect("train nothere.nf mm --data synthetic --steps 1", 1,
+         "neoflow train: error: cannot open 'nothere.nf'");
   expect("eval mm.nf mm --shape A=3,4 --shape B=4,5 --shape Z=1", 1, "mm has no input named 'Z'");
   expect("eval", 2, "usage");
 }

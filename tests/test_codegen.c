@@ -25,6 +25,7 @@
 #include "nf_codegen.h"
 #include "nf_diag.h"
 #include "nf_runtime.h"
+#include "nf_test_lib.h"
 #include "nf_interp.h"
 #include "nf_lang.h"
 
@@ -773,7 +774,13 @@ static const libcase cases[] = {
     {"layer_norm", 3, {2, 1, 1}, {{7, 33}, {33}, {33}}, 0, {0}, {0}},
     {"batch_norm", 3, {4, 1, 1}, {{3, 5, 7, 9}, {5}, {5}}, 0, {0}, {0}},
     {"concat", 2, {2, 2}, {{5, 7}, {5, 9}}, 0, {0}, {0}},
-    {"transpose", 1, {3}, {{3, 7, 9}}, 0, {0}, {0}},
+    {"transpose_last", 1, {3}, {{3, 7, 9}}, 0, {0}, {0}},
+    {"bi_cat", 3, {2, 2, 2}, {{5, 3}, {5, 4}, {5, 3}}, 0, {0}, {0}},
+    {"bi_reshape", 1, {3}, {{3, 7, 5}}, 0, {0}, {0}},
+    {"bi_reduce", 1, {3}, {{3, 7, 5}}, 0, {0}, {0}},
+    {"silu", 1, {2}, {{7, 33}}, 0, {0}, {0}},
+    {"expm1", 1, {2}, {{7, 33}}, 0, {0}, {0}},
+    {"log1p", 1, {2}, {{7, 33}}, 0, {0}, {0}},
     {"add", 2, {2, 2}, {{7, 33}, {7, 33}}, 0, {0}, {0}},
     {"div", 2, {2, 2}, {{7, 33}, {7, 33}}, 0, {0}, {0}},
     {"bmul", 2, {3, 1}, {{3, 5, 7}, {7}}, 0, {0}, {0}},
@@ -784,7 +791,7 @@ START_TEST(codegen_library_defs) {
   const char *lib = getenv("NEOFLOW_LIB");
   ck_assert_msg(lib != NULL, "NEOFLOW_LIB is not set");
   char path[4096];
-  snprintf(path, sizeof path, "%s/nn.nf", lib);
+  nf_test_lib_path(path, sizeof path); /* lib/nn.nf and the built-in operators */
   nf_diag *d = nf_diag_new();
   nf_module *m = nf_module_new();
   int rc = nf_module_load_file(m, path, d);

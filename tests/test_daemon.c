@@ -2072,8 +2072,10 @@ START_TEST(daemon_hard_limit_mid_broadcast) {
   dm d;
   dm_init(&d);
   d.env = "NF_JOB_FAULT=hang";
+  /* (the job fails at its timeout: long enough that sending and draining
+   * the 1200 requests ends first, even on a loaded machine) */
   dm_config(&d, "[daemon]\noutput_soft_limit = 65536\noutput_hard_limit = 65536\n"
-                "max_requests = 4096\n[jobs]\ncompile_timeout_s = 3\n");
+                "max_requests = 4096\n[jobs]\ncompile_timeout_s = 10\n");
   dm_start(&d);
   int fd = try_connect(d.sock);
   raw_hello(fd, 1, 1);

@@ -62,7 +62,7 @@ static int try_inst(const char *src, const char *def, const char *shapes,
   if (!rc && def) {
     spec s;
     parse_spec(&s, shapes, params);
-    nf_inst_opts o = {s.n_shapes, s.shapes, s.n_params, s.pnames, s.pvals};
+    nf_inst_opts o = {s.n_shapes, s.shapes, s.n_params, s.pnames, s.pvals, 0};
     nf_graph *g = NULL;
     rc = nf_module_instantiate(m, def, &o, ctx, &g, d);
     if (!rc && digest) ck_assert_int_eq(nf_graph_hash(g, digest), NF_OK);
@@ -227,8 +227,28 @@ static const bad_case bad[] = {
      NULL, NF_ETYPE, "t.nf:5:17: error: ", "argument 2 of matmul is a number; a def takes whole tensors"},
     {"def f(X: f32[N]) -> (Y: f32[N]) {\n  Y = exp(X(i))\n}\n", NULL, NULL, NULL, NF_ETYPE,
      "t.nf:2:11: error: ", "'X' is a tensor, not a def: a tensor expression uses whole tensors"},
-    {"def f(X: f32[N]) -> (Y: f32[N]) {\n  Y = tanh(X) > X\n}\n", NULL, NULL, NULL, NF_ESYNTAX,
-     "t.nf:2:15: error: ", "'>' is not an operator of tensor expressions"},
+    {"def f(X: f32[N]) -> (Y: f32[N]) {\n  Y = X > 0.0 && X < 1.0\n}\n", NULL, NULL, NULL,
+     NF_ESYNTAX, "t.nf:2:15: error: ", "'&&' is not an operator of tensor expressions"},
+    {"def f(X: f32[N]) -> (Y: f32[N]) {\n  Y = where(X > 0.0, X)\n}\n", "f", "X=3", NULL,
+     NF_ETYPE, "t.nf:2:7: error: ", "where takes 3 arguments (C, A, B), got 2"},
+    {"def f(X: f32[N, M]) -> (Y: f32[N]) {\n  Y = sum(X, 2)\n}\n", "f", "X=3,4", NULL,
+     NF_ERANGE, "t.nf:2:14: error: ", "sum: axis 2 is out of range for rank 2"},
+    {"def f(X: f32[N, M]) -> (Y: f32[5, 5]) {\n  Y = reshape(X, 5, -1)\n}\n", "f", "X=3,4",
+     NULL, NF_ETYPE, "t.nf:2:7: error: ",
+     "reshape of 'X' [3, 4] (12 elements): 12 is not a multiple of 5"},
+    {"def f(X: f32[N, M]) -> (Y: f32[N, 1], Z: f32[N, 1]) {\n  Y, Z = chunk<axis = 1>(X)\n}\n",
+     "f", "X=3,5", NULL, NF_ETYPE, "t.nf:2:10: error: ",
+     "chunk: 'X' has 5 entries along axis 1, not a multiple of the 2 results named"},
+    {"def f(X: f32[N, M]) -> (Y: f32[M]) {\n  Y = exp(chunk(X))\n}\n", NULL, NULL, NULL,
+     NF_ETYPE, "t.nf:2:11: error: ", "chunk has one result per part"},
+    {"def f(A: f32[N], B: f32[M]) -> (Y: f32[N]) {\n  Y = stack(A, B)\n}\n", "f", "A=3;B=4",
+     NULL, NF_ETYPE, "t.nf:2:16: error: ", "stack: 'B' is f32[4] but 'A' is f32[3]"},
+    {"def f(X: f32[T, N]) -> (Y: f32[N]) {\n  Y = exp(X[7])\n}\n", "f", "X=3,4", NULL,
+     NF_ERANGE, "t.nf:2:11: error: ", "X[7] is out of range: 'X' is [3, 4], 3 entries"},
+    {"def sum(X: f32[N]) -> (Y: f32[N]) {\n  Y = X\n}\n", NULL, NULL, NULL, NF_ETYPE,
+     "t.nf:1:1: error: ", "def 'sum' has the name of a built-in operator"},
+    {"def f(X: f32[N]) -> (Y: f32[N]) {\n  H[0] = X\n  Y = exp(H[0:1])\n}\n", "f", "X=3",
+     NULL, NF_ETYPE, "t.nf:3:11: error: ", "the family range H[...:...] is a list of tensors"},
     {"def f(X: f32[N]) -> (Y: f32[N]) {\n  Y = exp(X, X)\n}\n", NULL, NULL, NULL, NF_ETYPE,
      "t.nf:2:7: error: ", "exp takes 1 argument, got 2"},
     {"def f(X: f32[N]) -> (Y: f32[N]) {\n  Y = frob(X) + 1.0\n}\n", NULL, NULL, NULL, NF_ETYPE,
@@ -257,7 +277,7 @@ static nf_graph *inst_ok(nf_module *m, nf_ir_ctx *ctx, const char *def,
                          const char *shapes, const char *params) {
   spec s;
   parse_spec(&s, shapes, params);
-  nf_inst_opts o = {s.n_shapes, s.shapes, s.n_params, s.pnames, s.pvals};
+  nf_inst_opts o = {s.n_shapes, s.shapes, s.n_params, s.pnames, s.pvals, 0};
   nf_diag *d = nf_diag_new();
   nf_graph *g = NULL;
   int rc = nf_module_instantiate(m, def, &o, ctx, &g, d);
@@ -488,7 +508,7 @@ START_TEST(lang_graph_print_round_trips_library) {
   round_trip(m, "batch_norm", "X=2,3,4,5;gamma=3;beta=3", NULL);
   round_trip(m, "gelu", "X=3,5", NULL);
   round_trip(m, "squash", "S=3,5,7", NULL);
-  round_trip(m, "permute", "X=2,3,4,5", "p0=2;p1=0;p2=3;p3=1");
+  round_trip(m, "channel_shuffle", "X=2,6,2,3", "groups=2");
   round_trip(m, "embedding", "table=9,4;idx=3,5", NULL);
   round_trip(m, "linear", "X=3,5;W=4,5;b=4", NULL);
   nf_module_free(m);
@@ -939,7 +959,7 @@ START_TEST(lang_mutated_programs_never_crash) {
       {"cross_entropy", "logits=3,5;labels=3", NULL},
       {"layer_norm", "X=3,5;gamma=5;beta=5", NULL},
       {"embedding", "table=6,3;idx=4", NULL},
-      {"permute", "X=2,3,4,5", "p0=3;p1=1;p2=0;p3=2"},
+      {"channel_shuffle", "X=2,6,2,3", "groups=3"},
       {"squash", "S=3,4", NULL},
       {"gelu", "X=6", NULL},
   };

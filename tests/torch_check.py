@@ -4,7 +4,9 @@ PyTorch's autograd.
 
 Usage: torch_check.py NEOFLOW_BINARY NN_NF
 
-For a representative set of library defs, and the six workloads of
+For a representative set of library defs, the built-in operators (the
+defs of tests/data/builtins.nf, next to this script), and the six
+workloads of
 examples/workloads.nf (found at NN_NF/../../examples, as WORKLOADS.md
 defines them), writes seeded random float32
 inputs (int64 labels and indices) and a random float32 adjoint seed dout
@@ -96,6 +98,16 @@ def cases(rng):
     X, W, b = nonzero(rng, (2, 5, 6)), nonzero(rng, (4, 6)), nonzero(rng, (4,))
     yield ("linear", "linear", {"X": X, "W": W, "b": b}, {}, ["X", "W", "b"], ["Y"],
            TF.linear)
+    yield ("linear_nobias", "linear_nobias", {"X": X, "W": W}, {}, ["X", "W"], ["Y"],
+           TF.linear)
+    X = nonzero(rng, (4, 7))
+    yield ("silu", "silu", {"X": X}, {}, ["X"], ["Y"], TF.silu)
+    yield ("expm1", "expm1", {"X": X}, {}, ["X"], ["Y"], torch.expm1)
+    Xs = (X * 1e-3).astype(np.float32)  # near 0, where exp(x) - 1 cancels
+    yield ("expm1 near 0", "expm1", {"X": Xs}, {}, ["X"], ["Y"], torch.expm1)
+    Xp = np.abs(X).astype(np.float32) - 0.4  # > -1
+    yield ("log1p", "log1p", {"X": Xp}, {}, ["X"], ["Y"], torch.log1p)
+    yield ("log1p near 0", "log1p", {"X": Xs}, {}, ["X"], ["Y"], torch.log1p)
 
     def conv(label, ishape, wshape, stride=1, pad=0, dilation=1, groups=1):
         I, W = nonzero(rng, ishape), nonzero(rng, wshape)
@@ -176,15 +188,71 @@ def cases(rng):
     yield ("channel_shuffle<2>", "channel_shuffle", {"X": X}, {"groups": 2}, ["X"], ["Y"],
            lambda X: t_channel_shuffle(X, 2))
 
-    X = nonzero(rng, (3, 2, 4, 5))
-    perm = (1, 3, 0, 2)
-    yield ("permute<1,3,0,2>", "permute", {"X": X},
-           {"p%d" % k: perm[k] for k in range(4)}, ["X"], ["Y"],
-           lambda X: X.permute(*perm))
-
     X = nonzero(rng, (3, 6))
     yield ("split<2>", "split", {"X": X}, {"at": 2}, ["X"], ["Y1", "Y2"],
            lambda X: tuple(torch.split(X, [2, 4], dim=-1)))
+
+
+# ---- the built-in operators (tests/data/builtins.nf), in torch ----
+
+def t_rnn(X, H0, W, U, b):
+    h, hs = H0, []
+    for t in range(X.shape[0]):
+        h = torch.tanh(W @ X[t] + U @ h + b)
+        hs.append(h)
+    Hs = torch.stack(hs)
+    return Hs, (Hs * Hs).mean()
+
+
+def builtin_cases(rng):
+    """Cases of the defs of tests/data/builtins.nf, as cases()."""
+    X = nonzero(rng, (3, 2, 4, 5))
+    perm = (1, 3, 0, 2)
+    yield ("permute<1,3,0,2>", "permute4", {"X": X},
+           {"p%d" % k: perm[k] for k in range(4)}, ["X"], ["Y"],
+           lambda X: X.permute(*perm))
+    X = nonzero(rng, (3, 4, 5))
+    yield ("reshape, flatten", "bi_reshape", {"X": X}, {}, ["X"], ["Y", "F", "G"],
+           lambda X: (X.reshape(4, -1), X.flatten(1), (X * 2).flatten(0)))
+    X = nonzero(rng, (2, 3, 4, 5))
+    yield ("flatten(X, 1, 2)", "bi_flatten", {"X": X}, {}, ["X"], ["Y"],
+           lambda X: X.flatten(1, 2))
+    X = nonzero(rng, (3, 4, 5))
+    yield ("transpose", "bi_transpose", {"X": X}, {}, ["X"], ["Y", "Z"],
+           lambda X: (X.transpose(0, -1), X.transpose(-2, -1)))
+    X = nonzero(rng, (2, 3, 4, 2, 3))
+    yield ("permute (rank 5)", "bi_permute", {"X": X}, {}, ["X"], ["Y"],
+           lambda X: X.permute(2, 4, 0, 3, 1))
+    X = nonzero(rng, (3, 4, 5))
+    yield ("sum mean amax amin", "bi_reduce", {"X": X}, {}, ["X"],
+           ["S", "M", "L", "Mx", "Mn", "Q"],
+           lambda X: (X.sum((0, -1)), X.mean(1, keepdim=True), X.sum(), X.amax(1),
+                      (X * X).amin(0), (X * X).mean()))
+    A, B, C = nonzero(rng, (3, 2)), nonzero(rng, (3, 4)), nonzero(rng, (3, 2))
+    yield ("cat, stack", "bi_cat", {"A": A, "B": B, "C": C}, {}, ["A", "B", "C"],
+           ["Y", "Z", "W"],
+           lambda A, B, C: (torch.cat([A, B, C], 1), torch.stack([A, C * 2, A + C]),
+                            torch.stack([A, C], 1)))
+    X = nonzero(rng, (3, 6))
+    yield ("chunk", "bi_chunk", {"X": X}, {}, ["X"], ["A", "B", "C"],
+           lambda X: tuple(X.chunk(3, -1)))
+    X = nonzero(rng, (2, 5))
+    yield ("unbind", "bi_unbind", {"X": X}, {}, ["X"], ["R0", "R1"],
+           lambda X: tuple(X.unbind(0)))
+    X, Y = nonzero(rng, (4, 5)), nonzero(rng, (5,))
+    yield ("where, clamp", "bi_where", {"X": X, "Y": Y}, {}, ["X", "Y"], ["Z", "C"],
+           lambda X, Y: (torch.where(X > Y, X * Y, 0.5 * X - Y), X.clamp(-0.5, 0.75)))
+    X, H0 = nonzero(rng, (4, 3), 0.5), nonzero(rng, (3,), 0.5)
+    W, U, b = nonzero(rng, (3, 3), 0.5), nonzero(rng, (3, 3), 0.5), nonzero(rng, (3,), 0.5)
+    yield ("X[t], stack(H[1:T+1])", "bi_rnn",
+           {"X": X, "H0": H0, "W": W, "U": U, "b": b}, {"T": 4},
+           ["X", "H0", "W", "U", "b"], ["Hs", "L"], t_rnn)
+    X, c, r = nonzero(rng, (2, 3, 4)), nonzero(rng, (3, 1)), nonzero(rng, (4,))
+    yield ("broadcasting", "bi_broadcast", {"X": X, "c": c, "r": r}, {}, ["X", "c", "r"],
+           ["Y"], lambda X, c, r: torch.sigmoid(X * c + r) - torch.exp(-X) / 2)
+    X, W, b = nonzero(rng, (3, 5)), nonzero(rng, (4, 5)), nonzero(rng, (4,))
+    yield ("nested calls", "bi_nested", {"X": X, "W": W, "b": b}, {}, ["X", "W", "b"], ["Y"],
+           lambda X, W, b: torch.sigmoid(TF.linear(X, W, b)) * 2 - 1)
 
 
 # ---- the workloads of examples/workloads.nf (WORKLOADS.md), in torch ----
@@ -352,6 +420,8 @@ def main(argv):
     workloads = os.path.join(os.path.dirname(os.path.abspath(nn)), "..", "examples",
                              "workloads.nf")
     all_cases = [(nn, c) for c in cases(rng)]
+    builtins = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "builtins.nf")
+    all_cases += [(builtins, c) for c in builtin_cases(rng)]
     if os.path.exists(workloads):
         all_cases += [(workloads, c) for c in workload_cases(rng)]
     else:

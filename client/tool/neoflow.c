@@ -138,11 +138,75 @@ typedef struct opts {
   int n_dout;
   const char *dout_names[MAX_ARGS]; /* NULL: the only output */
   const char *dout_files[MAX_ARGS];
+  uint32_t given;       /* the options given (bits of opt_names) */
 } opts;
+
+/* Every option of the FILE.nf commands, and which command uses which: an
+ * option the command would ignore is an error. */
+static const char *const opt_names[] = {
+    "--shape", "--param", "--in",     "--seed",  "--precision", "--out",     "--wrt",
+    "--dout",  "--schedule", "--target", "--engine", "--threads", "--trials", "--seconds",
+    "--csv",   "--svg",   "--json",   "--random", "--compare-random", "--daemon", "--socket",
+    "--key",   "--trust-key", "--trust-uid", "--dot", "-o"};
+enum { N_OPTS = sizeof opt_names / sizeof opt_names[0] };
+#define OPT(name) (1u << opt_index(name))
+
+static int opt_index(const char *name) {
+  for (int k = 0; k < N_OPTS; k++)
+    if (!strcmp(opt_names[k], name)) return k;
+  return N_OPTS; /* (never: every flag parsed is in the table) */
+}
+
+static const char *const commands[] = {"check", "print",     "hash", "eval", "grad",
+                                       "lower", "compile",   "tune", "partition",
+                                       "train", "status",    "cache", "version", "help"};
+
+/* The options command cmd takes. */
+static uint32_t cmd_options(const char *cmd) {
+  uint32_t inst = OPT("--shape") | OPT("--param");
+  uint32_t code = OPT("--schedule") | OPT("--target");
+  uint32_t run = OPT("--in") | OPT("--seed") | OPT("--precision") | OPT("--out") |
+                 OPT("--engine") | OPT("--threads") | code;
+  if (!strcmp(cmd, "eval")) return inst | run;
+  if (!strcmp(cmd, "grad")) return inst | run | OPT("--wrt") | OPT("--dout");
+  if (!strcmp(cmd, "lower")) return inst | code;
+  if (!strcmp(cmd, "compile")) return inst | code | OPT("-o");
+  if (!strcmp(cmd, "partition")) return inst | OPT("--wrt") | OPT("--dot");
+  if (!strcmp(cmd, "tune"))
+    return inst | OPT("--trials") | OPT("--seconds") | OPT("--csv") | OPT("--svg") |
+           OPT("--json") | OPT("--random") | OPT("--compare-random") | OPT("--seed") |
+           OPT("--threads") | OPT("--target") | OPT("--wrt") | OPT("--daemon") |
+           OPT("--socket") | OPT("--key") | OPT("--trust-key") | OPT("--trust-uid") | OPT("-o");
+  return inst; /* check, print, hash */
+}
+
+/* An option given that cmd does not use: said with the ones it takes. */
+static int check_options(const opts *o) {
+  uint32_t extra = o->given & ~cmd_options(o->cmd);
+  if (!extra) return 0;
+  int k = 0;
+  while (!(extra & (1u << k))) k++;
+  fprintf(stderr, "neoflow %s: %s is not an option of %s (it takes:", o->cmd, opt_names[k],
+          o->cmd);
+  uint32_t take = cmd_options(o->cmd);
+  for (int j = 0; j < N_OPTS; j++)
+    if (take & (1u << j)) fprintf(stderr, " %s", opt_names[j]);
+  fprintf(stderr, ")\n(run 'neoflow --help' for usage)\n");
+  return 2;
+}
 
 static int usage_error(const char *fmt, const char *arg) {
   fprintf(stderr, "neoflow: ");
   fprintf(stderr, fmt, arg);
+  fprintf(stderr, "\n(run 'neoflow --help' for usage)\n");
+  return 2;
+}
+
+/* An unknown option or command, with the nearest known one. */
+static int unknown_error(const char *what, const char *word, const char *const *known, int n) {
+  const char *near = nf_did_you_mean(word, known, n);
+  fprintf(stderr, "neoflow: unknown %s '%s'", what, word);
+  if (near) fprintf(stderr, " (did you mean '%s'?)", near);
   fprintf(stderr, "\n(run 'neoflow --help' for usage)\n");
   return 2;
 }
@@ -185,6 +249,7 @@ static int parse_args(int argc, char **argv, opts *o) {
       }
       if (strcmp(a, "--json") == 0 || strcmp(a, "--random") == 0 ||
           strcmp(a, "--compare-random") == 0 || strcmp(a, "--daemon") == 0) {
+        o->given |= OPT(a);
         if (a[2] == 'j') o->json = 1;
         else if (a[2] == 'd') o->daemon = 1;
         else if (a[2] == 'r') o->random_search = 1;
@@ -204,8 +269,9 @@ static int parse_args(int argc, char **argv, opts *o) {
                   strcmp(flag, "--dot") == 0;
       if (!takes) {
         if (strcmp(a, "--help") == 0) return 3;
-        return usage_error("unknown option '%s'", a);
+        return unknown_error("option", flag, opt_names, N_OPTS);
       }
+      o->given |= OPT(flag);
       if (!val) {
         if (k + 1 >= argc) return usage_error("option '%s' needs a value", a);
         val = argv[++k];
@@ -222,8 +288,11 @@ static int parse_args(int argc, char **argv, opts *o) {
           char *comma = strchr(p, ',');
           if (comma) *comma = 0;
           int64_t d;
-          if (!parse_i64(p, &d) || d < 0)
-            return usage_error("--shape: '%s' is not a dimension (a non-negative integer)", p);
+          if (!parse_i64(p, &d) || d < 0) {
+            fprintf(stderr, "neoflow: --shape %s: '%s' is not a dimension (a non-negative "
+                    "integer)\n(run 'neoflow --help' for usage)\n", s->name, p);
+            return 2;
+          }
           if (s->rank >= NF_MAX_RANK)
             return usage_error("--shape: more than 8 dimensions for '%s'", s->name);
           s->dims[s->rank++] = d;
@@ -234,8 +303,12 @@ static int parse_args(int argc, char **argv, opts *o) {
         if (o->n_params >= MAX_ARGS) return usage_error("too many %s options", flag);
         const char *v = split_eq(val);
         int64_t x;
-        if (!v || !parse_i64(v, &x))
-          return usage_error("--param wants NAME=INTEGER, got '%s'", val);
+        if (!v) return usage_error("--param wants NAME=INTEGER, got '%s'", val);
+        if (!parse_i64(v, &x)) {
+          fprintf(stderr, "neoflow: --param %s: '%s' is not an integer (parameters are "
+                  "integers)\n(run 'neoflow --help' for usage)\n", val, v);
+          return 2;
+        }
         o->param_names[o->n_params] = val;
         o->param_values[o->n_params++] = x;
       } else if (strcmp(flag, "--in") == 0) {
@@ -319,6 +392,7 @@ static int parse_args(int argc, char **argv, opts *o) {
     if (strcmp(a, "-h") == 0) return 3;
     if (strcmp(a, "-o") == 0) {
       if (k + 1 >= argc) return usage_error("option '%s' needs a value", a);
+      o->given |= OPT("-o");
       o->output = argv[++k];
       continue;
     }
@@ -409,7 +483,31 @@ static int cmd_check(const opts *o) {
       printf("%s: %u tensors, %u statements: ok\n", o->def, g->n_tensors, g->n_stmts);
     nf_ir_ctx_free(ctx);
   }
-  if (!rc) printf("%s: %d def%s ok\n", o->file, n, n == 1 ? "" : "s");
+  /* every def that needs no shapes (its sizes fixed by its own parameters
+   * and constants) is instantiated too: its shape errors show here */
+  int fixed = 0;
+  for (int k = 0; !o->def && k < n; k++) {
+    nf_ir_ctx *ctx = nf_ir_ctx_new();
+    nf_diag *d = nf_diag_new();
+    nf_graph *g = NULL;
+    nf_inst_opts io = {.fixed_only = 1};
+    int irc = ctx && d ? nf_module_instantiate(m, nf_module_def_name(m, k), &io, ctx, &g, d)
+                       : NF_ENOMEM;
+    if (irc == NF_OK) {
+      fixed++;
+    } else if (irc != NF_EUNSUPPORTED) {
+      fputs(nf_diag_text(d), stderr);
+      if (nf_diag_count(d) == 0)
+        fprintf(stderr, "%s: error: %s: %s\n", o->file, nf_module_def_name(m, k),
+                nf_strerror(irc));
+      rc = 1;
+    }
+    nf_diag_free(d);
+    nf_ir_ctx_free(ctx);
+  }
+  if (!rc)
+    printf("%s: %d def%s ok (%d instantiated with their own sizes; the rest need shapes)\n",
+           o->file, n, n == 1 ? "" : "s", fixed);
   nf_module_free(m);
   return rc;
 }
@@ -1490,8 +1588,10 @@ int main(int argc, char **argv) {
               strcmp(o.cmd, "grad") == 0 || strcmp(o.cmd, "lower") == 0 ||
               strcmp(o.cmd, "compile") == 0 || strcmp(o.cmd, "tune") == 0 ||
               strcmp(o.cmd, "partition") == 0;
-  if (!known) return usage_error("unknown command '%s'", o.cmd);
+  if (!known)
+    return unknown_error("command", o.cmd, commands, sizeof commands / sizeof commands[0]);
   if (!o.file) return usage_error("%s needs a FILE.nf", o.cmd);
+  if ((rc = check_options(&o))) return rc;
   if (strcmp(o.cmd, "check") == 0) return cmd_check(&o);
   if (strcmp(o.cmd, "print") == 0) return cmd_print(&o);
   if (strcmp(o.cmd, "hash") == 0) return cmd_hash(&o);

@@ -126,7 +126,10 @@ static int bad(const char *fmt, const char *a) {
  * ...") as it is, after the command's name; anything else with "error: ". */
 static void train_err(const char *msg) {
   const char *m = msg ? msg : "out of memory";
-  fprintf(stderr, "neoflow train: %s%s\n", strstr(m, ": error: ") ? "" : "error: ", m);
+  size_t n = strlen(m);
+  while (n && m[n - 1] == '\n') n--; /* (a diagnostic's text ends its lines) */
+  int has = strstr(m, ": error: ") || !strncmp(m, "error: ", 7);
+  fprintf(stderr, "neoflow train: %s%.*s\n", has ? "" : "error: ", (int)n, m);
 }
 
 /* ---- MNIST-style datasets (--data fashion-mnist) ---- */
@@ -363,6 +366,21 @@ int nf__cli_train(int argc, char **argv) {
     if (!strcmp(a, "--profile")) { profile = 1; continue; }
     if (!strcmp(a, "--no-spawn")) { no_spawn = 1; continue; }
     if (!strcmp(a, "--compile-only")) { compile_only = 1; continue; }
+    static const char *const known[] = {
+        "--json", "--profile", "--no-spawn", "--compile-only", "--data", "--daemon", "--key",
+        "--trust-key", "--trust-uid", "--device", "--data-dir", "--save", "--load", "--optim",
+        "--param", "--shape", "--params", "--lr", "--momentum", "--weight-decay",
+        "--wait-kernels", "--steps", "--epochs", "--batch", "--threads", "--seed", "--classes",
+        "--samples", "--tune-trials", "--tune-seconds", "--log-every", "--until-tuned"};
+    int is_known = 0;
+    for (size_t j = 0; j < sizeof known / sizeof known[0]; j++) is_known |= !strcmp(known[j], a);
+    if (!is_known) {
+      const char *near = nf_did_you_mean(a, known, (int)(sizeof known / sizeof known[0]));
+      fprintf(stderr, "neoflow train: unknown option '%s'", a);
+      if (near) fprintf(stderr, " (did you mean '%s'?)", near);
+      fprintf(stderr, "\n(run 'neoflow train --help' for usage)\n");
+      return 2;
+    }
     if (i + 1 >= argc) return bad("option '%s' needs a value", a);
     const char *v = argv[++i];
     char *end = NULL;
@@ -390,7 +408,8 @@ int nf__cli_train(int argc, char **argv) {
       const char *eq = strchr(v, '=');
       if (!eq || eq == v || n_ip >= 40) return bad("--param wants NAME=INTEGER, got '%s'", v);
       long long x = strtoll(eq + 1, &end, 10);
-      if (errno || !*(eq + 1) || *end) return bad("--param wants NAME=INTEGER, got '%s'", v);
+      if (errno || !*(eq + 1) || *end)
+        return bad("--param %s: not an integer (parameters are integers)", v);
       char *nm = strndup(v, (size_t)(eq - v));
       if (!nm) return 1;
       inames[n_ip] = nm;
@@ -402,10 +421,12 @@ int nf__cli_train(int argc, char **argv) {
       shr[n_sh] = 0;
       for (const char *p = eq + 1; *p;) {
         long long x = strtoll(p, &end, 10);
-        if (end == p || x <= 0 || shr[n_sh] >= 8) return bad("--shape: bad dimensions in '%s'", v);
+        if (end == p || x <= 0 || shr[n_sh] >= 8)
+          return bad("--shape %s: the dimensions are 1 to 8 positive integers", v);
         shd[n_sh][shr[n_sh]++] = x;
         p = *end == ',' ? end + 1 : end;
-        if (*end && *end != ',') return bad("--shape: bad dimensions in '%s'", v);
+        if (*end && *end != ',')
+          return bad("--shape %s: the dimensions are 1 to 8 positive integers", v);
       }
       shp[n_sh] = shd[n_sh];
       n_sh++;
@@ -418,15 +439,22 @@ int nf__cli_train(int argc, char **argv) {
     } else if (!strcmp(a, "--lr") || !strcmp(a, "--momentum") || !strcmp(a, "--weight-decay") ||
                !strcmp(a, "--wait-kernels")) {
       double x = strtod(v, &end);
-      if (errno || end == v || *end || !isfinite(x) || x < 0)
-        return bad("expected a non-negative number, got '%s'", v);
+      if (errno || end == v || *end || !isfinite(x) || x < 0) {
+        fprintf(stderr, "neoflow train: %s wants a non-negative number, got '%s'\n"
+                        "(run 'neoflow train --help' for usage)\n", a, v);
+        return 2;
+      }
       if (!strcmp(a, "--lr")) lr = x;
       else if (!strcmp(a, "--momentum")) momentum = x;
       else if (!strcmp(a, "--weight-decay")) wd = x;
       else wait_s = x;
     } else {
       long long x = strtoll(v, &end, 10);
-      if (errno || end == v || *end) return bad("expected an integer, got '%s'", v);
+      if (errno || end == v || *end) {
+        fprintf(stderr, "neoflow train: %s wants an integer, got '%s'\n"
+                        "(run 'neoflow train --help' for usage)\n", a, v);
+        return 2;
+      }
       if (!strcmp(a, "--steps") && x >= 0) steps = x;
       else if (!strcmp(a, "--epochs") && x >= 1 && x <= 100000) epochs = x;
       else if (!strcmp(a, "--batch") && x > 0) batch = x;
@@ -438,7 +466,11 @@ int nf__cli_train(int argc, char **argv) {
       else if (!strcmp(a, "--tune-seconds") && x >= 1 && x <= 604800) tune_seconds = (int)x;
       else if (!strcmp(a, "--log-every") && x >= 1) log_every = x;
       else if (!strcmp(a, "--until-tuned") && x >= 0) until_tuned = x;
-      else return bad("unknown option or value out of range: '%s'", a);
+      else {
+        fprintf(stderr, "neoflow train: %s %s is out of range\n(run 'neoflow train --help' "
+                        "for usage)\n", a, v);
+        return 2;
+      }
     }
   }
   if (!file || !def) return bad("%s", "needs FILE.nf and DEF");
@@ -457,7 +489,7 @@ int nf__cli_train(int argc, char **argv) {
   char *err = NULL;
   nf_model *m = nf_model_load(file, &err);
   if (!m) {
-    fprintf(stderr, "%s", err ? err : "neoflow train: out of memory\n");
+    train_err(err);
     free(err);
     return 1;
   }

@@ -114,6 +114,7 @@ static void put_float(nf_buf *b, double v) {
 }
 
 static void expr(const nf_ast_expr *e, nf_buf *b, int no_gt);
+static void texpr(const nf_ast_expr *e, nf_buf *b);
 
 static void wrapped(const nf_ast_expr *e, nf_buf *b, int wrap, int no_gt) {
   if (wrap) nf_buf_putc(b, '(');
@@ -150,11 +151,6 @@ static void expr(const nf_ast_expr *e, nf_buf *b, int no_gt) {
     break;
   case NF_A_NAME:
     nf_buf_puts(b, e->name);
-    if (e->sub) {
-      nf_buf_putc(b, '[');
-      expr(e->sub, b, 0);
-      nf_buf_putc(b, ']');
-    }
     break;
   case NF_A_PACK:
     nf_buf_putc(b, '*');
@@ -201,17 +197,66 @@ static void expr(const nf_ast_expr *e, nf_buf *b, int no_gt) {
     nf_buf_putc(b, ')');
     break;
   case NF_A_CALL:
+    texpr(e, b);
+    break;
+  default:
+    nf_buf_puts(b, "<?>");
+  }
+}
+
+/* A tensor expression (the right side of `T = ...`): names with their
+ * subscripts or family ranges, calls, + - * / and one comparison. */
+static void texpr(const nf_ast_expr *e, nf_buf *b) {
+  switch (e->kind) {
+  case NF_A_NAME:
+    nf_buf_puts(b, e->name);
+    if (e->sub) {
+      nf_buf_putc(b, '[');
+      wrapped(e->sub, b, e->sub_hi && e->sub->kind == NF_A_SELECT, 0);
+      if (e->sub_hi) {
+        nf_buf_putc(b, ':');
+        wrapped(e->sub_hi, b, e->sub_hi->kind == NF_A_SELECT, 0);
+      }
+      nf_buf_putc(b, ']');
+    }
+    return;
+  case NF_A_CALL:
     nf_buf_puts(b, e->name);
     call_params(e->params, e->n_params, b);
     nf_buf_putc(b, '(');
     for (int i = 0; i < e->n_args; i++) {
       if (i) nf_buf_puts(b, ", ");
-      expr(e->args[i], b, 0);
+      texpr(e->args[i], b);
     }
     nf_buf_putc(b, ')');
-    break;
+    return;
+  case NF_A_UNARY: {
+    const nf_ast_expr *a = e->args[0];
+    nf_buf_puts(b, op_text(e->op));
+    int wrap = prec(a) < 8 || a->kind == NF_A_UNARY;
+    if (wrap) nf_buf_putc(b, '(');
+    texpr(a, b);
+    if (wrap) nf_buf_putc(b, ')');
+    return;
+  }
+  case NF_A_BINARY: {
+    int p = prec(e);
+    const nf_ast_expr *l = e->args[0], *r = e->args[1];
+    /* a plain name before '<' would start its call's parameters */
+    int wl = prec(l) < p || ((e->op == NF_OP_LT || e->op == NF_OP_LE) && l->kind == NF_A_NAME &&
+                              !l->sub);
+    int wr = prec(r) <= p;
+    if (wl) nf_buf_putc(b, '(');
+    texpr(l, b);
+    if (wl) nf_buf_putc(b, ')');
+    nf_buf_printf(b, " %s ", op_text(e->op));
+    if (wr) nf_buf_putc(b, '(');
+    texpr(r, b);
+    if (wr) nf_buf_putc(b, ')');
+    return;
+  }
   default:
-    nf_buf_puts(b, "<?>");
+    expr(e, b, 0);
   }
 }
 
@@ -300,7 +345,7 @@ static void stmt(const nf_ast_stmt *s, nf_buf *b, int level) {
     }
     nf_buf_puts(b, " = ");
     if (s->value) {
-      expr(s->value, b, 0);
+      texpr(s->value, b);
       break;
     }
     if (!s->callee) { /* a copy */
@@ -398,7 +443,8 @@ int nf__ast_expr_equal(const nf_ast_expr *a, const nf_ast_expr *b) {
   case NF_A_FLOAT:
     return memcmp(&a->fval, &b->fval, sizeof a->fval) == 0;
   case NF_A_NAME:
-    return str_eq(a->name, b->name) && nf__ast_expr_equal(a->sub, b->sub);
+    return str_eq(a->name, b->name) && nf__ast_expr_equal(a->sub, b->sub) &&
+           nf__ast_expr_equal(a->sub_hi, b->sub_hi);
   case NF_A_PACK:
     return str_eq(a->name, b->name);
   case NF_A_UNARY:

@@ -733,6 +733,69 @@ static int defines(nf_ast_stmt *const *body, int n, const char *name) {
   return 0;
 }
 
+static int emit_stmt(inst *I, nf_stmt *s, nf_loc loc);
+static int new_local(inst *I, const char *key, nf_dtype t, int rank, const int64_t *shape,
+                     nf_loc loc, uint32_t *id);
+
+/* The defined tensor r names: a tensor or a family member; for X[k] where
+ * X is a tensor and not a family, its row k (k < 0: from the end), made
+ * once into a local "X[k]" (what a call or a tensor expression takes:
+ * unstacking a sequence, `H[t + 1] = cell(X[t], H[t])`).  Not for element
+ * statements: they read X(k, ...). */
+static int tref_resolve(inst *I, const nf_ast_tref *r, tent **out) {
+  elab *E = I->E;
+  const char *key;
+  int rc = tref_key(I, r, &key);
+  if (rc) return rc;
+  tent *te = tfind(I, key), *whole = r->sub && !te ? tfind(I, r->name) : NULL;
+  if (whole && whole->defined && tensor_of(I, whole->id)->rank > 0) {
+    const nf_tensor *t = tensor_of(I, whole->id);
+    int64_t k, n = t->shape[0];
+    if ((rc = ceval(I, r->sub, &k))) return rc;
+    if (k < -n || k >= n)
+      return fail(E, r->loc, NF_ERANGE,
+                  "%s[%" PRId64 "] is out of range: '%s' is %s, %" PRId64 " entries along its first "
+                  "dimension",
+                  r->name, k, r->name, shape_str(E, t->rank, t->shape), n);
+    if (k < 0) {
+      k += n;
+      if (!(key = tprintf(E, "%s[%" PRId64 "]", r->name, k))) return oom(E);
+      if ((te = tfind(I, key))) goto found;
+    }
+    nf_dtype dt = (nf_dtype)t->dtype;
+    int rank = t->rank - 1;
+    int64_t shape[NF_MAX_RANK];
+    memcpy(shape, t->shape + 1, sizeof(int64_t) * (size_t)rank);
+    uint32_t src = whole->id, id;
+    if ((rc = new_local(I, key, dt, rank, shape, r->loc, &id))) return rc;
+    nf_stmt s;
+    memset(&s, 0, sizeof s);
+    const nf_expr *idx[NF_MAX_RANK];
+    idx[0] = nf_e_const_i(E->ctx, NF_I64, k);
+    for (int d = 0; d < rank; d++) {
+      const char *v = tprintf(E, "i%d", d);
+      idx[d + 1] = nf_e_var(E->ctx, (uint32_t)d);
+      s.var_names[d] = v ? nf_arena_strdup(nf_ir_ctx_arena(E->ctx), v) : NULL;
+      if (!s.var_names[d] || !idx[d + 1]) return oom(E);
+    }
+    if (!idx[0]) return oom(E);
+    s.out = id;
+    s.rhs = nf_e_access(E->ctx, src, dt, rank + 1, idx);
+    if (!s.rhs) return oom(E);
+    if ((rc = emit_stmt(I, &s, r->loc))) return rc;
+    if (!(te = tadd(I, key, id))) return oom(E);
+    te->defined = 1;
+  }
+found:
+  if (!te && defines(I->def->body, I->def->n_body, r->name))
+    return fail(E, r->loc, NF_ETYPE, "tensor '%s' is used before it is defined", key);
+  if (!te) return fail(E, r->loc, NF_ENOENT, "unknown tensor '%s'", key);
+  if (!te->defined)
+    return fail(E, r->loc, NF_ETYPE, "tensor '%s' is used before it is defined", key);
+  *out = te;
+  return NF_OK;
+}
+
 /* Resolves a tensor reference used in an expression; sets *id or fails. */
 static int lookup_tensor(inst *I, const nf_ast_expr *e, uint32_t *id,
                          const char **key_out) {
@@ -744,9 +807,18 @@ static int lookup_tensor(inst *I, const nf_ast_expr *e, uint32_t *id,
   if (!t && defines(I->def->body, I->def->n_body, e->name))
     return fail(I->E, e->loc, NF_ETYPE,
                 "tensor '%s' is used before it is defined", key);
-  if (!t)
-    return fail(I->E, e->loc, NF_ENOENT,
-                "unknown tensor or function '%s'", key);
+  if (!t && !e->sub && nf__module_find(I->E->m, e->name))
+    return fail(I->E, e->loc, NF_ETYPE,
+                "'%s' is a def: apply it to whole tensors, in a statement ('T = %s(X)') "
+                "or a tensor expression ('Y = %s(X) + 1.0'), then index the result",
+                e->name, e->name, e->name);
+  if (!t) {
+    const char **keys = talloc(I->E, sizeof *keys * (size_t)(I->n_t + 1));
+    for (int k = 0; keys && k < I->n_t; k++) keys[k] = I->t[k].key;
+    const char *near = keys ? nf_did_you_mean(key, keys, I->n_t) : NULL;
+    return fail(I->E, e->loc, NF_ENOENT, "unknown tensor or function '%s'%s%s%s", key,
+                near ? " (did you mean '" : "", near ? near : "", near ? "'?)" : "");
+  }
   if (!t->defined)
     return fail(I->E, e->loc, NF_ETYPE,
                 "tensor '%s' is used before it is defined", key);
@@ -1733,11 +1805,21 @@ static int do_elem(inst *I, const nf_ast_stmt *st) {
                   var_desc(S, v), var_desc(S, v));
 
   /* Reduction operator vs reduction variables. */
-  if (n_red > 0 && st->red == NF_RED_NONE)
+  if (n_red > 0 && st->red == NF_RED_NONE) {
+    /* a typo of an index is the likelier mistake: say which */
+    const char *outs[NF_MAX_VARS];
+    for (int v = 0; v < S->n_out; v++) outs[v] = S->vars[v].name;
+    const char *near = nf_did_you_mean(var_desc(S, S->n_out), outs, S->n_out);
+    if (near)
+      return fail(E, S->vars[S->n_out].loc, NF_ETYPE,
+                  "'%s' is not an index of '%s' (did you mean '%s'?); to reduce "
+                  "over it use a reduction operator such as '+=!'",
+                  var_desc(S, S->n_out), key, near);
     return fail(E, S->vars[S->n_out].loc, NF_ETYPE,
                 "'%s' is not an index of '%s'; to reduce over it use a "
                 "reduction operator such as '+=!'",
                 var_desc(S, S->n_out), key);
+  }
 
   /* Types. */
   nf_dtype dt;
@@ -1870,18 +1952,9 @@ static int result_slot(inst *I, const nf_ast_tref *r, nf_dtype dt, int rank,
 
 static int do_copy(inst *I, const nf_ast_stmt *st) {
   elab *E = I->E;
-  const char *skey;
-  int rc = tref_key(I, &st->args[0], &skey);
+  tent *src;
+  int rc = tref_resolve(I, &st->args[0], &src);
   if (rc) return rc;
-  tent *src = tfind(I, skey);
-  if (!src && defines(I->def->body, I->def->n_body, st->args[0].name))
-    return fail(E, st->args[0].loc, NF_ETYPE,
-                "tensor '%s' is used before it is defined", skey);
-  if (!src)
-    return fail(E, st->args[0].loc, NF_ENOENT, "unknown tensor '%s'", skey);
-  if (!src->defined)
-    return fail(E, st->args[0].loc, NF_ETYPE,
-                "tensor '%s' is used before it is defined", skey);
   if (st->n_results != 1)
     return fail(E, st->loc, NF_ETYPE, "a copy has one result");
   const nf_tensor *t = tensor_of(I, src->id);
@@ -1946,19 +2019,17 @@ static int do_call(inst *I, const nf_ast_stmt *st) {
   actual *acts = talloc(E, sizeof(actual) * (size_t)(cd->n_inputs + 1));
   uint32_t *aid = talloc(E, sizeof(uint32_t) * (size_t)(cd->n_inputs + 1));
   if (!acts || !aid) return oom(E);
+  /* (first every argument resolved, which may add tensors: the shapes
+   * taken below point into the graph's tensors) */
+  for (int k = 0; k < st->n_args; k++) {
+    tent *te;
+    if ((rc = tref_resolve(I, &st->args[k], &te))) return rc;
+    aid[k] = te->id;
+  }
   for (int k = 0; k < st->n_args; k++) {
     const char *key;
     if ((rc = tref_key(I, &st->args[k], &key))) return rc;
-    tent *te = tfind(I, key);
-    if (!te && defines(I->def->body, I->def->n_body, st->args[k].name))
-      return fail(E, st->args[k].loc, NF_ETYPE,
-                  "tensor '%s' is used before it is defined", key);
-    if (!te)
-      return fail(E, st->args[k].loc, NF_ENOENT, "unknown tensor '%s'", key);
-    if (!te->defined)
-      return fail(E, st->args[k].loc, NF_ETYPE,
-                  "tensor '%s' is used before it is defined", key);
-    const nf_tensor *t = tensor_of(I, te->id);
+    const nf_tensor *t = tensor_of(I, aid[k]);
     if (t->dtype != cd->inputs[k].dtype)
       return fail(E, st->args[k].loc, NF_ETYPE,
                   "input '%s' of %s is %s but '%s' is %s", cd->inputs[k].name,
@@ -1968,7 +2039,6 @@ static int do_call(inst *I, const nf_ast_stmt *st) {
     acts[k].shape = t->shape;
     acts[k].have = 1;
     acts[k].dtype = (nf_dtype)t->dtype;
-    aid[k] = te->id;
   }
   /* Parameters, evaluated in the caller. */
   const char **pn = talloc(E, sizeof(char *) * (size_t)(st->n_params + 1));
@@ -2052,12 +2122,13 @@ out:
  *
  * The right side of a call statement may be a tensor expression
  * (st->value).  It is elaborated as the statements one would write by
- * hand: each call of a def inside it becomes a call statement into a
- * local named after the statement's first result and the callee
- * ("T.linear"), and the elementwise rest (+ - * /, unary minus, literals,
- * math functions and casts) becomes one element statement over the
- * broadcast shape, with NumPy's rules: shapes aligned at their last
- * dimension, a dimension of size 1 read at 0 against a larger one. */
+ * hand: each call of a def or a built-in shape operator inside it becomes
+ * statements into a local named after the statement's first result and
+ * the callee ("T.linear"), and the elementwise rest (+ - * /, a
+ * comparison, unary minus, literals, sizes, math functions, casts, where
+ * and clamp) becomes one element statement over the broadcast shape, with
+ * NumPy's rules: shapes aligned at their last dimension, a dimension of
+ * size 1 read at 0 against a larger one. */
 
 static nf_ast_expr *tx_node(elab *E, int kind, nf_loc loc, int n_args) {
   nf_ast_expr *e = talloc(E, sizeof *e);
@@ -2070,6 +2141,22 @@ static nf_ast_expr *tx_node(elab *E, int kind, nf_loc loc, int n_args) {
   return e;
 }
 
+static nf_ast_expr *tx_int(elab *E, nf_loc loc, int64_t v) {
+  nf_ast_expr *e = tx_node(E, NF_A_INT, loc, 0);
+  if (e) e->ival = v;
+  return e;
+}
+
+static nf_ast_expr *tx_bin(elab *E, int op, nf_ast_expr *a, nf_ast_expr *b) {
+  if (!a || !b) return NULL;
+  nf_ast_expr *e = tx_node(E, NF_A_BINARY, a->loc, 2);
+  if (!e) return NULL;
+  e->op = (uint8_t)op;
+  e->args[0] = a;
+  e->args[1] = b;
+  return e;
+}
+
 /* A fresh local's key "BASE.WHAT" (then "BASE.WHAT2", ...). */
 static const char *tx_temp(inst *I, const char *base, const char *what) {
   for (int n = 1;; n++) {
@@ -2079,30 +2166,56 @@ static const char *tx_temp(inst *I, const char *base, const char *what) {
   }
 }
 
-/* The defined tensor r names: its id. */
-static int tx_lookup(inst *I, const nf_ast_tref *r, uint32_t *id) {
-  elab *E = I->E;
-  const char *key;
-  int rc = tref_key(I, r, &key);
+/* What a tensor expression's operand is, copied out of the graph (whose
+ * tensor array moves as tensors are added). */
+typedef struct tinfo {
+  nf_ast_tref ref;
+  uint32_t id;
+  nf_dtype dt;
+  int rank;
+  int64_t shape[NF_MAX_RANK];
+} tinfo;
+
+static int tx_lookup(inst *I, const nf_ast_tref *r, tinfo *ti) {
+  tent *te;
+  int rc = tref_resolve(I, r, &te);
   if (rc) return rc;
-  tent *te = tfind(I, key);
-  if (!te && defines(I->def->body, I->def->n_body, r->name))
-    return fail(E, r->loc, NF_ETYPE, "tensor '%s' is used before it is defined", key);
-  if (!te) return fail(E, r->loc, NF_ENOENT, "unknown tensor '%s'", key);
-  if (!te->defined)
-    return fail(E, r->loc, NF_ETYPE, "tensor '%s' is used before it is defined", key);
-  *id = te->id;
+  const nf_tensor *t = tensor_of(I, te->id);
+  ti->ref = *r;
+  ti->id = te->id;
+  ti->dt = (nf_dtype)t->dtype;
+  ti->rank = t->rank;
+  memcpy(ti->shape, t->shape, sizeof(int64_t) * t->rank);
   return NF_OK;
 }
 
 static int tx_tensor(inst *I, const nf_ast_expr *e, const char *base, const nf_ast_stmt *top,
                      nf_ast_tref *out);
 
-/* Calls of defs inside e made into locals: a copy of e in which each is
- * a plain tensor (NF_A_NAME). */
+/* Whether e is a name that is not a tensor but a size, parameter or loop
+ * variable (a scalar of an elementwise expression). */
+static int tx_is_size(inst *I, const nf_ast_expr *e) {
+  return e->kind == NF_A_NAME && !e->sub && !tfind(I, e->name) && cfind(I, e->name);
+}
+
+/* Whether e is a call that becomes statements of its own (a def or a
+ * built-in shape operator) rather than part of an element expression. */
+static int tx_hoisted(inst *I, const nf_ast_expr *e) {
+  if (e->kind != NF_A_CALL) return 0;
+  int bi = nf__lang_builtin(e->name);
+  return bi == NF__BI_SHAPE || bi == NF__BI_MULTI || nf__module_find(I->E->m, e->name);
+}
+
+/* Calls of defs and shape operators inside e made into locals: a copy of
+ * e in which each is a plain tensor (NF_A_NAME). */
 static int tx_hoist(inst *I, const nf_ast_expr *e, const char *base, nf_ast_expr **out) {
   elab *E = I->E;
-  if (e->kind == NF_A_CALL && nf__module_find(E->m, e->name)) {
+  if (e->kind == NF_A_NAME && e->sub_hi)
+    return fail(E, e->loc, NF_ETYPE,
+                "the family range %s[...:...] is a list of tensors: only cat and stack "
+                "take one",
+                e->name);
+  if (tx_hoisted(I, e)) {
     nf_ast_tref r;
     int rc = tx_tensor(I, e, base, NULL, &r);
     if (rc) return rc;
@@ -2129,24 +2242,22 @@ static int tx_hoist(inst *I, const nf_ast_expr *e, const char *base, nf_ast_expr
  * rank/shape. */
 static int tx_shape(inst *I, const nf_ast_expr *e, int *rank, int64_t *shape) {
   elab *E = I->E;
-  if (e->kind == NF_A_NAME && !e->sub && !tfind(I, e->name) && cfind(I, e->name))
-    return NF_OK; /* a size, parameter or loop variable: a scalar */
+  if (tx_is_size(I, e)) return NF_OK;
   if (e->kind == NF_A_NAME) {
     nf_ast_tref r = {.name = e->name, .sub = e->sub, .loc = e->loc};
-    uint32_t id;
-    int rc = tx_lookup(I, &r, &id);
+    tinfo t;
+    int rc = tx_lookup(I, &r, &t);
     if (rc) return rc;
-    const nf_tensor *t = tensor_of(I, id);
-    int R = t->rank > *rank ? t->rank : *rank;
+    int R = t.rank > *rank ? t.rank : *rank;
     int64_t res[NF_MAX_RANK];
     for (int d = 0; d < R; d++) {
-      int a = d - (R - *rank), b = d - (R - t->rank);
-      int64_t x = a >= 0 ? shape[a] : 1, y = b >= 0 ? t->shape[b] : 1;
+      int a = d - (R - *rank), b = d - (R - t.rank);
+      int64_t x = a >= 0 ? shape[a] : 1, y = b >= 0 ? t.shape[b] : 1;
       if (x != y && x != 1 && y != 1)
         return fail(E, e->loc, NF_ETYPE,
                     "'%s' is %s, which does not broadcast with %s (dimension %d "
                     "from the end: %" PRId64 " against %" PRId64 ")",
-                    e->name, shape_str(E, t->rank, t->shape), shape_str(E, *rank, shape),
+                    e->name, shape_str(E, t.rank, t.shape), shape_str(E, *rank, shape),
                     R - d, y, x);
       res[d] = x == 1 ? y : x;
     }
@@ -2161,57 +2272,589 @@ static int tx_shape(inst *I, const nf_ast_expr *e, int *rank, int64_t *shape) {
   return NF_OK;
 }
 
+/* Tensor t read at the variables vars of a result of rank/shape (aligned
+ * at the last dimension; at 0 where t has size 1 against a larger
+ * result). */
+static nf_ast_expr *tx_read(elab *E, const tinfo *t, nf_loc loc, int rank, const int64_t *shape,
+                            nf_ast_expr *const *vars) {
+  nf_ast_expr *a = tx_node(E, NF_A_APPLY, loc, t->rank);
+  if (!a) return NULL;
+  a->name = t->ref.name;
+  a->sub = t->ref.sub;
+  for (int d = 0; d < t->rank; d++) {
+    int rd = d + rank - t->rank;
+    a->args[d] = t->shape[d] == 1 && shape[rd] != 1 ? tx_int(E, loc, 0) : vars[rd];
+    if (!a->args[d]) return NULL;
+  }
+  return a;
+}
+
 /* e (after tx_hoist) as an element expression over the variables vars of
- * the result's rank/shape: each tensor read at the variables of its last
- * dimensions, at 0 where it has size 1 against a larger result. */
+ * the result's rank/shape. */
 static int tx_elem(inst *I, const nf_ast_expr *e, int rank, const int64_t *shape,
                    nf_ast_expr *const *vars, nf_ast_expr **out) {
   elab *E = I->E;
-  if (e->kind == NF_A_NAME && !e->sub && !tfind(I, e->name) && cfind(I, e->name)) {
-    *out = (nf_ast_expr *)e; /* a size: the element statement reads it */
+  if (tx_is_size(I, e)) {
+    *out = (nf_ast_expr *)e; /* the element statement reads the size */
     return NF_OK;
   }
   if (e->kind == NF_A_NAME) {
     nf_ast_tref r = {.name = e->name, .sub = e->sub, .loc = e->loc};
-    uint32_t id;
-    int rc = tx_lookup(I, &r, &id);
+    tinfo t;
+    int rc = tx_lookup(I, &r, &t);
     if (rc) return rc;
-    const nf_tensor *t = tensor_of(I, id);
-    nf_ast_expr *a = tx_node(E, NF_A_APPLY, e->loc, t->rank);
-    if (!a) return oom(E);
-    a->name = e->name;
-    a->sub = e->sub;
-    for (int d = 0; d < t->rank; d++) {
-      int rd = d + rank - t->rank;
-      if (t->shape[d] == 1 && shape[rd] != 1) {
-        if (!(a->args[d] = tx_node(E, NF_A_INT, e->loc, 0))) return oom(E);
-      } else {
-        a->args[d] = vars[rd];
-      }
-    }
-    *out = a;
+    if (!(*out = tx_read(E, &t, e->loc, rank, shape, vars))) return oom(E);
     return NF_OK;
-  }
-  if (e->kind == NF_A_CALL) {
-    nf_op op;
-    int ar;
-    nf_dtype dt;
-    if (!nf__lang_math_fn(e->name, &op, &ar) && !nf_dtype_parse(e->name, strlen(e->name), &dt))
-      return fail(E, e->loc, NF_ENOENT, "unknown def or function '%s'", e->name);
-    if (e->n_params)
-      return fail(E, e->params[0].loc, NF_ETYPE, "%s takes no parameters", e->name);
   }
   nf_ast_expr *c = talloc(E, sizeof *c);
   if (!c) return oom(E);
   *c = *e;
-  if (e->kind == NF_A_CALL) c->kind = NF_A_APPLY;
   if (e->n_args && !(c->args = talloc(E, sizeof *c->args * (size_t)e->n_args))) return oom(E);
   for (int k = 0; k < e->n_args; k++) {
     int rc = tx_elem(I, e->args[k], rank, shape, vars, &c->args[k]);
     if (rc) return rc;
   }
+  if (e->kind == NF_A_CALL) {
+    nf_op op;
+    int ar = 1;
+    nf_dtype dt;
+    if (e->n_params)
+      return fail(E, e->params[0].loc, NF_ETYPE, "%s takes no parameters", e->name);
+    int where = !strcmp(e->name, "where"), clamp = !strcmp(e->name, "clamp");
+    if (where || clamp) {
+      if (e->n_args != 3)
+        return fail(E, e->loc, NF_ETYPE, "%s takes 3 arguments (%s), got %d", e->name,
+                    where ? "C, A, B" : "X, LO, HI", e->n_args);
+      if (where) {
+        c->kind = NF_A_SELECT;
+      } else { /* min(max(X, LO), HI) */
+        nf_ast_expr *mx = tx_node(E, NF_A_APPLY, e->loc, 2), *mn = tx_node(E, NF_A_APPLY, e->loc, 2);
+        if (!mx || !mn) return oom(E);
+        mx->name = "max";
+        mx->args[0] = c->args[0];
+        mx->args[1] = c->args[1];
+        mn->name = "min";
+        mn->args[0] = mx;
+        mn->args[1] = c->args[2];
+        c = mn;
+      }
+    } else if (!nf__lang_math_fn(e->name, &op, &ar) &&
+               !nf_dtype_parse(e->name, strlen(e->name), &dt)) {
+      return fail(E, e->loc, NF_ENOENT, "unknown def or function '%s'", e->name);
+    } else {
+      c->kind = NF_A_APPLY;
+    }
+  }
   *out = c;
   return NF_OK;
+}
+
+/* Variable names for an element statement's dimensions: "i0", "i1", ...
+ * (with '_' appended while one names a size or tensor). */
+static int tx_vars(inst *I, nf_loc loc, int n, const char *stem, nf_ast_expr **vars) {
+  for (int d = 0; d < n; d++) {
+    const char *v = tprintf(I->E, "%s%d", stem, d);
+    while (v && (cfind(I, v) || tfind(I, v))) v = tprintf(I->E, "%s_", v);
+    if (!v || !(vars[d] = tx_node(I->E, NF_A_NAME, loc, 0))) return oom(I->E);
+    vars[d]->name = v;
+  }
+  return NF_OK;
+}
+
+/* Emits `dest(vars) RED= rhs` for a result of rank/shape, with the
+ * reduction variables rvars over 0:rext: the ranges are given for every
+ * variable of a new local and for the reduction variables (a declared
+ * output's are its dimensions, checked here against shape). */
+static int tx_emit(inst *I, const nf_ast_tref *dest, nf_loc loc, int rank, const int64_t *shape,
+                   nf_ast_expr *const *vars, nf_ast_expr *rhs, int red, int n_red,
+                   nf_ast_expr *const *rvars, const int64_t *rext) {
+  elab *E = I->E;
+  const char *key;
+  int rc = tref_key(I, dest, &key);
+  if (rc) return rc;
+  tent *dst = tfind(I, key);
+  int declared = dst && !dst->defined;
+  if (declared) {
+    const nf_tensor *t = tensor_of(I, dst->id);
+    int same = t->rank == rank;
+    for (int d = 0; same && d < rank; d++) same = t->shape[d] == shape[d];
+    if (!same)
+      return fail(E, dest->loc, NF_ETYPE, "'%s' is declared %s%s but receives %s", key,
+                  nf_dtype_name((nf_dtype)t->dtype), shape_str(E, t->rank, t->shape),
+                  shape_str(E, rank, shape));
+  }
+  nf_ast_stmt *s = talloc(E, sizeof *s);
+  if (!s) return oom(E);
+  memset(s, 0, sizeof *s);
+  s->kind = NF_S_ELEM;
+  s->loc = loc;
+  s->lhs = *dest;
+  s->n_idx = rank;
+  if (rank && !(s->idx = talloc(E, sizeof *s->idx * (size_t)rank))) return oom(E);
+  for (int d = 0; d < rank; d++) s->idx[d] = vars[d];
+  s->red = (uint8_t)red;
+  s->rhs = rhs;
+  int nr = (declared ? 0 : rank) + n_red;
+  if (nr && !(s->ranges = talloc(E, sizeof *s->ranges * (size_t)nr))) return oom(E);
+  for (int d = 0; d < nr; d++) {
+    int lhs = d < nr - n_red;
+    nf_ast_range *r = &s->ranges[d];
+    r->name = lhs ? vars[d]->name : rvars[d - (nr - n_red)]->name;
+    r->loc = loc;
+    r->lo = tx_int(E, loc, 0);
+    r->hi = tx_int(E, loc, lhs ? shape[d] : rext[d - (nr - n_red)]);
+    if (!r->lo || !r->hi) return oom(E);
+  }
+  s->n_ranges = nr;
+  return do_elem(I, s);
+}
+
+/* ---- the built-in shape operators ---- */
+
+/* Argument k of call e made a tensor (a plain tensor, or the statements
+ * of the expression into a local). */
+static int bi_tensor(inst *I, const nf_ast_expr *e, int k, const char *base, tinfo *t) {
+  const nf_ast_expr *a = e->args[k];
+  if (a->kind == NF_A_INT || a->kind == NF_A_FLOAT || tx_is_size(I, a))
+    return fail(I->E, a->loc, NF_ETYPE, "argument %d of %s must be a tensor", k + 1, e->name);
+  nf_ast_tref r;
+  int rc = tx_tensor(I, a, base, NULL, &r);
+  return rc ? rc : tx_lookup(I, &r, t);
+}
+
+/* Parameter `name` of call e (dflt when absent); the names it may have are
+ * known (NULL-terminated), others are errors. */
+static int bi_param(inst *I, const nf_ast_expr *e, const char *name, int64_t dflt, int64_t *v,
+                    const char *const *known) {
+  *v = dflt;
+  for (int k = 0; k < e->n_params; k++) {
+    int ok = 0;
+    for (int j = 0; known[j]; j++) ok |= !strcmp(known[j], e->params[k].name);
+    if (!ok)
+      return fail(I->E, e->params[k].loc, NF_ETYPE, "%s has no parameter '%s'", e->name,
+                  e->params[k].name);
+    if (!strcmp(e->params[k].name, name)) {
+      int rc = ceval(I, e->params[k].value, v);
+      if (rc) return rc;
+    }
+  }
+  return NF_OK;
+}
+
+/* An axis of a tensor of rank n (negative: from the end) in [0, n). */
+static int bi_axis(inst *I, const nf_ast_expr *e, nf_loc loc, int64_t a, int n, int *out) {
+  if (a < -n || a >= n)
+    return fail(I->E, loc, NF_ERANGE, "%s: axis %" PRId64 " is out of range for rank %d", e->name,
+                a, n);
+  *out = (int)(a < 0 ? a + n : a);
+  return NF_OK;
+}
+
+/* dest(vars) = X at the same row-major position, for a result of
+ * rank/shape with as many elements as X. */
+static int bi_reshape_to(inst *I, const nf_ast_expr *e, const tinfo *X, const nf_ast_tref *dest,
+                         int rank, const int64_t *shape) {
+  elab *E = I->E;
+  nf_ast_expr *vars[NF_MAX_RANK];
+  int rc = tx_vars(I, e->loc, rank, "i", vars);
+  if (rc) return rc;
+  nf_ast_expr *flat = tx_int(E, e->loc, 0);
+  for (int d = 0; d < rank && flat; d++)
+    flat = d ? tx_bin(E, NF_OP_ADD, tx_bin(E, NF_OP_MUL, flat, tx_int(E, e->loc, shape[d])),
+                      vars[d])
+             : vars[0];
+  nf_ast_expr *a = tx_node(E, NF_A_APPLY, e->loc, X->rank);
+  if (!flat || !a) return oom(E);
+  a->name = X->ref.name;
+  a->sub = X->ref.sub;
+  int64_t stride = 1;
+  for (int j = X->rank - 1; j >= 0; j--) {
+    nf_ast_expr *ix = stride == 1 ? flat : tx_bin(E, NF_OP_FLOORDIV, flat, tx_int(E, e->loc, stride));
+    if (j > 0 && ix) ix = tx_bin(E, NF_OP_MOD, ix, tx_int(E, e->loc, X->shape[j]));
+    if (!(a->args[j] = ix)) return oom(E);
+    stride *= X->shape[j];
+  }
+  return tx_emit(I, dest, e->loc, rank, shape, vars, a, NF_RED_NONE, 0, NULL, NULL);
+}
+
+/* reshape(X, d0, d1, ...) and view: one size may be -1 (inferred);
+ * reshape<r0 = .., r1 = ..>(X) as the old library def took them. */
+static int bi_reshape(inst *I, const nf_ast_expr *e, const char *base, const nf_ast_tref *res) {
+  elab *E = I->E;
+  if (e->n_args < 1)
+    return fail(E, e->loc, NF_ETYPE, "%s takes a tensor and its new sizes", e->name);
+  tinfo X;
+  int rc = bi_tensor(I, e, 0, base, &X);
+  if (rc) return rc;
+  int64_t dims[NF_MAX_RANK];
+  int rank = e->n_params ? e->n_params : e->n_args - 1;
+  if (e->n_params && e->n_args != 1)
+    return fail(E, e->loc, NF_ETYPE, "%s takes its sizes as arguments or as <r0 = .., r1 = ..>, "
+                "not both", e->name);
+  if (rank > NF_MAX_RANK)
+    return fail(E, e->loc, NF_ELIMIT, "%s to %d dimensions (at most %d)", e->name, rank,
+                NF_MAX_RANK);
+  for (int d = 0; d < rank; d++) {
+    if (e->n_params) {
+      char want[8];
+      snprintf(want, sizeof want, "r%d", d);
+      if (strcmp(e->params[d].name, want))
+        return fail(E, e->params[d].loc, NF_ETYPE, "%s's parameters are r0, r1, ... in order",
+                    e->name);
+    }
+    if ((rc = ceval(I, e->n_params ? e->params[d].value : e->args[d + 1], &dims[d]))) return rc;
+  }
+  int64_t numel = 1, known = 1;
+  for (int j = 0; j < X.rank; j++) numel *= X.shape[j];
+  int infer = -1;
+  for (int d = 0; d < rank; d++) {
+    if (dims[d] == -1 && infer < 0) {
+      infer = d;
+      continue;
+    }
+    if (dims[d] < 0)
+      return fail(E, e->loc, NF_ERANGE, "%s: size %" PRId64 " (only one size may be -1)",
+                  e->name, dims[d]);
+    if (__builtin_mul_overflow(known, dims[d], &known))
+      return fail(E, e->loc, NF_EOVERFLOW, "%s: the sizes overflow", e->name);
+  }
+  if (infer >= 0) {
+    if (known == 0 || numel % known)
+      return fail(E, e->loc, NF_ETYPE,
+                  "%s of '%s' %s (%" PRId64 " elements): %" PRId64 " is not a multiple of %" PRId64,
+                  e->name, X.ref.name, shape_str(E, X.rank, X.shape), numel, numel, known);
+    dims[infer] = numel / known;
+  } else if (known != numel) {
+    return fail(E, e->loc, NF_ETYPE, "%s of '%s' %s (%" PRId64 " elements) to %s (%" PRId64
+                " elements)", e->name, X.ref.name, shape_str(E, X.rank, X.shape), numel,
+                shape_str(E, rank, dims), known);
+  }
+  return bi_reshape_to(I, e, &X, res, rank, dims);
+}
+
+/* flatten(X[, start[, end]]): dimensions start..end (default 1..-1, as
+ * torch.nn.Flatten) made one. */
+static int bi_flatten(inst *I, const nf_ast_expr *e, const char *base, const nf_ast_tref *res) {
+  elab *E = I->E;
+  if (e->n_args < 1 || e->n_args > 3)
+    return fail(E, e->loc, NF_ETYPE, "flatten takes a tensor and optionally start and end");
+  tinfo X;
+  int rc = bi_tensor(I, e, 0, base, &X);
+  if (rc) return rc;
+  int64_t a = 1, b = -1;
+  if (e->n_args > 1 && (rc = ceval(I, e->args[1], &a))) return rc;
+  if (e->n_args > 2 && (rc = ceval(I, e->args[2], &b))) return rc;
+  int s = 0, t = 0;
+  if ((rc = bi_axis(I, e, e->loc, a, X.rank, &s)) || (rc = bi_axis(I, e, e->loc, b, X.rank, &t)))
+    return rc;
+  if (s > t) return fail(E, e->loc, NF_ERANGE, "flatten: start %d is after end %d", s, t);
+  int64_t dims[NF_MAX_RANK];
+  int rank = 0;
+  for (int j = 0; j < X.rank; j++) {
+    if (j > s && j <= t) {
+      dims[rank - 1] *= X.shape[j];
+      continue;
+    }
+    dims[rank++] = X.shape[j];
+  }
+  return bi_reshape_to(I, e, &X, res, rank, dims);
+}
+
+/* transpose(X[, a, b]) (default the last two) and permute(X, d0, d1, ...)
+ * (or permute<p0 = .., ...>(X)): result dimension d is X's perm[d]. */
+static int bi_permute(inst *I, const nf_ast_expr *e, const char *base, const nf_ast_tref *res) {
+  elab *E = I->E;
+  int tr = !strcmp(e->name, "transpose");
+  if (e->n_args < 1)
+    return fail(E, e->loc, NF_ETYPE, "%s takes a tensor and its dimensions", e->name);
+  tinfo X;
+  int rc = bi_tensor(I, e, 0, base, &X);
+  if (rc) return rc;
+  int perm[NF_MAX_RANK];
+  for (int d = 0; d < X.rank; d++) perm[d] = d;
+  if (tr) {
+    if (e->n_params || (e->n_args != 1 && e->n_args != 3))
+      return fail(E, e->loc, NF_ETYPE, "transpose takes a tensor and two dimensions (default "
+                  "the last two)");
+    int64_t a = -2, b = -1;
+    if (e->n_args == 3 && ((rc = ceval(I, e->args[1], &a)) || (rc = ceval(I, e->args[2], &b))))
+      return rc;
+    int x = 0, y = 0;
+    if ((rc = bi_axis(I, e, e->loc, a, X.rank, &x)) || (rc = bi_axis(I, e, e->loc, b, X.rank, &y)))
+      return rc;
+    perm[x] = y;
+    perm[y] = x;
+  } else {
+    int n = e->n_params ? e->n_params : e->n_args - 1;
+    if (n != X.rank || (e->n_params && e->n_args != 1))
+      return fail(E, e->loc, NF_ETYPE, "permute of '%s' (rank %d) takes %d dimensions, got %d",
+                  X.ref.name, X.rank, X.rank, n);
+    int seen[NF_MAX_RANK] = {0};
+    for (int d = 0; d < n; d++) {
+      int64_t v;
+      if ((rc = ceval(I, e->n_params ? e->params[d].value : e->args[d + 1], &v))) return rc;
+      if ((rc = bi_axis(I, e, e->loc, v, X.rank, &perm[d]))) return rc;
+      if (seen[perm[d]]++)
+        return fail(E, e->loc, NF_ETYPE, "permute: dimension %d is given twice", perm[d]);
+    }
+  }
+  nf_ast_expr *vars[NF_MAX_RANK];
+  int64_t shape[NF_MAX_RANK];
+  for (int d = 0; d < X.rank; d++) shape[d] = X.shape[perm[d]];
+  if ((rc = tx_vars(I, e->loc, X.rank, "i", vars))) return rc;
+  nf_ast_expr *a = tx_node(E, NF_A_APPLY, e->loc, X.rank);
+  if (!a) return oom(E);
+  a->name = X.ref.name;
+  a->sub = X.ref.sub;
+  for (int d = 0; d < X.rank; d++) a->args[perm[d]] = vars[d];
+  return tx_emit(I, res, e->loc, X.rank, shape, vars, a, NF_RED_NONE, 0, NULL, NULL);
+}
+
+/* sum, mean, amax, amin (X[, axes...]) <keepdim = 0>: over the axes given,
+ * else all. */
+static int bi_reduce(inst *I, const nf_ast_expr *e, const char *base, const nf_ast_tref *res) {
+  elab *E = I->E;
+  static const char *const known[] = {"keepdim", NULL};
+  if (e->n_args < 1)
+    return fail(E, e->loc, NF_ETYPE, "%s takes a tensor and optionally axes", e->name);
+  tinfo X;
+  int rc = bi_tensor(I, e, 0, base, &X);
+  if (rc) return rc;
+  int64_t keep;
+  if ((rc = bi_param(I, e, "keepdim", 0, &keep, known))) return rc;
+  int red[NF_MAX_RANK] = {0}, n_red = 0;
+  for (int k = 1; k < e->n_args; k++) {
+    int64_t a;
+    int ax = 0;
+    if ((rc = ceval(I, e->args[k], &a)) || (rc = bi_axis(I, e, e->args[k]->loc, a, X.rank, &ax)))
+      return rc;
+    if (red[ax]++)
+      return fail(E, e->args[k]->loc, NF_ETYPE, "%s: axis %d is given twice", e->name, ax);
+  }
+  for (int j = 0; j < X.rank; j++) {
+    if (e->n_args == 1) red[j] = 1;
+    n_red += red[j];
+  }
+  int op = !strcmp(e->name, "amax") ? NF_RED_MAX : !strcmp(e->name, "amin") ? NF_RED_MIN
+                                                                            : NF_RED_SUM;
+  int mean = !strcmp(e->name, "mean");
+  int64_t count = 1, shape[NF_MAX_RANK], rext[NF_MAX_RANK];
+  int rank = 0;
+  nf_ast_expr *vars[NF_MAX_RANK], *rvars[NF_MAX_RANK], *idx[NF_MAX_RANK];
+  if ((rc = tx_vars(I, e->loc, X.rank, "i", vars)) || (rc = tx_vars(I, e->loc, X.rank, "r", rvars)))
+    return rc;
+  int nr = 0;
+  for (int j = 0; j < X.rank; j++) {
+    if (red[j]) {
+      count *= X.shape[j];
+      rext[nr] = X.shape[j];
+      idx[j] = rvars[nr++];
+      if (!keep) continue;
+      shape[rank] = 1;
+      vars[rank++] = vars[j];
+      continue;
+    }
+    shape[rank] = X.shape[j];
+    idx[j] = vars[j];
+    vars[rank++] = vars[j];
+  }
+  nf_ast_expr *a = tx_node(E, NF_A_APPLY, e->loc, X.rank);
+  if (!a) return oom(E);
+  a->name = X.ref.name;
+  a->sub = X.ref.sub;
+  for (int j = 0; j < X.rank; j++) a->args[j] = idx[j];
+  if (!mean) return tx_emit(I, res, e->loc, rank, shape, vars, a, op, n_red, rvars, rext);
+  /* the mean: the sum, then divided by the count (as PyTorch does) */
+  nf_ast_tref sum = {.name = tx_temp(I, base, "sum"), .loc = e->loc};
+  if (!sum.name) return oom(E);
+  if ((rc = tx_emit(I, &sum, e->loc, rank, shape, vars, a, NF_RED_SUM, n_red, rvars, rext)))
+    return rc;
+  tinfo S;
+  if ((rc = tx_lookup(I, &sum, &S))) return rc;
+  nf_ast_expr *cnt = tx_node(E, NF_A_FLOAT, e->loc, 0);
+  if (!cnt) return oom(E);
+  cnt->fval = (double)count;
+  nf_ast_expr *div = tx_bin(E, NF_OP_DIV, tx_read(E, &S, e->loc, rank, shape, vars), cnt);
+  if (!div) return oom(E);
+  return tx_emit(I, res, e->loc, rank, shape, vars, div, NF_RED_NONE, 0, NULL, NULL);
+}
+
+/* The select tree over members lo..hi-1 of a cat or stack: member k is
+ * read at its own variables, on the axis v - off[k] (cat) or without the
+ * new axis (stack). */
+static nf_ast_expr *bi_tree(inst *I, nf_loc loc, const tinfo *m, const int64_t *off, int lo, int hi,
+                            int stack, int axis, int rank, const int64_t *shape,
+                            nf_ast_expr *const *vars) {
+  elab *E = I->E;
+  if (hi - lo == 1) {
+    const tinfo *t = &m[lo];
+    nf_ast_expr *a = tx_node(E, NF_A_APPLY, loc, t->rank);
+    if (!a) return NULL;
+    a->name = t->ref.name;
+    a->sub = t->ref.sub;
+    for (int d = 0, j = 0; d < rank; d++) {
+      if (stack && d == axis) continue;
+      nf_ast_expr *ix = vars[d];
+      if (!stack && d == axis && off[lo]) ix = tx_bin(E, NF_OP_SUB, ix, tx_int(E, loc, off[lo]));
+      if (!(a->args[j++] = ix)) return NULL;
+    }
+    (void)shape;
+    return a;
+  }
+  int mid = (lo + hi) / 2;
+  nf_ast_expr *c = tx_bin(E, NF_OP_LT, vars[axis], tx_int(E, loc, off[mid]));
+  nf_ast_expr *s = tx_node(E, NF_A_SELECT, loc, 3);
+  if (!c || !s) return NULL;
+  s->args[0] = c;
+  s->args[1] = bi_tree(I, loc, m, off, lo, mid, stack, axis, rank, shape, vars);
+  s->args[2] = bi_tree(I, loc, m, off, mid, hi, stack, axis, rank, shape, vars);
+  return s->args[1] && s->args[2] ? s : NULL;
+}
+
+#define MAX_MEMBERS 65536
+
+/* cat<axis = 0>(A, B, ...) along an axis they have, stack<axis = 0>(A, B,
+ * ...) along a new one; an argument H[lo:hi] stands for the members
+ * H[lo], ..., H[hi - 1] of a family. */
+static int bi_cat(inst *I, const nf_ast_expr *e, const char *base, const nf_ast_tref *res) {
+  elab *E = I->E;
+  static const char *const known[] = {"axis", NULL};
+  int stack = !strcmp(e->name, "stack");
+  int64_t a;
+  int rc = bi_param(I, e, "axis", 0, &a, known);
+  if (rc) return rc;
+  int n = 0, cap = 0;
+  tinfo *m = NULL;
+  for (int k = 0; k < e->n_args; k++) {
+    const nf_ast_expr *x = e->args[k];
+    int64_t lo = 0, hi = 1;
+    if (x->kind == NF_A_NAME && x->sub_hi &&
+        ((rc = ceval(I, x->sub, &lo)) || (rc = ceval(I, x->sub_hi, &hi))))
+      return rc;
+    if (x->kind == NF_A_NAME && x->sub_hi && hi <= lo)
+      return fail(E, x->loc, NF_ERANGE, "%s[%" PRId64 ":%" PRId64 "] has no members", x->name, lo,
+                  hi);
+    for (int64_t j = lo; j < hi; j++) {
+      if (n >= MAX_MEMBERS)
+        return fail(E, x->loc, NF_ELIMIT, "%s of more than %d tensors", e->name, MAX_MEMBERS);
+      if (n == cap) {
+        int nc = cap ? 2 * cap : 16;
+        tinfo *g = talloc(E, sizeof *g * (size_t)nc);
+        if (!g) return oom(E);
+        if (n) memcpy(g, m, sizeof *m * (size_t)n);
+        m = g;
+        cap = nc;
+      }
+      if (x->kind == NF_A_NAME && x->sub_hi) {
+        nf_ast_tref r = {.name = x->name, .sub = tx_int(E, x->loc, j), .loc = x->loc};
+        if (!r.sub) return oom(E);
+        rc = tx_lookup(I, &r, &m[n]);
+      } else {
+        rc = bi_tensor(I, e, k, base, &m[n]);
+      }
+      if (rc) return rc;
+      n++;
+    }
+  }
+  if (!n) return fail(E, e->loc, NF_ETYPE, "%s of no tensors", e->name);
+  int rank = m[0].rank + stack, axis = 0;
+  if ((rc = bi_axis(I, e, e->loc, a, rank, &axis))) return rc;
+  if (!stack && m[0].rank == 0) return fail(E, e->loc, NF_ETYPE, "cat of scalars: use stack");
+  if (rank > NF_MAX_RANK)
+    return fail(E, e->loc, NF_ELIMIT, "stack to more than %d dimensions", NF_MAX_RANK);
+  int64_t *off = talloc(E, sizeof *off * (size_t)(n + 1)), shape[NF_MAX_RANK];
+  if (!off) return oom(E);
+  off[0] = 0;
+  for (int k = 0; k < n; k++) {
+    int same = m[k].rank == m[0].rank && m[k].dt == m[0].dt;
+    for (int d = 0; same && d < m[0].rank; d++)
+      same = m[k].shape[d] == m[0].shape[d] || (!stack && d == axis);
+    if (!same)
+      return fail(E, m[k].ref.loc, NF_ETYPE, "%s: '%s' is %s%s but '%s' is %s%s%s", e->name,
+                  m[k].ref.name, nf_dtype_name(m[k].dt), shape_str(E, m[k].rank, m[k].shape),
+                  m[0].ref.name, nf_dtype_name(m[0].dt), shape_str(E, m[0].rank, m[0].shape),
+                  stack ? "" : " (they may differ only along the axis)");
+    off[k + 1] = off[k] + (stack ? 1 : m[k].shape[axis]);
+  }
+  if (!stack)
+    for (int d = 0; d < rank; d++) shape[d] = d == axis ? off[n] : m[0].shape[d];
+  else
+    for (int d = 0, j = 0; d < rank; d++) shape[d] = d == axis ? n : m[0].shape[j++];
+  nf_ast_expr *vars[NF_MAX_RANK];
+  if ((rc = tx_vars(I, e->loc, rank, "i", vars))) return rc;
+  nf_ast_expr *t = bi_tree(I, e->loc, m, off, 0, n, stack, axis, rank, shape, vars);
+  if (!t) return oom(E);
+  return tx_emit(I, res, e->loc, rank, shape, vars, t, NF_RED_NONE, 0, NULL, NULL);
+}
+
+/* A, B, ... = chunk<axis = 0>(X): equal parts along the axis;
+ * A, B, ... = unbind<axis = 0>(X): one result per index of the axis. */
+static int bi_parts(inst *I, const nf_ast_expr *e, const char *base, const nf_ast_tref *res,
+                    int n_res) {
+  elab *E = I->E;
+  static const char *const known[] = {"axis", NULL};
+  int unbind = !strcmp(e->name, "unbind");
+  if (e->n_args != 1) return fail(E, e->loc, NF_ETYPE, "%s takes one tensor", e->name);
+  int64_t a;
+  int rc = bi_param(I, e, "axis", 0, &a, known);
+  if (rc) return rc;
+  tinfo X;
+  if ((rc = bi_tensor(I, e, 0, base, &X))) return rc;
+  int axis = 0;
+  if ((rc = bi_axis(I, e, e->loc, a, X.rank, &axis))) return rc;
+  int64_t len = X.shape[axis];
+  if (unbind ? len != n_res : len % n_res)
+    return fail(E, e->loc, NF_ETYPE,
+                unbind ? "unbind: '%s' has %" PRId64 " entries along axis %d, but %d results are "
+                         "named"
+                       : "chunk: '%s' has %" PRId64 " entries along axis %d, not a multiple of the "
+                         "%d results named",
+                X.ref.name, len, axis, n_res);
+  int64_t part = unbind ? 1 : len / n_res, shape[NF_MAX_RANK];
+  int rank = 0;
+  for (int d = 0; d < X.rank; d++)
+    if (!unbind || d != axis) shape[rank++] = d == axis ? part : X.shape[d];
+  for (int k = 0; k < n_res; k++) {
+    nf_ast_expr *vars[NF_MAX_RANK];
+    if ((rc = tx_vars(I, e->loc, rank, "i", vars))) return rc;
+    nf_ast_expr *acc = tx_node(E, NF_A_APPLY, e->loc, X.rank);
+    if (!acc) return oom(E);
+    acc->name = X.ref.name;
+    acc->sub = X.ref.sub;
+    for (int d = 0, j = 0; d < X.rank; d++) {
+      if (d == axis) {
+        acc->args[d] = unbind ? tx_int(E, e->loc, k)
+                       : k ? tx_bin(E, NF_OP_ADD, vars[j++], tx_int(E, e->loc, k * part))
+                           : vars[j++];
+      } else {
+        acc->args[d] = vars[j++];
+      }
+      if (!acc->args[d]) return oom(E);
+    }
+    if ((rc = tx_emit(I, &res[k], e->loc, rank, shape, vars, acc, NF_RED_NONE, 0, NULL, NULL)))
+      return rc;
+  }
+  return NF_OK;
+}
+
+/* Built-in operator e into the results res[0..n_res). */
+static int bi_call(inst *I, const nf_ast_expr *e, const char *base, const nf_ast_tref *res,
+                   int n_res) {
+  elab *E = I->E;
+  const char *n = e->name;
+  int multi = nf__lang_builtin(n) == NF__BI_MULTI;
+  if (!multi && n_res != 1)
+    return fail(E, e->loc, NF_ETYPE, "%s has one result, but %d are named", n, n_res);
+  if (!multi && e->n_params && strcmp(n, "reshape") && strcmp(n, "permute") &&
+      strcmp(n, "sum") && strcmp(n, "mean") && strcmp(n, "amax") && strcmp(n, "amin") &&
+      strcmp(n, "cat") && strcmp(n, "stack"))
+    return fail(E, e->params[0].loc, NF_ETYPE, "%s takes no parameters", n);
+  if (!strcmp(n, "reshape") || !strcmp(n, "view")) return bi_reshape(I, e, base, res);
+  if (!strcmp(n, "flatten")) return bi_flatten(I, e, base, res);
+  if (!strcmp(n, "transpose") || !strcmp(n, "permute")) return bi_permute(I, e, base, res);
+  if (!strcmp(n, "cat") || !strcmp(n, "stack")) return bi_cat(I, e, base, res);
+  if (multi) return bi_parts(I, e, base, res, n_res);
+  return bi_reduce(I, e, base, res);
 }
 
 /* Makes the tensor of expression e: into the results of statement top
@@ -2221,31 +2864,41 @@ static int tx_tensor(inst *I, const nf_ast_expr *e, const char *base, const nf_a
                      nf_ast_tref *out) {
   elab *E = I->E;
   int rc;
-  if (e->kind == NF_A_NAME && !top) {
+  if (e->kind == NF_A_NAME && !e->sub_hi && !top) {
     out->name = e->name;
     out->sub = e->sub;
     out->loc = e->loc;
     return NF_OK;
   }
-  nf_ast_stmt *s = talloc(E, sizeof *s);
-  if (!s) return oom(E);
-  memset(s, 0, sizeof *s);
-  s->loc = top ? top->loc : e->loc;
+  nf_ast_tref one, *res = &one;
+  int n_res = 1;
+  memset(&one, 0, sizeof one);
   if (top) {
-    s->n_results = top->n_results;
-    s->results = top->results;
+    res = top->results;
+    n_res = top->n_results;
   } else {
-    if (!(s->results = talloc(E, sizeof *s->results))) return oom(E);
-    memset(s->results, 0, sizeof *s->results);
-    s->n_results = 1;
-    s->results[0].name =
-        tx_temp(I, base, e->kind == NF_A_CALL ? e->name : e->kind == NF_A_NAME ? "copy" : "expr");
-    s->results[0].loc = e->loc;
-    if (!s->results[0].name) return oom(E);
+    int bi = e->kind == NF_A_CALL ? nf__lang_builtin(e->name) : 0;
+    if (bi == NF__BI_MULTI)
+      return fail(E, e->loc, NF_ETYPE,
+                  "%s has one result per part: name them in a statement of its own "
+                  "('A, B = %s(X)')",
+                  e->name, e->name);
+    one.name = tx_temp(I, base, e->kind == NF_A_CALL ? e->name : "expr");
+    one.loc = e->loc;
+    if (!one.name) return oom(E);
   }
-  *out = s->results[0];
+  *out = res[0];
+  if (e->kind == NF_A_CALL && (nf__lang_builtin(e->name) == NF__BI_SHAPE ||
+                               nf__lang_builtin(e->name) == NF__BI_MULTI))
+    return bi_call(I, e, base, res, n_res);
   if (e->kind == NF_A_CALL && nf__module_find(E->m, e->name)) {
+    nf_ast_stmt *s = talloc(E, sizeof *s);
+    if (!s) return oom(E);
+    memset(s, 0, sizeof *s);
     s->kind = NF_S_CALL;
+    s->loc = top ? top->loc : e->loc;
+    s->n_results = n_res;
+    s->results = res;
     s->callee = e->name;
     s->callee_loc = e->loc;
     s->n_params = e->n_params;
@@ -2255,7 +2908,7 @@ static int tx_tensor(inst *I, const nf_ast_expr *e, const char *base, const nf_a
       return oom(E);
     for (int k = 0; k < e->n_args; k++) {
       const nf_ast_expr *a = e->args[k];
-      if (a->kind == NF_A_INT || a->kind == NF_A_FLOAT)
+      if (a->kind == NF_A_INT || a->kind == NF_A_FLOAT || tx_is_size(I, a))
         return fail(E, a->loc, NF_ETYPE,
                     "argument %d of %s is a number; a def takes whole tensors", k + 1,
                     e->name);
@@ -2263,42 +2916,19 @@ static int tx_tensor(inst *I, const nf_ast_expr *e, const char *base, const nf_a
     }
     return do_call(I, s);
   }
-  if (top && top->n_results != 1)
-    return fail(E, top->loc, NF_ETYPE, "an expression has one result, not %d",
-                top->n_results);
+  if (n_res != 1)
+    return fail(E, top->loc, NF_ETYPE, "an expression has one result, not %d", n_res);
   /* elementwise: the calls inside first, then one element statement */
   nf_ast_expr *h;
   if ((rc = tx_hoist(I, e, base, &h))) return rc;
   int rank = 0;
   int64_t shape[NF_MAX_RANK];
   if ((rc = tx_shape(I, h, &rank, shape))) return rc;
-  const char *key;
-  if ((rc = tref_key(I, &s->results[0], &key))) return rc;
-  tent *dst = tfind(I, key);
-  if (dst && !dst->defined) {
-    const nf_tensor *t = tensor_of(I, dst->id);
-    int same = t->rank == rank;
-    for (int d = 0; same && d < rank; d++) same = t->shape[d] == shape[d];
-    if (!same)
-      return fail(E, s->results[0].loc, NF_ETYPE, "'%s' is declared %s%s but receives %s",
-                  key, nf_dtype_name((nf_dtype)t->dtype), shape_str(E, t->rank, t->shape),
-                  shape_str(E, rank, shape));
-  }
-  nf_ast_expr *vars[NF_MAX_RANK];
-  for (int d = 0; d < rank; d++) {
-    const char *v = tprintf(E, "i%d", d);
-    while (v && (cfind(I, v) || tfind(I, v))) v = tprintf(E, "%s_", v);
-    if (!v || !(vars[d] = tx_node(E, NF_A_NAME, e->loc, 0))) return oom(E);
-    vars[d]->name = v;
-  }
-  s->kind = NF_S_ELEM;
-  s->lhs = s->results[0];
-  s->n_idx = rank;
-  if (rank && !(s->idx = talloc(E, sizeof *s->idx * (size_t)rank))) return oom(E);
-  for (int d = 0; d < rank; d++) s->idx[d] = vars[d];
-  s->red = NF_RED_NONE;
-  if ((rc = tx_elem(I, h, rank, shape, vars, &s->rhs))) return rc;
-  return do_elem(I, s);
+  nf_ast_expr *vars[NF_MAX_RANK], *rhs;
+  if ((rc = tx_vars(I, e->loc, rank, "i", vars))) return rc;
+  if ((rc = tx_elem(I, h, rank, shape, vars, &rhs))) return rc;
+  return tx_emit(I, &res[0], top ? top->loc : e->loc, rank, shape, vars, rhs, NF_RED_NONE, 0,
+                 NULL, NULL);
 }
 
 /* `results = tensor expression` (st->value). */
@@ -2451,6 +3081,14 @@ int nf__elab_instantiate(nf_module *m, const nf_ast_def *def,
   }
   /* Inputs without a shape: all dims must be constant after binding the
    * parameters (evaluated in a throwaway pass below). */
+  for (int k = 0; opts->fixed_only && k < def->n_params; k++) {
+    int given = 0;
+    for (int j = 0; j < opts->n_params; j++) given |= !strcmp(opts->param_names[j], def->params[k].name);
+    if (!given && !def->params[k].dflt) {
+      rc = NF_EUNSUPPORTED; /* (fixed_only: no message) */
+      goto done;
+    }
+  }
   if ((rc = bind_params(I, opts->n_params, opts->param_names, opts->param_values,
                         NULL, use)))
     goto done;
@@ -2470,6 +3108,10 @@ int nf__elab_instantiate(nf_module *m, const nf_ast_def *def,
     E.d = real;
     E.status = save;
     nf_diag_free(scratch);
+    if (erc && opts->fixed_only) {
+      rc = NF_EUNSUPPORTED;
+      goto done;
+    }
     if (erc) {
       rc = fail(&E, def->inputs[k].loc, NF_EINVAL,
                 "no shape given for input '%s' of %s (declared %s); give one "

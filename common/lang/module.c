@@ -34,6 +34,28 @@ static const struct {
     {"max", NF_OP_MAX, 2},     {"stop_gradient", NF_OP_STOPGRAD, 1},
 };
 
+static const struct {
+  const char *name;
+  int kind; /* NF__BI_* */
+} builtins[] = {
+    {"reshape", NF__BI_SHAPE},   {"view", NF__BI_SHAPE},     {"flatten", NF__BI_SHAPE},
+    {"transpose", NF__BI_SHAPE}, {"permute", NF__BI_SHAPE},  {"sum", NF__BI_SHAPE},
+    {"mean", NF__BI_SHAPE},      {"amax", NF__BI_SHAPE},     {"amin", NF__BI_SHAPE},
+    {"cat", NF__BI_SHAPE},       {"stack", NF__BI_SHAPE},    {"chunk", NF__BI_MULTI},
+    {"unbind", NF__BI_MULTI},    {"where", NF__BI_ELEM},     {"clamp", NF__BI_ELEM},
+};
+
+int nf__lang_builtin(const char *name) {
+  for (size_t k = 0; k < sizeof builtins / sizeof builtins[0]; k++)
+    if (strcmp(builtins[k].name, name) == 0) return builtins[k].kind;
+  return 0;
+}
+
+const char *nf__lang_builtin_list(void) {
+  return "reshape, view, flatten, transpose, permute, sum, mean, amax, amin, cat, stack, "
+         "chunk, unbind, where, clamp";
+}
+
 int nf__lang_math_fn(const char *name, nf_op *op, int *arity) {
   for (size_t k = 0; k < sizeof math_fns / sizeof math_fns[0]; k++)
     if (strcmp(math_fns[k].name, name) == 0) {
@@ -255,6 +277,12 @@ static int load_text(nf_module *m, const char *path, char *text, size_t len,
   for (int k = 0; k < f->ast->n_defs; k++) {
     const nf_ast_def *def = f->ast->defs[k];
     const nf_ast_def *prev = nf__module_find(m, def->name);
+    if (nf__lang_builtin(def->name)) {
+      nf_diag_error(d, def->loc,
+                    "def '%s' has the name of a built-in operator (%s): rename it",
+                    def->name, nf__lang_builtin_list());
+      return NF_ETYPE;
+    }
     if (prev) {
       nf_diag_error(d, def->loc, "def '%s' is defined twice", def->name);
       nf_diag_note(d, prev->loc, "first defined here");
@@ -328,6 +356,36 @@ static int collect_scalars(const nf_ast_def *def, nf_ast_stmt *const *body, int 
   return rc;
 }
 
+/* " (did you mean 'X'?)" for the candidate closest to word among the
+ * lists (each a names set; NULL: none), the math functions, and, with m,
+ * the defs and built-in operators; "" when none is close.  Into buf. */
+static const char *did_you_mean(char *buf, size_t n, const char *word, const names *a,
+                                const names *b, const nf_module *m) {
+  const char *fns[64];
+  int nf = 0;
+  for (size_t k = 0; k < sizeof math_fns / sizeof math_fns[0]; k++) fns[nf++] = math_fns[k].name;
+  for (size_t k = 0; m && k < sizeof builtins / sizeof builtins[0] && nf < 64; k++)
+    fns[nf++] = builtins[k].name;
+  const char *best[4] = {0};
+  best[0] = a ? nf_did_you_mean(word, a->v, a->n) : NULL;
+  best[1] = b ? nf_did_you_mean(word, b->v, b->n) : NULL;
+  best[2] = nf_did_you_mean(word, fns, nf);
+  if (m) {
+    const char **defs = malloc(sizeof *defs * (size_t)(m->n_defs + 1));
+    if (defs) {
+      for (int k = 0; k < m->n_defs; k++) defs[k] = m->defs[k]->name;
+      best[3] = nf_did_you_mean(word, defs, m->n_defs);
+      free(defs);
+    }
+  }
+  const char *pick = nf_did_you_mean(word, best, 4);
+  if (!pick)
+    for (int k = 0; k < 4 && !pick; k++) pick = best[k];
+  if (!pick) return "";
+  snprintf(buf, n, " (did you mean '%.64s'?)", pick);
+  return buf;
+}
+
 static int check_expr(const nf_ast_expr *e, const names *tensors, nf_diag *d) {
   if (!e) return 0;
   int bad = 0;
@@ -340,7 +398,9 @@ static int check_expr(const nf_ast_expr *e, const names *tensors, nf_diag *d) {
                              nf_dtype_parse(e->name, strlen(e->name), &dt) ||
                              strcmp(e->name, "prod") == 0));
     if (!known) {
-      nf_diag_error(d, e->loc, "unknown tensor or function '%s'", e->name);
+      char dym[96];
+      nf_diag_error(d, e->loc, "unknown tensor or function '%s'%s", e->name,
+                    did_you_mean(dym, sizeof dym, e->name, tensors, NULL, NULL));
       bad = 1;
     }
   }
@@ -381,8 +441,12 @@ static int check_call(const nf_ast_def *cd, nf_loc loc, nf_loc stmt_loc, int n_a
     for (int p = 0; p < cd->n_params; p++)
       if (strcmp(cd->params[p].name, params[j].name) == 0) found = 1;
     if (!found) {
-      nf_diag_error(d, params[j].loc, "%s has no parameter '%s'", cd->name,
-                    params[j].name);
+      const char *pn[64];
+      int np = 0;
+      for (int p = 0; p < cd->n_params && np < 64; p++) pn[np++] = cd->params[p].name;
+      const char *s = nf_did_you_mean(params[j].name, pn, np);
+      nf_diag_error(d, params[j].loc, "%s has no parameter '%s'%s%s%s", cd->name,
+                    params[j].name, s ? " (did you mean '" : "", s ? s : "", s ? "'?)" : "");
       bad = 1;
     }
   }
@@ -397,12 +461,25 @@ static int check_texpr(const nf_module *m, const nf_ast_expr *e, int top, int n_
                        nf_loc stmt_loc, const names *tensors, const names *scalars,
                        nf_diag *d) {
   int bad = 0;
+  char dym[96];
   if (e->kind == NF_A_NAME && !names_has(tensors, e->name) &&
       (e->sub || !names_has(scalars, e->name))) {
-    nf_diag_error(d, e->loc, "unknown tensor '%s'", e->name);
+    nf_diag_error(d, e->loc, "unknown tensor '%s'%s", e->name,
+                  did_you_mean(dym, sizeof dym, e->name, tensors, e->sub ? NULL : scalars, NULL));
     bad = 1;
   }
-  if (e->kind == NF_A_CALL) {
+  int bi = e->kind == NF_A_CALL ? nf__lang_builtin(e->name) : 0;
+  if (bi == NF__BI_MULTI && !top) {
+    nf_diag_error(d, e->loc,
+                  "%s has one result per part: name them in a statement of its own "
+                  "('A, B = %s(X)')",
+                  e->name, e->name);
+    bad = 1;
+  } else if (bi && bi != NF__BI_MULTI && top && n_results != 1) {
+    nf_diag_error(d, stmt_loc, "%s has one result, but %d are named", e->name, n_results);
+    bad = 1;
+  }
+  if (e->kind == NF_A_CALL && !bi) {
     const nf_ast_def *cd = nf__module_find(m, e->name);
     nf_op op;
     int ar = 1;
@@ -435,7 +512,8 @@ static int check_texpr(const nf_module *m, const nf_ast_expr *e, int top, int n_
                     e->name, e->name, e->name);
       bad = 1;
     } else {
-      nf_diag_error(d, e->loc, "unknown def or function '%s'", e->name);
+      nf_diag_error(d, e->loc, "unknown def or function '%s'%s", e->name,
+                    did_you_mean(dym, sizeof dym, e->name, NULL, NULL, m));
       bad = 1;
     }
   }
@@ -463,15 +541,18 @@ static int check_body(const nf_module *m, const nf_ast_def *def,
       bad |= check_texpr(m, st->value, 1, st->n_results, st->loc, tensors, scalars, d);
       continue;
     }
+    char dym[96];
     for (int j = 0; j < st->n_args; j++)
       if (!names_has(tensors, st->args[j].name)) {
-        nf_diag_error(d, st->args[j].loc, "unknown tensor '%s'", st->args[j].name);
+        nf_diag_error(d, st->args[j].loc, "unknown tensor '%s'%s", st->args[j].name,
+                      did_you_mean(dym, sizeof dym, st->args[j].name, tensors, NULL, NULL));
         bad = 1;
       }
     if (!st->callee) continue;
     const nf_ast_def *cd = nf__module_find(m, st->callee);
     if (!cd) {
-      nf_diag_error(d, st->callee_loc, "unknown def '%s'", st->callee);
+      nf_diag_error(d, st->callee_loc, "unknown def '%s'%s", st->callee,
+                    did_you_mean(dym, sizeof dym, st->callee, NULL, NULL, m));
       bad = 1;
       continue;
     }

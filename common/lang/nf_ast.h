@@ -20,8 +20,10 @@ typedef enum nf_ast_kind {
   NF_A_INT = 0, /* ival */
   NF_A_FLOAT,   /* fval; text holds the literal as written */
   NF_A_BOOL,    /* ival 0/1 */
-  NF_A_NAME,    /* name; in a tensor expression, sub is the family
-                   subscript of NAME[sub] (or NULL) */
+  NF_A_NAME,    /* name; in a tensor expression, sub is the subscript of
+                   NAME[sub] (a family member, or a row of a tensor) or
+                   NULL, and sub_hi, when not NULL, makes it the family
+                   range NAME[sub:sub_hi] (the arguments of cat, stack) */
   NF_A_PACK,    /* *name: only as an index, dim or LHS variable */
   NF_A_UNARY,   /* op (NF_OP_NEG or NF_OP_NOT), args[0] */
   NF_A_BINARY,  /* op (ADD..OR), args[0], args[1] */
@@ -46,6 +48,7 @@ struct nf_ast_expr {
   const char *name; /* NAME, PACK, APPLY */
   const char *text; /* FLOAT: literal text */
   nf_ast_expr *sub; /* APPLY: family subscript, or NULL */
+  nf_ast_expr *sub_hi; /* NAME in a tensor expression: a range's end */
   int n_args;
   nf_ast_expr **args;
   int n_params;             /* CALL: name = value, in <...> */

@@ -33,6 +33,15 @@ const nf_ast_def *nf__module_find(const nf_module *m, const char *name);
  * and arity (1 or 2). */
 int nf__lang_math_fn(const char *name, nf_op *op, int *arity);
 
+/* The built-in operators of tensor expressions (elab.c): shape and
+ * reduction operators made into statements (NF__BI_SHAPE), those with one
+ * result per part (NF__BI_MULTI, only as a statement's whole right side),
+ * and elementwise ones (NF__BI_ELEM: where, clamp).  0: not a built-in.
+ * No def may take their names. */
+enum { NF__BI_SHAPE = 1, NF__BI_MULTI, NF__BI_ELEM };
+int nf__lang_builtin(const char *name);
+const char *nf__lang_builtin_list(void);
+
 /* Instantiates a def (see nf_module_instantiate). */
 int nf__elab_instantiate(nf_module *m, const nf_ast_def *def,
                          const nf_inst_opts *opts, nf_ir_ctx *ctx,

@@ -901,6 +901,27 @@ static int parse_call_params(parser *p, const char *callee, int *n,
   return 1;
 }
 
+/* '[' expr [':' expr] ']' after a tensor or family name: a member (a row)
+ * or, with ':', a range of family members (*hi). */
+static nf_ast_expr *parse_tsubscript(parser *p, const char *name, nf_ast_expr **hi) {
+  int nl = p->nl_skip, ng = p->no_gt;
+  if (!enter(p, cur(p)->loc, "expression")) return NULL;
+  advance(p);
+  p->nl_skip++;
+  p->no_gt = 0;
+  nf_ast_expr *e = parse_expr(p);
+  if (!e) return NULL;
+  if (accept(p, NF_T_COLON) && !(*hi = parse_expr(p))) return NULL;
+  if (!accept(p, NF_T_RBRACK)) {
+    expected(p, "']' after the subscript of '%.64s'", name);
+    return NULL;
+  }
+  p->nl_skip = nl;
+  p->no_gt = ng;
+  p->depth--;
+  return e;
+}
+
 static nf_ast_expr *parse_tprimary(parser *p) {
   const nf_token *t = cur(p);
   nf_ast_expr *e;
@@ -922,18 +943,24 @@ static nf_ast_expr *parse_tprimary(parser *p) {
     p->depth--;
     return e;
   }
-  if (t->kind != NF_T_IDENT) {
+  /* (`where` is a keyword; `where(C, A, B)` is the elementwise select) */
+  int where = t->kind == NF_T_WHERE;
+  if (t->kind != NF_T_IDENT && !where) {
     expected(p, "a tensor, a call or a number");
     return NULL;
   }
   nf_loc loc = t->loc;
-  const char *name = tok_str(p, t);
+  const char *name = where ? "where" : tok_str(p, t);
   if (!name) return NULL;
   advance(p);
+  if (where && !at_kind(p, NF_T_LPAREN)) {
+    expected(p, "'(' after 'where' (the elementwise select where(C, A, B))");
+    return NULL;
+  }
   if (at_kind(p, NF_T_LBRACK)) {
     if (!(e = new_expr(p, NF_A_NAME, loc))) return NULL;
     e->name = name;
-    if (!(e->sub = parse_subscript(p, name))) return NULL;
+    if (!(e->sub = parse_tsubscript(p, name, &e->sub_hi))) return NULL;
     if (at_kind(p, NF_T_LPAREN) || at_kind(p, NF_T_LT)) {
       error_at(p, cur(p)->loc,
                "a call names a def, not a tensor family member '%.64s[...]'",
@@ -1022,7 +1049,36 @@ static nf_ast_expr *parse_tbinary(parser *p, int level) {
   }
 }
 
-static nf_ast_expr *parse_texpr(parser *p) { return parse_tbinary(p, 0); }
+/* tcmp := tsum [('<' | '<=' | '>' | '>=' | '==' | '!=') tsum]: an
+ * elementwise comparison, a bool tensor (where's condition).  After a
+ * plain name '<' starts its call's parameters: write `B > A` or `(A) < B`. */
+static nf_ast_expr *parse_texpr(parser *p) {
+  nf_ast_expr *l = parse_tbinary(p, 0);
+  if (!l) return NULL;
+  int op;
+  switch (cur(p)->kind) {
+  case NF_T_LT: op = NF_OP_LT; break;
+  case NF_T_LE: op = NF_OP_LE; break;
+  case NF_T_GT: op = p->no_gt ? -1 : NF_OP_GT; break;
+  case NF_T_GE: op = NF_OP_GE; break;
+  case NF_T_EQEQ: op = NF_OP_EQ; break;
+  case NF_T_NE: op = NF_OP_NE; break;
+  default: op = -1;
+  }
+  if (op < 0) return l;
+  int hl = p->h;
+  advance(p);
+  nf_ast_expr *r = parse_tbinary(p, 0);
+  if (!r) return NULL;
+  int hr = p->h;
+  nf_ast_expr *e = new_expr(p, NF_A_BINARY, l->loc);
+  if (!e || !(e->args = alloc(p, 2 * sizeof *e->args))) return NULL;
+  e->op = (uint8_t)op;
+  e->n_args = 2;
+  e->args[0] = l;
+  e->args[1] = r;
+  return set_height(p, l->loc, hl > hr ? hl : hr) ? e : NULL;
+}
 
 /* An operator of element expressions that tensor expressions lack, after
  * one: reported (with what to write instead); 0 then. */
@@ -1037,6 +1093,7 @@ static int texpr_end(parser *p) {
   case NF_T_GE: op = ">="; break;
   case NF_T_EQEQ: op = "=="; break;
   case NF_T_NE: op = "!="; break;
+  case NF_T_BANG: op = "!"; break;
   case NF_T_ANDAND: op = "&&"; break;
   case NF_T_OROR: op = "||"; break;
   case NF_T_QUESTION: op = "?"; break;
@@ -1044,8 +1101,8 @@ static int texpr_end(parser *p) {
   }
   error_at(p, cur(p)->loc,
            "'%s' is not an operator of tensor expressions (whole tensors take "
-           "+ - * / and calls); write an element statement, e.g. "
-           "'Y(*i) = ...', or call where(C, A, B)",
+           "+ - * /, one comparison and calls); write an element statement, "
+           "e.g. 'Y(*i) = ...', or call where(C, A, B)",
            op);
   return 0;
 }
@@ -1086,12 +1143,12 @@ static nf_ast_stmt *parse_call(parser *p, nf_ast_stmt *s) {
     return s;
   }
   /* (a math function or cast of whole tensors, `Y = exp(X)`, is
-   * elementwise: a tensor expression) */
+   * elementwise, and a built-in operator is no def: tensor expressions) */
   nf_op op;
   int ar;
   nf_dtype dt;
   int plain = v->kind == NF_A_CALL && !nf__lang_math_fn(v->name, &op, &ar) &&
-              !nf_dtype_parse(v->name, strlen(v->name), &dt);
+              !nf_dtype_parse(v->name, strlen(v->name), &dt) && !nf__lang_builtin(v->name);
   for (int k = 0; plain && k < v->n_args; k++) plain = v->args[k]->kind == NF_A_NAME;
   if (!plain) {
     if (v->kind != NF_A_CALL && s->n_results != 1) {
