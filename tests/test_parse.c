@@ -751,8 +751,8 @@ static const bad_case bad_cases[] = {
      "expected '(' and the arguments of 'f', found '}'", 1},
     {HDR "  B = f(A + 1 C)\n}\n", 2, 15,
      "expected ')' after the arguments of 'f', found 'C'", 1},
-    {HDR "  B = f(A % 2)\n}\n", 2, 11,
-     "'%' is not an operator of tensor expressions (whole tensors take + - * /, one "
+    {HDR "  B = f(A || 2)\n}\n", 2, 11,
+     "'||' is not an operator of tensor expressions (whole tensors take + - * / // %, one "
      "comparison and calls); write an element statement, e.g. 'Y(*i) = ...', or call "
      "where(C, A, B)", 1},
     {HDR "  B, C = A * 2.0\n}\n", 2, 3, "an expression has one result, not 2", 1},

@@ -68,7 +68,15 @@ typedef struct inst {
   tent *t;
   int n_t, cap_t;
   const char *prefix; /* name prefix for local tensors ("" at top level) */
+  struct txname *temps; /* the locals' names tensor expressions took */
 } inst;
+
+/* A name taken for a tensor expression's local (before its tensor exists:
+ * `linear(gelu(linear(X, ..)))` names the outer call's result first). */
+typedef struct txname {
+  const char *key;
+  struct txname *next;
+} txname;
 
 static int fail(elab *E, nf_loc loc, int status, const char *fmt, ...)
     NF_PRINTF(4, 5);
@@ -2157,12 +2165,21 @@ static nf_ast_expr *tx_bin(elab *E, int op, nf_ast_expr *a, nf_ast_expr *b) {
   return e;
 }
 
-/* A fresh local's key "BASE.WHAT" (then "BASE.WHAT2", ...). */
+/* A fresh local's key "BASE.WHAT" (then "BASE.WHAT2", ...), taken. */
 static const char *tx_temp(inst *I, const char *base, const char *what) {
   for (int n = 1;; n++) {
     const char *k = n == 1 ? tprintf(I->E, "%s.%s", base, what)
                            : tprintf(I->E, "%s.%s%d", base, what, n);
-    if (!k || !tfind(I, k)) return k;
+    if (!k) return NULL;
+    int taken = tfind(I, k) != NULL;
+    for (const txname *t = I->temps; t && !taken; t = t->next) taken = !strcmp(t->key, k);
+    if (taken) continue;
+    txname *t = talloc(I->E, sizeof *t);
+    if (!t) return NULL;
+    t->key = k;
+    t->next = I->temps;
+    I->temps = t;
+    return k;
   }
 }
 
@@ -3044,6 +3061,10 @@ int nf__elab_instantiate(nf_module *m, const nf_ast_def *def,
     if (s->name) {
       for (int j = 0; j < def->n_inputs; j++)
         if (strcmp(def->inputs[j].name, s->name) == 0) slot = j;
+      int param = 0;
+      for (int j = 0; slot < 0 && j < def->n_body; j++)
+        param |= def->body[j]->kind == NF_S_PARAM && !strcmp(def->body[j]->decl.name, s->name);
+      if (param) continue; /* a param's shape is its declaration's (checked below) */
       if (slot < 0) {
         rc = fail(&E, use, NF_ENOENT, "%s has no input named '%s'", def->name,
                   s->name);
@@ -3156,6 +3177,19 @@ int nf__elab_instantiate(nf_module *m, const nf_ast_def *def,
     int r;
     int64_t shape[NF_MAX_RANK];
     if ((rc = eval_dims(I, &st->decl, &r, shape))) goto done;
+    /* a shape given for it (a tool feeding its values) must be this one */
+    for (int j = 0; j < opts->n_shapes; j++) {
+      const nf_arg_shape *g = &opts->shapes[j];
+      if (!g->name || strcmp(g->name, st->decl.name)) continue;
+      int same = g->rank == r;
+      for (int d = 0; same && d < r; d++) same = g->dims[d] == shape[d];
+      if (!same) {
+        rc = fail(&E, st->decl.loc, NF_ETYPE, "param '%s' is declared %s but was given %s",
+                  st->decl.name, shape_str(&E, r, shape),
+                  shape_str(&E, g->rank, g->dims));
+        goto done;
+      }
+    }
     int id = nf_graph_add_tensor(E.g, st->decl.name, (nf_dtype)st->decl.dtype,
                                  NF_T_INPUT, r, shape);
     if (id < 0) {

@@ -579,16 +579,26 @@ static int check_param_decls(const nf_ast_def *def, const names *defined,
     if (st->kind != NF_S_PARAM) continue;
     const nf_ast_tdecl *t = &st->decl;
     const char *clash = NULL;
+    nf_loc at = {0};
     for (int j = 0; j < def->n_params && !clash; j++)
-      if (strcmp(def->params[j].name, t->name) == 0)
+      if (strcmp(def->params[j].name, t->name) == 0) {
         clash = "an integer parameter";
+        at = def->params[j].loc;
+      }
     for (int j = 0; j < def->n_inputs && !clash; j++)
-      if (strcmp(def->inputs[j].name, t->name) == 0) clash = "an input";
+      if (strcmp(def->inputs[j].name, t->name) == 0) {
+        clash = "an input";
+        at = def->inputs[j].loc;
+      }
     for (int j = 0; j < def->n_outputs && !clash; j++)
-      if (strcmp(def->outputs[j].name, t->name) == 0) clash = "an output";
+      if (strcmp(def->outputs[j].name, t->name) == 0) {
+        clash = "an output";
+        at = def->outputs[j].loc;
+      }
     if (clash) {
-      nf_diag_error(d, t->loc, "param '%s' has the same name as %s of %s",
-                    t->name, clash, def->name);
+      nf_diag_error(d, t->loc, "param '%s' has the same name as %s of %s", t->name, clash,
+                    def->name);
+      nf_diag_note(d, at, "%s '%s' is declared here", clash, t->name);
       bad = 1;
     } else if (names_has(tensors, t->name)) {
       nf_diag_error(d, t->loc, "param '%s' is declared twice", t->name);

@@ -856,7 +856,7 @@ static nf_ast_stmt *parse_elem(parser *p, nf_ast_stmt *s) {
  *
  * texpr   := tsum
  * tsum    := tprod (('+' | '-') tprod)*
- * tprod   := tunary (('*' | '/') tunary)*
+ * tprod   := tunary (('*' | '/' | '//' | '%') tunary)*
  * tunary  := '-' tunary | tprimary
  * tprimary:= INT | FLOAT | '(' texpr ')'
  *          | NAME ['[' expr ']']                       (a tensor)
@@ -1021,7 +1021,7 @@ static nf_ast_expr *parse_tunary(parser *p) {
   return set_height(p, loc, p->h) ? e : NULL;
 }
 
-/* level 0: + -, level 1: * / */
+/* level 0: + -, level 1: * / // % */
 static nf_ast_expr *parse_tbinary(parser *p, int level) {
   nf_ast_expr *l = level ? parse_tunary(p) : parse_tbinary(p, 1);
   if (!l) return NULL;
@@ -1029,8 +1029,10 @@ static nf_ast_expr *parse_tbinary(parser *p, int level) {
     int k = cur(p)->kind, op;
     if (level == 0 && (k == NF_T_PLUS || k == NF_T_MINUS))
       op = k == NF_T_PLUS ? NF_OP_ADD : NF_OP_SUB;
-    else if (level == 1 && (k == NF_T_STAR || k == NF_T_SLASH))
-      op = k == NF_T_STAR ? NF_OP_MUL : NF_OP_DIV;
+    else if (level == 1 && (k == NF_T_STAR || k == NF_T_SLASH || k == NF_T_SLASHSLASH ||
+                            k == NF_T_PERCENT))
+      op = k == NF_T_STAR ? NF_OP_MUL : k == NF_T_SLASH ? NF_OP_DIV
+           : k == NF_T_SLASHSLASH ? NF_OP_FLOORDIV : NF_OP_MOD;
     else
       return l;
     int hl = p->h;
@@ -1085,8 +1087,6 @@ static nf_ast_expr *parse_texpr(parser *p) {
 static int texpr_end(parser *p) {
   const char *op = NULL;
   switch (cur(p)->kind) {
-  case NF_T_SLASHSLASH: op = "//"; break;
-  case NF_T_PERCENT: op = "%"; break;
   case NF_T_LT: op = "<"; break;
   case NF_T_LE: op = "<="; break;
   case NF_T_GT: op = ">"; break;
@@ -1101,7 +1101,7 @@ static int texpr_end(parser *p) {
   }
   error_at(p, cur(p)->loc,
            "'%s' is not an operator of tensor expressions (whole tensors take "
-           "+ - * /, one comparison and calls); write an element statement, "
+           "+ - * / // %%, one comparison and calls); write an element statement, "
            "e.g. 'Y(*i) = ...', or call where(C, A, B)",
            op);
   return 0;
