@@ -22,8 +22,12 @@ For each pair this writes the .nf to a temporary file and checks that
   - `neoflow grad FILE DEF --wrt <every float input> --dout ...` gives
     PyTorch's autograd gradients for a random adjoint of every output
     (relative L2 at most 1e-5);
-  - with `# train`: `neoflow train FILE DEF --data synthetic --steps 3
-    --daemon none` exits 0.
+  - `neoflow train --data synthetic --steps 3 --daemon none` exits 0 and
+    prints a finite loss: with `# train` the def itself (its first output
+    the loss, its `param`s trained); otherwise a def added to the file
+    whose loss is the mean square of the idiom's outputs, with the
+    idiom's float inputs after the first trained as parameters
+    (`--params`; the only one where there is one).
 
 The PyTorch function takes the def's inputs in order (a `param` is an
 input after the declared ones, in statement order) and returns its
@@ -214,10 +218,28 @@ def check_pair(neoflow, tmp, k, title, py, nf, rng):
             worst = max(worst, rel(got, w))
         ok = bool(np.isfinite(worst) and worst <= RTOL)
         res.append(("grad " + ",".join(wrt), ok, msg or "relative error %.3g" % worst))
-    if train:
-        rc, out = run([neoflow, "train", path, name, "--data", "synthetic", "--steps", "3",
-                       "--daemon", "none", "--threads", "1"])
-        res.append(("train", rc == 0, out.strip().splitlines()[-1] if out.strip() else ""))
+    targs = [neoflow, "train", path, name, "--data", "synthetic", "--steps", "3",
+             "--daemon", "none", "--threads", "1", "--json"]
+    if not train:
+        # a loss around the idiom: the mean square of its outputs
+        decl = ", ".join("%s: %s[%s]" % (n, dt, ", ".join(str(d) for d in shapes[n]))
+                         for n, dt in ins)
+        res_names = ["R%d" % j for j in range(len(outs))]
+        body = "  %s = %s(%s)\n  L = %s\n" % (
+            ", ".join(res_names), name, ", ".join(n for n, _ in ins),
+            " + ".join("mean(%s * %s)" % (r, r) for r in res_names))
+        with open(path, "a") as f:
+            f.write("\ndef cookbook_loss(%s) -> (L: f32[]) {\n%s}\n" % (decl, body))
+        floats = [n for n, dt in ins if not dt.startswith("i")]
+        targs[3] = "cookbook_loss"
+        # (with one float input, it is what is trained)
+        targs += ["--params", ",".join(floats[1:] if len(floats) > 1 else floats)]
+        if ints:
+            targs += ["--classes", str(min(ints.values()))]
+    rc, out = run(targs)
+    loss = re.findall(r'"loss":\s*([-+0-9.eEinfa]+)', out)
+    ok = rc == 0 and bool(loss) and math.isfinite(float(loss[-1]))
+    res.append(("train", ok, "loss %s" % loss[-1] if ok else out.strip()[-600:]))
     return res
 
 
