@@ -444,6 +444,18 @@ static nf_ast_expr *parse_unary(parser *p) {
   return e;
 }
 
+/* l op r, its height from the operands' (hl, hr); NULL after an error. */
+static nf_ast_expr *new_binary(parser *p, int op, nf_ast_expr *l, nf_ast_expr *r, int hl,
+                               int hr) {
+  nf_ast_expr *e = new_expr(p, NF_A_BINARY, l->loc);
+  if (!e || !(e->args = alloc(p, 2 * sizeof *e->args))) return NULL;
+  e->op = (uint8_t)op;
+  e->n_args = 2;
+  e->args[0] = l;
+  e->args[1] = r;
+  return set_height(p, l->loc, hl > hr ? hl : hr) ? e : NULL;
+}
+
 /* Binary levels from loosest (0: ||) to tightest (5: * / // %). */
 #define N_BIN_LEVELS 6
 
@@ -479,14 +491,7 @@ static nf_ast_expr *parse_binary(parser *p, int level) {
     nf_ast_expr *r = parse_binary(p, level + 1);
     if (!r) return NULL;
     int hr = p->h;
-    nf_ast_expr *e = new_expr(p, NF_A_BINARY, l->loc);
-    if (!e || !(e->args = alloc(p, 2 * sizeof *e->args))) return NULL;
-    e->op = (uint8_t)op;
-    e->n_args = 2;
-    e->args[0] = l;
-    e->args[1] = r;
-    if (!set_height(p, l->loc, hl > hr ? hl : hr)) return NULL;
-    l = e;
+    if (!(l = new_binary(p, op, l, r, hl, hr))) return NULL;
   }
   return l;
 }
@@ -1040,14 +1045,7 @@ static nf_ast_expr *parse_tbinary(parser *p, int level) {
     nf_ast_expr *r = level ? parse_tunary(p) : parse_tbinary(p, 1);
     if (!r) return NULL;
     int hr = p->h;
-    nf_ast_expr *e = new_expr(p, NF_A_BINARY, l->loc);
-    if (!e || !(e->args = alloc(p, 2 * sizeof *e->args))) return NULL;
-    e->op = (uint8_t)op;
-    e->n_args = 2;
-    e->args[0] = l;
-    e->args[1] = r;
-    if (!set_height(p, l->loc, hl > hr ? hl : hr)) return NULL;
-    l = e;
+    if (!(l = new_binary(p, op, l, r, hl, hr))) return NULL;
   }
 }
 
@@ -1073,13 +1071,7 @@ static nf_ast_expr *parse_texpr(parser *p) {
   nf_ast_expr *r = parse_tbinary(p, 0);
   if (!r) return NULL;
   int hr = p->h;
-  nf_ast_expr *e = new_expr(p, NF_A_BINARY, l->loc);
-  if (!e || !(e->args = alloc(p, 2 * sizeof *e->args))) return NULL;
-  e->op = (uint8_t)op;
-  e->n_args = 2;
-  e->args[0] = l;
-  e->args[1] = r;
-  return set_height(p, l->loc, hl > hr ? hl : hr) ? e : NULL;
+  return new_binary(p, op, l, r, hl, hr);
 }
 
 /* An operator of element expressions that tensor expressions lack, after
