@@ -623,7 +623,9 @@ START_TEST(lang_tensor_expressions) {
       "  }\n"
       "  H = S[T]\n}\n"
       "def matmul_vec(A: f32[M, K], x: f32[K]) -> (y: f32[M]) {\n"
-      "  y(i) +=! A(i, k) * x(k)\n}\n";
+      "  y(i) +=! A(i, k) * x(k)\n}\n"
+      "def extremes(X: f32[N, M]) -> (A: f32[], B: f32[], C: f32[N, M]) {\n"
+      "  A = max(X * 2.0)\n  B = min(X) - amin(X)\n  C = max(X, 0.5)\n}\n";
   nf_module *m = nf_module_new();
   nf_module_set_lib_dir(m, lib_dir());
   nf_diag *d = nf_diag_new();
@@ -676,6 +678,29 @@ START_TEST(lang_tensor_expressions) {
     memcpy(h, nh, sizeof h);
   }
   for (int i = 0; i < 4; i++) ck_assert_double_eq_tol(a[i], h[i], 1e-12);
+  /* max and min of one tensor reduce over all of it, of two are
+   * elementwise */
+  g1 = inst_ok(m, ctx, "extremes", "X=3,4", NULL);
+  {
+    nf_array in[1], res[3];
+    int64_t sh[2] = {3, 4};
+    ck_assert_int_eq(nf_array_alloc(&in[0], NF_F64, 2, sh), NF_OK);
+    double mx = -1e9;
+    for (int j = 0; j < 12; j++) {
+      ((double *)in[0].data)[j] = 0.37 * (double)((j * 7) % 11) - 1.6;
+      if (((double *)in[0].data)[j] > mx) mx = ((double *)in[0].data)[j];
+    }
+    nf_buf err = NF_BUF_INIT;
+    ck_assert_int_eq(nf_interp_run(g1, in, NF_INTERP_F64, res, &err), NF_OK);
+    ck_assert_double_eq_tol(((double *)res[0].data)[0], 2 * mx, 1e-12);
+    ck_assert_double_eq_tol(((double *)res[1].data)[0], 0.0, 1e-12);
+    for (int j = 0; j < 12; j++)
+      ck_assert_double_eq_tol(((double *)res[2].data)[j],
+                              fmax(((double *)in[0].data)[j], 0.5), 1e-12);
+    for (int k = 0; k < 3; k++) nf_array_free(&res[k]);
+    nf_array_free(&in[0]);
+    nf_buf_free(&err);
+  }
   /* printed as written, and read back to the same graphs */
   nf_buf text = NF_BUF_INIT;
   ck_assert_int_eq(nf_module_print(m, &text), NF_OK);

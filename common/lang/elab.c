@@ -2217,10 +2217,18 @@ static int tx_is_size(inst *I, const nf_ast_expr *e) {
 
 /* Whether e is a call that becomes statements of its own (a def or a
  * built-in shape operator) rather than part of an element expression. */
+/* max(X) and min(X) of one tensor: amax and amin over all (X.max() in
+ * PyTorch); of two operands they are elementwise. */
+static int tx_max_all(const nf_ast_expr *e) {
+  return e->kind == NF_A_CALL && e->n_args == 1 && !e->n_params &&
+         (!strcmp(e->name, "max") || !strcmp(e->name, "min"));
+}
+
 static int tx_hoisted(inst *I, const nf_ast_expr *e) {
   if (e->kind != NF_A_CALL) return 0;
   int bi = nf__lang_builtin(e->name);
-  return bi == NF__BI_SHAPE || bi == NF__BI_MULTI || nf__module_find(I->E->m, e->name);
+  return bi == NF__BI_SHAPE || bi == NF__BI_MULTI || tx_max_all(e) ||
+         nf__module_find(I->E->m, e->name);
 }
 
 /* Calls of defs and shape operators inside e made into locals: a copy of
@@ -2652,7 +2660,8 @@ static int bi_reduce(inst *I, const nf_ast_expr *e, const char *base, const nf_a
     if (e->n_args == 1) red[j] = 1;
     n_red += red[j];
   }
-  int op = !strcmp(e->name, "amax") ? NF_RED_MAX : !strcmp(e->name, "amin") ? NF_RED_MIN
+  int op = !strcmp(e->name, "amax") || !strcmp(e->name, "max") ? NF_RED_MAX
+           : !strcmp(e->name, "amin") || !strcmp(e->name, "min") ? NF_RED_MIN
                                                                             : NF_RED_SUM;
   int mean = !strcmp(e->name, "mean");
   int64_t count = 1, shape[NF_MAX_RANK], rext[NF_MAX_RANK];
@@ -2906,7 +2915,7 @@ static int tx_tensor(inst *I, const nf_ast_expr *e, const char *base, const nf_a
   }
   *out = res[0];
   if (e->kind == NF_A_CALL && (nf__lang_builtin(e->name) == NF__BI_SHAPE ||
-                               nf__lang_builtin(e->name) == NF__BI_MULTI))
+                               nf__lang_builtin(e->name) == NF__BI_MULTI || tx_max_all(e)))
     return bi_call(I, e, base, res, n_res);
   if (e->kind == NF_A_CALL && nf__module_find(E->m, e->name)) {
     nf_ast_stmt *s = talloc(E, sizeof *s);

@@ -490,6 +490,8 @@ static int check_texpr(const nf_module *m, const nf_ast_expr *e, int top, int n_
     } else if (nf__lang_math_fn(e->name, &op, &ar) ||
                nf_dtype_parse(e->name, strlen(e->name), &dt)) {
       if (nf_dtype_parse(e->name, strlen(e->name), &dt)) ar = 1;
+      /* (max(X), min(X) of one tensor: over all of it) */
+      if (e->n_args == 1 && (!strcmp(e->name, "max") || !strcmp(e->name, "min"))) ar = 1;
       if (e->n_args != ar) {
         nf_diag_error(d, e->loc, "%s takes %d argument%s, got %d", e->name, ar,
                       ar == 1 ? "" : "s", e->n_args);
