@@ -57,7 +57,7 @@ if [ "$secs" != 0 ] && command -v clang >/dev/null 2>&1; then
   if [ -f build-fuzz/build.ninja ]; then
     echo "== parser fuzzing (${secs}s)"
     mkdir -p build-fuzz/corpus
-    cp -f lib/*.nf examples/*.nf build-fuzz/corpus/ 2>/dev/null || true
+    cp -f lib/*.nf examples/*.nf tests/data/*.nf build-fuzz/corpus/ 2>/dev/null || true
     build-fuzz/tests/fuzz/fuzz_parse -max_total_time="$secs" -max_len=4096 \
       -print_final_stats=1 build-fuzz/corpus 2>&1 | tail -n 5
     [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "test.sh: the parser fuzzer found a crash" >&2; exit 1; }

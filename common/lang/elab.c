@@ -1991,6 +1991,17 @@ static int do_copy(inst *I, const nf_ast_stmt *st) {
 }
 
 static int do_value(inst *I, const nf_ast_stmt *st);
+static nf_ast_expr *tx_node(elab *E, int kind, nf_loc loc, int n_args);
+
+/* Whether a call statement's callee that is no def is a math function, a
+ * cast or a built-in operator (a tensor expression). */
+static int call_is_elementwise(const char *callee) {
+  nf_op op;
+  int ar;
+  nf_dtype dt;
+  return nf__lang_math_fn(callee, &op, &ar) || nf_dtype_parse(callee, strlen(callee), &dt) ||
+         nf__lang_builtin(callee);
+}
 
 static int do_call(inst *I, const nf_ast_stmt *st) {
   elab *E = I->E;
@@ -1998,6 +2009,26 @@ static int do_call(inst *I, const nf_ast_stmt *st) {
   if (st->value) return do_value(I, st);
   if (!st->callee) return do_copy(I, st);
   const nf_ast_def *cd = nf__module_find(E->m, st->callee);
+  if (!cd && call_is_elementwise(st->callee)) {
+    /* `Y = exp(X)`, `Y = sum(X)`: a tensor expression of the call */
+    nf_ast_expr *v = tx_node(E, NF_A_CALL, st->callee_loc, st->n_args);
+    if (!v) return oom(E);
+    v->name = st->callee;
+    v->n_params = st->n_params;
+    v->params = st->params;
+    for (int k = 0; k < st->n_args; k++) {
+      if (!(v->args[k] = tx_node(E, NF_A_NAME, st->args[k].loc, 0))) return oom(E);
+      v->args[k]->name = st->args[k].name;
+      v->args[k]->sub = st->args[k].sub;
+    }
+    nf_ast_stmt *vs = talloc(E, sizeof *vs);
+    if (!vs) return oom(E);
+    *vs = *st;
+    vs->value = v;
+    vs->callee = NULL;
+    vs->n_args = 0;
+    return do_value(I, vs);
+  }
   if (!cd)
     return fail(E, st->callee_loc, NF_ENOENT, "unknown def '%s'", st->callee);
   for (int k = 0; k < cd->n_body; k++) {

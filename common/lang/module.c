@@ -543,6 +543,39 @@ static int check_body(const nf_module *m, const nf_ast_def *def,
       bad |= check_texpr(m, st->value, 1, st->n_results, st->loc, tensors, scalars, d);
       continue;
     }
+    const nf_ast_def *cd = st->callee ? nf__module_find(m, st->callee) : NULL;
+    nf_op op;
+    int ar;
+    nf_dtype dt;
+    if (st->callee && !cd &&
+        (nf__lang_builtin(st->callee) || nf__lang_math_fn(st->callee, &op, &ar) ||
+         nf_dtype_parse(st->callee, strlen(st->callee), &dt))) {
+      /* `Y = exp(X)`, `Y = reshape(X, N, -1)`, `A, B = chunk(X)`: checked as
+       * the tensor expression it is */
+      nf_ast_expr *args = calloc((size_t)st->n_args + 1, sizeof *args);
+      nf_ast_expr **argp = calloc((size_t)st->n_args + 1, sizeof *argp);
+      if (!args || !argp) {
+        free(args);
+        free(argp);
+        nf_diag_error(d, st->loc, "out of memory");
+        bad = 1;
+        continue;
+      }
+      for (int j = 0; j < st->n_args; j++) {
+        args[j].kind = NF_A_NAME;
+        args[j].name = st->args[j].name;
+        args[j].sub = st->args[j].sub;
+        args[j].loc = st->args[j].loc;
+        argp[j] = &args[j];
+      }
+      nf_ast_expr call = {.kind = NF_A_CALL, .loc = st->callee_loc, .name = st->callee,
+                          .n_args = st->n_args, .args = argp, .n_params = st->n_params,
+                          .params = (nf_ast_param_arg *)st->params};
+      bad |= check_texpr(m, &call, 1, st->n_results, st->loc, tensors, scalars, d);
+      free(args);
+      free(argp);
+      continue;
+    }
     char dym[96];
     for (int j = 0; j < st->n_args; j++)
       if (!names_has(tensors, st->args[j].name)) {
@@ -551,7 +584,6 @@ static int check_body(const nf_module *m, const nf_ast_def *def,
         bad = 1;
       }
     if (!st->callee) continue;
-    const nf_ast_def *cd = nf__module_find(m, st->callee);
     if (!cd) {
       nf_diag_error(d, st->callee_loc, "unknown def '%s'%s", st->callee,
                     did_you_mean(dym, sizeof dym, st->callee, NULL, NULL, m));

@@ -44,7 +44,6 @@
  * The parser does not resolve names or check types: `max(a, b)`, `f32(x)`
  * and `A(i)` are all NF_A_APPLY, and the elaborator decides. */
 #include "nf_ast.h"
-#include "nf_lang_int.h"
 
 #include <limits.h>
 #include <stdarg.h>
@@ -1134,14 +1133,12 @@ static nf_ast_stmt *parse_call(parser *p, nf_ast_stmt *s) {
     s->callee_loc = v->loc;
     return s;
   }
-  /* (a math function or cast of whole tensors, `Y = exp(X)`, is
-   * elementwise, and a built-in operator is no def: tensor expressions) */
-  nf_op op;
-  int ar;
-  nf_dtype dt;
-  int plain = v->kind == NF_A_CALL && !nf__lang_math_fn(v->name, &op, &ar) &&
-              !nf_dtype_parse(v->name, strlen(v->name), &dt) && !nf__lang_builtin(v->name);
-  for (int k = 0; plain && k < v->n_args; k++) plain = v->args[k]->kind == NF_A_NAME;
+  /* (the parser does not resolve names: `Y = exp(X)` is a plain call here,
+   * and the checks and the elaborator make a call of a math function, a
+   * cast or a built-in operator a tensor expression) */
+  int plain = v->kind == NF_A_CALL;
+  for (int k = 0; plain && k < v->n_args; k++)
+    plain = v->args[k]->kind == NF_A_NAME && !v->args[k]->sub_hi;
   if (!plain) {
     if (v->kind != NF_A_CALL && s->n_results != 1) {
       error_at(p, s->loc, "an expression has one result, not %d", s->n_results);
