@@ -709,6 +709,14 @@ int nf_session_output_info(const nf_session *s, int i, const char **name, nf_ele
   return info(&s->slots[sl], t, rank, dims);
 }
 
+size_t nf_session_abi_size(const char *what) {
+  if (!what) return 0;
+  if (!strcmp(what, "opts")) return sizeof(nf_session_opts);
+  if (!strcmp(what, "stats")) return sizeof(nf_session_stats);
+  if (!strcmp(what, "optimizer")) return sizeof(nf_optimizer);
+  return 0;
+}
+
 int nf_session_stats_get(const nf_session *s, nf_session_stats *st) {
   if (!s || !st) return NF_EINVAL;
   memset(st, 0, sizeof *st);

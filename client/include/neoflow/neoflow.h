@@ -297,6 +297,12 @@ typedef struct nf_session_stats {
 } nf_session_stats;
 
 NF_API int nf_session_stats_get(const nf_session *s, nf_session_stats *st);
+
+/* The size in bytes of this library's nf_session_opts ("opts"),
+ * nf_session_stats ("stats") or nf_optimizer ("optimizer"); 0 for another
+ * name.  For bindings that mirror the structures (the Python package
+ * checks its own against these when it loads the library). */
+NF_API size_t nf_session_abi_size(const char *what);
 /* Same as nf_session_stats_get (the name the docs use). */
 #define nf_session_stats(s, st) nf_session_stats_get((s), (st))
 

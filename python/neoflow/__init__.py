@@ -1,0 +1,330 @@
+"""neoflow - NeoFlow from Python (docs/python.md).
+
+A thin layer over the public C API of libneoflow-client (ctypes, no second
+implementation of anything): load `.nf` models, open training sessions on
+their defs, feed NumPy arrays (without a copy where they are already
+C-contiguous and of the input's type), step, evaluate, read tensors, save
+and load parameters, and watch the kernels arrive.  Errors raise
+neoflow.Error with the library's message.
+
+    import neoflow, numpy as np
+    m = neoflow.Model.load("examples/mlp.nf")
+    with neoflow.Session(m, "mlp", optimizer="sgd", lr=0.01, params={"batch": 32},
+                         daemon="none") as s:
+        s.feed(X=x, labels=y)
+        loss = s.step()
+
+`neoflow.library` is the path of the libneoflow-client that was loaded.
+"""
+
+import ctypes
+import sys
+
+import numpy as np
+
+from . import _lib
+
+__all__ = ["Error", "Model", "Session", "TensorInfo", "library", "version"]
+
+_c, library, _tried = _lib.load()
+_lib.declare(_c)
+_libc = ctypes.CDLL(None)
+_libc.free.argtypes = [ctypes.c_void_p]
+_libc.free.restype = None
+
+version = "0.8.0"
+
+OK = 0
+ERANGE = -10
+
+_DTYPES = {0: np.dtype(np.bool_), 1: np.dtype(np.int32), 2: np.dtype(np.int64),
+           3: np.dtype(np.float16), 4: np.dtype(np.uint16),  # bf16: its bits
+           5: np.dtype(np.float32), 6: np.dtype(np.float64)}
+_OPTIMIZERS = {"sgd": 0, "adam": 1, "adamw": 2}
+
+
+class Error(Exception):
+    """A NeoFlow error: .status is the library's NEOFLOW_E* code (negative),
+    the message its text (file:line:col: error: ... for a model)."""
+
+    def __init__(self, status, message):
+        super().__init__(message)
+        self.status = status
+
+
+def _check(rc, what):
+    if rc != OK:
+        raise Error(rc, "%s: %s" % (what, _c.nf_strerror(rc).decode()))
+
+
+def _take_err(p):
+    """The library's malloc'd message *p (freed), or ''."""
+    if not p.value:
+        return ""
+    msg = ctypes.string_at(p.value).decode(errors="replace").rstrip("\n")
+    _libc.free(p.value)
+    return msg
+
+
+class Model:
+    """A loaded `.nf` file with its imports (`import nn` finds the standard
+    library through $NEOFLOW_LIB or the installed data directory)."""
+
+    def __init__(self, handle, name):
+        self._h = handle
+        self.name = name
+
+    @classmethod
+    def load(cls, path):
+        err = ctypes.c_void_p()
+        h = _c.nf_model_load(str(path).encode(), ctypes.byref(err))
+        if not h:
+            raise Error(-3, _take_err(err) or "cannot load %s" % path)
+        return cls(h, str(path))
+
+    @classmethod
+    def from_source(cls, text, name="<string>.nf"):
+        err = ctypes.c_void_p()
+        h = _c.nf_model_load_source(name.encode(), text.encode(), ctypes.byref(err))
+        if not h:
+            raise Error(-3, _take_err(err) or "cannot load %s" % name)
+        return cls(h, name)
+
+    def close(self):
+        if self._h:
+            _c.nf_model_free(self._h)
+            self._h = None
+
+    def __del__(self):
+        self.close()
+
+
+class TensorInfo:
+    """An input, parameter or output of a session: its name, NumPy dtype
+    and shape."""
+
+    def __init__(self, name, dtype, shape):
+        self.name, self.dtype, self.shape = name, dtype, tuple(shape)
+
+    def __repr__(self):
+        return "TensorInfo(%r, %s, %s)" % (self.name, self.dtype, list(self.shape))
+
+
+def _log_to_stderr(user, level, message):
+    sys.stderr.write("neoflow: %s%s\n" % ("warning: " if level == 1 else "",
+                                            message.decode(errors="replace")))
+
+
+class Session:
+    """Training of def `def_name` of model (its first output the scalar
+    loss, its `param` declarations the parameters), as nf_session_new_def:
+
+    optimizer  "sgd", "adam" (default) or "adamw"; lr, momentum, betas,
+               eps, weight_decay as PyTorch's (0: PyTorch's defaults)
+    params     integer parameters of the def ({"batch": 32})
+    shapes     shapes of inputs with symbolic sizes ({"X": (32, 784)})
+    trainable  inputs trained as parameters besides the `param`s
+    threads, seed, daemon ("none": no daemon), spawn (start a per-user
+    neoflowd when none answers), compile_only, tune_trials, tune_seconds,
+    device ("cpu", "cuda", "cuda:N"), trust, daemon_key, quiet
+    log        a function (level, message) for the library's messages
+               (default: stderr, as the neoflow tool)
+    """
+
+    def __init__(self, model, def_name, *, optimizer="adam", lr=0.0, momentum=0.0,
+                 betas=(0.0, 0.0), eps=0.0, weight_decay=0.0, params=None, shapes=None,
+                 trainable=(), threads=0, seed=1, daemon=None, spawn=True, compile_only=False,
+                 tune_trials=0, tune_seconds=0, device=None, trust=(), daemon_key=None,
+                 quiet=False, log=None):
+        if optimizer not in _OPTIMIZERS:
+            raise ValueError("optimizer is sgd, adam or adamw, got %r" % (optimizer,))
+        o = _lib.nf_session_opts()
+        o.optim.kind = _OPTIMIZERS[optimizer]
+        o.optim.lr, o.optim.momentum = lr, momentum
+        o.optim.beta1, o.optim.beta2 = betas
+        o.optim.eps, o.optim.weight_decay = eps, weight_decay
+        o.threads, o.seed = threads, seed
+        o.no_spawn, o.compile_only = int(not spawn), int(compile_only)
+        o.tune_trials, o.tune_seconds, o.quiet = tune_trials, tune_seconds, int(quiet)
+        keep = []  # what the options point to, alive until the session is open
+
+        def cstr(s):
+            if s is None:
+                return None
+            b = s.encode()
+            keep.append(b)
+            return b
+
+        def cstrs(items):
+            arr = (ctypes.c_char_p * max(len(items), 1))(*[cstr(x) for x in items])
+            keep.append(arr)
+            return ctypes.cast(arr, ctypes.POINTER(ctypes.c_char_p))
+
+        o.daemon, o.device, o.daemon_key = cstr(daemon), cstr(device), cstr(daemon_key)
+        params = dict(params or {})
+        o.n_iparams = len(params)
+        o.inames = cstrs(list(params))
+        iv = (ctypes.c_int64 * max(len(params), 1))(*[int(v) for v in params.values()])
+        keep.append(iv)
+        o.ivalues = iv
+        shapes = dict(shapes or {})
+        o.n_shapes = len(shapes)
+        o.shape_names = cstrs(list(shapes))
+        ranks = (ctypes.c_int * max(len(shapes), 1))(*[len(v) for v in shapes.values()])
+        dims = (ctypes.POINTER(ctypes.c_int64) * max(len(shapes), 1))()
+        for k, v in enumerate(shapes.values()):
+            d = (ctypes.c_int64 * max(len(v), 1))(*[int(x) for x in v])
+            keep.append(d)
+            dims[k] = d
+        keep += [ranks, dims]
+        o.shape_ranks, o.shape_dims = ranks, dims
+        o.n_trainable = len(trainable)
+        o.trainable = cstrs(list(trainable))
+        o.n_trust = len(trust)
+        o.trust = cstrs(list(trust))
+        if log is None:
+            self._log = _lib.LOG_FN(_log_to_stderr)
+        else:
+            self._log = _lib.LOG_FN(lambda user, level, msg: log(level, msg.decode(errors="replace")))
+        o.log = self._log
+        self.model = model  # (the session reads the model's defs while open)
+        err = ctypes.c_void_p()
+        self._h = _c.nf_session_new_def(model._h, def_name.encode(), ctypes.byref(o),
+                                        ctypes.byref(err))
+        if not self._h:
+            raise Error(-2, _take_err(err) or "cannot open a session on %s" % def_name)
+        self.def_name = def_name
+        self.inputs = self._infos(_c.nf_session_n_inputs, _c.nf_session_input_info)
+        self.params = self._infos(_c.nf_session_n_params, _c.nf_session_param_info)
+        self.outputs = self._infos(_c.nf_session_n_outputs, _c.nf_session_output_info)
+        self._named = {t.name: t for t in self.inputs + self.params + self.outputs}
+
+    def _infos(self, count, info):
+        res = []
+        for i in range(count(self._h)):
+            name, t, rank = ctypes.c_char_p(), ctypes.c_int(), ctypes.c_int()
+            dims = (ctypes.c_int64 * 8)()
+            _check(info(self._h, i, ctypes.byref(name), ctypes.byref(t), ctypes.byref(rank), dims),
+                   "tensor info")
+            res.append(TensorInfo(name.value.decode(), _DTYPES[t.value],
+                                  [dims[d] for d in range(rank.value)]))
+        return res
+
+    def _fail(self, rc, what):
+        msg = (_c.nf_session_error(self._h) or b"").decode(errors="replace")
+        raise Error(rc, "%s: %s" % (what, msg or _c.nf_strerror(rc).decode()))
+
+    def _array_for(self, info, value, what):
+        a = np.asarray(value)
+        if a.shape != info.shape:
+            raise ValueError("%s '%s': shape %s, the session's is %s"
+                             % (what, info.name, list(a.shape), list(info.shape)))
+        if a.dtype != info.dtype:
+            if not np.can_cast(a.dtype, info.dtype, casting="same_kind"):
+                raise TypeError("%s '%s': dtype %s, the session's is %s"
+                                % (what, info.name, a.dtype, info.dtype))
+            a = a.astype(info.dtype)
+        return np.ascontiguousarray(a)  # (no copy when it already is)
+
+    def feed(self, *args, **arrays):
+        """feed(name, array) or feed(X=array, labels=array): the next
+        step's inputs (copied by the library)."""
+        if args:
+            if len(args) != 2:
+                raise TypeError("feed(name, array) or feed(name=array, ...)")
+            arrays = {args[0]: args[1]}
+        for name, value in arrays.items():
+            info = self._named.get(name)
+            if info is None or info not in self.inputs:
+                raise KeyError("%s has no input '%s' (its inputs: %s)"
+                               % (self.def_name, name, ", ".join(t.name for t in self.inputs)))
+            a = self._array_for(info, value, "input")
+            rc = _c.nf_session_feed(self._h, name.encode(), a.ctypes.data, a.nbytes)
+            if rc != OK:
+                self._fail(rc, "feeding '%s'" % name)
+
+    def step(self):
+        """One training step on the inputs fed; returns the loss."""
+        loss = ctypes.c_double()
+        rc = _c.nf_session_step(self._h, ctypes.byref(loss))
+        if rc != OK:
+            self._fail(rc, "step")
+        return loss.value
+
+    def eval(self):
+        """The forward outputs on the inputs fed, without an update;
+        returns the loss (read the other outputs with read)."""
+        loss = ctypes.c_double()
+        rc = _c.nf_session_eval(self._h, ctypes.byref(loss))
+        if rc != OK:
+            self._fail(rc, "eval")
+        return loss.value
+
+    def read(self, name):
+        """A copy of a tensor: an input, a parameter, an output, a gradient
+        (grad_<param>), as a NumPy array."""
+        info = self._named.get(name)
+        if info is None and name.startswith("grad_") and name[5:] in self._named:
+            base = self._named[name[5:]]
+            info = TensorInfo(name, np.dtype(np.float32), base.shape)
+        if info is None:
+            raise KeyError("%s has no tensor '%s'" % (self.def_name, name))
+        out = np.empty(info.shape, dtype=info.dtype)
+        rc = _c.nf_session_read(self._h, name.encode(), out.ctypes.data, out.nbytes)
+        if rc != OK:
+            self._fail(rc, "reading '%s'" % name)
+        return out
+
+    def set_param(self, name, value):
+        info = self._named.get(name)
+        if info is None or info not in self.params:
+            raise KeyError("%s has no parameter '%s'" % (self.def_name, name))
+        a = self._array_for(info, value, "parameter").astype(np.float32, copy=False)
+        rc = _c.nf_session_set_param(self._h, name.encode(), a.ctypes.data, a.size)
+        if rc != OK:
+            self._fail(rc, "setting '%s'" % name)
+
+    def set_lr(self, lr):
+        rc = _c.nf_session_set_lr(self._h, float(lr))
+        if rc != OK:
+            self._fail(rc, "set_lr")
+
+    def save(self, path):
+        rc = _c.nf_session_save(self._h, str(path).encode())
+        if rc != OK:
+            self._fail(rc, "saving %s" % path)
+
+    def load(self, path):
+        rc = _c.nf_session_load(self._h, str(path).encode())
+        if rc != OK:
+            self._fail(rc, "loading %s" % path)
+
+    def stats(self):
+        """The kernels' tiers and the steps' times (nf_session_stats), as a dict."""
+        st = _lib.nf_session_stats()
+        _check(_c.nf_session_stats_get(self._h, ctypes.byref(st)), "stats")
+        return {f: getattr(st, f) for f, _ in st._fields_}
+
+    def wait_kernels(self, timeout_ms=0, tier=1):
+        """Waits until every kernel has a daemon kernel (tier 1) or its
+        final one (tier 2); False on timeout."""
+        rc = _c.nf_session_wait_kernels(self._h, int(timeout_ms), int(tier))
+        if rc == ERANGE:
+            return False
+        if rc != OK:
+            self._fail(rc, "wait_kernels")
+        return True
+
+    def close(self):
+        if getattr(self, "_h", None):
+            _c.nf_session_free(self._h)
+            self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()

@@ -1,0 +1,149 @@
+"""The Python package (python/neoflow) over this build's libneoflow-client:
+run by `meson test python` (tests/meson.build) with NEOFLOW_LIBRARY set to
+the build's library and python/ on PYTHONPATH."""
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import pytest
+
+import neoflow
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", ".."))
+MLP = os.path.join(ROOT, "examples", "mlp.nf")
+
+
+def mlp_session(**kw):
+    m = neoflow.Model.load(MLP)
+    opts = dict(optimizer="sgd", lr=0.05, params={"batch": 16, "hidden": 16}, daemon="none",
+                threads=1, seed=3)
+    opts.update(kw)
+    return m, neoflow.Session(m, "mlp", **opts)
+
+
+def batches(n, seed=0):
+    rng = np.random.default_rng(seed)
+    W = rng.standard_normal((10, 784)).astype(np.float32)
+    for _ in range(n):
+        X = rng.standard_normal((16, 784)).astype(np.float32)
+        yield X, np.argmax(X @ W.T, axis=1)
+
+
+def test_the_library_loaded_is_this_builds():
+    assert os.path.exists(neoflow.library), neoflow.library
+    want = os.environ.get("NEOFLOW_LIBRARY")
+    if want:
+        assert os.path.realpath(neoflow.library) == os.path.realpath(want)
+
+
+def test_a_session_trains_and_says_its_tensors():
+    m, s = mlp_session()
+    with s:
+        assert [t.name for t in s.inputs] == ["X", "labels"]
+        assert s.inputs[1].dtype == np.int64 and s.inputs[0].shape == (16, 784)
+        assert [t.name for t in s.params] == ["W1", "b1", "W2", "b2", "W3", "b3"]
+        losses = []
+        for X, y in batches(40):
+            s.feed(X=X, labels=y)
+            losses.append(s.step())
+        assert np.isfinite(losses).all()
+        assert np.mean(losses[-5:]) < np.mean(losses[:5])
+        st = s.stats()
+        assert st["step"] == 40 and st["kernels"] > 0 and not st["connected"]
+        g = s.read("grad_W3")
+        assert g.shape == (10, 16) and g.dtype == np.float32 and np.abs(g).sum() > 0
+        # eval runs the forward only: the parameters do not move
+        W1 = s.read("W1")
+        s.eval()
+        assert np.array_equal(W1, s.read("W1"))
+
+
+def test_two_sessions_with_the_same_seed_and_data_agree():
+    runs = []
+    for _ in range(2):
+        m, s = mlp_session()
+        with s:
+            runs.append([(s.feed(X=X, labels=y), s.step())[1] for X, y in batches(5)])
+    assert runs[0] == runs[1]
+
+
+def test_save_load_and_set_param():
+    m, s = mlp_session()
+    with s, tempfile.TemporaryDirectory() as d:
+        for X, y in batches(3):
+            s.feed(X=X, labels=y)
+            s.step()
+        path = os.path.join(d, "p.params")
+        s.save(path)
+        W1 = s.read("W1")
+        s.set_param("W1", np.zeros_like(W1))
+        assert not s.read("W1").any()
+        s.load(path)
+        assert np.array_equal(s.read("W1"), W1)
+
+
+def test_errors_carry_the_librarys_message():
+    with pytest.raises(neoflow.Error) as e:
+        neoflow.Model.from_source("def f(X: f32[N]) -> (Y: f32[N]) {\n  Y = exp(Hiden)\n}\n",
+                                  "t.nf")
+    assert "t.nf:2:11: error: unknown tensor 'Hiden'" in str(e.value)
+    with pytest.raises(neoflow.Error) as e:
+        neoflow.Model.load("/nonexistent/m.nf")
+    assert "cannot open '/nonexistent/m.nf'" in str(e.value)
+    m = neoflow.Model.load(MLP)
+    with pytest.raises(neoflow.Error) as e:
+        neoflow.Session(m, "nope", daemon="none")
+    assert "nope" in str(e.value)
+    m, s = mlp_session()
+    with s:
+        with pytest.raises(ValueError) as e:
+            s.feed(X=np.zeros((3, 784), np.float32))
+        assert "input 'X': shape [3, 784], the session's is [16, 784]" in str(e.value)
+        with pytest.raises(KeyError):
+            s.feed(Z=np.zeros(3))
+        with pytest.raises(TypeError):
+            s.feed(labels=np.zeros(16, np.float32))
+        with pytest.raises(ValueError):
+            neoflow.Session(m, "mlp", optimizer="lbfgs")
+
+
+def test_messages_go_to_the_log_function():
+    got = []
+    m = neoflow.Model.load(MLP)
+    with neoflow.Session(m, "mlp", params={"batch": 4}, daemon="none", device="cuda:99",
+                         log=lambda level, msg: got.append((level, msg))) as s:
+        assert s.stats()["kernels"] > 0
+    assert any("cuda:99" in msg for _, msg in got), got
+
+
+@pytest.mark.skipif(shutil.which("pip3") is None and
+                    subprocess.run([sys.executable, "-m", "pip", "--version"],
+                                   capture_output=True).returncode != 0,
+                    reason="no pip")
+def test_pip_installs_the_package_into_a_venv():
+    with tempfile.TemporaryDirectory() as d:
+        venv = os.path.join(d, "venv")
+        r = subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", venv],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip("python3 -m venv is not available: %s" % r.stderr.strip()[-200:])
+        py = os.path.join(venv, "bin", "python")
+        r = subprocess.run([py, "-m", "pip", "install", "--no-build-isolation", "--no-index",
+                            "--quiet", os.path.join(ROOT, "python")],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stdout + r.stderr
+        # found as a C program finds it: through LD_LIBRARY_PATH
+        env = dict(os.environ)
+        env.pop("PYTHONPATH", None)
+        env.pop("NEOFLOW_LIBRARY", None)
+        env["LD_LIBRARY_PATH"] = os.path.dirname(os.path.realpath(neoflow.library))
+        r = subprocess.run([py, "-c", "import neoflow, os; print(neoflow.__file__); "
+                            "print(neoflow.library)"], capture_output=True, text=True, env=env,
+                           cwd=d)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.splitlines()[0].startswith(venv), r.stdout
+        assert os.path.realpath(r.stdout.splitlines()[1]) == os.path.realpath(neoflow.library)
