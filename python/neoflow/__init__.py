@@ -24,7 +24,7 @@ import numpy as np
 
 from . import _lib
 
-__all__ = ["Error", "Model", "Session", "TensorInfo", "library", "version"]
+__all__ = ["Error", "Model", "Net", "Session", "TensorInfo", "load_mnist", "library", "version"]
 
 _c, library, _tried = _lib.load()
 _lib.declare(_c)
@@ -32,7 +32,7 @@ _libc = ctypes.CDLL(None)
 _libc.free.argtypes = [ctypes.c_void_p]
 _libc.free.restype = None
 
-version = "0.8.0"
+version = "0.9.0"
 
 OK = 0
 ERANGE = -10
@@ -99,6 +99,118 @@ class Model:
         self.close()
 
 
+_INITS = {"zeros": 0, "ones": 1, "constant": 2, "uniform": 3, "normal": 4, "xavier_uniform": 5,
+          "xavier_normal": 6, "kaiming_uniform": 7, "kaiming_normal": 8}
+_ELEMS = {np.dtype(np.bool_): 0, np.dtype(np.int32): 1, np.dtype(np.int64): 2,
+          np.dtype(np.float16): 3, np.dtype(np.float32): 5, np.dtype(np.float64): 6}
+
+
+class Net:
+    """A def written from Python (nf_net_*): inputs, parameters and the
+    results of applying the model's defs to them; tensors are integer
+    handles.  Train it with Session(net, ...).
+
+        net = neoflow.Net(model)
+        X = net.input("X", (32, 784)); y = net.input("labels", (32,), np.int64)
+        W = net.param("W", (10, 784), "kaiming_uniform")
+        b = net.param("b", (10,), "zeros")
+        logits = net.apply("linear", X, W, b)
+        net.loss(net.apply("cross_entropy", logits, y))
+    """
+
+    def __init__(self, model):
+        self.model = model
+        self._h = _c.nf_net_new(model._h)
+        if not self._h:
+            raise Error(-1, "out of memory")
+
+    def _ok(self, rc, what):
+        if rc < 0:
+            msg = (_c.nf_net_error(self._h) or b"").decode(errors="replace")
+            raise Error(rc, "%s: %s" % (what, msg or _c.nf_strerror(rc).decode()))
+        return rc
+
+    @staticmethod
+    def _dims(shape):
+        shape = tuple(int(d) for d in shape)
+        return len(shape), (ctypes.c_int64 * max(len(shape), 1))(*shape)
+
+    def input(self, name, shape, dtype=np.float32):
+        rank, dims = self._dims(shape)
+        return self._ok(_c.nf_net_input(self._h, name.encode(), _ELEMS[np.dtype(dtype)], rank,
+                                        dims), "input '%s'" % name)
+
+    def param(self, name, shape, init="kaiming_uniform", a=0.0, b=0.0, dtype=np.float32):
+        """A trainable parameter; init is an initializer of docs/language.md
+        (a, b its arguments) or an array of its initial values."""
+        rank, dims = self._dims(shape)
+        ini = _lib.nf_init()
+        keep = None
+        if isinstance(init, str):
+            if init not in _INITS:
+                raise ValueError("unknown initializer %r (%s)" % (init, ", ".join(_INITS)))
+            ini.fn, ini.a, ini.b = _INITS[init], a, b
+        else:
+            keep = np.ascontiguousarray(init, dtype=np.float32).reshape(-1)
+            ini.fn = 9  # NF_INIT_FN_BUFFER
+            ini.data = keep.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        return self._ok(_c.nf_net_param(self._h, name.encode(), _ELEMS[np.dtype(dtype)], rank,
+                                        dims, ini), "param '%s'" % name)
+
+    def apply(self, def_name, *tensors, n_out=1, **params):
+        """def applied to tensors (integer parameters as keywords): its
+        result, or a tuple of n_out results."""
+        names = (ctypes.c_char_p * max(len(params), 1))(*[k.encode() for k in params])
+        vals = (ctypes.c_int64 * max(len(params), 1))(*[int(v) for v in params.values()])
+        ins = (ctypes.c_int * max(len(tensors), 1))(*tensors)
+        outs = (ctypes.c_int * n_out)()
+        self._ok(_c.nf_net_apply(self._h, def_name.encode(), len(params),
+                                 ctypes.cast(names, ctypes.POINTER(ctypes.c_char_p)), vals,
+                                 len(tensors), ins, n_out, outs), "applying %s" % def_name)
+        return outs[0] if n_out == 1 else tuple(outs)
+
+    def loss(self, tensor):
+        self._ok(_c.nf_net_loss(self._h, tensor), "loss")
+
+    def output(self, name, tensor):
+        self._ok(_c.nf_net_output(self._h, name.encode(), tensor), "output '%s'" % name)
+
+    def grad(self, tensor):
+        self._ok(_c.nf_grad(self._h, tensor), "grad")
+
+    @property
+    def source(self):
+        """The .nf text the net stands for."""
+        return (_c.nf_net_source(self._h) or b"").decode()
+
+    def close(self):
+        if getattr(self, "_h", None):
+            _c.nf_net_free(self._h)
+            self._h = None
+
+    def __del__(self):
+        self.close()
+
+
+def load_mnist(directory=None, split="train"):
+    """An MNIST-style split (Fashion-MNIST from Debian's
+    dataset-fashion-mnist by default): (images float32 [n, rows, cols],
+    normalised with Fashion-MNIST's training statistics; labels int64 [n])."""
+    ds = _lib.nf_dataset()
+    err = ctypes.c_void_p()
+    rc = _c.nf_dataset_mnist_load(directory.encode() if directory else None, split.encode(),
+                                  ctypes.byref(ds), ctypes.byref(err))
+    if rc != OK:
+        raise Error(rc, _take_err(err) or "loading the %s split" % split)
+    try:
+        n, r, c = ds.n, ds.rows, ds.cols
+        images = np.ctypeslib.as_array(ds.images, shape=(n * r * c,)).reshape(n, r, c).copy()
+        labels = np.ctypeslib.as_array(ds.labels, shape=(n,)).copy()
+    finally:
+        _c.nf_dataset_free(ctypes.byref(ds))
+    return images, labels
+
+
 class TensorInfo:
     """An input, parameter or output of a session: its name, NumPy dtype
     and shape."""
@@ -117,7 +229,8 @@ def _log_to_stderr(user, level, message):
 
 class Session:
     """Training of def `def_name` of model (its first output the scalar
-    loss, its `param` declarations the parameters), as nf_session_new_def:
+    loss, its `param` declarations the parameters), as nf_session_new_def,
+    or of a Net (Session(net, ...), nf_session_new_net):
 
     optimizer  "sgd", "adam" (default) or "adamw"; lr, momentum, betas,
                eps, weight_decay as PyTorch's (0: PyTorch's defaults)
@@ -131,7 +244,7 @@ class Session:
                (default: stderr, as the neoflow tool)
     """
 
-    def __init__(self, model, def_name, *, optimizer="adam", lr=0.0, momentum=0.0,
+    def __init__(self, model, def_name=None, *, optimizer="adam", lr=0.0, momentum=0.0,
                  betas=(0.0, 0.0), eps=0.0, weight_decay=0.0, params=None, shapes=None,
                  trainable=(), threads=0, seed=1, daemon=None, spawn=True, compile_only=False,
                  tune_trials=0, tune_seconds=0, device=None, trust=(), daemon_key=None,
@@ -189,8 +302,14 @@ class Session:
         o.log = self._log
         self.model = model  # (the session reads the model's defs while open)
         err = ctypes.c_void_p()
-        self._h = _c.nf_session_new_def(model._h, def_name.encode(), ctypes.byref(o),
-                                        ctypes.byref(err))
+        if isinstance(model, Net):
+            self._h = _c.nf_session_new_net(model._h, ctypes.byref(o), ctypes.byref(err))
+            def_name = "the net"
+        else:
+            if def_name is None:
+                raise TypeError("Session(model, def_name, ...) or Session(net, ...)")
+            self._h = _c.nf_session_new_def(model._h, def_name.encode(), ctypes.byref(o),
+                                            ctypes.byref(err))
         if not self._h:
             raise Error(-2, _take_err(err) or "cannot open a session on %s" % def_name)
         self.def_name = def_name

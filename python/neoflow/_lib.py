@@ -53,6 +53,17 @@ class nf_session_stats(ctypes.Structure):
         ("tier0_kept", ctypes.c_int), ("remembered", ctypes.c_int64)]
 
 
+class nf_dataset(ctypes.Structure):
+    _fields_ = [("n", ctypes.c_int64), ("rows", ctypes.c_int64), ("cols", ctypes.c_int64),
+                ("classes", ctypes.c_int64), ("images", ctypes.POINTER(ctypes.c_float)),
+                ("labels", ctypes.POINTER(ctypes.c_int64))]
+
+
+class nf_init(ctypes.Structure):
+    _fields_ = [("fn", ctypes.c_int), ("a", ctypes.c_double), ("b", ctypes.c_double),
+                ("data", ctypes.POINTER(ctypes.c_float))]
+
+
 def _candidates():
     env = os.environ.get("NEOFLOW_LIBRARY")
     if env:
@@ -132,6 +143,21 @@ def declare(lib):
         "nf_session_stats_get": (c_int, [c_void_p, ctypes.POINTER(nf_session_stats)]),
         "nf_session_wait_kernels": (c_int, [c_void_p, c_int, c_int]),
         "nf_session_abi_size": (c_size_t, [c_char_p]),
+        "nf_session_new_net": (c_void_p, [c_void_p, ctypes.POINTER(nf_session_opts), p_err]),
+        "nf_net_new": (c_void_p, [c_void_p]),
+        "nf_net_free": (None, [c_void_p]),
+        "nf_net_error": (c_char_p, [c_void_p]),
+        "nf_net_input": (c_int, [c_void_p, c_char_p, c_int, c_int, ctypes.POINTER(ctypes.c_int64)]),
+        "nf_net_param": (c_int, [c_void_p, c_char_p, c_int, c_int, ctypes.POINTER(ctypes.c_int64),
+                                 nf_init]),
+        "nf_net_apply": (c_int, [c_void_p, c_char_p, c_int, _cstrs, ctypes.POINTER(ctypes.c_int64),
+                                 c_int, ctypes.POINTER(c_int), c_int, ctypes.POINTER(c_int)]),
+        "nf_net_loss": (c_int, [c_void_p, c_int]),
+        "nf_net_output": (c_int, [c_void_p, c_char_p, c_int]),
+        "nf_grad": (c_int, [c_void_p, c_int]),
+        "nf_net_source": (c_char_p, [c_void_p]),
+        "nf_dataset_mnist_load": (c_int, [c_char_p, c_char_p, ctypes.POINTER(nf_dataset), p_err]),
+        "nf_dataset_free": (None, [ctypes.POINTER(nf_dataset)]),
     }
     for name, (res, args) in sig.items():
         fn = getattr(lib, name)

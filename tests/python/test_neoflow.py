@@ -132,9 +132,11 @@ def test_pip_installs_the_package_into_a_venv():
         if r.returncode != 0:
             pytest.skip("python3 -m venv is not available: %s" % r.stderr.strip()[-200:])
         py = os.path.join(venv, "bin", "python")
+        src = os.path.join(d, "python")  # (a copy: pip builds in the directory)
+        shutil.copytree(os.path.join(ROOT, "python"), src,
+                        ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
         r = subprocess.run([py, "-m", "pip", "install", "--no-build-isolation", "--no-index",
-                            "--quiet", os.path.join(ROOT, "python")],
-                           capture_output=True, text=True)
+                            "--quiet", src], capture_output=True, text=True)
         assert r.returncode == 0, r.stdout + r.stderr
         # found as a C program finds it: through LD_LIBRARY_PATH
         env = dict(os.environ)
@@ -147,3 +149,59 @@ def test_pip_installs_the_package_into_a_venv():
         assert r.returncode == 0, r.stderr
         assert r.stdout.splitlines()[0].startswith(venv), r.stdout
         assert os.path.realpath(r.stdout.splitlines()[1]) == os.path.realpath(neoflow.library)
+
+
+def test_a_net_built_from_python_trains_like_the_def():
+    """The MLP of examples/mlp.nf written as a Net, with the def's
+    initial values, gives the def's losses step for step."""
+    m, s = mlp_session()
+    with s:
+        init = {p.name: s.read(p.name) for p in s.params}
+        want = [(s.feed(X=X, labels=y), s.step())[1] for X, y in batches(4)]
+    net = neoflow.Net(m)
+    X = net.input("X", (16, 784))
+    y = net.input("labels", (16,), np.int64)
+    t = X
+    for k in (1, 2, 3):
+        W = net.param("W%d" % k, init["W%d" % k].shape, init["W%d" % k])
+        b = net.param("b%d" % k, init["b%d" % k].shape, init["b%d" % k])
+        t = net.apply("linear", t, W, b)
+        if k < 3:
+            t = net.apply("relu", t)
+    net.loss(net.apply("cross_entropy", t, y))
+    net.output("logits", t)
+    assert "cross_entropy" in net.source
+    with neoflow.Session(net, optimizer="sgd", lr=0.05, daemon="none", threads=1) as s2:
+        got = [(s2.feed(X=X, labels=y), s2.step())[1] for X, y in batches(4)]
+        assert s2.read("logits").shape == (16, 10)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    with pytest.raises(neoflow.Error) as e:
+        net.apply("no_such_def", X)
+    assert "no_such_def" in str(e.value)
+
+
+@pytest.mark.skipif(not os.path.exists("/usr/share/datasets/fashion-mnist"),
+                    reason="no Fashion-MNIST (Debian's dataset-fashion-mnist)")
+def test_fashion_mnist_loads():
+    images, labels = neoflow.load_mnist(split="test")
+    assert images.shape == (10000, 28, 28) and images.dtype == np.float32
+    assert labels.shape == (10000,) and labels.min() == 0 and labels.max() == 9
+    assert abs(float(images.mean())) < 0.2
+    with pytest.raises(neoflow.Error) as e:
+        neoflow.load_mnist("/nonexistent", "train")
+    assert "/nonexistent" in str(e.value)
+
+
+@pytest.mark.skipif(not os.path.exists("/usr/share/datasets/fashion-mnist"),
+                    reason="no Fashion-MNIST (Debian's dataset-fashion-mnist)")
+def test_the_fashion_example_runs():
+    """examples/python/fashion_cnn.py, briefly (fallback kernels, 40 steps,
+    256 test images): it prints its test accuracy as neoflow train does,
+    above chance."""
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "python", "fashion_cnn.py"),
+                        "--steps", "40", "--test-limit", "256", "--daemon", "none",
+                        "--threads", "1"], capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr
+    line = [l for l in r.stdout.splitlines() if "test accuracy" in l][-1]
+    acc = float(line.split("test accuracy ")[1].split("%")[0])
+    assert acc > 40.0, line

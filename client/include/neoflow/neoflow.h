@@ -38,7 +38,7 @@ extern "C" {
 #endif
 
 #define NEOFLOW_VERSION_MAJOR 0
-#define NEOFLOW_VERSION_MINOR 8
+#define NEOFLOW_VERSION_MINOR 9
 
 /* Status codes: 0 or negative, the same numbers as the rest of NeoFlow
  * (a build check keeps them equal).  nf_strerror gives a one-line
