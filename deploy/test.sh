@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 export NF_WERROR=${NF_WERROR:-1}
 # clang and its runtime build the parser's libFuzzer target; PyTorch is
 # the independent autograd that tests/torch_check.py compares against.
-./deploy/setup.sh clang libclang-rt-14-dev python3-torch python3-pytest python3-venv python3-pip
+./deploy/setup.sh clang libclang-rt-14-dev python3-torch python3-pytest python3-venv python3-pip python3-setuptools
 ninja -C build
 NF_COMPILED_ITERS=${NF_COMPILED_ITERS:-30} NF_COMPILED_GRAD_ITERS=${NF_COMPILED_GRAD_ITERS:-6} \
   meson test -C build -v --num-processes 2 2>&1 | tee build/test-output.log | \
