@@ -741,6 +741,28 @@ static int defines(nf_ast_stmt *const *body, int n, const char *name) {
   return 0;
 }
 
+/* NF_OK when te (the entry of a tensor's name, key with its subscript)
+ * is a tensor defined by now; else the error: used before its statement,
+ * a def's name used as a tensor, or unknown ("<unknown> 'key'" with the
+ * nearest name in scope). */
+static int usable(inst *I, const tent *te, const char *name, const char *key, int sub,
+                  nf_loc loc, const char *unknown) {
+  elab *E = I->E;
+  if (te && te->defined) return NF_OK;
+  if (te || defines(I->def->body, I->def->n_body, name))
+    return fail(E, loc, NF_ETYPE, "tensor '%s' is used before it is defined", key);
+  if (!sub && nf__module_find(E->m, name))
+    return fail(E, loc, NF_ETYPE,
+                "'%s' is a def: apply it to whole tensors, in a statement ('T = %s(X)') "
+                "or a tensor expression ('Y = %s(X) + 1.0'), then index the result",
+                name, name, name);
+  const char **keys = talloc(E, sizeof *keys * (size_t)(I->n_t + 1));
+  for (int k = 0; keys && k < I->n_t; k++) keys[k] = I->t[k].key;
+  const char *near = keys ? nf_did_you_mean(key, keys, I->n_t) : NULL;
+  return fail(E, loc, NF_ENOENT, "%s '%s'%s%s%s", unknown, key, near ? " (did you mean '" : "",
+              near ? near : "", near ? "'?)" : "");
+}
+
 static int emit_stmt(inst *I, nf_stmt *s, nf_loc loc);
 static int new_local(inst *I, const char *key, nf_dtype t, int rank, const int64_t *shape,
                      nf_loc loc, uint32_t *id);
@@ -795,11 +817,7 @@ static int tref_resolve(inst *I, const nf_ast_tref *r, tent **out) {
     te->defined = 1;
   }
 found:
-  if (!te && defines(I->def->body, I->def->n_body, r->name))
-    return fail(E, r->loc, NF_ETYPE, "tensor '%s' is used before it is defined", key);
-  if (!te) return fail(E, r->loc, NF_ENOENT, "unknown tensor '%s'", key);
-  if (!te->defined)
-    return fail(E, r->loc, NF_ETYPE, "tensor '%s' is used before it is defined", key);
+  if ((rc = usable(I, te, r->name, key, r->sub != NULL, r->loc, "unknown tensor"))) return rc;
   *out = te;
   return NF_OK;
 }
@@ -812,24 +830,8 @@ static int lookup_tensor(inst *I, const nf_ast_expr *e, uint32_t *id,
   int rc = tref_key(I, &r, &key);
   if (rc) return rc;
   tent *t = tfind(I, key);
-  if (!t && defines(I->def->body, I->def->n_body, e->name))
-    return fail(I->E, e->loc, NF_ETYPE,
-                "tensor '%s' is used before it is defined", key);
-  if (!t && !e->sub && nf__module_find(I->E->m, e->name))
-    return fail(I->E, e->loc, NF_ETYPE,
-                "'%s' is a def: apply it to whole tensors, in a statement ('T = %s(X)') "
-                "or a tensor expression ('Y = %s(X) + 1.0'), then index the result",
-                e->name, e->name, e->name);
-  if (!t) {
-    const char **keys = talloc(I->E, sizeof *keys * (size_t)(I->n_t + 1));
-    for (int k = 0; keys && k < I->n_t; k++) keys[k] = I->t[k].key;
-    const char *near = keys ? nf_did_you_mean(key, keys, I->n_t) : NULL;
-    return fail(I->E, e->loc, NF_ENOENT, "unknown tensor or function '%s'%s%s%s", key,
-                near ? " (did you mean '" : "", near ? near : "", near ? "'?)" : "");
-  }
-  if (!t->defined)
-    return fail(I->E, e->loc, NF_ETYPE,
-                "tensor '%s' is used before it is defined", key);
+  if ((rc = usable(I, t, e->name, key, e->sub != NULL, e->loc, "unknown tensor or function")))
+    return rc;
   *id = t->id;
   if (key_out) *key_out = key;
   return NF_OK;
@@ -1993,23 +1995,13 @@ static int do_copy(inst *I, const nf_ast_stmt *st) {
 static int do_value(inst *I, const nf_ast_stmt *st);
 static nf_ast_expr *tx_node(elab *E, int kind, nf_loc loc, int n_args);
 
-/* Whether a call statement's callee that is no def is a math function, a
- * cast or a built-in operator (a tensor expression). */
-static int call_is_elementwise(const char *callee) {
-  nf_op op;
-  int ar;
-  nf_dtype dt;
-  return nf__lang_math_fn(callee, &op, &ar) || nf_dtype_parse(callee, strlen(callee), &dt) ||
-         nf__lang_builtin(callee);
-}
-
 static int do_call(inst *I, const nf_ast_stmt *st) {
   elab *E = I->E;
   int rc;
   if (st->value) return do_value(I, st);
   if (!st->callee) return do_copy(I, st);
   const nf_ast_def *cd = nf__module_find(E->m, st->callee);
-  if (!cd && call_is_elementwise(st->callee)) {
+  if (!cd && nf__lang_call_is_expr(st->callee)) {
     /* `Y = exp(X)`, `Y = sum(X)`: a tensor expression of the call */
     nf_ast_expr *v = tx_node(E, NF_A_CALL, st->callee_loc, st->n_args);
     if (!v) return oom(E);

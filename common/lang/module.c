@@ -51,6 +51,14 @@ int nf__lang_builtin(const char *name) {
   return 0;
 }
 
+int nf__lang_call_is_expr(const char *name) {
+  nf_op op;
+  int ar;
+  nf_dtype dt;
+  return nf__lang_builtin(name) || nf__lang_math_fn(name, &op, &ar) ||
+         nf_dtype_parse(name, strlen(name), &dt);
+}
+
 const char *nf__lang_builtin_list(void) {
   return "reshape, view, flatten, transpose, permute, sum, mean, amax, amin, cat, stack, "
          "chunk, unbind, where, clamp";
@@ -544,12 +552,7 @@ static int check_body(const nf_module *m, const nf_ast_def *def,
       continue;
     }
     const nf_ast_def *cd = st->callee ? nf__module_find(m, st->callee) : NULL;
-    nf_op op;
-    int ar;
-    nf_dtype dt;
-    if (st->callee && !cd &&
-        (nf__lang_builtin(st->callee) || nf__lang_math_fn(st->callee, &op, &ar) ||
-         nf_dtype_parse(st->callee, strlen(st->callee), &dt))) {
+    if (st->callee && !cd && nf__lang_call_is_expr(st->callee)) {
       /* `Y = exp(X)`, `Y = reshape(X, N, -1)`, `A, B = chunk(X)`: checked as
        * the tensor expression it is */
       nf_ast_expr *args = calloc((size_t)st->n_args + 1, sizeof *args);

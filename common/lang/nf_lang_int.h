@@ -40,6 +40,9 @@ int nf__lang_math_fn(const char *name, nf_op *op, int *arity);
  * No def may take their names. */
 enum { NF__BI_SHAPE = 1, NF__BI_MULTI, NF__BI_ELEM };
 int nf__lang_builtin(const char *name);
+/* Whether a call of name that is no def is a tensor expression: a math
+ * function, a cast or a built-in operator. */
+int nf__lang_call_is_expr(const char *name);
 const char *nf__lang_builtin_list(void);
 
 /* Instantiates a def (see nf_module_instantiate). */

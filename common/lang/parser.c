@@ -286,8 +286,10 @@ static nf_ast_expr *parse_arg(parser *p) {
   return parse_expr(p);
 }
 
-/* '[' expr ']' (the current token is '['); NULL after an error. */
-static nf_ast_expr *parse_subscript(parser *p, const char *name) {
+/* '[' expr ']' (the current token is '['), or with hi '[' expr [':' expr]
+ * ']' (a range of family members in a tensor expression, its end into
+ * *hi); NULL after an error. */
+static nf_ast_expr *parse_subscript_range(parser *p, const char *name, nf_ast_expr **hi) {
   int nl = p->nl_skip, ng = p->no_gt;
   if (!enter(p, cur(p)->loc, "expression")) return NULL;
   advance(p);
@@ -295,6 +297,7 @@ static nf_ast_expr *parse_subscript(parser *p, const char *name) {
   p->no_gt = 0;
   nf_ast_expr *e = parse_expr(p);
   if (!e) return NULL;
+  if (hi && accept(p, NF_T_COLON) && !(*hi = parse_expr(p))) return NULL;
   if (!accept(p, NF_T_RBRACK)) {
     expected(p, "']' after the subscript of '%.64s'", name);
     return NULL;
@@ -303,6 +306,10 @@ static nf_ast_expr *parse_subscript(parser *p, const char *name) {
   p->no_gt = ng;
   p->depth--;
   return e;
+}
+
+static nf_ast_expr *parse_subscript(parser *p, const char *name) {
+  return parse_subscript_range(p, name, NULL);
 }
 
 /* NAME '(' args ')' with NAME (and its subscript) already read. */
@@ -905,27 +912,6 @@ static int parse_call_params(parser *p, const char *callee, int *n,
   return 1;
 }
 
-/* '[' expr [':' expr] ']' after a tensor or family name: a member (a row)
- * or, with ':', a range of family members (*hi). */
-static nf_ast_expr *parse_tsubscript(parser *p, const char *name, nf_ast_expr **hi) {
-  int nl = p->nl_skip, ng = p->no_gt;
-  if (!enter(p, cur(p)->loc, "expression")) return NULL;
-  advance(p);
-  p->nl_skip++;
-  p->no_gt = 0;
-  nf_ast_expr *e = parse_expr(p);
-  if (!e) return NULL;
-  if (accept(p, NF_T_COLON) && !(*hi = parse_expr(p))) return NULL;
-  if (!accept(p, NF_T_RBRACK)) {
-    expected(p, "']' after the subscript of '%.64s'", name);
-    return NULL;
-  }
-  p->nl_skip = nl;
-  p->no_gt = ng;
-  p->depth--;
-  return e;
-}
-
 static nf_ast_expr *parse_tprimary(parser *p) {
   const nf_token *t = cur(p);
   nf_ast_expr *e;
@@ -964,7 +950,7 @@ static nf_ast_expr *parse_tprimary(parser *p) {
   if (at_kind(p, NF_T_LBRACK)) {
     if (!(e = new_expr(p, NF_A_NAME, loc))) return NULL;
     e->name = name;
-    if (!(e->sub = parse_tsubscript(p, name, &e->sub_hi))) return NULL;
+    if (!(e->sub = parse_subscript_range(p, name, &e->sub_hi))) return NULL;
     if (at_kind(p, NF_T_LPAREN) || at_kind(p, NF_T_LT)) {
       error_at(p, cur(p)->loc,
                "a call names a def, not a tensor family member '%.64s[...]'",
