@@ -177,6 +177,42 @@ static int add_ops(nf_session *s, const nf_graph *parent, const nf_partition *p,
   return NF_OK;
 }
 
+/* Places the temporaries (slots without a pointer) in one arena by their
+ * lifetimes first/last (op positions), then fixes every op's pointers. */
+static int plan_memory(nf_session *s, const int *first, const int *last) {
+  int rc = NF_OK;
+  int n_tmp = 0;
+  for (int i = 0; i < s->n_slots; i++) n_tmp += s->slots[i].ptr == NULL;
+  nf_plan_buf *pb = calloc((size_t)n_tmp + 1, sizeof *pb);
+  int *which = calloc((size_t)n_tmp + 1, sizeof(int));
+  if (!pb || !which) rc = NF_ENOMEM;
+  int j = 0;
+  for (int i = 0; rc == NF_OK && i < s->n_slots; i++) {
+    if (s->slots[i].ptr) continue;
+    pb[j].bytes = s->slots[i].bytes;
+    pb[j].first = first[i];
+    pb[j].last = last[i];
+    which[j++] = i;
+  }
+  int64_t total = 0;
+  if (rc == NF_OK) rc = nf_plan_offsets(pb, (size_t)n_tmp, 64, &total);
+  if (rc == NF_OK) {
+    s->arena_bytes = total;
+    s->arena = aligned_alloc(64, (size_t)(total + 64));
+    if (!s->arena) rc = NF_ENOMEM;
+    else memset(s->arena, 0, (size_t)(total + 64));
+  }
+  for (int q = 0; rc == NF_OK && q < n_tmp; q++)
+    s->slots[which[q]].ptr = (char *)s->arena + pb[q].offset;
+  free(pb);
+  free(which);
+  for (int i = 0; rc == NF_OK && i < s->n_ops; i++) {
+    nf__op *op = &s->ops[i];
+    for (uint32_t k = 0; k < op->n_in + op->n_out; k++) op->bufs[k] = s->slots[op->slots[k]].ptr;
+  }
+  return rc;
+}
+
 /* The graph of the statements of g that out (a tensor of g) and the
  * outputs named in extra need; those are its outputs. */
 static int loss_only(const nf_graph *g, uint32_t out, int n_extra, const char *const *extra,
@@ -568,40 +604,143 @@ int nf__session_build(nf_session *s, const nf_graph *F, int n_gin, const char *c
   }
   if (rc == NF_OK) rc = grow_lives(&first, &last, s->n_slots);
   if (rc == NF_OK) rc = add_ops(s, U, s->part_upd, uslot, 1, &first, &last);
-  /* plan the temporaries */
-  if (rc == NF_OK) {
-    int n_tmp = 0;
-    for (int i = 0; i < s->n_slots; i++) n_tmp += s->slots[i].ptr == NULL;
-    nf_plan_buf *pb = calloc((size_t)n_tmp + 1, sizeof *pb);
-    int *which = calloc((size_t)n_tmp + 1, sizeof(int));
-    if (!pb || !which) rc = NF_ENOMEM;
-    int j = 0;
-    for (int i = 0; rc == NF_OK && i < s->n_slots; i++) {
-      if (s->slots[i].ptr) continue;
-      pb[j].bytes = s->slots[i].bytes;
-      pb[j].first = first[i];
-      pb[j].last = last[i];
-      which[j++] = i;
-    }
-    int64_t total = 0;
-    if (rc == NF_OK) rc = nf_plan_offsets(pb, (size_t)n_tmp, 64, &total);
-    if (rc == NF_OK) {
-      s->arena_bytes = total;
-      s->arena = aligned_alloc(64, (size_t)(total + 64));
-      if (!s->arena) rc = NF_ENOMEM;
-      else memset(s->arena, 0, (size_t)(total + 64));
-    }
-    for (int q = 0; rc == NF_OK && q < n_tmp; q++)
-      s->slots[which[q]].ptr = (char *)s->arena + pb[q].offset;
-    free(pb);
-    free(which);
-  }
-  for (int i = 0; rc == NF_OK && i < s->n_ops; i++) {
-    nf__op *op = &s->ops[i];
-    for (uint32_t j = 0; j < op->n_in + op->n_out; j++) op->bufs[j] = s->slots[op->slots[j]].ptr;
-  }
+  if (rc == NF_OK) rc = plan_memory(s, first, last);
   free(tslot);
   free(uslot);
+  free(first);
+  free(last);
+  return rc;
+}
+
+/* An owned buffer of tensor t (zeroed, freed with the session) as a new
+ * slot; the slot or a negative status. */
+static int owned_slot(nf_session *s, const nf_tensor *t) {
+  size_t bytes = (size_t)nf_tensor_numel(t) * nf_dtype_size((nf_dtype)t->dtype);
+  void *ptr = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+  if (!ptr) return NF_ENOMEM;
+  memset(ptr, 0, bytes);
+  int sl = slot_new(s, t, ptr);
+  if (sl < 0) {
+    free(ptr);
+    return sl;
+  }
+  s->slots[sl].shape[7] = -1; /* owned (rank < 8 here) */
+  return sl;
+}
+
+int nf__session_build_fn(nf_session *s, const nf_graph *F, nf_buf *err) {
+  int rc = NF_OK;
+  for (uint32_t i = 0; i < F->n_tensors; i++) {
+    uint8_t t = F->tensors[i].dtype;
+    if (t == NF_F16 || t == NF_BF16) {
+      nf_buf_printf(err, "tensor '%s' is %s: operators support f32, f64, i32, i64 and bool",
+                    F->tensors[i].name, nf_dtype_name((nf_dtype)t));
+      return NF_EUNSUPPORTED;
+    }
+    if (F->tensors[i].rank >= 8) {
+      nf_buf_printf(err, "tensor '%s' has rank %d: operators take up to 7", F->tensors[i].name,
+                    F->tensors[i].rank);
+      return NF_ELIMIT;
+    }
+  }
+  if (F->n_outputs < 1) {
+    nf_buf_printf(err, "%s has no outputs", F->name);
+    return NF_EINVAL;
+  }
+  const char **wrt = malloc(sizeof(char *) * (F->n_inputs + 1));
+  if (!wrt) return NF_ENOMEM;
+  int n_wrt = 0;
+  for (uint32_t k = 0; k < F->n_inputs; k++) {
+    const nf_tensor *t = &F->tensors[F->inputs[k]];
+    if (nf_dtype_is_float((nf_dtype)t->dtype)) wrt[n_wrt++] = t->name;
+  }
+  nf_graph *Gg = NULL;
+  if (n_wrt) {
+    nf_grad_opts go = {.n_wrt = n_wrt, .wrt = wrt, .keep_outputs = 0};
+    rc = nf_grad_graph(F, &go, s->ctx, &Gg, NULL, err);
+    if (rc == NF_OK) rc = nf_rewrite_grad(Gg, &Gg);
+  }
+  free(wrt);
+  if (rc != NF_OK) return rc;
+  if (Gg && Gg->n_inputs != F->n_inputs + F->n_outputs) {
+    nf_buf_printf(err, "internal error: the gradient graph of %s has %u inputs, not %u", F->name,
+                  Gg->n_inputs, F->n_inputs + F->n_outputs);
+    return NF_EINTERNAL;
+  }
+  if ((rc = nf_partition_graph(F, &s->part_step, err))) return rc;
+  if ((rc = split_blas(F, s->part_step)) != NF_OK) return rc;
+  if (Gg) {
+    if ((rc = nf_partition_graph(Gg, &s->part_upd, err))) return rc;
+    if ((rc = split_blas(Gg, s->part_upd)) != NF_OK) return rc;
+  }
+  s->fn_n_in = (int)F->n_inputs;
+  s->fn_n_out = (int)F->n_outputs;
+  s->fn_in = malloc(sizeof(int) * (F->n_inputs + 1));
+  s->fn_grad = malloc(sizeof(int) * (F->n_inputs + 1));
+  s->fn_out = malloc(sizeof(int) * (F->n_outputs + 1));
+  s->fn_seed = malloc(sizeof(int) * (F->n_outputs + 1));
+  int *fslot = malloc(sizeof(int) * (F->n_tensors + 1));
+  int *gslot = malloc(sizeof(int) * ((Gg ? Gg->n_tensors : 0) + 1));
+  int *first = calloc(1, sizeof(int)), *last = calloc(1, sizeof(int));
+  if (!s->fn_in || !s->fn_grad || !s->fn_out || !s->fn_seed || !fslot || !gslot || !first ||
+      !last)
+    rc = NF_ENOMEM;
+  for (uint32_t t = 0; rc == NF_OK && t < F->n_tensors; t++) fslot[t] = -1;
+  for (uint32_t t = 0; rc == NF_OK && Gg && t < Gg->n_tensors; t++) gslot[t] = -1;
+  /* the forward program: inputs and outputs in owned buffers */
+  for (uint32_t k = 0; rc == NF_OK && k < F->n_inputs; k++) {
+    const nf_tensor *tn = &F->tensors[F->inputs[k]];
+    int sl = owned_slot(s, tn);
+    if (sl < 0) rc = sl;
+    else rc = nf__session_named_add(&s->inputs, &s->n_inputs, tn->name, sl);
+    if (rc == NF_OK) fslot[F->inputs[k]] = s->fn_in[k] = sl;
+    if (rc == NF_OK) s->fn_grad[k] = -1;
+  }
+  for (uint32_t k = 0; rc == NF_OK && k < F->n_outputs; k++) {
+    const nf_tensor *tn = &F->tensors[F->outputs[k]];
+    int sl = owned_slot(s, tn);
+    if (sl < 0) rc = sl;
+    else rc = nf__session_named_add(&s->named, &s->n_named, tn->name, sl);
+    if (rc == NF_OK) fslot[F->outputs[k]] = s->fn_out[k] = sl;
+    if (rc == NF_OK) s->fn_seed[k] = -1;
+  }
+  if (rc == NF_OK) rc = grow_lives(&first, &last, s->n_slots);
+  if (rc == NF_OK) rc = add_ops(s, F, s->part_step, fslot, 0, &first, &last);
+  s->fn_fwd_ops = s->n_ops;
+  /* the gradient program: the same inputs, a seed per output, a gradient
+   * per float input */
+  for (uint32_t k = 0; rc == NF_OK && Gg && k < Gg->n_inputs; k++) {
+    uint32_t t = Gg->inputs[k];
+    if (k < F->n_inputs) {
+      gslot[t] = s->fn_in[k];
+      continue;
+    }
+    int sl = owned_slot(s, &Gg->tensors[t]);
+    if (sl < 0) rc = sl;
+    else gslot[t] = s->fn_seed[k - F->n_inputs] = sl;
+  }
+  for (uint32_t k = 0; rc == NF_OK && Gg && k < Gg->n_outputs; k++) {
+    uint32_t t = Gg->outputs[k];
+    const nf_tensor *tn = &Gg->tensors[t];
+    int which = -1;
+    for (uint32_t q = 0; q < F->n_inputs && which < 0; q++)
+      if (!strncmp(tn->name, "grad_", 5) && !strcmp(F->tensors[F->inputs[q]].name, tn->name + 5))
+        which = (int)q;
+    if (which < 0) {
+      nf_buf_printf(err, "internal error: gradient output '%s' names no input", tn->name);
+      rc = NF_EINTERNAL;
+      break;
+    }
+    int sl = owned_slot(s, tn);
+    if (sl < 0) rc = sl;
+    else rc = nf__session_named_add(&s->named, &s->n_named, tn->name, sl);
+    if (rc == NF_OK) gslot[t] = s->fn_grad[which] = sl;
+  }
+  if (rc == NF_OK && Gg) rc = grow_lives(&first, &last, s->n_slots);
+  if (rc == NF_OK && Gg) rc = add_ops(s, Gg, s->part_upd, gslot, 0, &first, &last);
+  if (rc == NF_OK) rc = plan_memory(s, first, last);
+  free(fslot);
+  free(gslot);
   free(first);
   free(last);
   return rc;

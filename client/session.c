@@ -108,7 +108,9 @@ static void warn_blas_misfit(nf_session *s) {
                      core, strcmp(suggest, "SkylakeX") ? "AVX2" : "AVX-512", suggest);
 }
 
-static int finish(nf_session *s, const nf_graph *F, int n_gin, const char *const *gin,
+/* Builds the program (a training step, or a function program when fn)
+ * and starts the pool, the device and the daemon link. */
+static int finish(nf_session *s, const nf_graph *F, int fn, int n_gin, const char *const *gin,
                   int n_extra, const char *const *extra, char **err) {
   int rc = NF_OK;
   const char *v = nf_env(NF_ENV_THREADS);
@@ -116,7 +118,9 @@ static int finish(nf_session *s, const nf_graph *F, int n_gin, const char *const
   if (th < 1) th = 1;
   if (th > 256) th = 256;
   s->threads = th;
-  if ((rc = nf__session_build(s, F, n_gin, gin, n_extra, extra, &s->err))) goto fail;
+  rc = fn ? nf__session_build_fn(s, F, &s->err)
+          : nf__session_build(s, F, n_gin, gin, n_extra, extra, &s->err);
+  if (rc != NF_OK) goto fail;
   for (int i = 0; i < s->n_params; i++) {
     nf__param *pr = &s->params[i];
     nf_init in = pr->init;
@@ -245,7 +249,30 @@ nf_session *nf__session_new_graph(nf_model *m, nf_graph *F, nf_ir_ctx *ctx,
   }
   if (params_from_decls(s, m, F->name, err) != NF_OK ||
       (o && add_trainable(s, F, o->n_trainable, o->trainable, err) != NF_OK) ||
-      finish(s, F, n_gin, gin, n_extra, extra, err) != NF_OK) {
+      finish(s, F, 0, n_gin, gin, n_extra, extra, err) != NF_OK) {
+    nf_session_free(s);
+    return NULL;
+  }
+  return s;
+}
+
+nf_session *nf__session_new_fn(nf_graph *F, nf_ir_ctx *ctx, const nf_session_opts *o,
+                               char **err) {
+  if (err) *err = NULL;
+  nf_session *s = session_alloc(o);
+  if (!s) {
+    nf_ir_ctx_free(ctx);
+    nf__session_err_set(err, "", "out of memory");
+    return NULL;
+  }
+  nf_ir_ctx_free(s->ctx);
+  s->ctx = ctx;
+  if (load_trust(s, o, &s->err) != NF_OK) {
+    nf__session_err_set(err, "", nf_buf_str(&s->err));
+    nf_session_free(s);
+    return NULL;
+  }
+  if (finish(s, F, 1, 0, NULL, 0, NULL, err) != NF_OK) {
     nf_session_free(s);
     return NULL;
   }
@@ -380,6 +407,10 @@ void nf_session_free(nf_session *s) {
   free(s->ops);
   free(s->fwd_slots);
   free(s->eval_op);
+  free(s->fn_in);
+  free(s->fn_out);
+  free(s->fn_seed);
+  free(s->fn_grad);
   for (int i = 0; i < s->n_slots; i++)
     if (s->slots[i].shape[7] == -1) free(s->slots[i].ptr);
   free(s->slots);
@@ -447,8 +478,31 @@ static int run_program(nf_session *s, const uint8_t *mask) {
   s->run_seq++;
   int rc = d->begin ? d->begin(s) : NF_OK;
   if (rc == NF_OK) rc = d->run_ops ? d->run_ops(s, mask) : nf__kt_run_ops(s, mask);
-  if (rc == NF_OK) rc = nf__dev_pull(s, s->slots[s->loss_slot].ptr, sizeof(float));
+  if (rc == NF_OK && s->loss_slot >= 0)
+    rc = nf__dev_pull(s, s->slots[s->loss_slot].ptr, sizeof(float));
   return rc;
+}
+
+int nf__session_run_fn(nf_session *s, const uint8_t *mask) {
+  nf_buf_reset(&s->err);
+  double t0 = nf_now_ms();
+  for (int i = 0; i < s->kt.n_kents; i++) s->kt.kents[i].run_ms = 0;
+  int rc = run_program(s, mask);
+  if (rc != NF_OK) {
+    if (!s->err.len) nf_buf_printf(&s->err, "run %lld failed: %s", (long long)s->step + 1,
+                                   nf_strerror(rc));
+    return rc;
+  }
+  s->step++;
+  double now = nf_now_ms();
+  s->last_ms = now - t0;
+  s->ms_hist[(s->step - 1) % 10] = s->last_ms;
+  if (s->step == 1) s->first_step_ms = now - s->t_start;
+  pthread_mutex_lock(&s->kt.mu);
+  for (int i = 0; i < s->kt.n_kents; i++) s->kt.kents[i].prof_ms += s->kt.kents[i].run_ms;
+  s->prof_steps++;
+  pthread_mutex_unlock(&s->kt.mu);
+  return NF_OK;
 }
 
 int nf_session_step(nf_session *s, double *loss) {
@@ -484,26 +538,38 @@ int nf_session_step(nf_session *s, double *loss) {
  * a backward walk over the program from their slots.  The update never is
  * one of them.  Running a subset of the ops in program order is safe with
  * the planned arena: skipping an op only removes writes. */
-static int eval_mask(nf_session *s) {
-  uint8_t *need = calloc((size_t)s->n_slots + 1, 1);
-  s->eval_op = calloc((size_t)s->n_ops + 1, 1);
-  if (!need || !s->eval_op) {
-    free(need);
-    free(s->eval_op);
-    s->eval_op = NULL;
-    return NF_ENOMEM;
+void nf__session_ops_for(const nf_session *s, const int *want, int n, int lo, int hi,
+                         uint8_t *mask) {
+  memset(mask, 0, (size_t)s->n_ops);
+  /* a slot is needed from the op that wants it back to its producer */
+  uint8_t small[256], *need = s->n_slots <= 256 ? small : calloc((size_t)s->n_slots, 1);
+  if (!need) { /* (no memory for the walk: every op of the range runs) */
+    for (int i = lo; i < hi; i++) mask[i] = !s->ops[i].alias;
+    return;
   }
-  for (int i = 0; i < s->n_fwd; i++) need[s->fwd_slots[i]] = 1;
-  for (int i = s->n_ops - 1; i >= 0; i--) {
+  memset(need, 0, (size_t)s->n_slots);
+  /* (a temporary copied to a bound buffer is that buffer: build.c's
+   * add_ops; its producer writes the wanted slot's memory) */
+  for (int i = 0; i < n; i++)
+    for (int j = 0; want[i] >= 0 && j < s->n_slots; j++)
+      if (j == want[i] || (s->slots[j].ptr && s->slots[j].ptr == s->slots[want[i]].ptr))
+        need[j] = 1;
+  for (int i = hi - 1; i >= lo; i--) {
     const nf__op *op = &s->ops[i];
     if (op->alias) continue;
     int used = 0;
     for (uint32_t j = 0; j < op->n_out; j++) used |= need[op->slots[op->n_in + j]];
     if (!used) continue;
-    s->eval_op[i] = 1;
+    mask[i] = 1;
     for (uint32_t j = 0; j < op->n_in; j++) need[op->slots[j]] = 1;
   }
-  free(need);
+  if (need != small) free(need);
+}
+
+static int eval_mask(nf_session *s) {
+  s->eval_op = calloc((size_t)s->n_ops + 1, 1);
+  if (!s->eval_op) return NF_ENOMEM;
+  nf__session_ops_for(s, s->fwd_slots, s->n_fwd, 0, s->n_ops, s->eval_op);
   return NF_OK;
 }
 
@@ -714,6 +780,7 @@ size_t nf_session_abi_size(const char *what) {
   if (!strcmp(what, "opts")) return sizeof(nf_session_opts);
   if (!strcmp(what, "stats")) return sizeof(nf_session_stats);
   if (!strcmp(what, "optimizer")) return sizeof(nf_optimizer);
+  if (!strcmp(what, "view")) return sizeof(nf_view);
   return 0;
 }
 

@@ -110,6 +110,14 @@ struct nf_session {
   int *fwd_slots;
   uint8_t *eval_op;      /* ops nf_session_eval runs (NULL: not computed yet) */
   nf_partition *part_step, *part_upd;
+  /* A function program (nf_operator, op.c; nf__session_build_fn) instead
+   * of a training step: its ops [0, fn_fwd_ops) compute the def's outputs
+   * from its inputs, the rest its inputs' gradients from the outputs'
+   * (part_upd then holds the gradient graph's partition).  Slots per
+   * input, output, output seed, and input gradient (-1: not a float
+   * input); fn_n_in 0 for a training session. */
+  int fn_n_in, fn_n_out, fn_fwd_ops;
+  int *fn_in, *fn_out, *fn_seed, *fn_grad;
   struct nf__gpu *gpu;   /* NULL: the step runs on the CPU */
   struct nf__gen *gen;   /* GPU sessions: the thread generating tier-0 kernels
                             (gpu_local.c), or NULL */
@@ -149,6 +157,11 @@ void nf__session_err_set(char **err, const char *what, const char *msg);
  * gin), the optimizer's update, and the outputs extra.  Messages in err. */
 int nf__session_build(nf_session *s, const nf_graph *F, int n_gin, const char *const *gin,
                       int n_extra, const char *const *extra, nf_buf *err);
+/* build.c: the function program of s (see fn_n_in above) for graph F:
+ * F partitioned, then the gradient graph of F with respect to its float
+ * inputs (seeded by one input per output), partitioned; f32, f64, i32,
+ * i64 and bool tensors.  Messages in err. */
+int nf__session_build_fn(nf_session *s, const nf_graph *F, nf_buf *err);
 /* build.c: names to slots and parameters (-1: none); whether F has an
  * input called name; appending a name (NF_OK or NF_ENOMEM). */
 int nf__session_find_named(const nf__named *arr, int n, const char *name);
@@ -183,6 +196,20 @@ nf_session *nf__session_new_graph(nf_model *m, nf_graph *F, nf_ir_ctx *ctx,
                                   int n_extra, const char *const *extra, char **err);
 
 
+
+/* session.c: a session running F (in ctx, which it takes over) as a
+ * function program (nf__session_build_fn): no parameters, no optimizer;
+ * the daemon link, trust and device as for training. */
+nf_session *nf__session_new_fn(nf_graph *F, nf_ir_ctx *ctx, const nf_session_opts *o,
+                               char **err);
+/* session.c: marks in mask (n_ops entries, cleared first) the ops among
+ * [lo, hi) that the slots want[0..n) need, walking the program back from
+ * them. */
+void nf__session_ops_for(const nf_session *s, const int *want, int n, int lo, int hi,
+                         uint8_t *mask);
+/* session.c: one run of a function program's ops marked by mask, counted
+ * and timed as a step (nf_session_stats). */
+int nf__session_run_fn(nf_session *s, const uint8_t *mask);
 
 /* session.c: the time per kernel entry (neoflow train --profile): prints
  * one line per entry, slowest first, over the steps since the last call

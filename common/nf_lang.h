@@ -84,6 +84,9 @@ int nf_module_def_inputs(const nf_module *m, const char *def,
                          const char **names, int max);
 int nf_module_def_params(const nf_module *m, const char *def,
                          const char **names, int max);
+/* The names of a def's outputs, in order (as nf_module_def_inputs). */
+int nf_module_def_outputs(const nf_module *m, const char *def,
+                          const char **names, int max);
 
 /* Initializers of trainable parameters (`param W: f32[H, I] = ...`).  The
  * module only records them; the client library fills the tensors (see

@@ -889,6 +889,14 @@ int nf_module_def_inputs(const nf_module *m, const char *def,
   return d->n_inputs;
 }
 
+int nf_module_def_outputs(const nf_module *m, const char *def,
+                          const char **names, int max) {
+  const nf_ast_def *d = nf__module_find(m, def);
+  if (!d) return -1;
+  for (int k = 0; k < d->n_outputs && k < max; k++) names[k] = d->outputs[k].name;
+  return d->n_outputs;
+}
+
 int nf_module_def_params(const nf_module *m, const char *def,
                          const char **names, int max) {
   const nf_ast_def *d = nf__module_find(m, def);

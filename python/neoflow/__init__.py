@@ -24,7 +24,7 @@ import numpy as np
 
 from . import _lib
 
-__all__ = ["Error", "Model", "Net", "Session", "TensorInfo", "load_mnist", "library", "version"]
+__all__ = ["Error", "Model", "Net", "Operator", "Session", "TensorInfo", "load_mnist", "library", "version"]
 
 _c, library, _tried = _lib.load()
 _lib.declare(_c)
@@ -32,7 +32,7 @@ _libc = ctypes.CDLL(None)
 _libc.free.argtypes = [ctypes.c_void_p]
 _libc.free.restype = None
 
-version = "0.9.0"
+version = "0.10.0"
 
 OK = 0
 ERANGE = -10
@@ -227,6 +227,60 @@ def _log_to_stderr(user, level, message):
                                             message.decode(errors="replace")))
 
 
+def _options(params=None, shapes=None, trainable=(), threads=0, seed=1, daemon=None,
+             spawn=True, compile_only=False, tune_trials=0, tune_seconds=0, device=None,
+             trust=(), daemon_key=None, quiet=False, log=None):
+    """An nf_session_opts for the keywords Session and Operator share:
+    (the structure, what it points to (keep it alive while the library
+    reads it), the log callback (keep it alive as long as the object))."""
+    o = _lib.nf_session_opts()
+    o.threads, o.seed = threads, seed
+    o.no_spawn, o.compile_only = int(not spawn), int(compile_only)
+    o.tune_trials, o.tune_seconds, o.quiet = tune_trials, tune_seconds, int(quiet)
+    keep = []
+
+    def cstr(s):
+        if s is None:
+            return None
+        b = s.encode()
+        keep.append(b)
+        return b
+
+    def cstrs(items):
+        arr = (ctypes.c_char_p * max(len(items), 1))(*[cstr(x) for x in items])
+        keep.append(arr)
+        return ctypes.cast(arr, ctypes.POINTER(ctypes.c_char_p))
+
+    o.daemon, o.device, o.daemon_key = cstr(daemon), cstr(device), cstr(daemon_key)
+    params = dict(params or {})
+    o.n_iparams = len(params)
+    o.inames = cstrs(list(params))
+    iv = (ctypes.c_int64 * max(len(params), 1))(*[int(v) for v in params.values()])
+    keep.append(iv)
+    o.ivalues = iv
+    shapes = dict(shapes or {})
+    o.n_shapes = len(shapes)
+    o.shape_names = cstrs(list(shapes))
+    ranks = (ctypes.c_int * max(len(shapes), 1))(*[len(v) for v in shapes.values()])
+    dims = (ctypes.POINTER(ctypes.c_int64) * max(len(shapes), 1))()
+    for k, v in enumerate(shapes.values()):
+        d = (ctypes.c_int64 * max(len(v), 1))(*[int(x) for x in v])
+        keep.append(d)
+        dims[k] = d
+    keep += [ranks, dims]
+    o.shape_ranks, o.shape_dims = ranks, dims
+    o.n_trainable = len(trainable)
+    o.trainable = cstrs(list(trainable))
+    o.n_trust = len(trust)
+    o.trust = cstrs(list(trust))
+    if log is None:
+        logfn = _lib.LOG_FN(_log_to_stderr)
+    else:
+        logfn = _lib.LOG_FN(lambda user, level, msg: log(level, msg.decode(errors="replace")))
+    o.log = logfn
+    return o, keep, logfn
+
+
 class Session:
     """Training of def `def_name` of model (its first output the scalar
     loss, its `param` declarations the parameters), as nf_session_new_def,
@@ -251,55 +305,15 @@ class Session:
                  quiet=False, log=None):
         if optimizer not in _OPTIMIZERS:
             raise ValueError("optimizer is sgd, adam or adamw, got %r" % (optimizer,))
-        o = _lib.nf_session_opts()
+        o, keep, self._log = _options(
+            params=params, shapes=shapes, trainable=trainable, threads=threads, seed=seed,
+            daemon=daemon, spawn=spawn, compile_only=compile_only, tune_trials=tune_trials,
+            tune_seconds=tune_seconds, device=device, trust=trust, daemon_key=daemon_key,
+            quiet=quiet, log=log)
         o.optim.kind = _OPTIMIZERS[optimizer]
         o.optim.lr, o.optim.momentum = lr, momentum
         o.optim.beta1, o.optim.beta2 = betas
         o.optim.eps, o.optim.weight_decay = eps, weight_decay
-        o.threads, o.seed = threads, seed
-        o.no_spawn, o.compile_only = int(not spawn), int(compile_only)
-        o.tune_trials, o.tune_seconds, o.quiet = tune_trials, tune_seconds, int(quiet)
-        keep = []  # what the options point to, alive until the session is open
-
-        def cstr(s):
-            if s is None:
-                return None
-            b = s.encode()
-            keep.append(b)
-            return b
-
-        def cstrs(items):
-            arr = (ctypes.c_char_p * max(len(items), 1))(*[cstr(x) for x in items])
-            keep.append(arr)
-            return ctypes.cast(arr, ctypes.POINTER(ctypes.c_char_p))
-
-        o.daemon, o.device, o.daemon_key = cstr(daemon), cstr(device), cstr(daemon_key)
-        params = dict(params or {})
-        o.n_iparams = len(params)
-        o.inames = cstrs(list(params))
-        iv = (ctypes.c_int64 * max(len(params), 1))(*[int(v) for v in params.values()])
-        keep.append(iv)
-        o.ivalues = iv
-        shapes = dict(shapes or {})
-        o.n_shapes = len(shapes)
-        o.shape_names = cstrs(list(shapes))
-        ranks = (ctypes.c_int * max(len(shapes), 1))(*[len(v) for v in shapes.values()])
-        dims = (ctypes.POINTER(ctypes.c_int64) * max(len(shapes), 1))()
-        for k, v in enumerate(shapes.values()):
-            d = (ctypes.c_int64 * max(len(v), 1))(*[int(x) for x in v])
-            keep.append(d)
-            dims[k] = d
-        keep += [ranks, dims]
-        o.shape_ranks, o.shape_dims = ranks, dims
-        o.n_trainable = len(trainable)
-        o.trainable = cstrs(list(trainable))
-        o.n_trust = len(trust)
-        o.trust = cstrs(list(trust))
-        if log is None:
-            self._log = _lib.LOG_FN(_log_to_stderr)
-        else:
-            self._log = _lib.LOG_FN(lambda user, level, msg: log(level, msg.decode(errors="replace")))
-        o.log = self._log
         self.model = model  # (the session reads the model's defs while open)
         err = ctypes.c_void_p()
         if isinstance(model, Net):
@@ -437,6 +451,173 @@ class Session:
     def close(self):
         if getattr(self, "_h", None):
             _c.nf_session_free(self._h)
+            self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+
+_ELEMS = {np.dtype(np.bool_): 0, np.dtype(np.int32): 1, np.dtype(np.int64): 2,
+          np.dtype(np.float16): 3, np.dtype(np.float32): 5, np.dtype(np.float64): 6}
+
+
+def _view(a, v):
+    """Fills nf_view v for the C-contiguous array a (its memory, no copy)."""
+    if a.dtype not in _ELEMS:
+        raise TypeError("dtype %s: operators take bool, int32, int64, float32 and float64"
+                        % a.dtype)
+    if a.ndim > 7:
+        raise ValueError("rank %d: operators take up to 7 dimensions" % a.ndim)
+    v.data = a.ctypes.data if a.size else None
+    v.elem = _ELEMS[a.dtype]
+    v.rank = a.ndim
+    for d, n in enumerate(a.shape):
+        v.dims[d] = n
+
+
+class Operator:
+    """One def of a model as a function of NumPy arrays, forward and
+    backward (nf_operator; the gradient from expression autodiff), for
+    framework operators such as neoflow.torch.op.  Each new combination of
+    input shapes is specialised once and kept; its kernels come from the
+    daemon like a session's.  A def declared in f32 given float64 arrays
+    runs in f64 throughout.
+
+    params (the def's integer parameters), threads, daemon, spawn,
+    compile_only, tune_trials, tune_seconds, trust, daemon_key, quiet, log:
+    as Session's.  The operator runs on the CPU.
+    """
+
+    def __init__(self, model, def_name, *, params=None, threads=0, daemon=None, spawn=True,
+                 compile_only=False, tune_trials=0, tune_seconds=0, trust=(), daemon_key=None,
+                 quiet=False, log=None):
+        o, keep, self._log = _options(
+            params=params, threads=threads, daemon=daemon, spawn=spawn,
+            compile_only=compile_only, tune_trials=tune_trials, tune_seconds=tune_seconds,
+            trust=trust, daemon_key=daemon_key, quiet=quiet, log=log)
+        self.model = model  # (the operator instantiates the def for each new shape)
+        err = ctypes.c_void_p()
+        self._h = _c.nf_operator_new(model._h, def_name.encode(), ctypes.byref(o),
+                                     ctypes.byref(err))
+        if not self._h:
+            raise Error(-2, _take_err(err) or "cannot make an operator of %s" % def_name)
+        self.def_name = def_name
+        self.inputs = [_c.nf_operator_input_name(self._h, i).decode()
+                       for i in range(_c.nf_operator_n_inputs(self._h))]
+        self.outputs = [_c.nf_operator_output_name(self._h, i).decode()
+                        for i in range(_c.nf_operator_n_outputs(self._h))]
+
+    def _fail(self, rc, what):
+        msg = (_c.nf_operator_error(self._h) or b"").decode(errors="replace")
+        raise Error(rc, "%s: %s" % (what, msg or _c.nf_strerror(rc).decode()))
+
+    def _in_views(self, arrays):
+        if len(arrays) != len(self.inputs):
+            raise TypeError("%s takes %d inputs (%s), got %d"
+                            % (self.def_name, len(self.inputs), ", ".join(self.inputs),
+                               len(arrays)))
+        views = (_lib.nf_view * max(len(arrays), 1))()
+        arrs = [np.ascontiguousarray(a) for a in arrays]
+        for a, v in zip(arrs, views):
+            _view(a, v)
+        return views, arrs
+
+    def output_specs(self, *arrays):
+        """[(shape, dtype)] of the outputs for these inputs (specialises)."""
+        if self._h is None:
+            raise Error(-2, "the operator is closed")
+        views, keep = self._in_views(arrays)
+        outs = (_lib.nf_view * max(len(self.outputs), 1))()
+        rc = _c.nf_operator_shapes(self._h, views, outs)
+        if rc != OK:
+            self._fail(rc, self.def_name)
+        return [(tuple(v.dims[d] for d in range(v.rank)), _DTYPES[v.elem])
+                for v in outs[:len(self.outputs)]]
+
+    def forward(self, *arrays, out=None):
+        """The outputs for these inputs, as a tuple of arrays (written into
+        `out`, a sequence of C-contiguous arrays, when given)."""
+        specs = self.output_specs(*arrays)
+        if out is None:
+            out = [np.empty(shape, dtype) for shape, dtype in specs]
+        views, keep = self._in_views(arrays)
+        ov = (_lib.nf_view * max(len(out), 1))()
+        for a, v in zip(out, ov):
+            if not a.flags.c_contiguous:
+                raise ValueError("an output buffer must be C-contiguous")
+            _view(a, v)
+        rc = _c.nf_operator_forward(self._h, views, ov)
+        if rc != OK:
+            self._fail(rc, self.def_name)
+        return tuple(out)
+
+    def backward(self, arrays, grad_outputs, want=None, out=None):
+        """The gradients of the inputs given those of the outputs
+        (grad_outputs: one array or None, a zero gradient, per output):
+        a list with an array for each input asked (want: booleans per
+        input; default every float input), None for the others."""
+        if self._h is None:
+            raise Error(-2, "the operator is closed")
+        views, keep = self._in_views(arrays)
+        specs = self.output_specs(*arrays)
+        if len(grad_outputs) != len(self.outputs):
+            raise TypeError("%s has %d outputs, got %d gradients"
+                            % (self.def_name, len(self.outputs), len(grad_outputs)))
+        gv = (_lib.nf_view * max(len(specs), 1))()
+        gkeep = []
+        for (shape, dtype), g, v in zip(specs, grad_outputs, gv):
+            if g is None:
+                v.data, v.elem, v.rank = None, _ELEMS[dtype], len(shape)
+                for d, n in enumerate(shape):
+                    v.dims[d] = n
+                continue
+            g = np.ascontiguousarray(g, dtype=dtype)
+            gkeep.append(g)
+            _view(g, v)
+        arrs = keep
+        if want is None:
+            want = [a.dtype.kind == "f" for a in arrs]
+        grads = []
+        dv = (_lib.nf_view * max(len(arrs), 1))()
+        for i, (a, w, v) in enumerate(zip(arrs, want, dv)):
+            if not w:
+                grads.append(None)
+                v.data, v.elem, v.rank = None, _ELEMS[a.dtype], a.ndim
+                for d, n in enumerate(a.shape):
+                    v.dims[d] = n
+                continue
+            g = out[i] if out is not None and out[i] is not None else np.empty(a.shape, a.dtype)
+            grads.append(g)
+            _view(g, v)  # (an empty one: data None, not asked, nothing to write)
+        rc = _c.nf_operator_backward(self._h, views, gv, dv)
+        if rc != OK:
+            self._fail(rc, self.def_name)
+        return grads
+
+    def stats(self):
+        """nf_operator_stats as a dict (summed over the shapes kept)."""
+        st = _lib.nf_session_stats()
+        _check(_c.nf_operator_stats(self._h, ctypes.byref(st)), "stats")
+        return {f: getattr(st, f) for f, _ in st._fields_}
+
+    def wait_kernels(self, timeout_ms=0, tier=1):
+        """As Session.wait_kernels, over every shape kept."""
+        rc = _c.nf_operator_wait_kernels(self._h, int(timeout_ms), int(tier))
+        if rc == ERANGE:
+            return False
+        if rc != OK:
+            self._fail(rc, "wait_kernels")
+        return True
+
+    def close(self):
+        if getattr(self, "_h", None):
+            _c.nf_operator_free(self._h)
             self._h = None
 
     def __enter__(self):

@@ -64,6 +64,11 @@ class nf_init(ctypes.Structure):
                 ("data", ctypes.POINTER(ctypes.c_float))]
 
 
+class nf_view(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("elem", ctypes.c_int), ("rank", ctypes.c_int),
+                ("dims", ctypes.c_int64 * 8)]
+
+
 def _candidates():
     env = os.environ.get("NEOFLOW_LIBRARY")
     if env:
@@ -156,6 +161,22 @@ def declare(lib):
         "nf_net_output": (c_int, [c_void_p, c_char_p, c_int]),
         "nf_grad": (c_int, [c_void_p, c_int]),
         "nf_net_source": (c_char_p, [c_void_p]),
+        "nf_operator_new": (c_void_p, [c_void_p, c_char_p, ctypes.POINTER(nf_session_opts),
+                                       p_err]),
+        "nf_operator_free": (None, [c_void_p]),
+        "nf_operator_error": (c_char_p, [c_void_p]),
+        "nf_operator_n_inputs": (c_int, [c_void_p]),
+        "nf_operator_n_outputs": (c_int, [c_void_p]),
+        "nf_operator_input_name": (c_char_p, [c_void_p, c_int]),
+        "nf_operator_output_name": (c_char_p, [c_void_p, c_int]),
+        "nf_operator_shapes": (c_int, [c_void_p, ctypes.POINTER(nf_view),
+                                       ctypes.POINTER(nf_view)]),
+        "nf_operator_forward": (c_int, [c_void_p, ctypes.POINTER(nf_view),
+                                        ctypes.POINTER(nf_view)]),
+        "nf_operator_backward": (c_int, [c_void_p, ctypes.POINTER(nf_view),
+                                         ctypes.POINTER(nf_view), ctypes.POINTER(nf_view)]),
+        "nf_operator_stats": (c_int, [c_void_p, ctypes.POINTER(nf_session_stats)]),
+        "nf_operator_wait_kernels": (c_int, [c_void_p, c_int, c_int]),
         "nf_dataset_mnist_load": (c_int, [c_char_p, c_char_p, ctypes.POINTER(nf_dataset), p_err]),
         "nf_dataset_free": (None, [ctypes.POINTER(nf_dataset)]),
     }
@@ -164,7 +185,7 @@ def declare(lib):
         fn.restype = res
         fn.argtypes = args
     for what, st in (("opts", nf_session_opts), ("stats", nf_session_stats),
-                     ("optimizer", nf_optimizer)):
+                     ("optimizer", nf_optimizer), ("view", nf_view)):
         theirs = lib.nf_session_abi_size(what.encode())
         if theirs != ctypes.sizeof(st):
             raise ImportError("neoflow: this package's %s is %d bytes but the library's is %d: "

@@ -38,7 +38,7 @@ extern "C" {
 #endif
 
 #define NEOFLOW_VERSION_MAJOR 0
-#define NEOFLOW_VERSION_MINOR 9
+#define NEOFLOW_VERSION_MINOR 10
 
 /* Status codes: 0 or negative, the same numbers as the rest of NeoFlow
  * (a build check keeps them equal).  nf_strerror gives a one-line
@@ -299,8 +299,8 @@ typedef struct nf_session_stats {
 NF_API int nf_session_stats_get(const nf_session *s, nf_session_stats *st);
 
 /* The size in bytes of this library's nf_session_opts ("opts"),
- * nf_session_stats ("stats") or nf_optimizer ("optimizer"); 0 for another
- * name.  For bindings that mirror the structures (the Python package
+ * nf_session_stats ("stats"), nf_optimizer ("optimizer") or nf_view
+ * ("view"); 0 for another name.  For bindings that mirror the structures (the Python package
  * checks its own against these when it loads the library). */
 NF_API size_t nf_session_abi_size(const char *what);
 /* Same as nf_session_stats_get (the name the docs use). */
@@ -312,6 +312,78 @@ NF_API size_t nf_session_abi_size(const char *what);
  * final, NEOFLOW_ERANGE on timeout.  For tests, benchmarks
  * and the demo. */
 NF_API int nf_session_wait_kernels(nf_session *s, int timeout_ms, int want_tier);
+
+/* ---- operators: one def run on the caller's buffers ---- */
+
+/* A tensor of the caller's: dense row-major elements of type elem, shape
+ * dims[0..rank) (rank <= 7).  data may be any address the element type
+ * allows; it is read or written only during the call that takes it. */
+typedef struct nf_view {
+  void *data;
+  nf_elem elem;
+  int rank;
+  int64_t dims[8];
+} nf_view;
+
+/* An operator: def of m as a function of its inputs, run forward and
+ * backward on the caller's buffers (bindings such as Python's
+ * neoflow.torch.op build framework operators on it; docs/client.md,
+ * "Operators").  Its inputs are the def's declared inputs then its
+ * `param` declarations, in order; its outputs the def's, in order.
+ *
+ * Each combination of input shapes and element types seen for the first
+ * time is specialised: the def is instantiated for those shapes (sizes
+ * not fixed by opts->n_iparams come from them), differentiated with
+ * respect to its float inputs (expression autodiff), both graphs
+ * partitioned, and the subgraphs run at once on fallback kernels while
+ * the daemon compiles and tunes them, swapped as they arrive, exactly as
+ * a session's.  Up to NF_OPERATOR_SPECS specialisations are kept (the
+ * least recently used is dropped, with its daemon connection).
+ *
+ * Element types: a def declared in f32 given f64 tensors runs in f64
+ * throughout (each f32 of the def becomes f64: for gradient checks);
+ * other types must match the declaration.
+ *
+ * Options as a session's: integer parameters, threads, daemon, no_spawn,
+ * compile_only, tune_*, device (the CPU only for now: a GPU device is
+ * refused), trust, daemon_key, quiet, log.  The optimizer, seed, shapes
+ * and trainable fields are ignored.  One thread at a time per operator
+ * (calls from several threads are serialised). */
+typedef struct nf_operator nf_operator;
+#define NF_OPERATOR_SPECS 16
+
+NF_API nf_operator *nf_operator_new(nf_model *m, const char *def, const nf_session_opts *opts,
+                                    char **err);
+NF_API void nf_operator_free(nf_operator *op);
+NF_API const char *nf_operator_error(const nf_operator *op);
+NF_API int nf_operator_n_inputs(const nf_operator *op);
+NF_API int nf_operator_n_outputs(const nf_operator *op);
+/* The name of input or output i (NULL when out of range). */
+NF_API const char *nf_operator_input_name(const nf_operator *op, int i);
+NF_API const char *nf_operator_output_name(const nf_operator *op, int i);
+/* The element types and shapes of the outputs for inputs in[0..n_inputs)
+ * (their data unused): out[j].elem, rank and dims are written, data left
+ * alone.  Specialises for the inputs' shapes when new; errors (a shape the
+ * def refuses, a wrong element type or rank) name the input. */
+NF_API int nf_operator_shapes(nf_operator *op, const nf_view *in, nf_view *out);
+/* Runs the def: reads in[0..n_inputs), writes out[0..n_outputs), whose
+ * element types and shapes must be nf_operator_shapes' answer. */
+NF_API int nf_operator_forward(nf_operator *op, const nf_view *in, nf_view *out);
+/* The gradients of the inputs given those of the outputs (vector-Jacobian
+ * products): reads in[0..n_inputs) and dout[0..n_outputs) (the outputs'
+ * types and shapes; a NULL data is a zero gradient), writes din[i] for
+ * each float input i whose din[i].data is not NULL (the input's type and
+ * shape); only the gradients asked for are computed.  The forward values
+ * the gradients need are recomputed, fused into the gradient kernels:
+ * nothing is kept between calls. */
+NF_API int nf_operator_backward(nf_operator *op, const nf_view *in, const nf_view *dout,
+                                nf_view *din);
+/* Statistics summed over the specialisations kept (step: forward and
+ * backward runs; connected: whether any is; ms_avg: their mean; loss,
+ * first_step_ms: 0). */
+NF_API int nf_operator_stats(const nf_operator *op, nf_session_stats *st);
+/* nf_session_wait_kernels over every specialisation kept. */
+NF_API int nf_operator_wait_kernels(nf_operator *op, int timeout_ms, int want_tier);
 
 /* ---- data: IDX files and MNIST-style datasets ---- */
 
