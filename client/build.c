@@ -16,6 +16,7 @@
 #include "nf_autodiff.h"
 #include "nf_interp.h"
 #include "nf_plan.h"
+#include "nf_ptrmap.h"
 #include "nf_stack.h"
 #include "session_int.h"
 
@@ -628,6 +629,159 @@ static int owned_slot(nf_session *s, const nf_tensor *t) {
   return sl;
 }
 
+/* ---- a function program's saved values ----
+ *
+ * The gradient graph of F recomputes the forward values its adjoints read
+ * (copies of F's statements, first and in F's order).  A function program
+ * keeps those values from the forward run instead, as PyTorch's autograd
+ * saves them: the copies' results become inputs of the gradient graph
+ * (each F's tensor of the same statement), and outputs of F so that its
+ * partition writes them to memory that lives until the backward. */
+
+/* e with tensor ids mapped through map (memo: node -> its image). */
+static const nf_expr *remap_expr(nf_ir_ctx *ctx, const nf_expr *e, const int *map,
+                                 nf_ptrmap *memo) {
+  uint64_t v;
+  if (nf_ptrmap_get(memo, e, &v)) return (const nf_expr *)(uintptr_t)v;
+  const nf_expr *a[NF_MAX_RANK + 3];
+  if (e->n_args > NF_MAX_RANK + 3) return NULL;
+  int same = 1;
+  for (int i = 0; i < e->n_args; i++) {
+    if (!(a[i] = remap_expr(ctx, e->args[i], map, memo))) return NULL;
+    same &= a[i] == e->args[i];
+  }
+  const nf_expr *r = e;
+  if (e->op == NF_OP_ACCESS) {
+    if (map[e->u.tensor] < 0) return NULL;
+    r = nf_e_access(ctx, (uint32_t)map[e->u.tensor], (nf_dtype)e->dtype, e->n_args, a);
+  } else if (!same) {
+    r = nf_e_rebuild(ctx, e, a);
+  }
+  if (r && nf_ptrmap_put(memo, e, (uint64_t)(uintptr_t)r) != NF_OK) return NULL;
+  return r;
+}
+
+typedef struct saved_plan {
+  nf_graph *F2;   /* F with the saved locals made outputs (same tensor ids) */
+  nf_graph *G2;   /* the gradient graph reading them as inputs */
+  int *g2_from;   /* per G2 tensor: the F tensor it is (saved), or -1 */
+  int *g2_orig;   /* per G2 tensor: its id in the gradient graph */
+} saved_plan;
+
+/* Plans the saved values of gradient graph G of F (rep: its report).
+ * NF_OK with plan->G2 NULL when nothing is saved (nothing recomputed, or
+ * F's names do not tell its statements apart). */
+static int plan_saved(const nf_graph *F, const nf_graph *G, const nf_grad_report *rep,
+                      nf_ir_ctx *ctx, saved_plan *plan) {
+  memset(plan, 0, sizeof *plan);
+  uint32_t nt = G->n_tensors;
+  uint8_t *adj = calloc(G->n_stmts + 1, 1), *read = calloc(nt + 1, 1), *row = calloc(nt + 1, 1);
+  int *from = malloc(sizeof(int) * (nt + 1)), *map = malloc(sizeof(int) * (nt + 1));
+  int rc = adj && read && row && from && map ? NF_OK : NF_ENOMEM;
+  for (int i = 0; rc == NF_OK && i < rep->n_items; i++) adj[rep->items[i].stmt] = 1;
+  for (uint32_t t = 0; rc == NF_OK && t < nt; t++) from[t] = -1;
+  /* the forward copies, matched in order to F's statements by their
+   * results' names (unique among F's results, else nothing is saved) */
+  int ok = rc == NF_OK, n_saved = 0;
+  for (uint32_t i = 0; ok && i < F->n_stmts; i++)
+    for (uint32_t j = i + 1; ok && j < F->n_stmts; j++)
+      ok = strcmp(F->tensors[F->stmts[i].out].name, F->tensors[F->stmts[j].out].name) != 0;
+  uint32_t fk = 0;
+  for (uint32_t i = 0; ok && i < G->n_stmts; i++) {
+    if (adj[i]) continue;
+    const nf_tensor *gt = &G->tensors[G->stmts[i].out];
+    while (fk < F->n_stmts && strcmp(F->tensors[F->stmts[fk].out].name, gt->name)) fk++;
+    if (fk == F->n_stmts) {
+      ok = 0;
+      break;
+    }
+    const nf_tensor *ft = &F->tensors[F->stmts[fk].out];
+    ok = ft->dtype == gt->dtype && ft->rank == gt->rank &&
+         !memcmp(ft->shape, gt->shape, sizeof(int64_t) * gt->rank);
+    from[G->stmts[i].out] = (int)F->stmts[fk].out;
+    fk++;
+  }
+  /* what the adjoints read of them */
+  for (uint32_t i = 0; ok && rc == NF_OK && i < G->n_stmts; i++) {
+    if (!adj[i]) continue;
+    memset(row, 0, nt);
+    rc = nf_stmt_reads(G, i, row);
+    for (uint32_t t = 0; rc == NF_OK && t < nt; t++)
+      if (row[t] && from[t] >= 0) read[t] = 1;
+  }
+  for (uint32_t t = 0; ok && t < nt; t++) n_saved += read[t];
+  if (rc != NF_OK || !ok || n_saved == 0) goto out;
+  /* F2: the saved values are outputs */
+  plan->F2 = nf_graph_new(ctx, F->name);
+  uint8_t *save_f = calloc(F->n_tensors + 1, 1);
+  if (!plan->F2 || !save_f) {
+    free(save_f);
+    rc = NF_ENOMEM;
+    goto out;
+  }
+  for (uint32_t t = 0; t < nt; t++)
+    if (read[t]) save_f[from[t]] = 1;
+  for (uint32_t t = 0; rc == NF_OK && t < F->n_tensors; t++) {
+    const nf_tensor *tn = &F->tensors[t];
+    int kind = save_f[t] && tn->kind == NF_T_LOCAL ? NF_T_OUTPUT : tn->kind;
+    if (nf_graph_add_tensor(plan->F2, tn->name, (nf_dtype)tn->dtype, (nf_tkind)kind, tn->rank,
+                            tn->shape) != (int)t)
+      rc = NF_ENOMEM;
+  }
+  free(save_f);
+  for (uint32_t i = 0; rc == NF_OK && i < F->n_stmts; i++)
+    rc = nf_graph_add_stmt(plan->F2, &F->stmts[i]);
+  /* G2: G's inputs, the saved values as inputs, the adjoints' tensors */
+  plan->G2 = nf_graph_new(ctx, G->name);
+  plan->g2_from = malloc(sizeof(int) * (nt + 1));
+  plan->g2_orig = malloc(sizeof(int) * (nt + 1));
+  if (rc == NF_OK && (!plan->G2 || !plan->g2_from || !plan->g2_orig)) rc = NF_ENOMEM;
+  for (uint32_t t = 0; rc == NF_OK && t < nt; t++) map[t] = -1;
+  for (uint32_t t = 0; rc == NF_OK && t < nt; t++) {
+    const nf_tensor *tn = &G->tensors[t];
+    int kind;
+    if (tn->kind == NF_T_INPUT) kind = NF_T_INPUT;
+    else if (read[t]) kind = NF_T_INPUT;
+    else if (from[t] >= 0) continue; /* a forward copy no adjoint reads: gone */
+    else kind = tn->kind;
+    int id = nf_graph_add_tensor(plan->G2, tn->name, (nf_dtype)tn->dtype, (nf_tkind)kind,
+                                 tn->rank, tn->shape);
+    if (id < 0) {
+      rc = id;
+      break;
+    }
+    map[t] = id;
+    plan->g2_from[id] = read[t] ? from[t] : -1;
+    plan->g2_orig[id] = (int)t;
+  }
+  nf_ptrmap memo = NF_PTRMAP_INIT;
+  for (uint32_t i = 0; rc == NF_OK && i < G->n_stmts; i++) {
+    if (!adj[i]) continue;
+    nf_stmt st = G->stmts[i];
+    st.rhs = remap_expr(ctx, st.rhs, map, &memo);
+    if (!st.rhs || map[st.out] < 0) {
+      rc = st.rhs ? NF_EINTERNAL : NF_ENOMEM;
+      break;
+    }
+    st.out = (uint32_t)map[st.out];
+    rc = nf_graph_add_stmt(plan->G2, &st);
+  }
+  nf_ptrmap_free(&memo);
+  if (rc == NF_OK) rc = nf_graph_validate(plan->G2, NULL);
+out:
+  if (rc != NF_OK || !plan->G2) {
+    free(plan->g2_from);
+    free(plan->g2_orig);
+    memset(plan, 0, sizeof *plan);
+  }
+  free(adj);
+  free(read);
+  free(row);
+  free(from);
+  free(map);
+  return rc == NF_ENOMEM ? rc : NF_OK;
+}
+
 int nf__session_build_fn(nf_session *s, const nf_graph *F, nf_buf *err) {
   int rc = NF_OK;
   for (uint32_t i = 0; i < F->n_tensors; i++) {
@@ -654,24 +808,65 @@ int nf__session_build_fn(nf_session *s, const nf_graph *F, nf_buf *err) {
     const nf_tensor *t = &F->tensors[F->inputs[k]];
     if (nf_dtype_is_float((nf_dtype)t->dtype)) wrt[n_wrt++] = t->name;
   }
+  /* the gradient graph, reading the forward's saved values where it can */
   nf_graph *Gg = NULL;
+  const nf_graph *Fp = F;
+  saved_plan plan;
+  memset(&plan, 0, sizeof plan);
   if (n_wrt) {
     nf_grad_opts go = {.n_wrt = n_wrt, .wrt = wrt, .keep_outputs = 0};
-    rc = nf_grad_graph(F, &go, s->ctx, &Gg, NULL, err);
-    if (rc == NF_OK) rc = nf_rewrite_grad(Gg, &Gg);
+    nf_grad_report rep;
+    memset(&rep, 0, sizeof rep);
+    rc = nf_grad_graph(F, &go, s->ctx, &Gg, &rep, err);
+    if (rc == NF_OK && Gg->n_inputs != F->n_inputs + F->n_outputs) {
+      nf_buf_printf(err, "internal error: the gradient graph of %s has %u inputs, not %u",
+                    F->name, Gg->n_inputs, F->n_inputs + F->n_outputs);
+      rc = NF_EINTERNAL;
+    }
+    if (rc == NF_OK) rc = plan_saved(F, Gg, &rep, s->ctx, &plan);
   }
   free(wrt);
-  if (rc != NF_OK) return rc;
-  if (Gg && Gg->n_inputs != F->n_inputs + F->n_outputs) {
-    nf_buf_printf(err, "internal error: the gradient graph of %s has %u inputs, not %u", F->name,
-                  Gg->n_inputs, F->n_inputs + F->n_outputs);
-    return NF_EINTERNAL;
+  /* each gradient input's role, by position (the rewrites keep them):
+   * >= 0 the F tensor saved, else -1 - its position among Gg's inputs */
+  int *role = NULL;
+  if (rc == NF_OK && Gg) {
+    const nf_graph *G = plan.G2 ? plan.G2 : Gg;
+    role = malloc(sizeof(int) * (G->n_inputs + 1));
+    if (!role) rc = NF_ENOMEM;
+    for (uint32_t k = 0; rc == NF_OK && k < G->n_inputs; k++) {
+      if (!plan.G2) {
+        role[k] = -1 - (int)k;
+        continue;
+      }
+      uint32_t t = G->inputs[k];
+      if (plan.g2_from[t] >= 0) {
+        role[k] = plan.g2_from[t];
+        continue;
+      }
+      int orig = plan.g2_orig[t], pos = -1;
+      for (uint32_t q = 0; q < Gg->n_inputs && pos < 0; q++)
+        if ((int)Gg->inputs[q] == orig) pos = (int)q;
+      if (pos < 0) rc = NF_EINTERNAL;
+      role[k] = -1 - pos;
+    }
+    if (rc == NF_OK && plan.G2) {
+      Gg = plan.G2;
+      Fp = plan.F2;
+    }
   }
-  if ((rc = nf_partition_graph(F, &s->part_step, err))) return rc;
-  if ((rc = split_blas(F, s->part_step)) != NF_OK) return rc;
-  if (Gg) {
-    if ((rc = nf_partition_graph(Gg, &s->part_upd, err))) return rc;
-    if ((rc = split_blas(Gg, s->part_upd)) != NF_OK) return rc;
+  free(plan.g2_from);
+  free(plan.g2_orig);
+  if (rc == NF_OK && Gg) rc = nf_rewrite_grad(Gg, &Gg);
+  if (rc != NF_OK) {
+    free(role);
+    return rc;
+  }
+  if ((rc = nf_partition_graph(Fp, &s->part_step, err)) ||
+      (rc = split_blas(Fp, s->part_step)) != NF_OK ||
+      (Gg && (rc = nf_partition_graph(Gg, &s->part_upd, err))) ||
+      (Gg && (rc = split_blas(Gg, s->part_upd)) != NF_OK)) {
+    free(role);
+    return rc;
   }
   s->fn_n_in = (int)F->n_inputs;
   s->fn_n_out = (int)F->n_outputs;
@@ -679,15 +874,17 @@ int nf__session_build_fn(nf_session *s, const nf_graph *F, nf_buf *err) {
   s->fn_grad = malloc(sizeof(int) * (F->n_inputs + 1));
   s->fn_out = malloc(sizeof(int) * (F->n_outputs + 1));
   s->fn_seed = malloc(sizeof(int) * (F->n_outputs + 1));
+  s->fn_saved_out = calloc(F->n_outputs + 1, 1);
   int *fslot = malloc(sizeof(int) * (F->n_tensors + 1));
   int *gslot = malloc(sizeof(int) * ((Gg ? Gg->n_tensors : 0) + 1));
   int *first = calloc(1, sizeof(int)), *last = calloc(1, sizeof(int));
-  if (!s->fn_in || !s->fn_grad || !s->fn_out || !s->fn_seed || !fslot || !gslot || !first ||
-      !last)
+  if (!s->fn_in || !s->fn_grad || !s->fn_out || !s->fn_seed || !s->fn_saved_out || !fslot ||
+      !gslot || !first || !last)
     rc = NF_ENOMEM;
   for (uint32_t t = 0; rc == NF_OK && t < F->n_tensors; t++) fslot[t] = -1;
   for (uint32_t t = 0; rc == NF_OK && Gg && t < Gg->n_tensors; t++) gslot[t] = -1;
-  /* the forward program: inputs and outputs in owned buffers */
+  /* the forward program: inputs, outputs and saved values in owned
+   * buffers (Fp has F's tensor ids) */
   for (uint32_t k = 0; rc == NF_OK && k < F->n_inputs; k++) {
     const nf_tensor *tn = &F->tensors[F->inputs[k]];
     int sl = owned_slot(s, tn);
@@ -696,28 +893,40 @@ int nf__session_build_fn(nf_session *s, const nf_graph *F, nf_buf *err) {
     if (rc == NF_OK) fslot[F->inputs[k]] = s->fn_in[k] = sl;
     if (rc == NF_OK) s->fn_grad[k] = -1;
   }
-  for (uint32_t k = 0; rc == NF_OK && k < F->n_outputs; k++) {
-    const nf_tensor *tn = &F->tensors[F->outputs[k]];
-    int sl = owned_slot(s, tn);
+  for (uint32_t k = 0; rc == NF_OK && k < Fp->n_outputs; k++) {
+    uint32_t t = Fp->outputs[k];
+    int sl = owned_slot(s, &Fp->tensors[t]);
     if (sl < 0) rc = sl;
-    else rc = nf__session_named_add(&s->named, &s->n_named, tn->name, sl);
-    if (rc == NF_OK) fslot[F->outputs[k]] = s->fn_out[k] = sl;
-    if (rc == NF_OK) s->fn_seed[k] = -1;
+    else fslot[t] = sl;
+  }
+  for (uint32_t k = 0; rc == NF_OK && k < F->n_outputs; k++) {
+    int sl = fslot[F->outputs[k]];
+    rc = nf__session_named_add(&s->named, &s->n_named, F->tensors[F->outputs[k]].name, sl);
+    s->fn_out[k] = sl;
+    s->fn_seed[k] = -1;
   }
   if (rc == NF_OK) rc = grow_lives(&first, &last, s->n_slots);
-  if (rc == NF_OK) rc = add_ops(s, F, s->part_step, fslot, 0, &first, &last);
+  if (rc == NF_OK) rc = add_ops(s, Fp, s->part_step, fslot, 0, &first, &last);
   s->fn_fwd_ops = s->n_ops;
-  /* the gradient program: the same inputs, a seed per output, a gradient
-   * per float input */
+  /* the gradient program: the inputs, a seed per output, the saved
+   * values; a gradient per float input */
   for (uint32_t k = 0; rc == NF_OK && Gg && k < Gg->n_inputs; k++) {
     uint32_t t = Gg->inputs[k];
-    if (k < F->n_inputs) {
-      gslot[t] = s->fn_in[k];
+    if (role[k] >= 0) {
+      gslot[t] = fslot[role[k]];
+      for (uint32_t q = 0; q < F->n_outputs; q++)
+        if ((int)F->outputs[q] == role[k]) s->fn_saved_out[q] = 1;
+      if (gslot[t] < 0) rc = NF_EINTERNAL;
+      continue;
+    }
+    uint32_t pos = (uint32_t)(-1 - role[k]);
+    if (pos < F->n_inputs) {
+      gslot[t] = s->fn_in[pos];
       continue;
     }
     int sl = owned_slot(s, &Gg->tensors[t]);
     if (sl < 0) rc = sl;
-    else gslot[t] = s->fn_seed[k - F->n_inputs] = sl;
+    else gslot[t] = s->fn_seed[pos - F->n_inputs] = sl;
   }
   for (uint32_t k = 0; rc == NF_OK && Gg && k < Gg->n_outputs; k++) {
     uint32_t t = Gg->outputs[k];
@@ -739,6 +948,9 @@ int nf__session_build_fn(nf_session *s, const nf_graph *F, nf_buf *err) {
   if (rc == NF_OK && Gg) rc = grow_lives(&first, &last, s->n_slots);
   if (rc == NF_OK && Gg) rc = add_ops(s, Gg, s->part_upd, gslot, 0, &first, &last);
   if (rc == NF_OK) rc = plan_memory(s, first, last);
+  if (rc == NF_EINTERNAL && !err->len)
+    nf_buf_printf(err, "internal error: the gradient program of %s", F->name);
+  free(role);
   free(fslot);
   free(gslot);
   free(first);

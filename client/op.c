@@ -5,13 +5,16 @@
  * the def instantiated for those shapes (in f64 when f64 tensors are given
  * to a def declared in f32), held by a session whose program is a function
  * program (build.c, nf__session_build_fn): the def's partitioned graph,
- * then its gradient graph with respect to its float inputs.  The session
+ * then its gradient graph with respect to its float inputs, which reads
+ * the forward values it needs from the forward's run.  The session
  * brings everything a training session has: fallback kernels at once, the
  * daemon link, canaries, races and swaps.  A forward call runs the first
  * part's ops; a backward call the ops the asked gradients need (a mask per
- * set of gradients, computed once).  Data is copied into the session's
- * buffers and out of them (the kernels' buffers are fixed when memory is
- * planned). */
+ * set of gradients, computed once), after the forward's again unless the
+ * program still holds the values of the forward it names (its token).  The caller's buffers stand in for
+ * the program's own inputs, outputs, seeds and gradients for the length of
+ * a call (lend, give_back: the slots' and the ops' pointers changed and
+ * restored), where the host runs the kernels; else data is copied. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +38,12 @@ typedef struct spec {
   int n_masks;
   gmask masks[MAX_MASKS];
   uint64_t used;          /* the operator's clock when last used */
+  uint64_t fwd_token;     /* the forward whose values the program holds (0: none) */
+  /* the caller's buffers lent to the program for one call: the slots
+   * changed and the pointers they had (lend, give_back) */
+  int n_undo;
+  int *undo_slot;
+  void **undo_ptr;
 } spec;
 
 struct nf_operator {
@@ -51,6 +60,7 @@ struct nf_operator {
   spec specs[NF_OPERATOR_SPECS];
   int n_specs;
   uint64_t clock;
+  uint64_t tokens;        /* forwards run (nf_operator_forward's saved) */
   nf_buf err;
 };
 
@@ -181,6 +191,8 @@ static void spec_clear(spec *sp) {
   free(sp->in);
   free(sp->out);
   free(sp->fwd_mask);
+  free(sp->undo_slot);
+  free(sp->undo_ptr);
   for (int i = 0; i < sp->n_masks; i++) free(sp->masks[i].mask);
   memset(sp, 0, sizeof *sp);
 }
@@ -378,11 +390,14 @@ static int spec_make(nf_operator *op, const nf_view *in, spec *sp) {
   }
   nf_session *s = sp->s;
   sp->fwd_mask = calloc((size_t)s->n_ops + 1, 1);
-  if (!sp->fwd_mask) {
+  sp->undo_slot = calloc((size_t)s->n_slots + 1, sizeof *sp->undo_slot);
+  sp->undo_ptr = calloc((size_t)s->n_slots + 1, sizeof *sp->undo_ptr);
+  if (!sp->fwd_mask || !sp->undo_slot || !sp->undo_ptr) {
     spec_clear(sp);
     return NF_ENOMEM;
   }
-  nf__session_ops_for(s, s->fn_out, s->fn_n_out, 0, s->fn_fwd_ops, sp->fwd_mask);
+  /* (all of the forward: its outputs and the values kept for the gradient) */
+  memset(sp->fwd_mask, 1, (size_t)s->fn_fwd_ops);
   return NF_OK;
 }
 
@@ -438,11 +453,65 @@ static int check_view(nf_operator *op, const char *what, int i, const char *name
   return NF_EINVAL;
 }
 
-static int copy_in(nf_session *s, int slot, const void *data, size_t bytes) {
+/* The caller's buffers stand in for the program's own during a call
+ * (no copy) where the host runs the kernels and the address suits the
+ * element type; else the data is copied in and out. */
+static int lendable(const nf_session *s, const void *p, const nf_view *v) {
+  return p && view_bytes(v) > 0 && s->kt.dev->host && !s->gpu &&
+         (uintptr_t)p % nf_dtype_size((nf_dtype)v->elem) == 0;
+}
+
+/* Lends p to the program in place of slot's buffer: the slot and the
+ * temporaries that share its buffer (build.c's copies into bound
+ * buffers) point at p until give_back. */
+static void lend(spec *sp, int slot, void *p) {
+  nf_session *s = sp->s;
+  void *own = s->slots[slot].ptr;
+  for (int j = 0; j < s->n_slots; j++)
+    if (s->slots[j].ptr == own) {
+      sp->undo_slot[sp->n_undo] = j;
+      sp->undo_ptr[sp->n_undo++] = own;
+      s->slots[j].ptr = p;
+    }
+}
+
+/* The ops' pointers from their slots'. */
+static void rebuf(nf_session *s) {
+  for (int i = 0; i < s->n_ops; i++) {
+    nf__op *o = &s->ops[i];
+    for (uint32_t j = 0; j < o->n_in + o->n_out; j++) o->bufs[j] = s->slots[o->slots[j]].ptr;
+  }
+}
+
+/* The program's own buffers back, after a call. */
+static void give_back(spec *sp) {
+  if (!sp->n_undo) return;
+  while (sp->n_undo > 0) {
+    sp->n_undo--;
+    sp->s->slots[sp->undo_slot[sp->n_undo]].ptr = sp->undo_ptr[sp->n_undo];
+  }
+  rebuf(sp->s);
+}
+
+/* Data for an input (or a seed: NULL data is zeros) of the program. */
+static int put(spec *sp, int slot, const nf_view *v) {
+  nf_session *s = sp->s;
+  size_t bytes = view_bytes(v);
+  if (lendable(s, v->data, v)) {
+    lend(sp, slot, v->data);
+    return NF_OK;
+  }
   void *p = s->slots[slot].ptr;
-  if (data) memcpy(p, data, bytes);
+  if (v->data) memcpy(p, v->data, bytes);
   else memset(p, 0, bytes);
   return nf__dev_push(s, p, bytes);
+}
+
+/* Where an output of the program goes: lent (1) or copied after (0). */
+static int take(spec *sp, int slot, const nf_view *v) {
+  if (!lendable(sp->s, v->data, v)) return 0;
+  lend(sp, slot, v->data);
+  return 1;
 }
 
 static int copy_out(nf_session *s, int slot, void *data, size_t bytes) {
@@ -453,13 +522,12 @@ static int copy_out(nf_session *s, int slot, void *data, size_t bytes) {
 }
 
 static int feed_inputs(nf_operator *op, spec *sp, const nf_view *in) {
-  nf_session *s = sp->s;
   for (int i = 0; i < op->n_in; i++) {
     if (!in[i].data && view_bytes(&in[i]) > 0) {
       nf_buf_printf(&op->err, "%s: input %d '%s' has no data", op->def, i, op->in_names[i]);
       return NF_EINVAL;
     }
-    int rc = copy_in(s, s->fn_in[i], in[i].data, view_bytes(&in[i]));
+    int rc = put(sp, sp->s->fn_in[i], &in[i]);
     if (rc != NF_OK) return rc;
   }
   return NF_OK;
@@ -486,7 +554,8 @@ int nf_operator_shapes(nf_operator *op, const nf_view *in, nf_view *out) {
   return rc;
 }
 
-int nf_operator_forward(nf_operator *op, const nf_view *in, nf_view *out) {
+int nf_operator_forward(nf_operator *op, const nf_view *in, nf_view *out, uint64_t *saved) {
+  if (saved) *saved = 0;
   if (!op) return NF_EINVAL;
   pthread_mutex_lock(&op->mu);
   int rc;
@@ -502,11 +571,24 @@ int nf_operator_forward(nf_operator *op, const nf_view *in, nf_view *out) {
       rc = NF_EINVAL;
     }
   }
+  uint64_t lent = 0; /* bit j: output j written in place */
   if (sp && rc == NF_OK) rc = feed_inputs(op, sp, in);
+  /* (an output the gradient reads stays in the program's memory) */
+  for (int j = 0; sp && rc == NF_OK && j < op->n_out; j++)
+    if (j < 64 && !sp->s->fn_saved_out[j] && take(sp, sp->s->fn_out[j], &out[j]))
+      lent |= (uint64_t)1 << j;
+  if (sp && sp->n_undo) rebuf(sp->s);
   if (sp && rc == NF_OK) rc = run(op, sp, sp->fwd_mask);
   for (int j = 0; sp && rc == NF_OK && j < op->n_out; j++)
-    if (view_bytes(&out[j]) > 0)
+    if (view_bytes(&out[j]) > 0 && !(j < 64 && (lent >> j & 1)))
       rc = copy_out(sp->s, sp->s->fn_out[j], out[j].data, view_bytes(&out[j]));
+  if (sp) give_back(sp);
+  if (sp && rc == NF_OK) {
+    sp->fwd_token = ++op->tokens;
+    if (saved) *saved = sp->fwd_token;
+  } else if (sp) {
+    sp->fwd_token = 0;
+  }
   pthread_mutex_unlock(&op->mu);
   return rc;
 }
@@ -532,8 +614,8 @@ static const uint8_t *grad_mask(spec *sp, uint64_t want) {
   return m;
 }
 
-int nf_operator_backward(nf_operator *op, const nf_view *in, const nf_view *dout,
-                         nf_view *din) {
+int nf_operator_backward(nf_operator *op, uint64_t saved, const nf_view *in,
+                         const nf_view *dout, nf_view *din) {
   if (!op) return NF_EINVAL;
   pthread_mutex_lock(&op->mu);
   int rc;
@@ -568,12 +650,21 @@ int nf_operator_backward(nf_operator *op, const nf_view *in, const nf_view *dout
   if (sp && rc == NF_OK && want) {
     rc = feed_inputs(op, sp, in);
     for (int j = 0; rc == NF_OK && j < op->n_out; j++)
-      if (sp->s->fn_seed[j] >= 0)
-        rc = copy_in(sp->s, sp->s->fn_seed[j], dout[j].data, view_bytes(&dout[j]));
+      if (sp->s->fn_seed[j] >= 0) rc = put(sp, sp->s->fn_seed[j], &dout[j]);
+    uint64_t lent = 0; /* bit i: input i's gradient written in place */
+    for (int i = 0; rc == NF_OK && i < op->n_in && i < 64; i++)
+      if ((want >> i & 1) && take(sp, sp->s->fn_grad[i], &din[i])) lent |= (uint64_t)1 << i;
+    if (sp->n_undo) rebuf(sp->s);
+    /* the forward's values: kept from the forward named, else computed */
+    if (rc == NF_OK && (!saved || saved != sp->fwd_token)) {
+      sp->fwd_token = 0;
+      rc = run(op, sp, sp->fwd_mask);
+    }
     if (rc == NF_OK) rc = run(op, sp, mask);
-    for (int i = 0; rc == NF_OK && i < op->n_in; i++)
-      if (din[i].data && view_bytes(&din[i]) > 0)
+    for (int i = 0; rc == NF_OK && i < op->n_in && i < 64; i++)
+      if ((want >> i & 1) && view_bytes(&din[i]) > 0 && !(lent >> i & 1))
         rc = copy_out(sp->s, sp->s->fn_grad[i], din[i].data, view_bytes(&din[i]));
+    give_back(sp);
   }
   pthread_mutex_unlock(&op->mu);
   return rc;

@@ -411,6 +411,7 @@ void nf_session_free(nf_session *s) {
   free(s->fn_out);
   free(s->fn_seed);
   free(s->fn_grad);
+  free(s->fn_saved_out);
   for (int i = 0; i < s->n_slots; i++)
     if (s->slots[i].shape[7] == -1) free(s->slots[i].ptr);
   free(s->slots);

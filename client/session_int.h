@@ -118,6 +118,7 @@ struct nf_session {
    * input); fn_n_in 0 for a training session. */
   int fn_n_in, fn_n_out, fn_fwd_ops;
   int *fn_in, *fn_out, *fn_seed, *fn_grad;
+  uint8_t *fn_saved_out; /* per output: the gradient reads it (saved) */
   struct nf__gpu *gpu;   /* NULL: the step runs on the CPU */
   struct nf__gen *gen;   /* GPU sessions: the thread generating tier-0 kernels
                             (gpu_local.c), or NULL */
@@ -159,8 +160,10 @@ int nf__session_build(nf_session *s, const nf_graph *F, int n_gin, const char *c
                       int n_extra, const char *const *extra, nf_buf *err);
 /* build.c: the function program of s (see fn_n_in above) for graph F:
  * F partitioned, then the gradient graph of F with respect to its float
- * inputs (seeded by one input per output), partitioned; f32, f64, i32,
- * i64 and bool tensors.  Messages in err. */
+ * inputs (seeded by one input per output), partitioned; the forward
+ * values the gradient reads are kept from the forward's run (outputs of
+ * the forward part, in owned buffers) rather than recomputed; f32, f64,
+ * i32, i64 and bool tensors.  Messages in err. */
 int nf__session_build_fn(nf_session *s, const nf_graph *F, nf_buf *err);
 /* build.c: names to slots and parameters (-1: none); whether F has an
  * input called name; appending a name (NF_OK or NF_ENOMEM). */

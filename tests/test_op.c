@@ -9,6 +9,10 @@
  *    with the f64 one;
  *  - asking for one input's gradient gives the same values as asking for
  *    all of them;
+ *  - a backward takes the forward's kept values when its forward was the
+ *    last of those shapes, and recomputes them when another came between
+ *    (an operator used twice): the same gradients either way;
+ *  - buffers at addresses the element type does not suit are copied;
  *  - a new shape specialises (more kernel entries), an old one is found
  *    again, and more shapes than NF_OPERATOR_SPECS drop the oldest;
  *  - integer inputs (a gather's indices) pass through, and have no
@@ -73,7 +77,7 @@ enum { NIN = 5, NOUT = 2 };
 
 typedef struct case_t {
   nf_view in[NIN], out[NOUT], dout[NOUT], din[NIN];
-  double *d[NIN];
+  uint64_t saved; /* the token of its last forward */
 } case_t;
 
 static size_t numel(const nf_view *v) {
@@ -132,12 +136,12 @@ static void case_free(case_t *c) {
 }
 
 static void forward(nf_operator *op, case_t *c) {
-  int rc = nf_operator_forward(op, c->in, c->out);
+  int rc = nf_operator_forward(op, c->in, c->out, &c->saved);
   ck_assert_msg(rc == NF_OK, "forward: %s: %s", nf_strerror(rc), nf_operator_error(op));
 }
 
 static void backward(nf_operator *op, case_t *c) {
-  int rc = nf_operator_backward(op, c->in, c->dout, c->din);
+  int rc = nf_operator_backward(op, c->saved, c->in, c->dout, c->din);
   ck_assert_msg(rc == NF_OK, "backward: %s: %s", nf_strerror(rc), nf_operator_error(op));
 }
 
@@ -297,6 +301,86 @@ START_TEST(op_gradients_match_finite_differences) {
 }
 END_TEST
 
+/* ---- the forward's values kept for the backward ---- */
+
+START_TEST(op_backward_keeps_or_recomputes_the_forward) {
+  nf_model *m = load_workloads();
+  nf_session_opts o = quiet_opts();
+  nf_operator *op = open_op(m, "lltm_step", &o);
+  case_t a, b, a2, b2;
+  case_init(&a, NF_ELEM_F32, 3, 4, 5);
+  case_init(&b, NF_ELEM_F32, 3, 4, 5);
+  case_copy(&a2, &a, NF_ELEM_F32);
+  case_copy(&b2, &b, NF_ELEM_F32);
+  /* the references: each backward recomputing its forward (no token) */
+  a2.saved = b2.saved = 0;
+  backward(op, &a2);
+  backward(op, &b2);
+  /* used twice, as in a model: forward a, forward b, backward b (b's
+   * values kept), backward a (a's recomputed: b's forward came between) */
+  forward(op, &a);
+  forward(op, &b);
+  ck_assert(a.saved != 0 && b.saved != 0 && a.saved != b.saved);
+  backward(op, &b);
+  backward(op, &a);
+  for (int i = 0; i < NIN; i++) {
+    ck_assert_msg(max_rel(&a.din[i], &a2.din[i]) == 0, "a's gradient %d differs", i);
+    ck_assert_msg(max_rel(&b.din[i], &b2.din[i]) == 0, "b's gradient %d differs", i);
+  }
+  /* a backward of the forward just run, twice (as retain_graph does) */
+  forward(op, &a);
+  backward(op, &a);
+  backward(op, &a);
+  for (int i = 0; i < NIN; i++) ck_assert(max_rel(&a.din[i], &a2.din[i]) == 0);
+  case_free(&a);
+  case_free(&b);
+  case_free(&a2);
+  case_free(&b2);
+  nf_operator_free(op);
+  nf_model_free(m);
+}
+END_TEST
+
+/* the caller's buffers at odd addresses: copied, the same results */
+START_TEST(op_unaligned_buffers_are_copied) {
+  nf_model *m = load_workloads();
+  nf_session_opts o = quiet_opts();
+  nf_operator *op = open_op(m, "lltm_step", &o);
+  case_t a, u;
+  case_init(&a, NF_ELEM_F32, 2, 3, 4);
+  case_copy(&u, &a, NF_ELEM_F32);
+  forward(op, &a);
+  backward(op, &a);
+  char *raw[NIN + NOUT];
+  for (int i = 0; i < NIN; i++) { /* each input one byte off its alignment */
+    size_t n = numel(&u.in[i]) * 4;
+    raw[i] = malloc(n + 8);
+    memcpy(raw[i] + 1, u.in[i].data, n);
+    u.in[i].data = raw[i] + 1;
+  }
+  for (int j = 0; j < NOUT; j++) {
+    raw[NIN + j] = malloc(numel(&u.out[j]) * 4 + 8);
+    u.out[j].data = raw[NIN + j] + 2;
+  }
+  ck_assert_int_eq(nf_operator_forward(op, u.in, u.out, &u.saved), NF_OK);
+  for (int j = 0; j < NOUT; j++) {
+    float *got = malloc(numel(&u.out[j]) * 4);
+    memcpy(got, u.out[j].data, numel(&u.out[j]) * 4);
+    for (size_t k = 0; k < numel(&u.out[j]); k++)
+      ck_assert_float_eq(got[k], ((float *)a.out[j].data)[k]);
+    free(got);
+  }
+  for (int i = 0; i < NIN; i++) free(raw[i]);
+  for (int j = 0; j < NOUT; j++) free(raw[NIN + j]);
+  for (int i = 0; i < NIN; i++) u.in[i].data = NULL;
+  for (int j = 0; j < NOUT; j++) u.out[j].data = NULL;
+  case_free(&u);
+  case_free(&a);
+  nf_operator_free(op);
+  nf_model_free(m);
+}
+END_TEST
+
 /* ---- specialisations ---- */
 
 START_TEST(op_shapes_specialise_and_are_kept) {
@@ -357,23 +441,23 @@ START_TEST(op_integer_inputs) {
   nf_view dout[1] = {{dY, NF_ELEM_F32, 2, {4, 2}}};
   nf_view din[3] = {{NULL, NF_ELEM_I64, 1, {4}}, {dE, NF_ELEM_F32, 2, {3, 2}},
                     {ds, NF_ELEM_F32, 1, {2}}};
-  ck_assert_int_eq(nf_operator_forward(op, in, out), NF_OK);
+  ck_assert_int_eq(nf_operator_forward(op, in, out, NULL), NF_OK);
   float wantY[8] = {50, 600, 10, 200, 50, 600, 30, 400};
   for (int i = 0; i < 8; i++) ck_assert_float_eq(Y[i], wantY[i]);
-  ck_assert_int_eq(nf_operator_backward(op, in, dout, din), NF_OK);
+  ck_assert_int_eq(nf_operator_backward(op, 0, in, dout, din), NF_OK);
   float wantdE[6] = {10, 100, 10, 100, 20, 200}, wantds[2] = {1 + 5 + 5 + 3, 2 + 6 + 6 + 4};
   for (int i = 0; i < 6; i++) ck_assert_float_eq(dE[i], wantdE[i]);
   for (int i = 0; i < 2; i++) ck_assert_float_eq(ds[i], wantds[i]);
   /* asking for the indices' gradient is an error naming them */
   int64_t junk[4];
   din[0].data = junk;
-  ck_assert_int_eq(nf_operator_backward(op, in, dout, din), NF_EINVAL);
+  ck_assert_int_eq(nf_operator_backward(op, 0, in, dout, din), NF_EINVAL);
   ck_assert_msg(strstr(nf_operator_error(op), "'Idx'") &&
                     strstr(nf_operator_error(op), "only float inputs"),
                 "%s", nf_operator_error(op));
   /* an index out of range: an error, not a crash */
   idx[1] = 7;
-  ck_assert_int_ne(nf_operator_forward(op, in, out), NF_OK);
+  ck_assert_int_ne(nf_operator_forward(op, in, out, NULL), NF_OK);
   ck_assert_msg(strlen(nf_operator_error(op)) > 0, "no message");
   nf_operator_free(op);
   nf_model_free(m);
@@ -399,42 +483,42 @@ START_TEST(op_bad_calls_are_errors_with_messages) {
   case_init(&c, NF_ELEM_F32, 2, 3, 4);
   /* W's rows must be b's size: the def's signature says so */
   c.in[3].dims[0] = 11;
-  ck_assert_int_ne(nf_operator_forward(op, c.in, c.out), NF_OK);
+  ck_assert_int_ne(nf_operator_forward(op, c.in, c.out, NULL), NF_OK);
   ck_assert_msg(strstr(nf_operator_error(op), "'G' is 11 from input W") != NULL, "%s",
                 nf_operator_error(op));
   /* ... and 3 * S: its require says so */
   c.in[3].dims[0] = 9;
   c.in[4].dims[0] = 9;
-  ck_assert_int_ne(nf_operator_forward(op, c.in, c.out), NF_OK);
+  ck_assert_int_ne(nf_operator_forward(op, c.in, c.out, NULL), NF_OK);
   ck_assert_msg(strstr(nf_operator_error(op), "G == 3 * S") != NULL, "%s", nf_operator_error(op));
   c.in[3].dims[0] = 12;
   c.in[4].dims[0] = 12;
   /* an output of the wrong shape */
   c.out[1].dims[1] = 5;
-  ck_assert_int_eq(nf_operator_forward(op, c.in, c.out), NF_EINVAL);
+  ck_assert_int_eq(nf_operator_forward(op, c.in, c.out, NULL), NF_EINVAL);
   ck_assert_msg(strstr(nf_operator_error(op), "output 1 'C2' must be f32[2, 4], got f32[2, 5]"),
                 "%s", nf_operator_error(op));
   c.out[1].dims[1] = 4;
   /* a rank the def does not take */
   c.in[4].rank = 2;
   c.in[4].dims[1] = 1;
-  ck_assert_int_ne(nf_operator_forward(op, c.in, c.out), NF_OK);
+  ck_assert_int_ne(nf_operator_forward(op, c.in, c.out, NULL), NF_OK);
   ck_assert_msg(strstr(nf_operator_error(op), "b") != NULL, "%s", nf_operator_error(op));
   c.in[4].rank = 1;
   /* an i32 where f32 is declared */
   c.in[0].elem = NF_ELEM_I32;
-  ck_assert_int_eq(nf_operator_forward(op, c.in, c.out), NF_EINVAL);
+  ck_assert_int_eq(nf_operator_forward(op, c.in, c.out, NULL), NF_EINVAL);
   ck_assert_msg(strstr(nf_operator_error(op), "input 0 'X' must be f32[2, 3]"), "%s",
                 nf_operator_error(op));
   c.in[0].elem = NF_ELEM_F32;
   /* no data */
   void *keep = c.in[2].data;
   c.in[2].data = NULL;
-  ck_assert_int_eq(nf_operator_forward(op, c.in, c.out), NF_EINVAL);
+  ck_assert_int_eq(nf_operator_forward(op, c.in, c.out, NULL), NF_EINVAL);
   ck_assert_msg(strstr(nf_operator_error(op), "'C' has no data"), "%s", nf_operator_error(op));
   c.in[2].data = keep;
-  ck_assert_int_eq(nf_operator_forward(op, NULL, c.out), NF_EINVAL);
-  ck_assert_int_eq(nf_operator_backward(op, c.in, NULL, c.din), NF_EINVAL);
+  ck_assert_int_eq(nf_operator_forward(op, NULL, c.out, NULL), NF_EINVAL);
+  ck_assert_int_eq(nf_operator_backward(op, 0, c.in, NULL, c.din), NF_EINVAL);
   /* and the good call still works */
   forward(op, &c);
   backward(op, &c);
@@ -492,6 +576,8 @@ int main(void) {
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, op_forward_matches_the_interpreter);
   tcase_add_test(tc, op_gradients_match_finite_differences);
+  tcase_add_test(tc, op_backward_keeps_or_recomputes_the_forward);
+  tcase_add_test(tc, op_unaligned_buffers_are_copied);
   tcase_add_test(tc, op_shapes_specialise_and_are_kept);
   tcase_add_test(tc, op_integer_inputs);
   tcase_add_test(tc, op_bad_calls_are_errors_with_messages);

@@ -512,6 +512,7 @@ class Operator:
                        for i in range(_c.nf_operator_n_inputs(self._h))]
         self.outputs = [_c.nf_operator_output_name(self._h, i).decode()
                         for i in range(_c.nf_operator_n_outputs(self._h))]
+        self.saved = 0
 
     def _fail(self, rc, what):
         msg = (_c.nf_operator_error(self._h) or b"").decode(errors="replace")
@@ -542,7 +543,8 @@ class Operator:
 
     def forward(self, *arrays, out=None):
         """The outputs for these inputs, as a tuple of arrays (written into
-        `out`, a sequence of C-contiguous arrays, when given)."""
+        `out`, a sequence of C-contiguous arrays, when given).  The run's
+        token is left in .saved, for backward."""
         specs = self.output_specs(*arrays)
         if out is None:
             out = [np.empty(shape, dtype) for shape, dtype in specs]
@@ -552,16 +554,21 @@ class Operator:
             if not a.flags.c_contiguous:
                 raise ValueError("an output buffer must be C-contiguous")
             _view(a, v)
-        rc = _c.nf_operator_forward(self._h, views, ov)
+        token = ctypes.c_uint64()
+        rc = _c.nf_operator_forward(self._h, views, ov, ctypes.byref(token))
+        self.saved = token.value
         if rc != OK:
             self._fail(rc, self.def_name)
         return tuple(out)
 
-    def backward(self, arrays, grad_outputs, want=None, out=None):
+    def backward(self, arrays, grad_outputs, want=None, out=None, saved=0):
         """The gradients of the inputs given those of the outputs
         (grad_outputs: one array or None, a zero gradient, per output):
         a list with an array for each input asked (want: booleans per
-        input; default every float input), None for the others."""
+        input; default every float input), None for the others.  saved:
+        the token of the forward of these same, unchanged arrays (its
+        values are then kept rather than recomputed, when no forward of
+        these shapes came between)."""
         if self._h is None:
             raise Error(-2, "the operator is closed")
         views, keep = self._in_views(arrays)
@@ -595,7 +602,7 @@ class Operator:
             g = out[i] if out is not None and out[i] is not None else np.empty(a.shape, a.dtype)
             grads.append(g)
             _view(g, v)  # (an empty one: data None, not asked, nothing to write)
-        rc = _c.nf_operator_backward(self._h, views, gv, dv)
+        rc = _c.nf_operator_backward(self._h, int(saved), views, gv, dv)
         if rc != OK:
             self._fail(rc, self.def_name)
         return grads

@@ -5,7 +5,8 @@
     h, c = lltm(x, h, c, W, b)        # inside any nn.Module's forward
 
 The callable's forward and backward run NeoFlow's kernels on CPU tensors
-(the backward is the def's gradient from expression autodiff), through the
+(the backward is the def's gradient from expression autodiff, reading the
+values the forward kept, as autograd's saved tensors), through the
 public C API's operators (nf_operator): each new combination of input
 shapes is specialised once and kept, starts on fallback kernels, and is
 compiled and tuned by the daemon like any session's, its kernels swapped
@@ -44,6 +45,7 @@ class _Apply(torch.autograd.Function):
                 for shape, dt in specs]
         op.operator.forward(*arrs, out=[o.numpy() for o in outs])
         ctx.op = op
+        ctx.token = op.operator.saved  # (its values kept for the backward)
         ctx.save_for_backward(*xs)
         ctx.mark_non_differentiable(*[o for o in outs if not o.is_floating_point()])
         return tuple(outs)
@@ -58,7 +60,7 @@ class _Apply(torch.autograd.Function):
             return (None,) + (None,) * len(xs)
         arrs = [_numpy(x, n) for x, n in zip(xs, op.inputs)]
         gouts = [None if g is None else _numpy(g, "grad_" + n) for g, n in zip(grads, op.outputs)]
-        gins = op.operator.backward(arrs, gouts, want=want)
+        gins = op.operator.backward(arrs, gouts, want=want, saved=ctx.token)
         return (None,) + tuple(None if g is None else torch.from_numpy(g) for g in gins)
 
 

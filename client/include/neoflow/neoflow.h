@@ -367,17 +367,21 @@ NF_API const char *nf_operator_output_name(const nf_operator *op, int i);
  * def refuses, a wrong element type or rank) name the input. */
 NF_API int nf_operator_shapes(nf_operator *op, const nf_view *in, nf_view *out);
 /* Runs the def: reads in[0..n_inputs), writes out[0..n_outputs), whose
- * element types and shapes must be nf_operator_shapes' answer. */
-NF_API int nf_operator_forward(nf_operator *op, const nf_view *in, nf_view *out);
+ * element types and shapes must be nf_operator_shapes' answer, and which
+ * must not overlap the inputs.  *saved (may be NULL) gets a token naming
+ * this run for nf_operator_backward. */
+NF_API int nf_operator_forward(nf_operator *op, const nf_view *in, nf_view *out, uint64_t *saved);
 /* The gradients of the inputs given those of the outputs (vector-Jacobian
  * products): reads in[0..n_inputs) and dout[0..n_outputs) (the outputs'
  * types and shapes; a NULL data is a zero gradient), writes din[i] for
  * each float input i whose din[i].data is not NULL (the input's type and
  * shape); only the gradients asked for are computed.  The forward values
- * the gradients need are recomputed, fused into the gradient kernels:
- * nothing is kept between calls. */
-NF_API int nf_operator_backward(nf_operator *op, const nf_view *in, const nf_view *dout,
-                                nf_view *din);
+ * the gradients read (PyTorch's saved tensors) are kept from the forward
+ * named by saved when it was the last forward of these shapes and its
+ * inputs, the same as in, have not changed since; otherwise (saved 0, or
+ * another forward of these shapes since) the forward runs again first. */
+NF_API int nf_operator_backward(nf_operator *op, uint64_t saved, const nf_view *in,
+                                const nf_view *dout, nf_view *din);
 /* Statistics summed over the specialisations kept (step: forward and
  * backward runs; connected: whether any is; ms_avg: their mean; loss,
  * first_step_ms: 0). */
