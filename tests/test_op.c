@@ -356,10 +356,12 @@ START_TEST(op_unaligned_buffers_are_copied) {
     size_t n = numel(&u.in[i]) * 4;
     raw[i] = malloc(n + 8);
     memcpy(raw[i] + 1, u.in[i].data, n);
+    free(u.in[i].data);
     u.in[i].data = raw[i] + 1;
   }
   for (int j = 0; j < NOUT; j++) {
     raw[NIN + j] = malloc(numel(&u.out[j]) * 4 + 8);
+    free(u.out[j].data);
     u.out[j].data = raw[NIN + j] + 2;
   }
   ck_assert_int_eq(nf_operator_forward(op, u.in, u.out, &u.saved), NF_OK);

@@ -463,22 +463,24 @@ class Session:
         self.close()
 
 
-_ELEMS = {np.dtype(np.bool_): 0, np.dtype(np.int32): 1, np.dtype(np.int64): 2,
-          np.dtype(np.float16): 3, np.dtype(np.float32): 5, np.dtype(np.float64): 6}
+def _fill(v, ptr, elem, shape):
+    """Fills nf_view v: data at address ptr (0/None: none), element type
+    elem (nf_elem), shape."""
+    if len(shape) > 7:
+        raise ValueError("rank %d: operators take up to 7 dimensions" % len(shape))
+    v.data = ptr or None
+    v.elem = elem
+    v.rank = len(shape)
+    for d, n in enumerate(shape):
+        v.dims[d] = n
 
 
-def _view(a, v):
-    """Fills nf_view v for the C-contiguous array a (its memory, no copy)."""
-    if a.dtype not in _ELEMS:
+def _elem(a):
+    e = _ELEMS.get(a.dtype)
+    if e is None:
         raise TypeError("dtype %s: operators take bool, int32, int64, float32 and float64"
                         % a.dtype)
-    if a.ndim > 7:
-        raise ValueError("rank %d: operators take up to 7 dimensions" % a.ndim)
-    v.data = a.ctypes.data if a.size else None
-    v.elem = _ELEMS[a.dtype]
-    v.rank = a.ndim
-    for d, n in enumerate(a.shape):
-        v.dims[d] = n
+    return e
 
 
 class Operator:
@@ -492,6 +494,10 @@ class Operator:
     params (the def's integer parameters), threads, daemon, spawn,
     compile_only, tune_trials, tune_seconds, trust, daemon_key, quiet, log:
     as Session's.  The operator runs on the CPU.
+
+    The methods taking arrays are built on three taking raw buffers
+    (lists of (address, nf_elem, shape)): specs, run_forward and
+    run_backward, which other frameworks' bindings use (neoflow.torch).
     """
 
     def __init__(self, model, def_name, *, params=None, threads=0, daemon=None, spawn=True,
@@ -513,55 +519,99 @@ class Operator:
         self.outputs = [_c.nf_operator_output_name(self._h, i).decode()
                         for i in range(_c.nf_operator_n_outputs(self._h))]
         self.saved = 0
+        self._specs = {}  # ((elem, shape) per input) -> [(elem, shape)] per output
+        self._views = [(_lib.nf_view * max(n, 1))()
+                       for n in (len(self.inputs), len(self.outputs), len(self.outputs),
+                                 len(self.inputs))]
 
     def _fail(self, rc, what):
         msg = (_c.nf_operator_error(self._h) or b"").decode(errors="replace")
         raise Error(rc, "%s: %s" % (what, msg or _c.nf_strerror(rc).decode()))
 
-    def _in_views(self, arrays):
-        if len(arrays) != len(self.inputs):
-            raise TypeError("%s takes %d inputs (%s), got %d"
-                            % (self.def_name, len(self.inputs), ", ".join(self.inputs),
-                               len(arrays)))
-        views = (_lib.nf_view * max(len(arrays), 1))()
-        arrs = [np.ascontiguousarray(a) for a in arrays]
-        for a, v in zip(arrs, views):
-            _view(a, v)
-        return views, arrs
-
-    def output_specs(self, *arrays):
-        """[(shape, dtype)] of the outputs for these inputs (specialises)."""
+    def _ins(self, bufs):
         if self._h is None:
             raise Error(-2, "the operator is closed")
-        views, keep = self._in_views(arrays)
-        outs = (_lib.nf_view * max(len(self.outputs), 1))()
-        rc = _c.nf_operator_shapes(self._h, views, outs)
-        if rc != OK:
-            self._fail(rc, self.def_name)
-        return [(tuple(v.dims[d] for d in range(v.rank)), _DTYPES[v.elem])
-                for v in outs[:len(self.outputs)]]
+        if len(bufs) != len(self.inputs):
+            raise TypeError("%s takes %d inputs (%s), got %d"
+                            % (self.def_name, len(self.inputs), ", ".join(self.inputs),
+                               len(bufs)))
+        views = self._views[0]
+        for (ptr, elem, shape), v in zip(bufs, views):
+            _fill(v, ptr, elem, shape)
+        return views
 
-    def forward(self, *arrays, out=None):
-        """The outputs for these inputs, as a tuple of arrays (written into
-        `out`, a sequence of C-contiguous arrays, when given).  The run's
-        token is left in .saved, for backward."""
-        specs = self.output_specs(*arrays)
-        if out is None:
-            out = [np.empty(shape, dtype) for shape, dtype in specs]
-        views, keep = self._in_views(arrays)
-        ov = (_lib.nf_view * max(len(out), 1))()
-        for a, v in zip(out, ov):
-            if not a.flags.c_contiguous:
-                raise ValueError("an output buffer must be C-contiguous")
-            _view(a, v)
+    def specs(self, bufs):
+        """[(nf_elem, shape)] of the outputs for inputs bufs (their
+        addresses unused); specialises for new shapes."""
+        key = tuple((elem, tuple(shape)) for _, elem, shape in bufs)
+        got = self._specs.get(key)
+        if got is None:
+            views = self._ins(bufs)
+            outs = self._views[1]
+            rc = _c.nf_operator_shapes(self._h, views, outs)
+            if rc != OK:
+                self._fail(rc, self.def_name)
+            got = [(v.elem, tuple(v.dims[d] for d in range(v.rank)))
+                   for v in outs[:len(self.outputs)]]
+            if len(self._specs) > 64:
+                self._specs.clear()
+            self._specs[key] = got
+        return got
+
+    def run_forward(self, bufs, outs):
+        """Runs the def on raw buffers; returns its token (for
+        run_backward's saved)."""
+        views = self._ins(bufs)
+        ov = self._views[1]
+        for (ptr, elem, shape), v in zip(outs, ov):
+            _fill(v, ptr, elem, shape)
         token = ctypes.c_uint64()
         rc = _c.nf_operator_forward(self._h, views, ov, ctypes.byref(token))
         self.saved = token.value
         if rc != OK:
             self._fail(rc, self.def_name)
+        return token.value
+
+    def run_backward(self, saved, bufs, grad_outs, grad_ins):
+        """The gradients on raw buffers: grad_outs one (address or None,
+        elem, shape) per output, grad_ins one per input (address None: not
+        asked)."""
+        views = self._ins(bufs)
+        gv, dv = self._views[2], self._views[3]
+        for (ptr, elem, shape), v in zip(grad_outs, gv):
+            _fill(v, ptr, elem, shape)
+        for (ptr, elem, shape), v in zip(grad_ins, dv):
+            _fill(v, ptr, elem, shape)
+        rc = _c.nf_operator_backward(self._h, int(saved), views, gv, dv)
+        if rc != OK:
+            self._fail(rc, self.def_name)
+
+    @staticmethod
+    def _bufs(arrays):
+        arrs = [np.ascontiguousarray(a) for a in arrays]
+        return arrs, [(a.ctypes.data if a.size else None, _elem(a), a.shape) for a in arrs]
+
+    def output_specs(self, *arrays):
+        """[(shape, dtype)] of the outputs for these inputs (specialises)."""
+        arrs, bufs = self._bufs(arrays)
+        return [(shape, _DTYPES[e]) for e, shape in self.specs(bufs)]
+
+    def forward(self, *arrays, out=None):
+        """The outputs for these inputs, as a tuple of arrays (written into
+        `out`, a sequence of C-contiguous arrays, when given).  The run's
+        token is left in .saved, for backward."""
+        arrs, bufs = self._bufs(arrays)
+        specs = self.specs(bufs)
+        if out is None:
+            out = [np.empty(shape, _DTYPES[e]) for e, shape in specs]
+        for a in out:
+            if not a.flags.c_contiguous:
+                raise ValueError("an output buffer must be C-contiguous")
+        self.run_forward(bufs, [(a.ctypes.data if a.size else None, _elem(a), a.shape)
+                                for a in out])
         return tuple(out)
 
-    def backward(self, arrays, grad_outputs, want=None, out=None, saved=0):
+    def backward(self, arrays, grad_outputs, want=None, saved=0):
         """The gradients of the inputs given those of the outputs
         (grad_outputs: one array or None, a zero gradient, per output):
         a list with an array for each input asked (want: booleans per
@@ -569,42 +619,23 @@ class Operator:
         the token of the forward of these same, unchanged arrays (its
         values are then kept rather than recomputed, when no forward of
         these shapes came between)."""
-        if self._h is None:
-            raise Error(-2, "the operator is closed")
-        views, keep = self._in_views(arrays)
-        specs = self.output_specs(*arrays)
+        arrs, bufs = self._bufs(arrays)
+        specs = self.specs(bufs)
         if len(grad_outputs) != len(self.outputs):
             raise TypeError("%s has %d outputs, got %d gradients"
                             % (self.def_name, len(self.outputs), len(grad_outputs)))
-        gv = (_lib.nf_view * max(len(specs), 1))()
-        gkeep = []
-        for (shape, dtype), g, v in zip(specs, grad_outputs, gv):
-            if g is None:
-                v.data, v.elem, v.rank = None, _ELEMS[dtype], len(shape)
-                for d, n in enumerate(shape):
-                    v.dims[d] = n
-                continue
-            g = np.ascontiguousarray(g, dtype=dtype)
-            gkeep.append(g)
-            _view(g, v)
-        arrs = keep
+        gkeep, gouts = [], []
+        for (e, shape), g in zip(specs, grad_outputs):
+            if g is not None:
+                g = np.ascontiguousarray(g, dtype=_DTYPES[e])
+                gkeep.append(g)
+            gouts.append((g.ctypes.data if g is not None and g.size else None, e, shape))
         if want is None:
             want = [a.dtype.kind == "f" for a in arrs]
-        grads = []
-        dv = (_lib.nf_view * max(len(arrs), 1))()
-        for i, (a, w, v) in enumerate(zip(arrs, want, dv)):
-            if not w:
-                grads.append(None)
-                v.data, v.elem, v.rank = None, _ELEMS[a.dtype], a.ndim
-                for d, n in enumerate(a.shape):
-                    v.dims[d] = n
-                continue
-            g = out[i] if out is not None and out[i] is not None else np.empty(a.shape, a.dtype)
-            grads.append(g)
-            _view(g, v)  # (an empty one: data None, not asked, nothing to write)
-        rc = _c.nf_operator_backward(self._h, int(saved), views, gv, dv)
-        if rc != OK:
-            self._fail(rc, self.def_name)
+        grads = [np.empty(a.shape, a.dtype) if w else None for a, w in zip(arrs, want)]
+        gins = [(g.ctypes.data if g is not None and g.size else None, e, shape)
+                for g, (_, e, shape) in zip(grads, bufs)]
+        self.run_backward(saved, bufs, gouts, gins)
         return grads
 
     def stats(self):

@@ -15,7 +15,6 @@ def then runs in f64 throughout (torch.autograd.gradcheck).  Integer
 outputs are not differentiable; integer inputs get no gradient.
 """
 
-import numpy as np
 import torch
 
 import neoflow
@@ -27,27 +26,37 @@ _OPTIONS = ("threads", "daemon", "spawn", "compile_only", "tune_trials", "tune_s
             "trust", "daemon_key", "quiet", "log")
 
 
-def _numpy(t, name):
+_ELEM = {torch.bool: 0, torch.int32: 1, torch.int64: 2, torch.float32: 5, torch.float64: 6}
+_DTYPE = {v: k for k, v in _ELEM.items()}
+
+
+def _buf(t, name):
+    """(address, nf_elem, shape) of a CPU tensor, made contiguous (the
+    tensor returned keeps the memory alive)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError("input '%s' is a %s, not a torch.Tensor" % (name, type(t).__name__))
     if t.device.type != "cpu":
         raise ValueError("input '%s' is on %s: NeoFlow operators take CPU tensors in this "
                          "version" % (name, t.device))
-    return t.detach().contiguous().numpy()
+    e = _ELEM.get(t.dtype)
+    if e is None:
+        raise TypeError("input '%s' is %s: operators take bool, int32, int64, float32 and "
+                        "float64" % (name, t.dtype))
+    t = t.detach().contiguous()
+    return t, (t.data_ptr() if t.numel() else None, e, tuple(t.shape))
 
 
 class _Apply(torch.autograd.Function):
     @staticmethod
     def forward(ctx, op, *xs):
-        arrs = [_numpy(x, n) for x, n in zip(xs, op.inputs)]
-        specs = op.operator.output_specs(*arrs)
-        outs = [torch.empty(shape, dtype=torch.from_numpy(np.empty(0, dt)).dtype)
-                for shape, dt in specs]
-        op.operator.forward(*arrs, out=[o.numpy() for o in outs])
+        o = op.operator
+        held, bufs = zip(*[_buf(x, n) for x, n in zip(xs, op.inputs)]) if xs else ((), ())
+        outs = [torch.empty(shape, dtype=_DTYPE[e]) for e, shape in o.specs(bufs)]
+        ctx.token = o.run_forward(bufs, [(t.data_ptr() if t.numel() else None, _ELEM[t.dtype],
+                                          tuple(t.shape)) for t in outs])
         ctx.op = op
-        ctx.token = op.operator.saved  # (its values kept for the backward)
         ctx.save_for_backward(*xs)
-        ctx.mark_non_differentiable(*[o for o in outs if not o.is_floating_point()])
+        ctx.mark_non_differentiable(*[t for t in outs if not t.is_floating_point()])
         return tuple(outs)
 
     @staticmethod
@@ -55,13 +64,24 @@ class _Apply(torch.autograd.Function):
     def backward(ctx, *grads):
         op = ctx.op
         xs = ctx.saved_tensors
-        want = [bool(ctx.needs_input_grad[i + 1]) for i in range(len(xs))]
+        want = [bool(ctx.needs_input_grad[i + 1]) and xs[i].is_floating_point()
+                for i in range(len(xs))]
         if not any(want):
-            return (None,) + (None,) * len(xs)
-        arrs = [_numpy(x, n) for x, n in zip(xs, op.inputs)]
-        gouts = [None if g is None else _numpy(g, "grad_" + n) for g, n in zip(grads, op.outputs)]
-        gins = op.operator.backward(arrs, gouts, want=want, saved=ctx.token)
-        return (None,) + tuple(None if g is None else torch.from_numpy(g) for g in gins)
+            return (None,) * (len(xs) + 1)
+        held, bufs = zip(*[_buf(x, n) for x, n in zip(xs, op.inputs)])
+        gheld, gouts = [], []
+        for g, (e, shape), n in zip(grads, op.operator.specs(bufs), op.outputs):
+            if g is None:
+                gouts.append((None, e, shape))
+                continue
+            g, b = _buf(g.to(_DTYPE[e]), "grad_" + n)
+            gheld.append(g)
+            gouts.append(b)
+        gins = [torch.empty_like(t) if w else None for t, w in zip(held, want)]
+        op.operator.run_backward(ctx.token, bufs, gouts, [
+            (g.data_ptr() if g is not None and g.numel() else None, e, shape)
+            for g, (_, e, shape) in zip(gins, bufs)])
+        return (None,) + tuple(gins)
 
 
 class Op:

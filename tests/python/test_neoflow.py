@@ -205,3 +205,35 @@ def test_the_fashion_example_runs():
     line = [l for l in r.stdout.splitlines() if "test accuracy" in l][-1]
     acc = float(line.split("test accuracy ")[1].split("%")[0])
     assert acc > 40.0, line
+
+
+def test_an_operator_on_numpy_arrays():
+    src = ("def scaled(X: f32[N, D], s: f32[D]) -> (Y: f32[N, D], Z: f32[N]) {\n"
+           "  Y(n, d) = tanh(X(n, d)) * s(d)\n"
+           "  Z(n) +=! X(n, d) * X(n, d)\n}\n")
+    op = neoflow.Operator(neoflow.Model.from_source(src), "scaled", daemon="none", threads=1)
+    assert op.inputs == ["X", "s"] and op.outputs == ["Y", "Z"]
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((3, 4)).astype(np.float32)
+    s = rng.standard_normal(4).astype(np.float32)
+    assert op.output_specs(X, s) == [((3, 4), np.dtype(np.float32)), ((3,), np.dtype(np.float32))]
+    Y, Z = op.forward(X, s)
+    np.testing.assert_allclose(Y, np.tanh(X) * s, rtol=1e-6)
+    np.testing.assert_allclose(Z, (X * X).sum(1), rtol=1e-6)
+    gY = rng.standard_normal((3, 4)).astype(np.float32)
+    gX, gs = op.backward((X, s), (gY, None), saved=op.saved)
+    np.testing.assert_allclose(gX, gY * s * (1 - np.tanh(X) ** 2), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(gs, (gY * np.tanh(X)).sum(0), rtol=1e-5, atol=1e-6)
+    # only s's gradient; the f64 run of the same def; a non-contiguous input
+    gX2, gs2 = op.backward((X, s), (gY, None), want=[False, True])
+    assert gX2 is None and np.array_equal(gs2, gs)
+    Y64, _ = op.forward(X.astype(np.float64), s.astype(np.float64))
+    assert Y64.dtype == np.float64
+    np.testing.assert_allclose(Y64, np.tanh(X.astype(np.float64)) * s, rtol=1e-6)
+    Yt, _ = op.forward(np.asfortranarray(X), s)
+    np.testing.assert_array_equal(Yt, Y)
+    with pytest.raises(neoflow.Error, match="input 1 's' must be f32\\[4\\]"):
+        op.forward(X, np.zeros(4, np.int32))
+    with pytest.raises(TypeError, match="takes 2 inputs"):
+        op.forward(X)
+    op.close()
