@@ -760,7 +760,7 @@ static int plan_saved(const nf_graph *F, const nf_graph *G, const nf_grad_report
     nf_stmt st = G->stmts[i];
     st.rhs = remap_expr(ctx, st.rhs, map, &memo);
     if (!st.rhs || map[st.out] < 0) {
-      rc = st.rhs ? NF_EINTERNAL : NF_ENOMEM;
+      rc = st.rhs || map[st.out] < 0 ? NF_EINTERNAL : NF_ENOMEM;
       break;
     }
     st.out = (uint32_t)map[st.out];
@@ -818,12 +818,20 @@ int nf__session_build_fn(nf_session *s, const nf_graph *F, nf_buf *err) {
     nf_grad_report rep;
     memset(&rep, 0, sizeof rep);
     rc = nf_grad_graph(F, &go, s->ctx, &Gg, &rep, err);
-    if (rc == NF_OK && Gg->n_inputs != F->n_inputs + F->n_outputs) {
+    if (rc == NF_EINVAL || rc == NF_EUNSUPPORTED) {
+      /* no gradient (a float-to-integer cast on the way): the forward
+       * still runs; a backward says why */
+      s->fn_nograd = strdup(nf_buf_str(err));
+      nf_buf_reset(err);
+      Gg = NULL;
+      rc = s->fn_nograd ? NF_OK : NF_ENOMEM;
+    }
+    if (rc == NF_OK && Gg && Gg->n_inputs != F->n_inputs + F->n_outputs) {
       nf_buf_printf(err, "internal error: the gradient graph of %s has %u inputs, not %u",
                     F->name, Gg->n_inputs, F->n_inputs + F->n_outputs);
       rc = NF_EINTERNAL;
     }
-    if (rc == NF_OK) rc = plan_saved(F, Gg, &rep, s->ctx, &plan);
+    if (rc == NF_OK && Gg) rc = plan_saved(F, Gg, &rep, s->ctx, &plan);
   }
   free(wrt);
   /* each gradient input's role, by position (the rewrites keep them):
@@ -913,6 +921,7 @@ int nf__session_build_fn(nf_session *s, const nf_graph *F, nf_buf *err) {
   for (uint32_t k = 0; rc == NF_OK && Gg && k < Gg->n_inputs; k++) {
     uint32_t t = Gg->inputs[k];
     if (role[k] >= 0) {
+      s->fn_n_saved++;
       gslot[t] = fslot[role[k]];
       for (uint32_t q = 0; q < F->n_outputs; q++)
         if ((int)F->outputs[q] == role[k]) s->fn_saved_out[q] = 1;

@@ -24,6 +24,10 @@
 
 #define MAX_MASKS 8 /* gradient sets remembered per specialisation */
 
+/* forward runs of every operator (nf_operator_forward's tokens: unique in
+ * the process, so another operator's token never matches) */
+static _Atomic uint64_t tokens;
+
 typedef struct gmask {
   uint64_t want; /* bit i: input i's gradient */
   uint8_t *mask;
@@ -60,7 +64,6 @@ struct nf_operator {
   spec specs[NF_OPERATOR_SPECS];
   int n_specs;
   uint64_t clock;
-  uint64_t tokens;        /* forwards run (nf_operator_forward's saved) */
   nf_buf err;
 };
 
@@ -282,7 +285,8 @@ static nf_graph *promote_graph(const nf_graph *F) {
 
 static void shape_str(const nf_view *v, char *buf, size_t n) {
   size_t k = (size_t)snprintf(buf, n, "%s[", nf_dtype_name((nf_dtype)v->elem));
-  for (int r = 0; r < v->rank && k < n; r++)
+  int rank = v->rank < 0 ? 0 : v->rank > 8 ? 8 : v->rank;
+  for (int r = 0; r < rank && k < n; r++)
     k += (size_t)snprintf(buf + k, n - k, "%s%lld", r ? ", " : "", (long long)v->dims[r]);
   if (k < n) snprintf(buf + k, n - k, "]");
 }
@@ -584,7 +588,7 @@ int nf_operator_forward(nf_operator *op, const nf_view *in, nf_view *out, uint64
       rc = copy_out(sp->s, sp->s->fn_out[j], out[j].data, view_bytes(&out[j]));
   if (sp) give_back(sp);
   if (sp && rc == NF_OK) {
-    sp->fwd_token = ++op->tokens;
+    sp->fwd_token = ++tokens;
     if (saved) *saved = sp->fwd_token;
   } else if (sp) {
     sp->fwd_token = 0;
@@ -627,7 +631,10 @@ int nf_operator_backward(nf_operator *op, uint64_t saved, const nf_view *in,
   }
   for (int i = 0; sp && rc == NF_OK && i < op->n_in; i++) {
     if (!din[i].data) continue;
-    if (sp->s->fn_grad[i] < 0) {
+    if (sp->s->fn_nograd) {
+      nf_buf_printf(&op->err, "%s: no gradient: %s", op->def, sp->s->fn_nograd);
+      rc = NF_EUNSUPPORTED;
+    } else if (sp->s->fn_grad[i] < 0) {
       nf_buf_printf(&op->err, "%s: input %d '%s' is %s: only float inputs have gradients",
                     op->def, i, op->in_names[i], nf_dtype_name((nf_dtype)sp->in[i].elem));
       rc = NF_EINVAL;
@@ -656,7 +663,7 @@ int nf_operator_backward(nf_operator *op, uint64_t saved, const nf_view *in,
       if ((want >> i & 1) && take(sp, sp->s->fn_grad[i], &din[i])) lent |= (uint64_t)1 << i;
     if (sp->n_undo) rebuf(sp->s);
     /* the forward's values: kept from the forward named, else computed */
-    if (rc == NF_OK && (!saved || saved != sp->fwd_token)) {
+    if (rc == NF_OK && sp->s->fn_n_saved > 0 && (!saved || saved != sp->fwd_token)) {
       sp->fwd_token = 0;
       rc = run(op, sp, sp->fwd_mask);
     }

@@ -412,6 +412,7 @@ void nf_session_free(nf_session *s) {
   free(s->fn_seed);
   free(s->fn_grad);
   free(s->fn_saved_out);
+  free(s->fn_nograd);
   for (int i = 0; i < s->n_slots; i++)
     if (s->slots[i].shape[7] == -1) free(s->slots[i].ptr);
   free(s->slots);
@@ -500,6 +501,10 @@ int nf__session_run_fn(nf_session *s, const uint8_t *mask) {
   s->ms_hist[(s->step - 1) % 10] = s->last_ms;
   if (s->step == 1) s->first_step_ms = now - s->t_start;
   pthread_mutex_lock(&s->kt.mu);
+  /* (each entry's share of the time, for the daemon's tuning budgets:
+   * of the last run that ran it) */
+  for (int i = 0; i < s->kt.n_kents; i++)
+    if (s->kt.kents[i].run_ms > 0) s->kt.kents[i].share_ms = s->kt.kents[i].run_ms;
   for (int i = 0; i < s->kt.n_kents; i++) s->kt.kents[i].prof_ms += s->kt.kents[i].run_ms;
   s->prof_steps++;
   pthread_mutex_unlock(&s->kt.mu);

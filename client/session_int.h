@@ -119,6 +119,9 @@ struct nf_session {
   int fn_n_in, fn_n_out, fn_fwd_ops;
   int *fn_in, *fn_out, *fn_seed, *fn_grad;
   uint8_t *fn_saved_out; /* per output: the gradient reads it (saved) */
+  int fn_n_saved;        /* forward values the gradient reads (0: it reads
+                            only the inputs and the seeds) */
+  char *fn_nograd;       /* why there is no gradient program, or NULL */
   struct nf__gpu *gpu;   /* NULL: the step runs on the CPU */
   struct nf__gen *gen;   /* GPU sessions: the thread generating tier-0 kernels
                             (gpu_local.c), or NULL */

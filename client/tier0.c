@@ -14,7 +14,7 @@
  * (max |a - ref| over max |ref|). */
 #define CANARY_TOL 2e-4
 /* ... and for f64 outputs (operators run in f64 for gradient checks) */
-#define CANARY_TOL_F64 1e-10
+#define CANARY_TOL_F64 1e-8
 
 static int run_interp(const nf__op *op, void *const *bufs, nf_buf *err) {
   const nf_graph *g = op->g;

@@ -16,7 +16,8 @@
  *  - a new shape specialises (more kernel entries), an old one is found
  *    again, and more shapes than NF_OPERATOR_SPECS drop the oldest;
  *  - integer inputs (a gather's indices) pass through, and have no
- *    gradient;
+ *    gradient; a def whose gradient cannot be formed runs forward and its
+ *    backward says why;
  *  - bad calls (a shape the def refuses, a wrong element type, a gradient
  *    of an integer input, a missing buffer, an unknown def, a GPU device)
  *    are errors with messages that name the input;
@@ -466,6 +467,38 @@ START_TEST(op_integer_inputs) {
 }
 END_TEST
 
+/* a def whose gradient cannot be formed still runs forward */
+START_TEST(op_forward_only_without_a_gradient) {
+  char *err = NULL;
+  nf_model *m = nf_model_load_source(
+      "bucket.nf",
+      "def bucket(X: f32[N]) -> (Z: f32[N]) {\n"
+      "  K(n) = i64(floor(X(n)))\n"
+      "  Z(n) = X(n) * f32(K(n))\n"
+      "}\n",
+      &err);
+  ck_assert_msg(m != NULL, "%s", err ? err : "?");
+  nf_session_opts o = quiet_opts();
+  nf_operator *op = open_op(m, "bucket", &o);
+  float X[3] = {1.5f, -0.5f, 2.25f}, Z[3], dZ[3] = {1, 1, 1}, dX[3];
+  nf_view in[1] = {{X, NF_ELEM_F32, 1, {3}}}, out[1] = {{Z, NF_ELEM_F32, 1, {3}}};
+  nf_view dout[1] = {{dZ, NF_ELEM_F32, 1, {3}}}, din[1] = {{dX, NF_ELEM_F32, 1, {3}}};
+  uint64_t t = 0;
+  ck_assert_int_eq(nf_operator_forward(op, in, out, &t), NF_OK);
+  ck_assert_float_eq(Z[0], 1.5f);
+  ck_assert_float_eq(Z[1], 0.5f);
+  ck_assert_float_eq(Z[2], 4.5f);
+  ck_assert_int_eq(nf_operator_backward(op, t, in, dout, din), NF_EUNSUPPORTED);
+  ck_assert_msg(strstr(nf_operator_error(op), "bucket: no gradient: ") != NULL, "%s",
+                nf_operator_error(op));
+  /* a view of a rank past the structure's is an error, not a read past it */
+  nf_view bad = {Z, NF_ELEM_F32, 40, {3}};
+  ck_assert_int_eq(nf_operator_forward(op, in, &bad, NULL), NF_EINVAL);
+  nf_operator_free(op);
+  nf_model_free(m);
+}
+END_TEST
+
 /* ---- bad calls ---- */
 
 START_TEST(op_bad_calls_are_errors_with_messages) {
@@ -582,6 +615,7 @@ int main(void) {
   tcase_add_test(tc, op_unaligned_buffers_are_copied);
   tcase_add_test(tc, op_shapes_specialise_and_are_kept);
   tcase_add_test(tc, op_integer_inputs);
+  tcase_add_test(tc, op_forward_only_without_a_gradient);
   tcase_add_test(tc, op_bad_calls_are_errors_with_messages);
   if (getenv("NF_NEOFLOWD")) tcase_add_test(tc, op_kernels_from_the_daemon);
   suite_add_tcase(s, tc);

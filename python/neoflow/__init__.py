@@ -520,25 +520,26 @@ class Operator:
                         for i in range(_c.nf_operator_n_outputs(self._h))]
         self.saved = 0
         self._specs = {}  # ((elem, shape) per input) -> [(elem, shape)] per output
-        self._views = [(_lib.nf_view * max(n, 1))()
-                       for n in (len(self.inputs), len(self.outputs), len(self.outputs),
-                                 len(self.inputs))]
 
     def _fail(self, rc, what):
         msg = (_c.nf_operator_error(self._h) or b"").decode(errors="replace")
         raise Error(rc, "%s: %s" % (what, msg or _c.nf_strerror(rc).decode()))
 
-    def _ins(self, bufs):
+    def _array(self, bufs, names, what):
+        """A fresh nf_view array for bufs, one per name (views are made
+        per call: another thread's call may be reading its own)."""
         if self._h is None:
             raise Error(-2, "the operator is closed")
-        if len(bufs) != len(self.inputs):
-            raise TypeError("%s takes %d inputs (%s), got %d"
-                            % (self.def_name, len(self.inputs), ", ".join(self.inputs),
-                               len(bufs)))
-        views = self._views[0]
+        if len(bufs) != len(names):
+            raise TypeError("%s takes %d %s (%s), got %d"
+                            % (self.def_name, len(names), what, ", ".join(names), len(bufs)))
+        views = (_lib.nf_view * max(len(names), 1))()
         for (ptr, elem, shape), v in zip(bufs, views):
             _fill(v, ptr, elem, shape)
         return views
+
+    def _ins(self, bufs):
+        return self._array(bufs, self.inputs, "inputs")
 
     def specs(self, bufs):
         """[(nf_elem, shape)] of the outputs for inputs bufs (their
@@ -547,7 +548,7 @@ class Operator:
         got = self._specs.get(key)
         if got is None:
             views = self._ins(bufs)
-            outs = self._views[1]
+            outs = (_lib.nf_view * max(len(self.outputs), 1))()
             rc = _c.nf_operator_shapes(self._h, views, outs)
             if rc != OK:
                 self._fail(rc, self.def_name)
@@ -562,9 +563,7 @@ class Operator:
         """Runs the def on raw buffers; returns its token (for
         run_backward's saved)."""
         views = self._ins(bufs)
-        ov = self._views[1]
-        for (ptr, elem, shape), v in zip(outs, ov):
-            _fill(v, ptr, elem, shape)
+        ov = self._array(outs, self.outputs, "outputs")
         token = ctypes.c_uint64()
         rc = _c.nf_operator_forward(self._h, views, ov, ctypes.byref(token))
         self.saved = token.value
@@ -577,18 +576,15 @@ class Operator:
         elem, shape) per output, grad_ins one per input (address None: not
         asked)."""
         views = self._ins(bufs)
-        gv, dv = self._views[2], self._views[3]
-        for (ptr, elem, shape), v in zip(grad_outs, gv):
-            _fill(v, ptr, elem, shape)
-        for (ptr, elem, shape), v in zip(grad_ins, dv):
-            _fill(v, ptr, elem, shape)
+        gv = self._array(grad_outs, self.outputs, "output gradients")
+        dv = self._array(grad_ins, self.inputs, "input gradients")
         rc = _c.nf_operator_backward(self._h, int(saved), views, gv, dv)
         if rc != OK:
             self._fail(rc, self.def_name)
 
     @staticmethod
     def _bufs(arrays):
-        arrs = [np.ascontiguousarray(a) for a in arrays]
+        arrs = [np.require(a, requirements="C") for a in arrays]  # (0-d stays 0-d)
         return arrs, [(a.ctypes.data if a.size else None, _elem(a), a.shape) for a in arrs]
 
     def output_specs(self, *arrays):
@@ -604,9 +600,14 @@ class Operator:
         specs = self.specs(bufs)
         if out is None:
             out = [np.empty(shape, _DTYPES[e]) for e, shape in specs]
+        if len(out) != len(self.outputs):
+            raise TypeError("%s has %d outputs, got %d buffers"
+                            % (self.def_name, len(self.outputs), len(out)))
         for a in out:
-            if not a.flags.c_contiguous:
-                raise ValueError("an output buffer must be C-contiguous")
+            if not a.flags.c_contiguous or not a.flags.writeable:
+                raise ValueError("an output buffer must be C-contiguous and writeable")
+            if any(np.may_share_memory(a, x) for x in arrs):
+                raise ValueError("an output buffer must not overlap the inputs")
         self.run_forward(bufs, [(a.ctypes.data if a.size else None, _elem(a), a.shape)
                                 for a in out])
         return tuple(out)
@@ -627,11 +628,13 @@ class Operator:
         gkeep, gouts = [], []
         for (e, shape), g in zip(specs, grad_outputs):
             if g is not None:
-                g = np.ascontiguousarray(g, dtype=_DTYPES[e])
+                g = np.require(g, dtype=_DTYPES[e], requirements="C")
                 gkeep.append(g)
             gouts.append((g.ctypes.data if g is not None and g.size else None, e, shape))
         if want is None:
             want = [a.dtype.kind == "f" for a in arrs]
+        if len(want) != len(arrs):
+            raise TypeError("want: one boolean per input (%d), got %d" % (len(arrs), len(want)))
         grads = [np.empty(a.shape, a.dtype) if w else None for a, w in zip(arrs, want)]
         gins = [(g.ctypes.data if g is not None and g.size else None, e, shape)
                 for g, (_, e, shape) in zip(grads, bufs)]

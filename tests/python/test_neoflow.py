@@ -236,4 +236,19 @@ def test_an_operator_on_numpy_arrays():
         op.forward(X, np.zeros(4, np.int32))
     with pytest.raises(TypeError, match="takes 2 inputs"):
         op.forward(X)
+    with pytest.raises(TypeError, match="has 2 outputs, got 1 buffers"):
+        op.forward(X, s, out=[np.empty((3, 4), np.float32)])
+    with pytest.raises(TypeError, match="one boolean per input"):
+        op.backward((X, s), (gY, None), want=[True])
+    with pytest.raises(ValueError, match="must not overlap the inputs"):
+        op.forward(X, s, out=[X, np.empty(3, np.float32)])
     op.close()
+    # a 0-d input stays 0-d
+    src0 = "def scale(X: f32[N], a: f32[]) -> (Y: f32[N]) {\n  Y(n) = X(n) * a()\n}\n"
+    op0 = neoflow.Operator(neoflow.Model.from_source(src0), "scale", daemon="none")
+    (Y0,) = op0.forward(np.arange(3, dtype=np.float32), np.float32(2))
+    np.testing.assert_array_equal(Y0, [0, 2, 4])
+    gx, ga = op0.backward((np.arange(3, dtype=np.float32), np.array(2, np.float32)),
+                          (np.ones(3, np.float32),))
+    assert ga.shape == () and float(ga) == 3.0
+    op0.close()

@@ -379,14 +379,17 @@ NF_API int nf_operator_forward(nf_operator *op, const nf_view *in, nf_view *out,
  * the gradients read (PyTorch's saved tensors) are kept from the forward
  * named by saved when it was the last forward of these shapes and its
  * inputs, the same as in, have not changed since; otherwise (saved 0, or
- * another forward of these shapes since) the forward runs again first. */
+ * another forward of these shapes since) the forward runs again first.
+ * A def whose gradient cannot be formed (a float-to-integer cast on the
+ * way) runs forward; its backward is NEOFLOW_EUNSUPPORTED, saying why. */
 NF_API int nf_operator_backward(nf_operator *op, uint64_t saved, const nf_view *in,
                                 const nf_view *dout, nf_view *din);
 /* Statistics summed over the specialisations kept (step: forward and
  * backward runs; connected: whether any is; ms_avg: their mean; loss,
  * first_step_ms: 0). */
 NF_API int nf_operator_stats(const nf_operator *op, nf_session_stats *st);
-/* nf_session_wait_kernels over every specialisation kept. */
+/* nf_session_wait_kernels over every specialisation kept (other calls of
+ * the operator wait meanwhile). */
 NF_API int nf_operator_wait_kernels(nf_operator *op, int timeout_ms, int want_tier);
 
 /* ---- data: IDX files and MNIST-style datasets ---- */
