@@ -203,3 +203,14 @@ def test_kernels_come_from_the_daemon_and_are_swapped_in():
         p.wait(timeout=30)
         log.close()
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_the_lltm_example_runs():
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "python", "lltm_torch.py"),
+                        "--steps", "3", "--daemon", "none"], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    worst = float(r.stdout.split("largest relative difference of the losses: ")[1].split()[0])
+    assert worst < 1e-5, r.stdout
