@@ -230,9 +230,9 @@ static int add_trainable(nf_session *s, const nf_graph *F, int n, const char *co
   return NF_OK;
 }
 
-nf_session *nf__session_new_graph(nf_model *m, nf_graph *F, nf_ir_ctx *ctx,
-                                  const nf_session_opts *o, int n_gin, const char *const *gin,
-                                  int n_extra, const char *const *extra, char **err) {
+/* A session on ctx (taken over, freed on failure) with its options and
+ * trust; NULL with *err set. */
+static nf_session *session_open(nf_ir_ctx *ctx, const nf_session_opts *o, char **err) {
   if (err) *err = NULL;
   nf_session *s = session_alloc(o);
   if (!s) {
@@ -247,9 +247,16 @@ nf_session *nf__session_new_graph(nf_model *m, nf_graph *F, nf_ir_ctx *ctx,
     nf_session_free(s);
     return NULL;
   }
-  if (params_from_decls(s, m, F->name, err) != NF_OK ||
-      (o && add_trainable(s, F, o->n_trainable, o->trainable, err) != NF_OK) ||
-      finish(s, F, 0, n_gin, gin, n_extra, extra, err) != NF_OK) {
+  return s;
+}
+
+nf_session *nf__session_new_graph(nf_model *m, nf_graph *F, nf_ir_ctx *ctx,
+                                  const nf_session_opts *o, int n_gin, const char *const *gin,
+                                  int n_extra, const char *const *extra, char **err) {
+  nf_session *s = session_open(ctx, o, err);
+  if (s && (params_from_decls(s, m, F->name, err) != NF_OK ||
+            (o && add_trainable(s, F, o->n_trainable, o->trainable, err) != NF_OK) ||
+            finish(s, F, 0, n_gin, gin, n_extra, extra, err) != NF_OK)) {
     nf_session_free(s);
     return NULL;
   }
@@ -258,21 +265,8 @@ nf_session *nf__session_new_graph(nf_model *m, nf_graph *F, nf_ir_ctx *ctx,
 
 nf_session *nf__session_new_fn(nf_graph *F, nf_ir_ctx *ctx, const nf_session_opts *o,
                                char **err) {
-  if (err) *err = NULL;
-  nf_session *s = session_alloc(o);
-  if (!s) {
-    nf_ir_ctx_free(ctx);
-    nf__session_err_set(err, "", "out of memory");
-    return NULL;
-  }
-  nf_ir_ctx_free(s->ctx);
-  s->ctx = ctx;
-  if (load_trust(s, o, &s->err) != NF_OK) {
-    nf__session_err_set(err, "", nf_buf_str(&s->err));
-    nf_session_free(s);
-    return NULL;
-  }
-  if (finish(s, F, 1, 0, NULL, 0, NULL, err) != NF_OK) {
+  nf_session *s = session_open(ctx, o, err);
+  if (s && finish(s, F, 1, 0, NULL, 0, NULL, err) != NF_OK) {
     nf_session_free(s);
     return NULL;
   }

@@ -281,7 +281,36 @@ def _options(params=None, shapes=None, trainable=(), threads=0, seed=1, daemon=N
     return o, keep, logfn
 
 
-class Session:
+class _Handle:
+    """What a session and an operator share: a library handle (_h) freed
+    by _free, the kernels waited for with _wait, a context manager."""
+
+    def wait_kernels(self, timeout_ms=0, tier=1):
+        """Waits until every kernel has a daemon kernel (tier 1) or its
+        final one (tier 2); False on timeout."""
+        rc = type(self)._wait(self._h, int(timeout_ms), int(tier))
+        if rc == ERANGE:
+            return False
+        if rc != OK:
+            self._fail(rc, "wait_kernels")
+        return True
+
+    def close(self):
+        if getattr(self, "_h", None):
+            type(self)._free(self._h)
+            self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+
+class Session(_Handle):
     """Training of def `def_name` of model (its first output the scalar
     loss, its `param` declarations the parameters), as nf_session_new_def,
     or of a Net (Session(net, ...), nf_session_new_net):
@@ -438,29 +467,6 @@ class Session:
         _check(_c.nf_session_stats_get(self._h, ctypes.byref(st)), "stats")
         return {f: getattr(st, f) for f, _ in st._fields_}
 
-    def wait_kernels(self, timeout_ms=0, tier=1):
-        """Waits until every kernel has a daemon kernel (tier 1) or its
-        final one (tier 2); False on timeout."""
-        rc = _c.nf_session_wait_kernels(self._h, int(timeout_ms), int(tier))
-        if rc == ERANGE:
-            return False
-        if rc != OK:
-            self._fail(rc, "wait_kernels")
-        return True
-
-    def close(self):
-        if getattr(self, "_h", None):
-            _c.nf_session_free(self._h)
-            self._h = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        self.close()
 
 
 def _fill(v, ptr, elem, shape):
@@ -483,7 +489,7 @@ def _elem(a):
     return e
 
 
-class Operator:
+class Operator(_Handle):
     """One def of a model as a function of NumPy arrays, forward and
     backward (nf_operator; the gradient from expression autodiff), for
     framework operators such as neoflow.torch.op.  Each new combination of
@@ -647,25 +653,9 @@ class Operator:
         _check(_c.nf_operator_stats(self._h, ctypes.byref(st)), "stats")
         return {f: getattr(st, f) for f, _ in st._fields_}
 
-    def wait_kernels(self, timeout_ms=0, tier=1):
-        """As Session.wait_kernels, over every shape kept."""
-        rc = _c.nf_operator_wait_kernels(self._h, int(timeout_ms), int(tier))
-        if rc == ERANGE:
-            return False
-        if rc != OK:
-            self._fail(rc, "wait_kernels")
-        return True
 
-    def close(self):
-        if getattr(self, "_h", None):
-            _c.nf_operator_free(self._h)
-            self._h = None
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        self.close()
+Session._free, Session._wait = (staticmethod(_c.nf_session_free),
+                                staticmethod(_c.nf_session_wait_kernels))
+Operator._free, Operator._wait = (staticmethod(_c.nf_operator_free),
+                                  staticmethod(_c.nf_operator_wait_kernels))
