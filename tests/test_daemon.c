@@ -2073,9 +2073,10 @@ START_TEST(daemon_hard_limit_mid_broadcast) {
   dm_init(&d);
   d.env = "NF_JOB_FAULT=hang";
   /* (the job fails at its timeout: long enough that sending and draining
-   * the 1200 requests ends first, even on a loaded machine) */
+   * the 1200 requests ends first, even on a loaded machine; 10 s was seen
+   * too short on 2 busy cores) */
   dm_config(&d, "[daemon]\noutput_soft_limit = 65536\noutput_hard_limit = 65536\n"
-                "max_requests = 4096\n[jobs]\ncompile_timeout_s = 10\n");
+                "max_requests = 4096\n[jobs]\ncompile_timeout_s = 25\n");
   dm_start(&d);
   int fd = try_connect(d.sock);
   raw_hello(fd, 1, 1);
@@ -2097,7 +2098,7 @@ START_TEST(daemon_hard_limit_mid_broadcast) {
   pthread_join(th, NULL); /* from here on nobody reads */
   ck_assert(!log_has(&d, "above the hard limit"));
   int dropped = 0;
-  for (int i = 0; i < 300 && !dropped; i++) {
+  for (int i = 0; i < 900 && !dropped; i++) { /* (the jobs' timeout, then the drop) */
     dropped = log_has(&d, "above the hard limit");
     if (!dropped) sleep_ms(50);
   }
