@@ -21,6 +21,9 @@ static const nf__device *dev(const nf_session *s) { return s->kt.dev; }
 
 static int lib(const nf_session *s, const nf__kent *k) { return dev(s)->lib_tier0(s, k); }
 
+/* k's candidate, unless it waits for the other ranks (nf_dist.h). */
+static void *cand(const nf__kent *k) { return k->hold ? NULL : k->cand; }
+
 /* A run, then a wait for it where the device queues work: its time. */
 static int timed_run(nf_session *s, int rc) {
   return rc == NF_OK && dev(s)->sync ? dev(s)->sync(s) : rc;
@@ -147,7 +150,10 @@ static void race_end(nf_session *s, nf__kent *k, int pairs) {
  * interpreter is timed on its first run against the interpreter's
  * estimated time (a race when that is not clear). */
 static void promote_trusted(nf_session *s, nf__kent *k) {
-  const nf__verdict *v = dev(s)->host ? nf__verdict_get(s, k->key, k->cand_sha) : NULL;
+  /* (a data-parallel session ignores this machine's records: the ranks'
+   * may differ, their decisions must not) */
+  const nf__verdict *v = dev(s)->host && !s->dist ? nf__verdict_get(s, k->key, k->cand_sha)
+                                                  : NULL;
   promote(s, k);
   s->trusted++;
   if (v && (v->flags & (NF__VERDICT_SLOWER | NF__VERDICT_BUSY)) ==
@@ -186,7 +192,25 @@ static int run_canary(nf_session *s, nf__kent *k, nf__op *op) {
   for (uint32_t j = op->n_in; rc == NF_OK && !vs_t0 && dev(s)->pull && j < op->n_in + op->n_out; j++)
     rc = dev(s)->pull(s, op->bufs[j], (size_t)s->slots[op->slots[j]].bytes);
   if (rc == NF_OK) {
-    if (nf__canary_verdict(s, k, op, got, crc, &e, dev(s)->sync ? "GPU kernel" : "kernel")) {
+    int ok = nf__canary_verdict(s, k, op, got, crc, &e, dev(s)->sync ? "GPU kernel" : "kernel");
+    if (s->dist) {
+      /* promoted on every rank or on none; timed as the ranks' mean */
+      int all = nf__dist_all(s, ok);
+      if (ok && !all) {
+        char hex[65];
+        nf_hash_hex(k->key, hex);
+        hex[16] = 0;
+        nf__slog_warn(&s->log, "kernel %s (tier %d) rejected: it failed its canary on another rank",
+                      hex, k->cand_tier);
+        s->rejected++;
+      }
+      ok = all;
+      double v[2] = {c_ms, r_ms};
+      if (ok) nf__dist_mean(s, v, 2);
+      c_ms = v[0];
+      r_ms = v[1];
+    }
+    if (ok) {
       promote(s, k);
       nf__verified_add(s, k->key, k->cur_sha);
       if (vs_t0) {
@@ -244,6 +268,33 @@ static void set_cand(nf_session *s, nf__kent *k, void *arrived, const cand_meta 
   k->cand = kern;
 }
 
+/* Data-parallel steps: a candidate is tried only when every rank holds
+ * the same bytes (the same digest), and trusted without a canary only when
+ * every rank verified them before; else it waits (kent.hold). */
+static void agree(nf_session *s) {
+  int n = s->kt.n_kents;
+  uint64_t *v = calloc((size_t)n * 2 + 1, sizeof *v);
+  if (!v) { /* (no agreement: every candidate waits) */
+    for (int i = 0; i < n; i++) s->kt.kents[i].hold = s->kt.kents[i].cand != NULL;
+    return;
+  }
+  for (int i = 0; i < n; i++) {
+    const nf__kent *k = &s->kt.kents[i];
+    if (!k->cand) continue;
+    uint64_t h;
+    memcpy(&h, k->cand_sha, sizeof h);
+    v[i] = h | 1; /* (never 0) */
+    v[n + i] = nf__verified_has(s, k->key, k->cand_sha) ? 1 : 0;
+  }
+  nf__dist_same(s, v, 2 * n);
+  for (int i = 0; i < n; i++) {
+    nf__kent *k = &s->kt.kents[i];
+    k->hold = k->cand && !v[i];
+    k->all_trust = k->cand && v[i] && v[n + i];
+  }
+  free(v);
+}
+
 void nf__kt_boundary(nf_session *s) {
   for (int i = 0; i < s->kt.n_kents; i++) {
     nf__kent *k = &s->kt.kents[i];
@@ -260,6 +311,7 @@ void nf__kt_boundary(nf_session *s) {
     pthread_mutex_unlock(&s->kt.mu);
     if (arrived) set_cand(s, k, arrived, &old);
   }
+  if (s->dist && s->in_step) agree(s);
 }
 
 /* Whether to wait for the daemon's first kernel of k rather than run
@@ -320,17 +372,19 @@ static void maybe_wait(nf_session *s, nf__kent *k) {
  * and the kernel, the kernel, or tier 0. */
 static int dispatch(nf_session *s, nf__kent *k, nf__op *op) {
   /* (a race run's time must not include earlier ops' queued work) */
-  int rc = k->cur && !k->cand && k->race_left > 0 ? timed_run(s, NF_OK) : NF_OK;
+  int rc = k->cur && !cand(k) && k->race_left > 0 ? timed_run(s, NF_OK) : NF_OK;
   if (rc != NF_OK) return rc;
   double t0 = nf_now_ms();
-  if (k->cand) {
+  if (cand(k)) {
     rc = run_canary(s, k, op);
   } else if (k->cur && k->race_left > 0) {
     /* tier 0 against the compiled kernel, alternating, the kernel first,
      * each waited for; both are verified, so either result is the step's */
     int t0run = k->race_left % 2, i = (NF_RACE_RUNS - k->race_left) / 2;
     rc = timed_run(s, t0run ? dev(s)->tier0(s, k, op, 0) : dev(s)->run(s, k, op, k->cur));
-    k->race_ms[t0run][i] = nf_now_ms() - t0;
+    double ran = nf_now_ms() - t0;
+    nf__dist_mean(s, &ran, 1); /* (data-parallel: the ranks' mean decides) */
+    k->race_ms[t0run][i] = ran;
     k->race_left--;
     if (rc == NF_OK && t0run) {
       /* a pair done: stop after two when one side took 3x the other's
@@ -349,6 +403,12 @@ static int dispatch(nf_session *s, nf__kent *k, nf__op *op) {
        * faster than the interpreter's estimate, or a race */
       rc = timed_run(s, rc);
       double kn = nf_now_ms() - t0, est = (double)k->flops / s->interp_rate;
+      if (s->dist) {
+        double v[2] = {kn, est};
+        nf__dist_mean(s, v, 2);
+        kn = v[0];
+        est = v[1];
+      }
       k->probe = 0;
       k->kn_ms = kn;
       k->t0_ms = est;
@@ -378,14 +438,23 @@ int nf__kt_run_ops(nf_session *s, const uint8_t *mask) {
     if (mask && !mask[i]) continue;
     nf__op *op = &s->ops[i];
     nf__kent *k = &s->kt.kents[op->kent];
-    if (!k->cur && !k->cand && s->step == 0) maybe_wait(s, k);
-    if (k->cand && nf__verified_has(s, k->key, k->cand_sha)) promote_trusted(s, k);
+    if (s->dist && mask) {
+      /* a data-parallel evaluation: the kernels the steps agreed on,
+       * nothing exchanged (a rank may evaluate alone) */
+      rc = k->cur && !k->prefer_t0 ? d->run(s, k, op, k->cur) : d->tier0(s, k, op, 0);
+      continue;
+    }
+    if (s->dist && op->alias && (rc = nf__dist_grads(s)) != NF_OK) break;
+    if (!k->cur && !k->cand && s->step == 0 && !s->dist) maybe_wait(s, k);
+    if (cand(k) && (s->dist ? k->all_trust : nf__verified_has(s, k->key, k->cand_sha)))
+      promote_trusted(s, k);
     double t0 = nf_now_ms();
-    int kernel = !k->cand && k->cur && k->race_left <= 0 && !k->prefer_t0;
+    int kernel = !cand(k) && k->cur && k->race_left <= 0 && !k->prefer_t0;
     if (d->op_begin) rc = d->op_begin(s, i);
     if (rc == NF_OK) rc = dispatch(s, k, op);
     if (d->op_end) rc = d->op_end(s, i, kernel, rc);
     k->run_ms += nf_now_ms() - t0;
+    if (s->dist && !mask && rc == NF_OK) rc = nf__dist_op_done(s, i);
   }
   return rc;
 }

@@ -62,6 +62,9 @@ typedef struct nf__kent {
   double race_ms[2][NF_RACE_RUNS / 2]; /* [1]: tier 0, [0]: the kernel */
   int prefer_t0;
   int probe;            /* time the kernel's next run against tier 0's estimate */
+  int hold;             /* data-parallel: the candidate waits (not every rank
+                           has these bytes yet: nf_dist.h) */
+  int all_trust;        /* data-parallel: every rank verified these bytes before */
   double t0_ms;         /* tier 0's last measured time per run (0: unknown) */
   double kn_ms;         /* the kernel's, as judged against t0_ms (0: unknown) */
   double slow_ratio;    /* prefer_t0: the kernel's time over tier 0's */

@@ -138,6 +138,8 @@ static int finish(nf_session *s, const nf_graph *F, int fn, int n_gin, const cha
   nf_gemm_set_threads(1);
   warn_blas_misfit(s);
   if ((rc = nf__gpu_open(s))) goto fail;
+  /* (a function program trains nothing: alone under mpirun too) */
+  if (!fn && ((rc = nf__dist_open(s)) || (rc = nf__dist_start(s)))) goto fail;
   nf__verified_load(s);
   nf__verdicts_load(s);
   if (!(s->daemon_addr && !strcmp(s->daemon_addr, "none")) && !s->trust_bad) {
@@ -379,6 +381,7 @@ nf_session *nf_session_new_def(nf_model *m, const char *def, const nf_session_op
 
 void nf_session_free(nf_session *s) {
   if (!s) return;
+  nf__dist_close(s);
   nf__dlink_stop(s->link);
   s->link = NULL;
   if (s->kt.dev && s->kt.dev->close) s->kt.dev->close(s);
@@ -511,7 +514,10 @@ int nf_session_step(nf_session *s, double *loss) {
   double t0 = nf_now_ms();
   update_hp(s);
   for (int i = 0; i < s->kt.n_kents; i++) s->kt.kents[i].run_ms = 0;
+  s->in_step = 1;
+  nf__dist_step_begin(s);
   int rc = run_program(s, NULL);
+  s->in_step = 0;
   if (rc != NF_OK) {
     if (!s->err.len) nf_buf_printf(&s->err, "step %lld failed: %s", (long long)s->step + 1,
                                    nf_strerror(rc));
@@ -519,6 +525,7 @@ int nf_session_step(nf_session *s, double *loss) {
   }
   s->step++;
   s->last_loss = *(const float *)s->slots[s->loss_slot].ptr;
+  if (s->dist) nf__dist_mean(s, &s->last_loss, 1); /* the job's loss */
   if (loss) *loss = s->last_loss;
   double now = nf_now_ms();
   s->last_ms = now - t0;

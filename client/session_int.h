@@ -31,6 +31,7 @@
 #include "nf_lang.h"
 #include "nf_partition.h"
 #include "nf_dlink.h"
+#include "nf_dist.h"
 #include "nf_gpugen.h"
 #include "nf_ktable.h"
 #include "nf_slog.h"
@@ -130,6 +131,7 @@ struct nf_session {
   /* steps */
   int64_t step;
   uint64_t run_seq;     /* steps and evaluations started (gather sharing) */
+  int in_step;           /* the run is a training step (not an evaluation) */
   int64_t prof_steps;    /* steps summed in kents[].prof_ms */
   double last_loss, last_ms, ms_hist[10];
   double t_start, first_step_ms;
@@ -148,6 +150,7 @@ struct nf_session {
   struct nf__verdict *verdicts;
   /* the link */
   struct nf__dlink *link; /* the daemon link (nf_dlink.h), or NULL */
+  struct nf__dist *dist;  /* the data-parallel job (nf_dist.h), or NULL: alone */
   nf__slog log;          /* messages for the program's log callback */
 };
 

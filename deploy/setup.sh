@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 PKGS=(meson ninja-build pkg-config gcc g++ check libsubunit-dev libsodium-dev
       python3 python3-numpy llvm-14-dev binutils libxgboost-dev
       libuv1-dev libprotobuf-c-dev protobuf-c-compiler libsqlite3-dev sqlite3 libinih-dev
-      libopenblas-dev zlib1g-dev dataset-fashion-mnist "$@")
+      libopenblas-dev zlib1g-dev dataset-fashion-mnist libopenmpi-dev openmpi-bin "$@")
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -11,6 +11,7 @@
  * batch get fixed N(0, 1) values. */
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -209,8 +210,8 @@ static int ds_evaluate(nf_session *s, feed *f, dsrun *r, int64_t bdim, double *a
  * integer input of one per sample) and finds the logits output (the first
  * output after the loss of shape [batch, classes]).  Sets the step count
  * from the epochs. */
-static int ds_setup(nf_session *s, feed *f, int nf, int64_t bdim, const char *dir, uint64_t seed,
-                    dsrun *r, long *epochs, long *steps) {
+static int ds_setup(nf_session *s, feed *f, int nf, int64_t bdim, int nranks, const char *dir,
+                    uint64_t seed, dsrun *r, long *epochs, long *steps) {
   char *err = NULL;
   if (nf_dataset_mnist_load(dir, "train", &r->train, &err) != NF_OK ||
       nf_dataset_mnist_load(dir, "test", &r->test, &err) != NF_OK) {
@@ -269,10 +270,36 @@ static int ds_setup(nf_session *s, feed *f, int nf, int64_t bdim, const char *di
   if (!r->perm || !r->logit_buf) return -1;
   for (int64_t i = 0; i < r->train.n; i++) r->perm[i] = i;
   rs = seed * 0x9e3779b97f4a7c15ULL + 3;
-  int64_t spe = r->train.n / bdim;
+  int64_t spe = r->train.n / (bdim * nranks); /* (a step takes a batch on every rank) */
   long want = *epochs > 0 ? (long)(*epochs * spe) : *steps;
   if (*steps < 0 || want < *steps) *steps = want;
   return 0;
+}
+
+/* For the fault tests (tests/dist_check.py): $NEOFLOW_FAULT = "R:S:hang"
+ * or "R:S:kill" makes rank R hang (sleep for good) or die (SIGKILL)
+ * before its step S (from 0). */
+static void fault_here(int rank, long st) {
+  const char *v = getenv("NEOFLOW_FAULT");
+  int r;
+  long at;
+  char what[8];
+  if (!v || sscanf(v, "%d:%ld:%7s", &r, &at, what) != 3 || r != rank || at != st) return;
+  fprintf(stderr, "neoflow train: rank %d: %s before step %ld ($NEOFLOW_FAULT)\n", rank,
+          strcmp(what, "kill") ? "hanging" : "dying", st);
+  if (!strcmp(what, "kill")) raise(SIGKILL);
+  for (;;) pause();
+}
+
+/* Whether every rank holds the same parameters (a digest of the flat
+ * vector compared across the job): 1 alone. */
+static int params_agree(nf_session *s) {
+  uint64_t h = 1469598103934665603ULL;
+  const unsigned char *p = (const unsigned char *)s->P;
+  for (size_t i = 0; i < (size_t)s->n_flat * sizeof(float); i++) h = (h ^ p[i]) * 1099511628211ULL;
+  h |= 1;
+  nf__dist_same(s, &h, 1);
+  return h != 0;
 }
 
 /* Fisher-Yates with the tool's generator. */
@@ -557,6 +584,12 @@ int nf__cli_train(int argc, char **argv) {
     train_err(nf_session_error(s));
     goto out;
   }
+  /* under mpirun: this rank's shard of each global batch (rank r takes
+   * the r-th of the job's per-rank batches); rank 0 alone reports,
+   * evaluates and saves (every rank holds the same parameters) */
+  int rank = nf__dist_rank(s), nranks = nf__dist_size(s);
+  if (rank != 0) json = 0, profile = 0;
+  int says = rank == 0;
   /* the synthetic pool */
   nf = nf_session_n_inputs(s);
   f = calloc((size_t)nf + 1, sizeof *f);
@@ -580,7 +613,7 @@ int nf__cli_train(int argc, char **argv) {
     if (first_float < 0 && (f[i].t == NF_ELEM_F32) && f[i].batched) first_float = i;
   }
   if (fashion) {
-    if (ds_setup(s, f, nf, bdim, data_dir, seed, &ds, &epochs, &steps) != 0) goto out;
+    if (ds_setup(s, f, nf, bdim, nranks, data_dir, seed, &ds, &epochs, &steps) != 0) goto out;
     goto train;
   }
   {
@@ -588,7 +621,7 @@ int nf__cli_train(int argc, char **argv) {
     int64_t per_sample = 0;
     for (int i = 0; i < nf; i++)
       if (f[i].batched) per_sample += f[i].per * (int64_t)f[i].esz;
-    if (!samples_given && bdim > 0 && samples > 16 * bdim) samples = 16 * bdim;
+    if (!samples_given && bdim > 0 && samples > 16 * bdim * nranks) samples = 16 * bdim * nranks;
     if (!samples_given && per_sample > 0 && samples * per_sample > (256LL << 20))
       samples = (256LL << 20) / per_sample > bdim ? (256LL << 20) / per_sample : bdim;
   }
@@ -634,15 +667,15 @@ train:
   step_ms = malloc(sizeof(double) * (size_t)(steps + 1));
   step_ph = malloc((size_t)steps + 1);
   if (!step_ms || !step_ph) goto out;
-  int tty = isatty(2) && !json;
+  int tty = isatty(2) && !json && says;
   double loss0 = NAN, loss = NAN;
-  int64_t spe = fashion ? ds.train.n / bdim : 0, seen = 0, correct = 0;
+  int64_t spe = fashion ? ds.train.n / (bdim * nranks) : 0, seen = 0, correct = 0;
   double until_look = 0;
   for (long st = 0; st < steps; st++) {
     const int64_t *idx = NULL;
     if (fashion) {
       if (st % spe == 0) shuffle(ds.perm, ds.train.n);
-      idx = ds.perm + (st % spe) * bdim;
+      idx = ds.perm + ((st % spe) * nranks + rank) * bdim;
       if (ds_feed(s, f, &ds, &ds.train, idx, bdim)) {
         train_err(nf_session_error(s));
         goto out;
@@ -654,7 +687,7 @@ train:
       } else {
         size_t one = (size_t)f[i].per * f[i].esz;
         for (int64_t b = 0; b < bdim; b++) {
-          int64_t smp = (st * bdim + b) % samples;
+          int64_t smp = ((st * nranks + rank) * bdim + b) % samples;
           memcpy((char *)f[i].buf + (size_t)b * one, (char *)f[i].pool + (size_t)smp * one, one);
         }
       }
@@ -663,6 +696,7 @@ train:
         goto out;
       }
     }
+    fault_here(rank, st);
     if (nf_session_step(s, &loss) != NF_OK) {
       train_err(nf_session_error(s));
       goto out;
@@ -712,12 +746,12 @@ train:
                               (long long)stt.trials, (long long)stt.trials_max);
       fprintf(stderr, "%s      ", stt.connected ? "" : "  (no daemon)");
       if (last) fputc('\n', stderr);
-    } else if (!json && ((st + 1) % log_every == 0 || last || st == 0)) {
+    } else if (!json && says && ((st + 1) % log_every == 0 || last || st == 0)) {
       printf("step %lld  loss %.6g  %.2f ms  tier1 %d/%d  tier2 %d/%d%s\n", (long long)stt.step,
              loss, stt.ms, stt.tier1, stt.kernels, stt.tier2, stt.kernels,
              stt.connected ? "" : "  (no daemon)");
     }
-    if (fashion && ((st + 1) % spe == 0 || last)) {
+    if (fashion && says && ((st + 1) % spe == 0 || last)) {
       double acc = 0, tl = 0, t0 = nf_now_ms();
       if (ds_evaluate(s, f, &ds, bdim, &acc, &tl)) {
         fprintf(stderr, "neoflow train: error: evaluation: %s\n", nf_session_error(s));
@@ -745,11 +779,18 @@ train:
       seen = correct = 0;
     }
   }
-  if (save && nf_session_save(s, save) != NF_OK) {
+  if (nranks > 1) {
+    int same = params_agree(s);
+    if (says)
+      printf("data-parallel: %d ranks; their parameters are %s\n", nranks,
+             same ? "identical" : "NOT identical (a defect: please report it)");
+    if (!same) goto out;
+  }
+  if (save && says && nf_session_save(s, save) != NF_OK) {
     train_err(nf_session_error(s));
     goto out;
   }
-  if (!json) {
+  if (!json && says) {
     nf_session_stats stt;
     nf_session_stats_get(s, &stt);
     char gen[96] = "";
@@ -762,7 +803,7 @@ train:
            "rejected %lld\n",
            (long long)stt.step, loss0, loss, stt.first_step_ms, stt.ms_avg, stt.kernels, stt.tier1,
            stt.tier2, stt.blas, gen, (long long)stt.swaps, (long long)stt.rejected);
-    if (steps > 1) print_phases(step_ms, step_ph, steps, bdim);
+    if (steps > 1) print_phases(step_ms, step_ph, steps, bdim * nranks);
   }
   if (profile) nf__session_profile(s, stdout, 0);
   status = isfinite(loss) || steps == 0 ? 0 : 1;

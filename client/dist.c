@@ -1,0 +1,350 @@
+/* dist.c - data-parallel sessions over MPI (nf_dist.h). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "nf_config.h"
+#include "nf_dist.h"
+#include "session_int.h"
+
+#if NF_HAVE_MPI
+#include <mpi.h>
+
+#define HB_TAG 7031          /* heartbeats: one per step from each rank to each */
+#define BUCKET_BYTES (1 << 20) /* a bucket is sent once this many bytes are ready */
+#define MAX_NAMED 64         /* heartbeats (and named ranks) up to this job size */
+
+struct nf__dist {
+  MPI_Comm comm;
+  int rank, size;
+  int own_init;            /* MPI initialised here (finalised at exit) */
+  double timeout_s;
+  /* the buckets: parameters by offset, the op after which each one's
+   * gradient is complete (-1: never written: no gradient) */
+  int n_params;
+  int *last_op;
+  uint8_t *ready, *sent;
+  int n_req;
+  MPI_Request *req;        /* one per bucket in flight (n_params at most) */
+  int64_t step;            /* exchanges done */
+  int64_t hb_send[MAX_NAMED], hb_got[MAX_NAMED];
+  MPI_Request hb_req[MAX_NAMED];
+};
+
+static int finalize_registered;
+
+static void wait_or_abort(nf_session *s, MPI_Request *reqs, int n, const char *what);
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void finalize_at_exit(void) {
+  int fin = 0;
+  MPI_Finalized(&fin);
+  if (!fin) MPI_Finalize();
+}
+
+/* Whether an MPI launcher started this process. */
+static int launched(void) {
+  const char *v[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE", "PMI_RANK", NULL};
+  for (int i = 0; v[i]; i++)
+    if (getenv(v[i])) return 1;
+  return 0;
+}
+
+int nf__dist_open(nf_session *s) {
+  const char *off = getenv("NEOFLOW_DIST");
+  if (off && (!strcmp(off, "off") || !strcmp(off, "0"))) return NF_OK;
+  int init = 0;
+  MPI_Initialized(&init);
+  if (!init && !launched()) return NF_OK;
+  int own = 0;
+  if (!init) {
+    int prov = 0;
+    if (MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &prov) != MPI_SUCCESS) {
+      nf_buf_printf(&s->err, "data-parallel training: MPI_Init_thread failed");
+      return NF_EIO;
+    }
+    own = 1;
+    if (!finalize_registered) {
+      finalize_registered = 1;
+      atexit(finalize_at_exit);
+    }
+  }
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size < 2) return NF_OK;
+  if (s->gpu) {
+    nf_buf_printf(&s->err, "data-parallel training on a GPU (NCCL) is not done yet: run the "
+                           "ranks on the CPU (--device cpu), or one rank");
+    return NF_EUNSUPPORTED;
+  }
+  nf__dist *d = calloc(1, sizeof *d);
+  if (!d) return NF_ENOMEM;
+  d->own_init = own;
+  d->size = size;
+  MPI_Comm_dup(MPI_COMM_WORLD, &d->comm);
+  MPI_Comm_rank(d->comm, &d->rank);
+  const char *t = getenv("NEOFLOW_DIST_TIMEOUT");
+  d->timeout_s = t && atof(t) > 0 ? atof(t) : 300;
+  for (int r = 0; r < MAX_NAMED; r++) d->hb_req[r] = MPI_REQUEST_NULL;
+  s->dist = d;
+  nf__slog_msg(&s->log, NEOFLOW_LOG_INFO, "data-parallel: rank %d of %d", d->rank, d->size);
+  return NF_OK;
+}
+
+int nf__dist_rank(const nf_session *s) { return s->dist ? s->dist->rank : 0; }
+int nf__dist_size(const nf_session *s) { return s->dist ? s->dist->size : 1; }
+
+int nf__dist_start(nf_session *s) {
+  nf__dist *d = s->dist;
+  if (!d) return NF_OK;
+  d->n_params = s->n_params;
+  d->last_op = malloc(sizeof(int) * ((size_t)s->n_params + 1));
+  d->ready = calloc((size_t)s->n_params + 1, 1);
+  d->sent = calloc((size_t)s->n_params + 1, 1);
+  d->req = malloc(sizeof(MPI_Request) * ((size_t)s->n_params + 1));
+  if (!d->last_op || !d->ready || !d->sent || !d->req) return NF_ENOMEM;
+  for (int p = 0; p < s->n_params; p++) d->last_op[p] = -1;
+  /* the last op writing into each parameter's gradient (through its slot
+   * or a temporary sharing the gradient's memory) */
+  const char *g0 = (const char *)s->G, *g1 = (const char *)(s->G + s->n_flat);
+  for (int i = 0; i < s->n_ops; i++) {
+    const nf__op *op = &s->ops[i];
+    if (op->alias) continue;
+    for (uint32_t j = op->n_in; j < op->n_in + op->n_out; j++) {
+      const char *a = op->bufs[j], *b = a + s->slots[op->slots[j]].bytes;
+      if (b <= g0 || a >= g1) continue;
+      for (int p = 0; p < s->n_params; p++) {
+        const char *pa = (const char *)(s->G + s->params[p].offset);
+        const char *pb = pa + s->params[p].numel * 4;
+        if (a < pb && b > pa) d->last_op[p] = i;
+      }
+    }
+  }
+  /* the same parameters on every rank: rank 0's */
+  MPI_Request r;
+  MPI_Ibcast(s->P, (int)s->n_flat, MPI_FLOAT, 0, d->comm, &r);
+  wait_or_abort(s, &r, 1, "the parameters' broadcast");
+  return NF_OK;
+}
+
+void nf__dist_close(nf_session *s) {
+  nf__dist *d = s->dist;
+  if (!d) return;
+  for (int r = 0; r < MAX_NAMED; r++)
+    if (d->hb_req[r] != MPI_REQUEST_NULL) MPI_Request_free(&d->hb_req[r]);
+  int fin = 0;
+  MPI_Finalized(&fin);
+  if (!fin) MPI_Comm_free(&d->comm);
+  free(d->last_op);
+  free(d->ready);
+  free(d->sent);
+  free(d->req);
+  free(d);
+  s->dist = NULL;
+}
+
+/* Starts the allreduce of every run of consecutive parameters whose
+ * gradients are ready and not sent, when the run holds BUCKET_BYTES or
+ * all is ready (all). */
+static void send_ready(nf_session *s, int all) {
+  nf__dist *d = s->dist;
+  int p = 0;
+  while (p < d->n_params) {
+    if (d->sent[p] || !d->ready[p]) {
+      p++;
+      continue;
+    }
+    int q = p;
+    while (q + 1 < d->n_params && d->ready[q + 1] && !d->sent[q + 1]) q++;
+    int64_t lo = s->params[p].offset;
+    int64_t hi = q + 1 < d->n_params ? s->params[q + 1].offset : s->n_flat;
+    if (all || (hi - lo) * 4 >= BUCKET_BYTES) {
+      MPI_Iallreduce(MPI_IN_PLACE, s->G + lo, (int)(hi - lo), MPI_FLOAT, MPI_SUM, d->comm,
+                     &d->req[d->n_req++]);
+      for (int k = p; k <= q; k++) d->sent[k] = 1;
+    }
+    p = q + 1;
+  }
+}
+
+void nf__dist_step_begin(nf_session *s) {
+  nf__dist *d = s->dist;
+  if (!d) return;
+  /* heartbeats to every rank (up to MAX_NAMED): who was not heard from
+   * in a step that hangs is named */
+  d->step++;
+  for (int r = 0; r < d->size && d->size <= MAX_NAMED; r++) {
+    if (r == d->rank) continue;
+    if (d->hb_req[r] != MPI_REQUEST_NULL) MPI_Wait(&d->hb_req[r], MPI_STATUS_IGNORE);
+    d->hb_send[r] = d->step;
+    MPI_Isend(&d->hb_send[r], 1, MPI_INT64_T, r, HB_TAG, d->comm, &d->hb_req[r]);
+  }
+}
+
+int nf__dist_op_done(nf_session *s, int i) {
+  nf__dist *d = s->dist;
+  if (!d) return NF_OK;
+  int any = 0;
+  for (int p = 0; p < d->n_params; p++)
+    if (d->last_op[p] == i) d->ready[p] = 1, any = 1;
+  if (any) send_ready(s, 0);
+  if (d->n_req) { /* (progress for the buckets in flight) */
+    int done = 0;
+    MPI_Testall(d->n_req, d->req, &done, MPI_STATUSES_IGNORE);
+  }
+  return NF_OK;
+}
+
+/* The ranks whose heartbeat of this step has not come (probed without
+ * waiting), into buf. */
+static void missing_ranks(nf__dist *d, char *buf, size_t n);
+
+/* Waits for reqs[0..n) (an exchange named what), driving MPI's progress;
+ * past the timeout, says which ranks did not answer this step and aborts
+ * the job (mpirun then stops every rank). */
+static void wait_or_abort(nf_session *s, MPI_Request *reqs, int n, const char *what) {
+  nf__dist *d = s->dist;
+  double until = now_s() + d->timeout_s;
+  int done = 0, spins = 0;
+  while (!done) {
+    MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE);
+    if (done) break;
+    if (now_s() > until) {
+      char who[600];
+      missing_ranks(d, who, sizeof who);
+      nf__slog_warn(&s->log,
+                    "rank %d: step %lld: %s did not finish within %.0f s: %s%s%s; aborting the job",
+                    d->rank, (long long)d->step, what, d->timeout_s,
+                    who[0] ? "no answer from rank " : "every rank sent this step's heartbeat",
+                    who, who[0] ? " (it hung or died)" : "");
+      MPI_Abort(d->comm, 3);
+    }
+    if (++spins > 100) { /* (a short exchange polls; a long one sleeps a little) */
+      struct timespec ts = {0, 100000};
+      nanosleep(&ts, NULL);
+    }
+  }
+}
+static void missing_ranks(nf__dist *d, char *buf, size_t n) {
+  size_t k = 0;
+  buf[0] = 0;
+  for (int r = 0; r < d->size && r < MAX_NAMED; r++) {
+    if (r == d->rank) continue;
+    int flag = 1;
+    while (d->hb_got[r] < d->step && flag) {
+      MPI_Iprobe(r, HB_TAG, d->comm, &flag, MPI_STATUS_IGNORE);
+      if (flag) MPI_Recv(&d->hb_got[r], 1, MPI_INT64_T, r, HB_TAG, d->comm, MPI_STATUS_IGNORE);
+    }
+    if (d->hb_got[r] < d->step && k < n)
+      k += (size_t)snprintf(buf + k, n - k, "%s%d", k ? ", " : "", r);
+  }
+}
+
+int nf__dist_grads(nf_session *s) {
+  nf__dist *d = s->dist;
+  if (!d) return NF_OK;
+  for (int p = 0; p < d->n_params; p++)
+    if (d->last_op[p] >= 0) d->ready[p] = 1;
+  send_ready(s, 1);
+  wait_or_abort(s, d->req, d->n_req, "the gradient exchange");
+  d->n_req = 0;
+  memset(d->ready, 0, (size_t)d->n_params);
+  memset(d->sent, 0, (size_t)d->n_params);
+  /* the mean, not the sum */
+  float inv = 1.0f / (float)d->size;
+  for (int64_t k = 0; k < s->n_flat; k++) s->G[k] *= inv;
+  /* this step's heartbeats from every rank (sent before their exchange:
+   * they are here) */
+  for (int r = 0; r < d->size && d->size <= MAX_NAMED; r++)
+    while (r != d->rank && d->hb_got[r] < d->step)
+      MPI_Recv(&d->hb_got[r], 1, MPI_INT64_T, r, HB_TAG, d->comm, MPI_STATUS_IGNORE);
+  return NF_OK;
+}
+
+void nf__dist_mean(nf_session *s, double *v, int n) {
+  nf__dist *d = s->dist;
+  if (!d || n <= 0) return;
+  MPI_Request r;
+  MPI_Iallreduce(MPI_IN_PLACE, v, n, MPI_DOUBLE, MPI_SUM, d->comm, &r);
+  wait_or_abort(s, &r, 1, "an exchange of timings");
+  for (int i = 0; i < n; i++) v[i] /= d->size;
+}
+
+int nf__dist_all(nf_session *s, int ok) {
+  nf__dist *d = s->dist;
+  if (!d) return ok;
+  int v = ok ? 1 : 0;
+  MPI_Request r;
+  MPI_Iallreduce(MPI_IN_PLACE, &v, 1, MPI_INT, MPI_LAND, d->comm, &r);
+  wait_or_abort(s, &r, 1, "an exchange of canary verdicts");
+  return v;
+}
+
+void nf__dist_same(nf_session *s, uint64_t *v, int n) {
+  nf__dist *d = s->dist;
+  if (!d || n <= 0) return;
+  uint64_t *mn = malloc(sizeof(uint64_t) * (size_t)n * 2);
+  if (!mn) { /* (no agreement possible: nothing is the same) */
+    memset(v, 0, sizeof(uint64_t) * (size_t)n);
+    return;
+  }
+  uint64_t *mx = mn + n;
+  MPI_Request r[2];
+  MPI_Iallreduce(v, mn, n, MPI_UINT64_T, MPI_MIN, d->comm, &r[0]);
+  MPI_Iallreduce(v, mx, n, MPI_UINT64_T, MPI_MAX, d->comm, &r[1]);
+  wait_or_abort(s, r, 2, "the agreement on kernels");
+  for (int i = 0; i < n; i++) v[i] = mn[i] == mx[i] ? v[i] : 0;
+  free(mn);
+}
+
+#else /* no MPI in this build: alone */
+
+int nf__dist_open(nf_session *s) {
+  (void)s;
+  return NF_OK;
+}
+int nf__dist_start(nf_session *s) {
+  (void)s;
+  return NF_OK;
+}
+void nf__dist_close(nf_session *s) { (void)s; }
+int nf__dist_rank(const nf_session *s) {
+  (void)s;
+  return 0;
+}
+int nf__dist_size(const nf_session *s) {
+  (void)s;
+  return 1;
+}
+void nf__dist_step_begin(nf_session *s) { (void)s; }
+int nf__dist_op_done(nf_session *s, int i) {
+  (void)s;
+  (void)i;
+  return NF_OK;
+}
+int nf__dist_grads(nf_session *s) {
+  (void)s;
+  return NF_OK;
+}
+void nf__dist_mean(nf_session *s, double *v, int n) {
+  (void)s;
+  (void)v;
+  (void)n;
+}
+int nf__dist_all(nf_session *s, int ok) {
+  (void)s;
+  return ok;
+}
+void nf__dist_same(nf_session *s, uint64_t *v, int n) {
+  (void)s;
+  (void)v;
+  (void)n;
+}
+
+#endif

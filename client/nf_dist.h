@@ -1,0 +1,57 @@
+/* nf_dist.h - data-parallel sessions over MPI (dist.c; docs/distributed.md).
+ *
+ * A session opened in a program started by mpirun with more than one rank
+ * trains one replica per rank: the parameters are broadcast from rank 0
+ * when the session opens; each step averages the flat gradient vector
+ * across the ranks before the fused optimizer update, in buckets of
+ * parameters whose gradients are complete, each started (MPI_Iallreduce)
+ * as soon as the op writing the last of them has run, while the rest of
+ * the backward pass runs.  Every decision of the step loop that can change
+ * numerics (which kernel an entry runs: a swap, a canary's verdict, a
+ * race's winner) is taken alike on every rank (kt_run.c through the
+ * agreement calls below), so that no step runs different kernels on
+ * different ranks.  Evaluations exchange nothing (a rank may evaluate
+ * alone): they run the kernels the steps agreed on.
+ *
+ * A rank that stops answering makes the others abort the job within
+ * $NEOFLOW_DIST_TIMEOUT seconds (default 300) with a message naming it
+ * (heartbeats each rank sends every other at each step's exchange).
+ *
+ * Without MPI in the build, or alone, every call is a no-op and s->dist
+ * stays NULL. */
+#ifndef NF_DIST_H
+#define NF_DIST_H
+
+#include <stdint.h>
+
+struct nf_session;
+typedef struct nf__dist nf__dist;
+
+/* Joins the job when the program runs under an MPI launcher (or has
+ * initialised MPI itself) with more than one rank ($NEOFLOW_DIST=off:
+ * never): s->dist.  NF_EUNSUPPORTED on a GPU session (NCCL is not done);
+ * messages in s->err. */
+int nf__dist_open(struct nf_session *s);
+/* After the step program is built and the parameters initialised: the
+ * gradient buckets, and the parameters from rank 0. */
+int nf__dist_start(struct nf_session *s);
+void nf__dist_close(struct nf_session *s);
+/* This rank and the job's size (0 and 1 alone). */
+int nf__dist_rank(const struct nf_session *s);
+int nf__dist_size(const struct nf_session *s);
+
+/* A step begins (before its kernels are agreed on: heartbeats). */
+void nf__dist_step_begin(struct nf_session *s);
+/* The step loop (a step, never an evaluation): op i has run; before the
+ * update: every gradient averaged.  Every exchange waits at most the
+ * timeout. */
+int nf__dist_op_done(struct nf_session *s, int i);
+int nf__dist_grads(struct nf_session *s);
+
+/* Agreement: v[0..n) replaced by its mean over the ranks; 1 when ok on
+ * every rank; v[i] kept where it is the same on every rank, else 0. */
+void nf__dist_mean(struct nf_session *s, double *v, int n);
+int nf__dist_all(struct nf_session *s, int ok);
+void nf__dist_same(struct nf_session *s, uint64_t *v, int n);
+
+#endif
