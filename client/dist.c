@@ -6,6 +6,7 @@
 
 #include "nf_config.h"
 #include "nf_dist.h"
+#include "nf_env.h"
 #include "session_int.h"
 
 #if NF_HAVE_MPI
@@ -50,14 +51,11 @@ static void finalize_at_exit(void) {
 
 /* Whether an MPI launcher started this process. */
 static int launched(void) {
-  const char *v[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE", "PMI_RANK", NULL};
-  for (int i = 0; v[i]; i++)
-    if (getenv(v[i])) return 1;
-  return 0;
+  return nf_env(NF_ENV_OMPI_SIZE) || nf_env(NF_ENV_PMIX_RANK) || nf_env(NF_ENV_PMI_SIZE);
 }
 
 int nf__dist_open(nf_session *s) {
-  const char *off = getenv("NEOFLOW_DIST");
+  const char *off = nf_env(NF_ENV_DIST);
   if (off && (!strcmp(off, "off") || !strcmp(off, "0"))) return NF_OK;
   int init = 0;
   MPI_Initialized(&init);
@@ -89,7 +87,7 @@ int nf__dist_open(nf_session *s) {
   d->size = size;
   MPI_Comm_dup(MPI_COMM_WORLD, &d->comm);
   MPI_Comm_rank(d->comm, &d->rank);
-  const char *t = getenv("NEOFLOW_DIST_TIMEOUT");
+  const char *t = nf_env(NF_ENV_DIST_TIMEOUT);
   d->timeout_s = t && atof(t) > 0 ? atof(t) : 300;
   for (int r = 0; r < MAX_NAMED; r++) d->hb_req[r] = MPI_REQUEST_NULL;
   s->dist = d;
