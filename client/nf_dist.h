@@ -39,6 +39,9 @@ void nf__dist_close(struct nf_session *s);
 /* This rank and the job's size (0 and 1 alone). */
 int nf__dist_rank(const struct nf_session *s);
 int nf__dist_size(const struct nf_session *s);
+/* The time this rank spent waiting for exchanges (the gradients', the
+ * agreements'), in all, in ms. */
+double nf__dist_wait_ms(const struct nf_session *s);
 
 /* A step begins (before its kernels are agreed on: heartbeats). */
 void nf__dist_step_begin(struct nf_session *s);

@@ -781,9 +781,16 @@ train:
   }
   if (nranks > 1) {
     int same = params_agree(s);
+    nf_session_stats sx;
+    nf_session_stats_get(s, &sx);
+    double t_steps = 0;
+    for (long q = 0; q < steps; q++) t_steps += step_ms[q];
+    double per = sx.step ? nf__dist_wait_ms(s) / (double)sx.step : 0;
     if (says)
-      printf("data-parallel: %d ranks; their parameters are %s\n", nranks,
-             same ? "identical" : "NOT identical (a defect: please report it)");
+      printf("data-parallel: %d ranks; their parameters are %s; rank 0 waited %.3f ms per step "
+             "for the exchanges (%.1f%% of its steps)\n", nranks,
+             same ? "identical" : "NOT identical (a defect: please report it)", per,
+             t_steps > 0 ? 100 * nf__dist_wait_ms(s) / t_steps : 0);
     if (!same) goto out;
   }
   if (save && says && nf_session_save(s, save) != NF_OK) {
