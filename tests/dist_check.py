@@ -7,8 +7,8 @@ neoflow train`, one thread per rank:
     combined batch of 32 after 50 steps (SGD, and Adam), relative error
     below 1e-5, and their two replicas identical;
   - the same (SGD) with the daemon's kernels swapped in (a private daemon,
-    compile only): every rank swaps the same kernels at the same steps
-    (the replicas stay identical);
+    compile only, shared by the ranks: one job per subgraph): every rank
+    swaps the same kernels at the same steps (the replicas stay identical);
   - a rank that hangs makes the job abort within the timeout with a
     message naming it; a rank that dies ends the job, named by mpirun.
 
@@ -135,6 +135,15 @@ def main():
                 swaps = r.stdout.split("swaps ")[-1].split(",")[0] if "swaps " in r.stdout else "0"
                 check(swaps.isdigit() and int(swaps) > 0,
                       "the daemon's kernels were swapped in on both ranks (swaps %s)" % swaps)
+                # one daemon for both ranks: one job per subgraph (single flight)
+                trained = [ln for ln in r.stdout.splitlines() if ln.startswith("trained ")]
+                kernels = trained[0].split("kernels ")[1].split(":")[0] if trained else "?"
+                st = subprocess.run([NEOFLOW, "status", "--socket", sock], env=ENV,
+                                    capture_output=True, text=True, timeout=60).stdout
+                jobs = st.split("jobs: ")[-1].split(" done")[0] if "jobs: " in st else "?"
+                check(kernels.isdigit() and jobs == kernels,
+                      "the ranks' %s subgraphs took %s compile jobs of the shared daemon (%s)"
+                      % (kernels, jobs, st[:200]))
             finally:
                 d.send_signal(signal.SIGTERM)
                 d.wait(timeout=30)
