@@ -77,13 +77,11 @@ int nf__dist_open(nf_session *s) {
   int size = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   if (size < 2) return NF_OK;
-  if (s->gpu) {
-    nf_buf_printf(&s->err, "data-parallel training on a GPU (NCCL) is not done yet: run the "
-                           "ranks on the CPU (--device cpu), or one rank");
-    return NF_EUNSUPPORTED;
-  }
   nf__dist *d = calloc(1, sizeof *d);
-  if (!d) return NF_ENOMEM;
+  if (!d) {
+    nf_buf_printf(&s->err, "data-parallel training: out of memory");
+    MPI_Abort(MPI_COMM_WORLD, 3); /* (the other ranks would wait for this one) */
+  }
   d->own_init = own;
   d->size = size;
   MPI_Comm_dup(MPI_COMM_WORLD, &d->comm);
@@ -92,6 +90,19 @@ int nf__dist_open(nf_session *s) {
   d->timeout_s = t && atof(t) > 0 ? atof(t) : 300;
   for (int r = 0; r < MAX_NAMED; r++) d->hb_req[r] = MPI_REQUEST_NULL;
   s->dist = d;
+  /* what every rank must have alike: the CPU (a GPU on some rank refuses
+   * the job on all), and a flat vector MPI's counts take */
+  int bad = s->gpu ? 1 : s->n_flat > INT32_MAX ? 2 : 0;
+  MPI_Request r;
+  MPI_Iallreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, d->comm, &r);
+  wait_or_abort(s, &r, 1, "opening the session on every rank");
+  if (bad) {
+    nf_buf_printf(&s->err, bad == 1 ? "data-parallel training on a GPU (NCCL) is not done yet: "
+                                      "run the ranks on the CPU (--device cpu), or one rank"
+                                    : "data-parallel training: more than 2^31 parameters");
+    nf__dist_close(s);
+    return NF_EUNSUPPORTED;
+  }
   nf__slog_msg(&s->log, NEOFLOW_LOG_INFO, "data-parallel: rank %d of %d", d->rank, d->size);
   return NF_OK;
 }
@@ -99,6 +110,22 @@ int nf__dist_open(nf_session *s) {
 int nf__dist_rank(const nf_session *s) { return s->dist ? s->dist->rank : 0; }
 double nf__dist_wait_ms(const nf_session *s) { return s->dist ? s->dist->wait_ms : 0; }
 int nf__dist_size(const nf_session *s) { return s->dist ? s->dist->size : 1; }
+
+void nf__dist_abort(nf_session *s, const char *why) {
+  nf__dist *d = s->dist;
+  if (!d) return;
+  nf__slog_warn(&s->log, "rank %d: %s%s%s; aborting the job", d->rank, why,
+                s->err.len ? ": " : "", s->err.len ? s->err.data : "");
+  MPI_Abort(d->comm, 3);
+}
+
+void nf__dist_bcast_params(nf_session *s) {
+  nf__dist *d = s->dist;
+  if (!d) return;
+  MPI_Request r;
+  MPI_Ibcast(s->P, (int)s->n_flat, MPI_FLOAT, 0, d->comm, &r);
+  wait_or_abort(s, &r, 1, "the parameters' broadcast");
+}
 
 int nf__dist_start(nf_session *s) {
   nf__dist *d = s->dist;
@@ -108,7 +135,7 @@ int nf__dist_start(nf_session *s) {
   d->ready = calloc((size_t)s->n_params + 1, 1);
   d->sent = calloc((size_t)s->n_params + 1, 1);
   d->req = malloc(sizeof(MPI_Request) * ((size_t)s->n_params + 1));
-  if (!d->last_op || !d->ready || !d->sent || !d->req) return NF_ENOMEM;
+  if (!d->last_op || !d->ready || !d->sent || !d->req) nf__dist_abort(s, "out of memory");
   for (int p = 0; p < s->n_params; p++) d->last_op[p] = -1;
   /* the last op writing into each parameter's gradient (through its slot
    * or a temporary sharing the gradient's memory) */
@@ -127,20 +154,21 @@ int nf__dist_start(nf_session *s) {
     }
   }
   /* the same parameters on every rank: rank 0's */
-  MPI_Request r;
-  MPI_Ibcast(s->P, (int)s->n_flat, MPI_FLOAT, 0, d->comm, &r);
-  wait_or_abort(s, &r, 1, "the parameters' broadcast");
+  nf__dist_bcast_params(s);
   return NF_OK;
 }
 
 void nf__dist_close(nf_session *s) {
   nf__dist *d = s->dist;
   if (!d) return;
-  for (int r = 0; r < MAX_NAMED; r++)
-    if (d->hb_req[r] != MPI_REQUEST_NULL) MPI_Request_free(&d->hb_req[r]);
   int fin = 0;
   MPI_Finalized(&fin);
-  if (!fin) MPI_Comm_free(&d->comm);
+  if (!fin) { /* (after MPI_Finalize, at exit: no MPI call at all) */
+    for (int r = 0; r < MAX_NAMED; r++)
+      if (d->hb_req[r] != MPI_REQUEST_NULL) MPI_Request_free(&d->hb_req[r]);
+    for (int q = 0; q < d->n_req; q++) MPI_Request_free(&d->req[q]);
+    MPI_Comm_free(&d->comm);
+  }
   free(d->last_op);
   free(d->ready);
   free(d->sent);
@@ -221,8 +249,11 @@ static void wait_or_abort(nf_session *s, MPI_Request *reqs, int n, const char *w
       nf__slog_warn(&s->log,
                     "rank %d: step %lld: %s did not finish within %.0f s: %s%s%s; aborting the job",
                     d->rank, (long long)d->step, what, d->timeout_s,
-                    who[0] ? "no answer from rank " : "every rank sent this step's heartbeat",
-                    who, who[0] ? " (it hung or died)" : "");
+                    d->step == 0 ? "some rank did not open the session, or opened another"
+                    : who[0] == '(' ? "the ranks not heard from are "
+                    : who[0] ? "no answer from rank "
+                             : "every rank sent this step's heartbeat (one is stuck within the step)",
+                    d->step == 0 ? "" : who, who[0] && who[0] != '(' && d->step ? " (it hung or died)" : "");
       MPI_Abort(d->comm, 3);
     }
     /* (MPI progresses only in its calls, on both sides: an exchange
@@ -238,6 +269,10 @@ static void wait_or_abort(nf_session *s, MPI_Request *reqs, int n, const char *w
 static void missing_ranks(nf__dist *d, char *buf, size_t n) {
   size_t k = 0;
   buf[0] = 0;
+  if (d->size > MAX_NAMED) {
+    snprintf(buf, n, "(not tracked in a job of more than %d ranks)", MAX_NAMED);
+    return;
+  }
   for (int r = 0; r < d->size && r < MAX_NAMED; r++) {
     if (r == d->rank) continue;
     int flag = 1;
@@ -294,10 +329,7 @@ void nf__dist_same(nf_session *s, uint64_t *v, int n) {
   nf__dist *d = s->dist;
   if (!d || n <= 0) return;
   uint64_t *mn = malloc(sizeof(uint64_t) * (size_t)n * 2);
-  if (!mn) { /* (no agreement possible: nothing is the same) */
-    memset(v, 0, sizeof(uint64_t) * (size_t)n);
-    return;
-  }
+  if (!mn) nf__dist_abort(s, "out of memory for an agreement");
   uint64_t *mx = mn + n;
   MPI_Request r[2];
   MPI_Iallreduce(v, mn, n, MPI_UINT64_T, MPI_MIN, d->comm, &r[0]);
@@ -331,6 +363,11 @@ int nf__dist_size(const nf_session *s) {
   return 1;
 }
 void nf__dist_step_begin(nf_session *s) { (void)s; }
+void nf__dist_abort(nf_session *s, const char *why) {
+  (void)s;
+  (void)why;
+}
+void nf__dist_bcast_params(nf_session *s) { (void)s; }
 int nf__dist_op_done(nf_session *s, int i) {
   (void)s;
   (void)i;

@@ -87,7 +87,9 @@ static void hold_t0(nf_session *s, nf__kent *k, double kn_ms, double t0_ms, int 
  * (nf__device.host). */
 static void verdict(nf_session *s, const nf__kent *k, double kn_ms, double t0_ms,
                     unsigned flags) {
-  if (dev(s)->host) nf__verdict_put(s, k->key, k->cur_sha, kn_ms, t0_ms, flags);
+  /* (not from a data-parallel job: its ranks share the cores, and its
+   * times are the ranks' means) */
+  if (dev(s)->host && !s->dist) nf__verdict_put(s, k->key, k->cur_sha, kn_ms, t0_ms, flags);
 }
 
 /* Flags for a verdict made now: BUSY while the daemon still works for
@@ -268,16 +270,15 @@ static void set_cand(nf_session *s, nf__kent *k, void *arrived, const cand_meta 
   k->cand = kern;
 }
 
+#define NF_HOLD_NOTICE 50 /* steps a candidate waits for the ranks before it is said */
+
 /* Data-parallel steps: a candidate is tried only when every rank holds
  * the same bytes (the same digest), and trusted without a canary only when
  * every rank verified them before; else it waits (kent.hold). */
 static void agree(nf_session *s) {
   int n = s->kt.n_kents;
   uint64_t *v = calloc((size_t)n * 2 + 1, sizeof *v);
-  if (!v) { /* (no agreement: every candidate waits) */
-    for (int i = 0; i < n; i++) s->kt.kents[i].hold = s->kt.kents[i].cand != NULL;
-    return;
-  }
+  if (!v) nf__dist_abort(s, "out of memory for the agreement on kernels");
   for (int i = 0; i < n; i++) {
     const nf__kent *k = &s->kt.kents[i];
     if (!k->cand) continue;
@@ -291,6 +292,16 @@ static void agree(nf_session *s) {
     nf__kent *k = &s->kt.kents[i];
     k->hold = k->cand && !v[i];
     k->all_trust = k->cand && v[i] && v[n + i];
+    k->hold_steps = k->hold ? k->hold_steps + 1 : 0;
+    if (k->hold_steps == NF_HOLD_NOTICE) {
+      char hex[65];
+      nf_hash_hex(k->key, hex);
+      hex[16] = 0;
+      nf__slog_warn(&s->log, "kernel %s (tier %d) has waited %d steps for the other ranks: their "
+                    "daemons gave other bytes for it (ranks on different CPUs, each node's "
+                    "daemon compiling for its own); the entry keeps what it runs",
+                    hex, k->cand_tier, NF_HOLD_NOTICE);
+    }
   }
   free(v);
 }

@@ -43,6 +43,12 @@ int nf__dist_size(const struct nf_session *s);
  * agreements'), in all, in ms. */
 double nf__dist_wait_ms(const struct nf_session *s);
 
+/* This rank cannot go on (an error the others would wait for): says so
+ * with s->err, then aborts the job (MPI_Abort; mpirun stops every rank).
+ * A no-op alone. */
+void nf__dist_abort(struct nf_session *s, const char *why);
+/* Rank 0's parameters to every rank (after rank 0 loaded a file). */
+void nf__dist_bcast_params(struct nf_session *s);
 /* A step begins (before its kernels are agreed on: heartbeats). */
 void nf__dist_step_begin(struct nf_session *s);
 /* The step loop (a step, never an evaluation): op i has run; before the

@@ -65,6 +65,7 @@ typedef struct nf__kent {
   int hold;             /* data-parallel: the candidate waits (not every rank
                            has these bytes yet: nf_dist.h) */
   int all_trust;        /* data-parallel: every rank verified these bytes before */
+  int hold_steps;       /* data-parallel: steps the candidate has waited */
   double t0_ms;         /* tier 0's last measured time per run (0: unknown) */
   double kn_ms;         /* the kernel's, as judged against t0_ms (0: unknown) */
   double slow_ratio;    /* prefer_t0: the kernel's time over tier 0's */

@@ -521,6 +521,8 @@ int nf_session_step(nf_session *s, double *loss) {
   if (rc != NF_OK) {
     if (!s->err.len) nf_buf_printf(&s->err, "step %lld failed: %s", (long long)s->step + 1,
                                    nf_strerror(rc));
+    /* (data-parallel: the other ranks would wait in this step's exchanges) */
+    if (s->dist) nf__dist_abort(s, "a step failed");
     return rc;
   }
   s->step++;

@@ -10,7 +10,8 @@ neoflow train`, one thread per rank:
     compile only, shared by the ranks: one job per subgraph): every rank
     swaps the same kernels at the same steps (the replicas stay identical);
   - a rank that hangs makes the job abort within the timeout with a
-    message naming it; a rank that dies ends the job, named by mpirun.
+    message naming it; a rank that dies ends the job, named by mpirun; an
+    error on one rank ends the job at once with its message.
 
 Exit 77 (skipped) without mpirun or without MPI in this build."""
 
@@ -160,6 +161,16 @@ def main():
         out = r.stdout + r.stderr
         check(r.returncode != 0 and "rank 1" in out and took < 60,
               "a dead rank: the job ends in %.1f s naming rank 1 (%s)" % (took, out[-400:]))
+        # an error on one rank (rank 0 cannot load the parameters) ends the
+        # job at once with its message, rather than leave the others waiting
+        r, took = train(2, 16, ["--steps", "50", "--daemon", "none", "--load",
+                                os.path.join(tmp, "none.params")],
+                        os.path.join(tmp, "e.params"), env=dict(ENV, NEOFLOW_DIST_TIMEOUT="60"),
+                        timeout=120)
+        out = r.stdout + r.stderr
+        check(r.returncode != 0 and "rank 0: neoflow train failed on this rank" in out
+              and took < 30, "an error on rank 0: the job ends in %.1f s with its message (%s)"
+              % (took, out[-400:]))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print("dist: %d failure(s)" % len(failures))

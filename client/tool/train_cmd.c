@@ -245,8 +245,9 @@ static int ds_setup(nf_session *s, feed *f, int nf, int64_t bdim, int nranks, co
                     "values per sample) and a label input (i64 [batch])\n", (long long)per);
     return -1;
   }
-  if (bdim > r->train.n) {
-    fprintf(stderr, "neoflow train: error: the batch (%lld) is larger than the training split\n",
+  if (bdim * nranks > r->train.n) {
+    fprintf(stderr, "neoflow train: error: the batch (%lld on each of the ranks) is larger than "
+                    "the training split\n",
             (long long)bdim);
     return -1;
   }
@@ -580,14 +581,15 @@ int nf__cli_train(int argc, char **argv) {
     free(err);
     goto out;
   }
-  if (load && nf_session_load(s, load) != NF_OK) {
+  /* under mpirun: this rank's shard of each global batch (rank r takes
+   * the r-th of the job's per-rank batches); rank 0 alone loads, reports,
+   * evaluates and saves (every rank holds the same parameters) */
+  int rank = nf__dist_rank(s), nranks = nf__dist_size(s);
+  if (load && rank == 0 && nf_session_load(s, load) != NF_OK) {
     train_err(nf_session_error(s));
     goto out;
   }
-  /* under mpirun: this rank's shard of each global batch (rank r takes
-   * the r-th of the job's per-rank batches); rank 0 alone reports,
-   * evaluates and saves (every rank holds the same parameters) */
-  int rank = nf__dist_rank(s), nranks = nf__dist_size(s);
+  if (load && nranks > 1) nf__dist_bcast_params(s);
   if (rank != 0) json = 0, profile = 0;
   int says = rank == 0;
   /* the synthetic pool */
@@ -623,7 +625,8 @@ int nf__cli_train(int argc, char **argv) {
       if (f[i].batched) per_sample += f[i].per * (int64_t)f[i].esz;
     if (!samples_given && bdim > 0 && samples > 16 * bdim * nranks) samples = 16 * bdim * nranks;
     if (!samples_given && per_sample > 0 && samples * per_sample > (256LL << 20))
-      samples = (256LL << 20) / per_sample > bdim ? (256LL << 20) / per_sample : bdim;
+      samples = (256LL << 20) / per_sample > bdim * nranks ? (256LL << 20) / per_sample
+                                                          : bdim * nranks;
   }
   for (int i = 0; i < nf; i++) {
     int64_t cnt = f[i].batched ? samples : 1, n = f[i].per * cnt;
@@ -704,9 +707,13 @@ train:
     if (st == 0) loss0 = loss;
     /* --until-tuned: every kernel final (looked at twice a second: the
      * look may wait a millisecond) ends the run N steps later */
-    if (until_tuned >= 0 && nf_now_ms() - until_look >= 500) {
+    /* (data-parallel: looked at every 10 steps, and final only when it
+     * is on every rank, so that every rank runs the same steps) */
+    if (until_tuned >= 0 && (nranks > 1 ? (st + 1) % 10 == 0 : nf_now_ms() - until_look >= 500)) {
       until_look = nf_now_ms();
-      if (nf_session_wait_kernels(s, 1, 2) == NF_OK) {
+      int fin = nf_session_wait_kernels(s, 1, 2) == NF_OK;
+      if (nranks > 1) fin = nf__dist_all(s, fin);
+      if (fin) {
         if (until_tuned < steps - st - 1) steps = st + 1 + until_tuned;
         until_tuned = -1;
       }
@@ -771,9 +778,10 @@ train:
                "no accuracy)\n", (double)(st + 1) / (double)spe, st + 1, tl,
                (long long)ds.test.n, ev_ms / 1000);
       else
-        printf("epoch %.4g (step %ld): train accuracy %.2f%% (running), test accuracy %.2f%% "
+        printf("epoch %.4g (step %ld): train accuracy %.2f%% (running%s), test accuracy %.2f%% "
                "(loss %.4f, %lld images, %.1f s)\n",
-               (double)(st + 1) / (double)spe, st + 1, 100 * tr_acc, 100 * acc, tl,
+               (double)(st + 1) / (double)spe, st + 1, 100 * tr_acc,
+               nranks > 1 ? ", rank 0's shard" : "", 100 * acc, tl,
                (long long)ds.test.n, ev_ms / 1000);
       fflush(stdout);
       seen = correct = 0;
@@ -816,6 +824,8 @@ train:
   status = isfinite(loss) || steps == 0 ? 0 : 1;
   if (status) fprintf(stderr, "neoflow train: error: the loss is not finite (%g)\n", loss);
 out:
+  /* (a rank that fails ends the job: the others would wait for it) */
+  if (status && s && nf__dist_size(s) > 1) nf__dist_abort(s, "neoflow train failed on this rank");
   free(step_ms);
   free(step_ph);
   nf_dataset_free(&ds.train);
