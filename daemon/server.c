@@ -629,9 +629,18 @@ static void on_submit(nfd_conn *c, const Neoflow__Submit *s) {
               e.tune_error);
   int trials = clampi((int)s->max_trials, S->cfg.default_trials, S->cfg.max_trials);
   int retune = s->slower_sha256.len && tuned && retune_wanted(c, s, key, &e, trials);
-  int done = hit && (s->mode == NEOFLOW__MODE__MODE_COMPILE || (tuned && !retune));
+  int lookup = s->mode == NEOFLOW__MODE__MODE_LOOKUP;
+  int done = hit && (lookup || s->mode == NEOFLOW__MODE__MODE_COMPILE || (tuned && !retune));
   if (hit) S->hits++;
   else S->misses++;
+  if (lookup && !hit) { /* (a lookup starts no job) */
+    S->lookups_missed++;
+    nfd_conn_error(c, id, NEOFLOW__ERROR_CODE__ERR_NOT_FOUND, 0,
+                   "lookup: no kernel for this graph and target in the cache");
+    nfd_req_finish(r);
+    nf_buf_free(&err);
+    return;
+  }
   send_accepted(c, id, key, hit, busy);
   if (hit) {
     nfd_kernel *k = nfd_kernel_new(key, e.tier, e.schedule, e.time_ms, e.default_ms, e.trials,

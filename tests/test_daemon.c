@@ -394,9 +394,32 @@ START_TEST(daemon_compile_then_hit_and_restart) {
   Neoflow__Graph *pg = mm_wire(24);
   nf_dconn *c = open_client(&d, "first");
   ck_assert(nf_dconn_same_target(c));
+  /* a lookup (a team's node asking its upstream) misses: no job */
+  submit(c, 5, pg, NEOFLOW__MODE__MODE_LOOKUP, 0);
+  {
+    nf_dkernel kx;
+    nf_buf e = NF_BUF_INIT;
+    int code = 0;
+    ck_assert_int_ne(nf_dconn_next_kernel(c, 5, 10000, NULL, NULL, &kx, &code, &e), NF_OK);
+    ck_assert_int_eq(code, NEOFLOW__ERROR_CODE__ERR_NOT_FOUND);
+    ck_assert_msg(strstr(nf_buf_str(&e), "lookup: no kernel") != NULL, "%s", nf_buf_str(&e));
+    nf_buf_free(&e);
+    Neoflow__ServerMessage *h0;
+    ck_assert_uint_eq(status_of(c, &h0)->n_jobs, 0);
+    nf_wire_free_server(h0);
+  }
   submit(c, 1, pg, NEOFLOW__MODE__MODE_COMPILE, 0);
   nf_dkernel k1, k2, k3;
   final_kernel(c, 1, &k1, NULL);
+  /* ... and once it is cached, a lookup gets it, final */
+  {
+    nf_dkernel kl;
+    submit(c, 6, pg, NEOFLOW__MODE__MODE_LOOKUP, 0);
+    final_kernel(c, 6, &kl, NULL);
+    ck_assert_uint_eq(kl.len, k1.len);
+    ck_assert(memcmp(k1.binary, kl.binary, k1.len) == 0);
+    nf_dkernel_free(&kl);
+  }
   ck_assert_int_eq(k1.tier, 1);
   ck_assert(is_elf(&k1));
   check_kernel(&k1, 24);
@@ -408,8 +431,8 @@ START_TEST(daemon_compile_then_hit_and_restart) {
   ck_assert(memcmp(k1.binary, k2.binary, k1.len) == 0);
   Neoflow__ServerMessage *hold;
   Neoflow__StatusReply *st = status_of(c, &hold);
-  ck_assert_uint_eq(st->cache_hits, 1);
-  ck_assert_uint_eq(st->cache_misses, 1);
+  ck_assert_uint_eq(st->cache_hits, 2);   /* (the lookup's and this one's) */
+  ck_assert_uint_eq(st->cache_misses, 2); /* (the lookup's and the compile's) */
   ck_assert_uint_eq(st->jobs_done, 1);
   ck_assert_uint_eq(wait_entries(c, 1), 1);
   ck_assert_uint_ge(st->n_clients, 1);
