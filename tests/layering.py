@@ -29,7 +29,7 @@ import subprocess
 import sys
 
 CLIENT_LIBS = ['client/libnfclient.a', 'client/autodiff/libnfautodiff.a',
-               'client/executor/libnfexec.a', 'client/libnfdconn.a']
+               'client/executor/libnfexec.a', 'proto/libnfdconn.a']
 DAEMON_LIBS = ['daemon/codegen/libnfcodegen.a', 'daemon/codegen/libnfcuda.a',
                'daemon/search/libnfsearch.a', 'daemon/cache/libnfcache.a',
                'daemon/libnfdaemon.a']
