@@ -1,5 +1,5 @@
 /* address.c - the per-user default address of neoflowd, shared by the
- * daemon (daemon/config.c) and its clients (client/dconn.c) so that both
+ * daemon (daemon/config.c) and its clients (proto/dconn.c) so that both
  * sides agree without the client linking the daemon's code. */
 #include <stdio.h>
 #include <stdlib.h>
