@@ -23,6 +23,7 @@
 #include "nf_wire.h"
 #include "nfd_config.h"
 #include "nf_env.h"
+#include "nf_trust.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -62,7 +63,7 @@ typedef struct key_def {
 
 #define FIELD(f) offsetof(nfd_config, f), sizeof(((nfd_config *)0)->f)
 
-static const char *const sections[] = {"daemon", "cache", "tcp", "jobs"};
+static const char *const sections[] = {"daemon", "cache", "tcp", "upstream", "jobs"};
 
 static const key_def keys[] = {
     {"daemon", "socket", K_STR, FIELD(socket_path), 0, 0},
@@ -89,6 +90,10 @@ static const key_def keys[] = {
     {"cache", "hard_cap_mb", K_MIB, FIELD(cache_hard_cap), 0, (int64_t)1 << 30},
     {"tcp", "listen", K_STR, FIELD(tcp_listen), 0, 0},
     {"tcp", "key_file", K_STR, FIELD(tcp_key_file), 0, 0},
+    {"upstream", "address", K_STR, FIELD(upstream_address), 0, 0},
+    {"upstream", "key_file", K_STR, FIELD(upstream_key_file), 0, 0},
+    {"upstream", "public_key", K_STR, FIELD(upstream_public_key), 0, 0},
+    {"upstream", "timeout_ms", K_INT, FIELD(upstream_timeout_ms), 10, 600000},
     {"jobs", "compile_jobs", K_INT, FIELD(compile_jobs), 1, 256},
     {"jobs", "tune_jobs", K_INT, FIELD(tune_jobs), 1, 64},
     {"jobs", "max_queued_jobs", K_INT, FIELD(max_queued_jobs), 1, 1000000},
@@ -217,6 +222,7 @@ void nfd_config_defaults(nfd_config *c) {
   long n_cpus = sysconf(_SC_NPROCESSORS_ONLN);
   c->compile_jobs = n_cpus < 1 ? 1 : n_cpus > 8 ? 8 : (int)n_cpus;
   c->tune_jobs = 1;
+  c->upstream_timeout_ms = 1000;
   c->max_queued_jobs = 4096;
   c->default_trials = 200;
   c->max_trials = 2000;
@@ -688,6 +694,23 @@ int nfd_config_check(const nfd_config *c, nf_buf *err) {
     REFUSE("[cache] soft_cap_mb (%lld) is above hard_cap_mb (%lld)",
            (long long)(c->cache_soft_cap / MIB), (long long)(c->cache_hard_cap / MIB));
 
+  if (c->upstream_address[0]) {
+    /* an upstream's kernels are served under this daemon's signature:
+     * taken only when signed by the key named here */
+    nf_trust tr;
+    memset(&tr, 0, sizeof tr);
+    nf_buf why = NF_BUF_INIT;
+    if (!c->upstream_public_key[0])
+      REFUSE("[upstream] address = %s without public_key: the upstream's kernels are taken only "
+             "under its signing key (`neoflowd --public-key` on the upstream)",
+             c->upstream_address);
+    else if (nf_trust_add_key(&tr, c->upstream_public_key, &why) != NF_OK)
+      REFUSE("[upstream] public_key: %s", nf_buf_str(&why));
+    if (!strncmp(c->upstream_address, "tcp:", 4) && !c->upstream_key_file[0])
+      REFUSE("[upstream] address = %s without key_file: a daemon on TCP answers only with its "
+             "[tcp] key_file", c->upstream_address);
+    nf_buf_free(&why);
+  }
   if (strnlen(c->tcp_listen, sizeof c->tcp_listen) >= sizeof c->tcp_listen) {
     REFUSE("[tcp] listen: too long");
   } else if (c->tcp_listen[0]) {

@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "nf_codegen.h"
+#include "nf_dconn.h"
 #include "nf_env.h"
 #include "nf_features.h"
 #include "nf_lower.h"
@@ -215,8 +216,75 @@ static int code_of(int rc) {
   }
 }
 
+/* A team's cache tier (docs/daemon.md): the upstream asked for the key
+ * (MODE_LOOKUP) within the request's timeout.  1 when it answered with a
+ * kernel signed by the configured key (digest and signature checked by
+ * nf_dconn), emitted as this job's final kernel; 0 on a miss or any
+ * failure (the job compiles), with why on stderr (the daemon's log). */
+static int from_upstream(job *J, const Neoflow__JobRequest *rq) {
+  if (!rq->upstream_address || !rq->upstream_address[0] || J->cuda_sm) return 0;
+  nf_trust tr;
+  memset(&tr, 0, sizeof tr);
+  nf_buf err = NF_BUF_INIT;
+  int timeout = rq->upstream_timeout_ms ? (int)rq->upstream_timeout_ms : 1000;
+  nf_dconn *c = NULL;
+  int rc = nf_trust_add_key(&tr, rq->upstream_public_key, &err);
+  nf_dconn_opts o = {.address = rq->upstream_address,
+                     .key_file = rq->upstream_key_file && rq->upstream_key_file[0]
+                                     ? rq->upstream_key_file : NULL,
+                     .trust = &tr, .client_name = "neoflowd (a node's lookup)",
+                     .timeout_ms = timeout};
+  if (rc == NF_OK) rc = nf_dconn_open(&o, &c, &err);
+  nf_dkernel k;
+  memset(&k, 0, sizeof k);
+  int code = 0;
+  if (rc == NF_OK) {
+    Neoflow__Submit s = NEOFLOW__SUBMIT__INIT;
+    s.request_id = 1;
+    s.graph = rq->graph;
+    s.mode = NEOFLOW__MODE__MODE_LOOKUP;
+    Neoflow__ClientMessage m = NEOFLOW__CLIENT_MESSAGE__INIT;
+    m.msg_case = NEOFLOW__CLIENT_MESSAGE__MSG_SUBMIT;
+    m.submit = &s;
+    rc = nf_dconn_send(c, &m, &err);
+  }
+  if (rc == NF_OK) rc = nf_dconn_next_kernel(c, 1, timeout, NULL, NULL, &k, &code, &err);
+  nf_dconn_close(c);
+  if (rc != NF_OK) {
+    if (code != NEOFLOW__ERROR_CODE__ERR_NOT_FOUND)
+      fprintf(stderr, "neoflowd --job: upstream %s: %s (compiling here)\n", rq->upstream_address,
+              err.len ? nf_buf_str(&err) : nf_strerror(rc));
+    nf_buf_free(&err);
+    nf_dkernel_free(&k);
+    return 0;
+  }
+  /* tuned there: tier 2, or the default measured best (time_ms > 0) */
+  int tuned = k.tier >= 2 || k.time_ms > 0;
+  Neoflow__JobKernel jk = NEOFLOW__JOB_KERNEL__INIT;
+  jk.tier = k.tier >= 2 ? NEOFLOW__TIER__TIER_TUNED : NEOFLOW__TIER__TIER_DEFAULT;
+  jk.schedule = k.schedule ? k.schedule : (char *)"";
+  jk.time_ms = k.time_ms;
+  jk.default_ms = k.default_ms;
+  jk.binary.data = k.binary;
+  jk.binary.len = k.len;
+  jk.trials = tuned ? 1 : 0;
+  jk.final = 1;
+  jk.from_upstream = 1;
+  Neoflow__JobEvent ev = NEOFLOW__JOB_EVENT__INIT;
+  ev.msg_case = NEOFLOW__JOB_EVENT__MSG_KERNEL;
+  ev.kernel = &jk;
+  emit(J, &ev);
+  nf_dkernel_free(&k);
+  nf_buf_free(&err);
+  return 1;
+}
+
 static void run(job *J, const Neoflow__JobRequest *rq) {
   nf_buf err = NF_BUF_INIT;
+  if (rq->mode == NEOFLOW__MODE__MODE_COMPILE && from_upstream(J, rq)) {
+    nf_buf_free(&err);
+    return;
+  }
   if (rq->mode == NEOFLOW__MODE__MODE_COMPILE) {
     nf_schedule *s = NULL;
     int rc = default_schedule(J, &s);

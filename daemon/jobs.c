@@ -84,6 +84,7 @@ struct nfd_job {
   int64_t exit_status;
   int term_signal;
   int got_final;     /* a final kernel came for this phase */
+  int from_upstream; /* its kernel came from the team's upstream daemon */
   nfd_kernel *final_k; /* this phase's final kernel once delivered (a
                           reference): a request joining while the job
                           process exits is answered with it */
@@ -270,6 +271,13 @@ static void deliver(nfd_job *j, nfd_kernel *k, int final);
 
 static void on_kernel(nfd_job *j, const Neoflow__JobKernel *jk) {
   int tier = jk->tier == NEOFLOW__TIER__TIER_TUNED ? 2 : 1;
+  if (jk->from_upstream) {
+    j->S->upstream_kernels++;
+    j->from_upstream = 1;
+    NFD_INFO("job %s: kernel from the upstream %s (tier %d%s): not compiled here",
+             j->name[0] ? j->name : "(unnamed)", j->S->cfg.upstream_address, tier,
+             jk->trials ? ", tuned there" : "");
+  }
   int trials = (int)jk->trials + (j->phase == PH_TUNING ? j->trials_before : 0);
   nfd_kernel *k = nfd_kernel_new(j->key, tier, jk->schedule, clamp_pos(jk->time_ms),
                                  clamp_pos(jk->default_ms), trials, jk->binary.data,
@@ -370,7 +378,9 @@ static void deliver(nfd_job *j, nfd_kernel *k, int final) {
   nfd_req *next;
   for (nfd_req *r = j->subs; r; r = next) {
     next = r->next_in_job;
-    int last = final && ((j->phase == PH_TUNING && !more) || r->mode == NEOFLOW__MODE__MODE_COMPILE);
+    /* (a kernel the upstream tuned answers a tuning request at once) */
+    int last = final && ((j->phase == PH_TUNING && !more) || r->mode == NEOFLOW__MODE__MODE_COMPILE ||
+                         (j->from_upstream && k->trials > 0));
     if (!final && r->got_tier == 2 && r->got_ms > 0 && r->got_ms <= k->time_ms) continue;
     r->got_tier = tier;
     r->got_ms = k->time_ms;
@@ -500,7 +510,8 @@ static void phase_over(nfd_job *j) {
     j->running = j->exit_seen = 0;
     j->trial = j->failures = j->n_phase_records = 0;
     send_progress(j, NEOFLOW__JOB_STATE__JOB_QUEUED);
-  } else if (ok && j->phase == PH_COMPILING && j->subs && wants_tune(j) && !S->shutting_down) {
+  } else if (ok && j->phase == PH_COMPILING && j->subs && wants_tune(j) && !S->shutting_down &&
+             !(j->from_upstream && j->final_k && j->final_k->trials > 0)) {
     j->phase = PH_QUEUED_TUNE;
     if (j->final_k) nfd_kernel_unref(j->final_k);
     j->final_k = NULL;
@@ -835,6 +846,13 @@ static int start_job(nfd_job *j) {
   rq.threads = ncpu > 0 ? (uint32_t)ncpu : 1;
   rq.cuda_sm = (uint32_t)j->target.cuda_sm;
   rq.cuda_name = j->target.cuda_name;
+  /* a compile for this CPU asks the team's upstream first */
+  if (!tune && !j->target.cuda_sm && S->cfg.upstream_address[0]) {
+    rq.upstream_address = S->cfg.upstream_address;
+    rq.upstream_key_file = S->cfg.upstream_key_file;
+    rq.upstream_public_key = S->cfg.upstream_public_key;
+    rq.upstream_timeout_ms = (uint32_t)S->cfg.upstream_timeout_ms;
+  }
   nf_cache_record *prior = NULL, *tr = NULL, *co = NULL;
   size_t n_prior = 0, n_tr = 0, n_co = 0;
   Neoflow__Record *arr_tr = NULL, *arr_co = NULL;

@@ -74,6 +74,12 @@ typedef struct nfd_config {
   char signing_key[4096];  /* [daemon] signing_key = : the daemon's Ed25519
                               seed (docs/security.md); "": signing.key
                               beside the cache, made on first start */
+  /* [upstream]: a team's cache tier (docs/daemon.md) */
+  char upstream_address[4096];    /* address = tcp:HOST:PORT or a socket, "" none */
+  char upstream_key_file[4096];   /* key_file = : the upstream's [tcp] key (TCP) */
+  char upstream_public_key[4096]; /* public_key = ed25519:HEX or a file: the only
+                                     signer whose kernels are taken */
+  int upstream_timeout_ms;        /* timeout_ms = 1000: a lookup's bound */
   /* [jobs] */
   int compile_jobs;        /* min(online CPUs, 8) */
   int tune_jobs;           /* 1 */

@@ -264,6 +264,7 @@ struct nfd_server {
   /* statistics */
   uint64_t hits, misses, jobs_done, jobs_failed, jobs_cancelled, refused;
   uint64_t lookups_missed; /* MODE_LOOKUP requests the cache could not answer */
+  uint64_t upstream_kernels; /* kernels taken from the team's upstream daemon */
   uint64_t timeouts;      /* connections closed by a deadline (handshake, a
                              stalled or too slow frame, idle, slow reader) */
   uint64_t emfile;        /* accepts that failed for lack of descriptors

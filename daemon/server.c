@@ -528,7 +528,9 @@ static void on_submit(nfd_conn *c, const Neoflow__Submit *s) {
                    "submit: %d requests are open in this session (max_requests)", c->n_reqs);
     return;
   }
-  if (!c->target_ok) {
+  /* (a lookup only reads the cache: another node's target is asked for
+   * the kernels published for it) */
+  if (!c->target_ok && s->mode != NEOFLOW__MODE__MODE_LOOKUP) {
     nfd_conn_error(c, id, NEOFLOW__ERROR_CODE__ERR_UNSUPPORTED_TARGET, 0,
                    "submit: this daemon compiles for %s or a GPU it has NVRTC for, not for "
                    "the client's target (see the daemon's log for the handshake)",
@@ -726,6 +728,9 @@ static void on_status(nfd_conn *c) {
   double now = nfd_now();
   st.uptime_s = now - S->t_start;
   st.cache_hits = S->hits;
+  st.upstream = S->cfg.upstream_address;
+  st.upstream_kernels = S->upstream_kernels;
+  st.lookups_missed = S->lookups_missed;
   st.cache_misses = S->misses;
   st.jobs_done = S->jobs_done;
   st.jobs_failed = S->jobs_failed;

@@ -556,7 +556,10 @@ int nf_wire_validate_job_request(const Neoflow__JobRequest *m, nf_wire_err *e) {
       (rc = check_count(&v, "prior", m->n_prior, NF_WIRE_MAX_PRIOR)) ||
       (rc = check_count(&v, "transfer", m->n_transfer, NF_WIRE_MAX_TRANSFER)) ||
       (rc = check_count(&v, "corpus", m->n_corpus, NF_WIRE_MAX_CORPUS)) ||
-      (rc = check_text(&v, "cuda_name", m->cuda_name, NF_WIRE_DESCRIPTION_MAX, 0)))
+      (rc = check_text(&v, "cuda_name", m->cuda_name, NF_WIRE_DESCRIPTION_MAX, 0)) ||
+      (rc = check_text(&v, "upstream_address", m->upstream_address, 4096, 0)) ||
+      (rc = check_text(&v, "upstream_key_file", m->upstream_key_file, 4096, 0)) ||
+      (rc = check_text(&v, "upstream_public_key", m->upstream_public_key, 4096, 0)))
     return rc;
   if (m->n_prior && !m->prior) return missing(&v, "prior");
   if (m->n_transfer && !m->transfer) return missing(&v, "transfer");

@@ -29,7 +29,7 @@ import subprocess
 import sys
 
 CLIENT_LIBS = ['client/libnfclient.a', 'client/autodiff/libnfautodiff.a',
-               'client/executor/libnfexec.a', 'proto/libnfdconn.a']
+               'client/executor/libnfexec.a']
 DAEMON_LIBS = ['daemon/codegen/libnfcodegen.a', 'daemon/codegen/libnfcuda.a',
                'daemon/search/libnfsearch.a', 'daemon/cache/libnfcache.a',
                'daemon/libnfdaemon.a']
@@ -37,7 +37,9 @@ FORBIDDEN_NEEDED = ['libLLVM', 'libsqlite3', 'libxgboost', 'libuv', 'libnvrtc']
 # the files that see the kernel table, never the session
 TABLE_ONLY = ['client/dlink.c', 'client/gpu_local.c', 'client/ktable.c']
 # what libneoflow-client.so is made of (client/meson.build)
-SO_LIBS = CLIENT_LIBS + ['common/libnfcommon.a', 'common/lower/libnflower.a',
+# (proto/libnfdconn.a, the blocking daemon connection, lies below both
+# sides: the library, the tool and a node daemon's upstream lookups)
+SO_LIBS = CLIENT_LIBS + ['proto/libnfdconn.a', 'common/libnfcommon.a', 'common/lower/libnflower.a',
                          'common/runtime/libnfruntime.a', 'proto/libnfproto.a']
 PRINTS = {'stdout', 'stderr', 'printf', 'puts', 'perror', 'putchar', 'vprintf', 'psignal'}
 ENV_READS = {'getenv', 'secure_getenv', 'environ', '__environ'}

@@ -1861,6 +1861,87 @@ static void relay_stop(relay *R) {
  * or swaps the daemon's frames after the Welcome makes the client fail
  * with an authentication error, never accept a kernel.  (The tree before
  * protected only the handshake: a kernel swapped after it was accepted.) */
+/* Issue 36, a team's cache tier: a node's daemon naming an upstream asks
+ * it before compiling.  A kernel the upstream's own client tuned there is
+ * answered by the node as tuned (the same bytes, signed by the node), with
+ * no job of its own tuning it; with the upstream gone, the node compiles
+ * by itself at once. */
+START_TEST(daemon_upstream_tier) {
+  dm u, n;
+  dm_init(&u);
+  dm_init(&n);
+  char key[400], addr[64], extra[2048], pk_text[NF_SIGN_PK_TEXT], path[400];
+  snprintf(key, sizeof key, "%s/key", u.dir);
+  nf_buf err = NF_BUF_INIT;
+  ck_assert_int_eq(nf_auth_new_key(key, &err), NF_OK);
+  int port = free_port();
+  snprintf(addr, sizeof addr, "tcp:127.0.0.1:%d", port);
+  snprintf(extra, sizeof extra, "[tcp]\nlisten = 127.0.0.1:%d\nkey_file = %s\n", port, key);
+  dm_config(&u, extra);
+  dm_start(&u);
+  /* the upstream's own client tunes the subgraph there */
+  nf_trust tr;
+  memset(&tr, 0, sizeof tr);
+  dm_trust_key(&u, &tr);
+  nf_dconn_opts o = {.address = addr, .key_file = key, .client_name = "a colleague",
+                     .timeout_ms = 10000, .trust = &tr};
+  nf_dconn *c = NULL;
+  ck_assert_msg(nf_dconn_open(&o, &c, &err) == NF_OK, "%s", nf_buf_str(&err));
+  Neoflow__Graph *pg = mm_wire(20);
+  submit(c, 1, pg, NEOFLOW__MODE__MODE_TUNE, 4);
+  nf_dkernel ku, kn, k3;
+  final_kernel(c, 1, &ku, NULL);
+  ck_assert_msg(ku.tier == 2 || ku.time_ms > 0, "the upstream's kernel is not tuned");
+  nf_dconn_close(c);
+  /* a node daemon naming it */
+  uint8_t sk[64], pk[32];
+  snprintf(path, sizeof path, "%s/signing.key", u.dir);
+  ck_assert_int_eq(nf_sign_load_key(path, 0, sk, pk, NULL, &err), NF_OK);
+  nf_sign_format_public(pk, pk_text);
+  snprintf(extra, sizeof extra, "[upstream]\naddress = %s\nkey_file = %s\npublic_key = %s\n",
+           addr, key, pk_text);
+  dm_config(&n, extra);
+  dm_start(&n);
+  nf_dconn *cn = open_client(&n, "on the node");
+  submit(cn, 2, pg, NEOFLOW__MODE__MODE_TUNE, 4);
+  final_kernel(cn, 2, &kn, NULL);
+  ck_assert_int_eq(kn.tier, ku.tier);
+  ck_assert_uint_eq(kn.len, ku.len);
+  ck_assert(memcmp(kn.binary, ku.binary, ku.len) == 0);
+  ck_assert_msg(log_has(&n, "kernel from the upstream"), "see %s", n.log);
+  ck_assert_msg(!log_has(&n, "tuning budget") && !log_has(&n, "tuning resumes"),
+                "the node tuned it again (see %s)", n.log);
+  Neoflow__ServerMessage *hold;
+  Neoflow__StatusReply *st = status_of(cn, &hold);
+  ck_assert_uint_eq(st->upstream_kernels, 1);
+  ck_assert_str_eq(st->upstream, addr);
+  nf_wire_free_server(hold);
+  ck_assert_int_eq(wait_no_jobs(cn), 0);
+  /* the upstream gone: a new subgraph is compiled here at once */
+  ck_assert_int_eq(dm_stop(&u, SIGTERM), 0);
+  Neoflow__Graph *pg2 = mm_wire(28);
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  submit(cn, 3, pg2, NEOFLOW__MODE__MODE_COMPILE, 0);
+  final_kernel(cn, 3, &k3, NULL);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  ck_assert(is_elf(&k3));
+  ck_assert_msg(log_has(&n, "compiling here"), "the failed lookup is not logged (see %s)", n.log);
+  ck_assert_msg(t1.tv_sec - t0.tv_sec < 30, "the node took %lld s without its upstream",
+                (long long)(t1.tv_sec - t0.tv_sec));
+  nf_dkernel_free(&ku);
+  nf_dkernel_free(&kn);
+  nf_dkernel_free(&k3);
+  nf_wire_graph_free(pg);
+  nf_wire_graph_free(pg2);
+  nf_dconn_close(cn);
+  nf_buf_free(&err);
+  ck_assert_int_eq(dm_stop(&n, SIGTERM), 0);
+  dm_done(&n);
+  dm_done(&u);
+}
+END_TEST
+
 START_TEST(daemon_tcp_mitm) {
   dm d;
   dm_init(&d);
@@ -2694,6 +2775,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, daemon_damaged_cache);
   tcase_add_test(tc, daemon_messages);
   tcase_add_test(tc, daemon_tcp_mitm);
+  tcase_add_test(tc, daemon_upstream_tier);
   tcase_add_test(tc, daemon_second_instance_refused);
   tcase_add_test(tc, daemon_sighup_reload);
   tcase_add_test(tc, daemon_other_uid_refused);

@@ -1018,8 +1018,8 @@ START_TEST(proto_unknown_field_rejected) {
   expect_reject_bytes(K_SERVER, (const uint8_t *)b.data, b.len, "unknown field 1000");
   fx_job_request(f);
   pack_into(&f->jr.base, &b);
-  pb_varint(&b, 14, 0);
-  expect_reject_bytes(K_JOB_REQUEST, (const uint8_t *)b.data, b.len, "unknown field 14");
+  pb_varint(&b, 24, 0);
+  expect_reject_bytes(K_JOB_REQUEST, (const uint8_t *)b.data, b.len, "unknown field 24");
   nf_buf_free(&b);
   nf_buf_free(&inner);
   nf_buf_free(&expr);

@@ -64,13 +64,17 @@ static void print_status(const Neoflow__StatusReply *s, int json) {
     printf("\"jobs_done\":%llu,\"jobs_failed\":%llu,\"jobs_cancelled\":%llu,"
            "\"connections_refused\":%llu,"
            "\"timeouts\":%llu,\"emfile_closes\":%llu,\"quarantined\":%llu,\"cache_busy\":%llu,"
-           "\"slower_reports\":%llu,\"retunes\":%llu,\"clients\":[",
+           "\"slower_reports\":%llu,\"retunes\":%llu,\"upstream_kernels\":%llu,"
+           "\"lookups_missed\":%llu,\"upstream\":",
            (unsigned long long)s->jobs_done, (unsigned long long)s->jobs_failed,
            (unsigned long long)s->jobs_cancelled, (unsigned long long)s->connections_refused,
            (unsigned long long)s->timeouts,
            (unsigned long long)s->emfile_closes, (unsigned long long)s->quarantined,
            (unsigned long long)s->cache_busy, (unsigned long long)s->slower_reports,
-           (unsigned long long)s->retunes);
+           (unsigned long long)s->retunes, (unsigned long long)s->upstream_kernels,
+           (unsigned long long)s->lookups_missed);
+    json_str(stdout, s->upstream ? s->upstream : "");
+    printf(",\"clients\":[");
     for (size_t i = 0; i < s->n_clients; i++) {
       const Neoflow__ClientInfo *c = s->clients[i];
       printf("%s{\"session\":%llu,\"name\":", i ? "," : "", (unsigned long long)c->session_id);
@@ -101,6 +105,12 @@ static void print_status(const Neoflow__StatusReply *s, int json) {
          "%llu\n",
          (unsigned long long)s->jobs_done, (unsigned long long)s->jobs_failed,
          (unsigned long long)s->jobs_cancelled, (unsigned long long)s->connections_refused);
+  if (s->upstream && s->upstream[0])
+    printf("team tier: upstream %s: %llu kernels taken from it instead of compiling\n",
+           s->upstream, (unsigned long long)s->upstream_kernels);
+  if (s->lookups_missed)
+    printf("lookups from other daemons this cache could not answer: %llu\n",
+           (unsigned long long)s->lookups_missed);
   if (s->slower_reports)
     printf("kernels slower than a client's fallback: %llu reported, %llu searched further\n",
            (unsigned long long)s->slower_reports, (unsigned long long)s->retunes);
