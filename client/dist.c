@@ -19,7 +19,6 @@
 struct nf__dist {
   MPI_Comm comm;
   int rank, size;
-  int own_init;            /* MPI initialised here (finalised at exit) */
   double timeout_s;
   /* the buckets: parameters by offset, the op after which each one's
    * gradient is complete (-1: never written: no gradient) */
@@ -61,14 +60,12 @@ int nf__dist_open(nf_session *s) {
   int init = 0;
   MPI_Initialized(&init);
   if (!init && !launched()) return NF_OK;
-  int own = 0;
   if (!init) {
     int prov = 0;
     if (MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &prov) != MPI_SUCCESS) {
       nf_buf_printf(&s->err, "data-parallel training: MPI_Init_thread failed");
       return NF_EIO;
     }
-    own = 1;
     if (!finalize_registered) {
       finalize_registered = 1;
       atexit(finalize_at_exit);
@@ -82,7 +79,6 @@ int nf__dist_open(nf_session *s) {
     nf_buf_printf(&s->err, "data-parallel training: out of memory");
     MPI_Abort(MPI_COMM_WORLD, 3); /* (the other ranks would wait for this one) */
   }
-  d->own_init = own;
   d->size = size;
   MPI_Comm_dup(MPI_COMM_WORLD, &d->comm);
   MPI_Comm_rank(d->comm, &d->rank);

@@ -306,7 +306,7 @@ static void agree(nf_session *s) {
   free(v);
 }
 
-void nf__kt_boundary(nf_session *s) {
+void nf__kt_boundary(nf_session *s, int step) {
   for (int i = 0; i < s->kt.n_kents; i++) {
     nf__kent *k = &s->kt.kents[i];
     pthread_mutex_lock(&s->kt.mu);
@@ -322,7 +322,7 @@ void nf__kt_boundary(nf_session *s) {
     pthread_mutex_unlock(&s->kt.mu);
     if (arrived) set_cand(s, k, arrived, &old);
   }
-  if (s->dist && s->in_step) agree(s);
+  if (s->dist && step) agree(s);
 }
 
 /* Whether to wait for the daemon's first kernel of k rather than run

@@ -473,7 +473,8 @@ static void update_hp(nf_session *s) {
  * device's start, the one step loop (kt_run.c), the loss on the host. */
 static int run_program(nf_session *s, const uint8_t *mask) {
   const nf__device *d = s->kt.dev;
-  nf__kt_boundary(s);
+  /* (a training session's whole program is a step; a mask, an evaluation) */
+  nf__kt_boundary(s, mask == NULL);
   s->run_seq++;
   int rc = d->begin ? d->begin(s) : NF_OK;
   if (rc == NF_OK) rc = d->run_ops ? d->run_ops(s, mask) : nf__kt_run_ops(s, mask);
@@ -514,10 +515,8 @@ int nf_session_step(nf_session *s, double *loss) {
   double t0 = nf_now_ms();
   update_hp(s);
   for (int i = 0; i < s->kt.n_kents; i++) s->kt.kents[i].run_ms = 0;
-  s->in_step = 1;
   nf__dist_step_begin(s);
   int rc = run_program(s, NULL);
-  s->in_step = 0;
   if (rc != NF_OK) {
     if (!s->err.len) nf_buf_printf(&s->err, "step %lld failed: %s", (long long)s->step + 1,
                                    nf_strerror(rc));

@@ -131,7 +131,6 @@ struct nf_session {
   /* steps */
   int64_t step;
   uint64_t run_seq;     /* steps and evaluations started (gather sharing) */
-  int in_step;           /* the run is a training step (not an evaluation) */
   int64_t prof_steps;    /* steps summed in kents[].prof_ms */
   double last_loss, last_ms, ms_hist[10];
   double t_start, first_step_ms;
@@ -184,8 +183,10 @@ int nf__session_named_add(nf__named **arr, int *n, const char *name, int slot);
  * after the daemon's is dropped); then each op marked by mask (NULL:
  * all) runs through its entry: the candidate's canary, a race against
  * tier 0, the verified kernel, or tier 0.  A device may wrap the loop
- * (nf__device.run_ops). */
-void nf__kt_boundary(nf_session *s);
+ * (nf__device.run_ops).  step: the run is a training step (a
+ * data-parallel session's ranks then agree on the candidates, nf_dist.h),
+ * else an evaluation or a function program's run. */
+void nf__kt_boundary(nf_session *s, int step);
 int nf__kt_run_ops(nf_session *s, const uint8_t *mask);
 
 /* The device's transfers (nf__device.pull, push): no-ops where the host's

@@ -211,6 +211,20 @@ static void final_kernel(nf_dconn *c, uint64_t id, nf_dkernel *k, int *n_kernels
   nf_buf_free(&err);
 }
 
+/* Request id ends with the daemon's Error code, its message holding frag
+ * (NULL: any). */
+static void request_error(nf_dconn *c, uint64_t id, int code, const char *frag) {
+  nf_dkernel k;
+  nf_buf err = NF_BUF_INIT;
+  int got = 0;
+  ck_assert_int_eq(nf_dconn_next_kernel(c, id, 120000, NULL, NULL, &k, &got, &err), NF_EINVAL);
+  ck_assert_msg(got == code, "request %llu: error %d, not %d: %s", (unsigned long long)id, got,
+                code, nf_buf_str(&err));
+  ck_assert_msg(!frag || strstr(nf_buf_str(&err), frag), "'%s' lacks '%s'", nf_buf_str(&err),
+                frag);
+  nf_buf_free(&err);
+}
+
 static Neoflow__StatusReply *status_of(nf_dconn *c, Neoflow__ServerMessage **hold) {
   Neoflow__StatusRequest sr = NEOFLOW__STATUS_REQUEST__INIT;
   Neoflow__ClientMessage m = NEOFLOW__CLIENT_MESSAGE__INIT;
@@ -396,14 +410,8 @@ START_TEST(daemon_compile_then_hit_and_restart) {
   ck_assert(nf_dconn_same_target(c));
   /* a lookup (a team's node asking its upstream) misses: no job */
   submit(c, 5, pg, NEOFLOW__MODE__MODE_LOOKUP, 0);
+  request_error(c, 5, NEOFLOW__ERROR_CODE__ERR_NOT_FOUND, "lookup: no kernel");
   {
-    nf_dkernel kx;
-    nf_buf e = NF_BUF_INIT;
-    int code = 0;
-    ck_assert_int_ne(nf_dconn_next_kernel(c, 5, 10000, NULL, NULL, &kx, &code, &e), NF_OK);
-    ck_assert_int_eq(code, NEOFLOW__ERROR_CODE__ERR_NOT_FOUND);
-    ck_assert_msg(strstr(nf_buf_str(&e), "lookup: no kernel") != NULL, "%s", nf_buf_str(&e));
-    nf_buf_free(&e);
     Neoflow__ServerMessage *h0;
     ck_assert_uint_eq(status_of(c, &h0)->n_jobs, 0);
     nf_wire_free_server(h0);
@@ -560,11 +568,7 @@ START_TEST(daemon_cuda_target) {
   nf_dconn *c = open_gpu_client(&d, 30, "GeForce GTX 680");
   ck_assert(!nf_dconn_same_target(c));
   submit(c, 5, pg, NEOFLOW__MODE__MODE_COMPILE, 0);
-  nf_dkernel k;
-  nf_buf err = NF_BUF_INIT;
-  int code = 0;
-  ck_assert_int_eq(nf_dconn_next_kernel(c, 5, 10000, NULL, NULL, &k, &code, &err), NF_EINVAL);
-  ck_assert_int_eq(code, NEOFLOW__ERROR_CODE__ERR_UNSUPPORTED_TARGET);
+  request_error(c, 5, NEOFLOW__ERROR_CODE__ERR_UNSUPPORTED_TARGET, NULL);
   nf_dconn_close(c);
   /* a CUDA target whose fingerprint is not that of its sm and name */
   int fd = try_connect(d.sock);
@@ -597,7 +601,6 @@ START_TEST(daemon_cuda_target) {
   raw_frame(fd, &ms.base);
   expect_error(fd, NEOFLOW__ERROR_CODE__ERR_UNSUPPORTED_TARGET, 0);
   close(fd);
-  nf_buf_free(&err);
   nf_buf_free(&why);
   nf_wire_graph_free(pg);
   ck_assert_int_eq(dm_stop(&d, SIGTERM), 0);
@@ -803,10 +806,8 @@ START_TEST(daemon_remembers_untunable) {
   ck_assert_int_eq(nf_dconn_next_kernel(c, 1, 120000, NULL, NULL, &k1, &code, &err), NF_OK);
   ck_assert_int_eq(k1.tier, 1);
   ck_assert(!k1.final);
-  ck_assert_int_eq(nf_dconn_next_kernel(c, 1, 120000, NULL, NULL, &k, &code, &err), NF_EINVAL);
-  ck_assert_int_eq(code, NEOFLOW__ERROR_CODE__ERR_NO_VALID_CANDIDATE);
-  ck_assert_msg(strstr(nf_buf_str(&err), "no candidate of 4 ran correctly; the default: LOAD"),
-                "%s", nf_buf_str(&err));
+  request_error(c, 1, NEOFLOW__ERROR_CODE__ERR_NO_VALID_CANDIDATE,
+                "no candidate of 4 ran correctly; the default: LOAD");
   nf_dconn_close(c);
   /* remembered (the writer stores it a moment later) */
   uint8_t key[32];
