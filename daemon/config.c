@@ -94,6 +94,7 @@ static const key_def keys[] = {
     {"upstream", "key_file", K_STR, FIELD(upstream_key_file), 0, 0},
     {"upstream", "public_key", K_STR, FIELD(upstream_public_key), 0, 0},
     {"upstream", "timeout_ms", K_INT, FIELD(upstream_timeout_ms), 10, 600000},
+    {"upstream", "publish", K_BOOL, FIELD(upstream_publish), 0, 1},
     {"jobs", "compile_jobs", K_INT, FIELD(compile_jobs), 1, 256},
     {"jobs", "tune_jobs", K_INT, FIELD(tune_jobs), 1, 64},
     {"jobs", "max_queued_jobs", K_INT, FIELD(max_queued_jobs), 1, 1000000},
@@ -223,6 +224,7 @@ void nfd_config_defaults(nfd_config *c) {
   c->compile_jobs = n_cpus < 1 ? 1 : n_cpus > 8 ? 8 : (int)n_cpus;
   c->tune_jobs = 1;
   c->upstream_timeout_ms = 1000;
+  c->upstream_publish = 1;
   c->max_queued_jobs = 4096;
   c->default_trials = 200;
   c->max_trials = 2000;

@@ -216,6 +216,39 @@ static int code_of(int rc) {
   }
 }
 
+/* Connects to the request's upstream, trusting its configured key only,
+ * and sends the graph in this mode (schedule: MODE_PUBLISH's). */
+static int upstream_submit(const Neoflow__JobRequest *rq, int mode, const char *schedule,
+                           const char *who, nf_dconn **c, nf_buf *err) {
+  nf_trust tr;
+  memset(&tr, 0, sizeof tr);
+  *c = NULL;
+  int rc = nf_trust_add_key(&tr, rq->upstream_public_key, err);
+  nf_dconn_opts o = {.address = rq->upstream_address,
+                     .key_file = rq->upstream_key_file && rq->upstream_key_file[0]
+                                     ? rq->upstream_key_file : NULL,
+                     .trust = &tr, .client_name = who,
+                     .timeout_ms = rq->upstream_timeout_ms ? (int)rq->upstream_timeout_ms : 1000};
+  if (rc == NF_OK) rc = nf_dconn_open(&o, c, err);
+  /* (on TCP the handshake checked the key; on a socket, only the uid) */
+  if (rc == NF_OK && !nf_trust_key_ok(&tr, nf_dconn_daemon_key(*c))) {
+    nf_buf_printf(err, "the daemon there signs with another key than [upstream] public_key");
+    rc = NF_EPERM;
+  }
+  if (rc == NF_OK) {
+    Neoflow__Submit s = NEOFLOW__SUBMIT__INIT;
+    s.request_id = 1;
+    s.graph = rq->graph;
+    s.mode = mode;
+    s.schedule = (char *)(schedule ? schedule : "");
+    Neoflow__ClientMessage m = NEOFLOW__CLIENT_MESSAGE__INIT;
+    m.msg_case = NEOFLOW__CLIENT_MESSAGE__MSG_SUBMIT;
+    m.submit = &s;
+    rc = nf_dconn_send(*c, &m, err);
+  }
+  return rc;
+}
+
 /* A team's cache tier (docs/daemon.md): the upstream asked for the key
  * (MODE_LOOKUP) within the request's timeout.  1 when it answered with a
  * kernel signed by the configured key (digest and signature checked by
@@ -223,31 +256,14 @@ static int code_of(int rc) {
  * failure (the job compiles), with why on stderr (the daemon's log). */
 static int from_upstream(job *J, const Neoflow__JobRequest *rq) {
   if (!rq->upstream_address || !rq->upstream_address[0] || J->cuda_sm) return 0;
-  nf_trust tr;
-  memset(&tr, 0, sizeof tr);
   nf_buf err = NF_BUF_INIT;
   int timeout = rq->upstream_timeout_ms ? (int)rq->upstream_timeout_ms : 1000;
   nf_dconn *c = NULL;
-  int rc = nf_trust_add_key(&tr, rq->upstream_public_key, &err);
-  nf_dconn_opts o = {.address = rq->upstream_address,
-                     .key_file = rq->upstream_key_file && rq->upstream_key_file[0]
-                                     ? rq->upstream_key_file : NULL,
-                     .trust = &tr, .client_name = "neoflowd (a node's lookup)",
-                     .timeout_ms = timeout};
-  if (rc == NF_OK) rc = nf_dconn_open(&o, &c, &err);
+  int rc = upstream_submit(rq, NEOFLOW__MODE__MODE_LOOKUP, NULL, "neoflowd (a node's lookup)", &c,
+                           &err);
   nf_dkernel k;
   memset(&k, 0, sizeof k);
   int code = 0;
-  if (rc == NF_OK) {
-    Neoflow__Submit s = NEOFLOW__SUBMIT__INIT;
-    s.request_id = 1;
-    s.graph = rq->graph;
-    s.mode = NEOFLOW__MODE__MODE_LOOKUP;
-    Neoflow__ClientMessage m = NEOFLOW__CLIENT_MESSAGE__INIT;
-    m.msg_case = NEOFLOW__CLIENT_MESSAGE__MSG_SUBMIT;
-    m.submit = &s;
-    rc = nf_dconn_send(c, &m, &err);
-  }
   if (rc == NF_OK) rc = nf_dconn_next_kernel(c, 1, timeout, NULL, NULL, &k, &code, &err);
   nf_dconn_close(c);
   if (rc != NF_OK) {
@@ -279,8 +295,139 @@ static int from_upstream(job *J, const Neoflow__JobRequest *rq) {
   return 1;
 }
 
+/* How long a tuning job waits for its upstream to check what it
+ * published (compile and measure two or three kernels there, behind that
+ * daemon's queue): past it the job ends, not published (logged). */
+#define NFD_PUBLISH_WAIT_MS 30000
+
+/* A team's cache tier: the schedule this tuning keeps, published to the
+ * upstream (MODE_PUBLISH).  The upstream compiles and measures it itself
+ * and answers with the kernel it keeps for the key (signed by it: checked
+ * like a lookup's); what it kept is emitted as a JobPublished event.  A
+ * failure costs the wait at most and is only logged. */
+static void publish(job *J, const Neoflow__JobRequest *rq, const char *schedule) {
+  if (!rq->upstream_publish || !rq->upstream_address || !rq->upstream_address[0] || J->cuda_sm)
+    return;
+  nf_buf err = NF_BUF_INIT;
+  nf_dconn *c = NULL;
+  double deadline = now_s() + NFD_PUBLISH_WAIT_MS / 1000.0;
+  int rc = upstream_submit(rq, NEOFLOW__MODE__MODE_PUBLISH, schedule,
+                           "neoflowd (a node publishing)", &c, &err);
+  nf_dkernel k;
+  memset(&k, 0, sizeof k);
+  int code = 0;
+  while (rc == NF_OK) {
+    int left = (int)((deadline - now_s()) * 1000);
+    if (left <= 0) {
+      nf_buf_printf(&err, "no answer within %d s", NFD_PUBLISH_WAIT_MS / 1000);
+      rc = NF_EIO;
+      break;
+    }
+    nf_dkernel_free(&k);
+    rc = nf_dconn_next_kernel(c, 1, left, NULL, NULL, &k, &code, &err);
+    if (rc == NF_OK && k.final) break;
+  }
+  nf_dconn_close(c);
+  int lost = rc != NF_OK && code == NEOFLOW__ERROR_CODE__ERR_NOT_KEPT;
+  if (rc != NF_OK && !lost) {
+    fprintf(stderr, "neoflowd --job: upstream %s: the tuned schedule is not published: %s\n",
+            rq->upstream_address, err.len ? nf_buf_str(&err) : nf_strerror(rc));
+  } else {
+    if (lost) /* measured there and slower than what it keeps */
+      fprintf(stderr, "neoflowd --job: upstream %s: %s\n", rq->upstream_address, nf_buf_str(&err));
+    Neoflow__JobPublished p = NEOFLOW__JOB_PUBLISHED__INIT;
+    p.kept = !lost && k.schedule && !strcmp(k.schedule, schedule);
+    p.tier = k.tier >= 2 ? NEOFLOW__TIER__TIER_TUNED : NEOFLOW__TIER__TIER_DEFAULT;
+    p.time_ms = k.time_ms > 0 && isfinite(k.time_ms) ? k.time_ms : 0;
+    Neoflow__JobEvent ev = NEOFLOW__JOB_EVENT__INIT;
+    ev.msg_case = NEOFLOW__JOB_EVENT__MSG_PUBLISHED;
+    ev.published = &p;
+    emit(J, &ev);
+  }
+  nf_dkernel_free(&k);
+  nf_buf_free(&err);
+}
+
+/* A schedule a node published (rq->published), checked here: measured
+ * (checked against the reference like any candidate) after the default,
+ * then the key's kept schedule (rq->transfer), and nothing else.  Kept
+ * only when it is the fastest of them (by 1% over the default): then its
+ * kernel is final (tier 2, stored as tuned); else ERR_NOT_KEPT, and the
+ * daemon keeps what it had, so that a published schedule never makes a
+ * key worse nor marks it tuned by itself. */
+static void check_published(job *J, const Neoflow__JobRequest *rq) {
+  nf_buf err = NF_BUF_INIT, canon = NF_BUF_INIT;
+  nf_schedule *s = NULL;
+  int rc = nf_search_adapt(J->g, rq->published, &s, &err);
+  if (rc != NF_OK) {
+    emit_error(J, rc == NF_ENOMEM ? NEOFLOW__ERROR_CODE__ERR_INTERNAL
+                                  : NEOFLOW__ERROR_CODE__ERR_NOT_KEPT,
+               "the published schedule does not apply to this graph: %s", nf_buf_str(&err));
+    nf_buf_free(&err);
+    return;
+  }
+  nf_schedule_print(s, &canon);
+  nf_schedule_free(s);
+  const char *list[2] = {nf_buf_str(&canon), NULL};
+  size_t n = 1;
+  if (rq->n_transfer && rq->transfer[0]->schedule && rq->transfer[0]->schedule[0])
+    list[n++] = rq->transfer[0]->schedule;
+  nf_search_opts o;
+  memset(&o, 0, sizeof o);
+  o.max_trials = (int)n;
+  o.max_seconds = rq->max_seconds;
+  o.seed = rq->seed;
+  o.target = J->target;
+  o.measure.timeout_ms = rq->measure_timeout_ms;
+  o.measure.n_threads = (int)rq->threads;
+  o.transfer = list;
+  o.n_transfer = n;
+  o.progress = on_progress;
+  o.on_record = on_record;
+  o.user = J;
+  if (nf_env(NF_ENV_JOB_FAKE_TIMES)) o.time_hook = fake_time;
+  nf_search_result res;
+  memset(&res, 0, sizeof res);
+  rc = nf_search_run(J->g, &o, &res, &err);
+  const nf_search_record *mine = NULL;
+  for (size_t i = 1; rc == NF_OK && i < res.n_records; i++)
+    if (res.records[i].schedule && !strcmp(res.records[i].schedule, list[0]))
+      mine = &res.records[i];
+  int won = rc == NF_OK && res.best_schedule && !strcmp(res.best_schedule, list[0]) &&
+            res.default_ms > 0 && res.best_ms < res.default_ms * 0.99;
+  if (rc != NF_OK) {
+    emit_error(J, code_of(rc), "checking the published schedule: %s",
+               err.len ? nf_buf_str(&err) : nf_strerror(rc));
+  } else if (!won) {
+    char what[320];
+    if (!mine)
+      snprintf(what, sizeof what, "it is the default schedule");
+    else if (mine->status != NF_MEAS_OK)
+      snprintf(what, sizeof what, "%s: %s", nf_measure_status_name(mine->status), mine->reason);
+    else
+      snprintf(what, sizeof what, "%.4g ms here; the default %.4g ms, the best %.4g ms",
+               mine->time_ms, res.default_ms, res.best_ms);
+    emit_error(J, NEOFLOW__ERROR_CODE__ERR_NOT_KEPT,
+               "the published schedule is not the fastest here (%s): not kept", what);
+  } else {
+    rc = emit_schedule(J, NEOFLOW__TIER__TIER_TUNED, list[0], res.best_ms, res.default_ms,
+                       res.trials > 0 ? res.trials : 1, 1, &err);
+    if (rc != NF_OK)
+      emit_error(J, NEOFLOW__ERROR_CODE__ERR_COMPILE_ERROR, "the published schedule: %s",
+                 nf_buf_str(&err));
+  }
+  nf_search_result_free(&res);
+  nf_buf_free(&canon);
+  nf_buf_free(&err);
+}
+
 static void run(job *J, const Neoflow__JobRequest *rq) {
   nf_buf err = NF_BUF_INIT;
+  if (rq->mode == NEOFLOW__MODE__MODE_TUNE && rq->published && rq->published[0] && !J->cuda_sm) {
+    check_published(J, rq);
+    nf_buf_free(&err);
+    return;
+  }
   if (rq->mode == NEOFLOW__MODE__MODE_COMPILE && from_upstream(J, rq)) {
     nf_buf_free(&err);
     return;
@@ -408,6 +555,8 @@ static void run(job *J, const Neoflow__JobRequest *rq) {
     if (rc != NF_OK)
       emit_error(J, NEOFLOW__ERROR_CODE__ERR_COMPILE_ERROR, "tune: the best schedule: %s",
                  nf_buf_str(&err));
+    else if (better)
+      publish(J, rq, text); /* after the kernel: the clients do not wait for it */
     nf_buf_free(&dtext);
   }
   if (res.transferred || res.transfer_dropped || res.corpus)

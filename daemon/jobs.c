@@ -85,6 +85,11 @@ struct nfd_job {
   int term_signal;
   int got_final;     /* a final kernel came for this phase */
   int from_upstream; /* its kernel came from the team's upstream daemon */
+  char *published;   /* a schedule a node published (MODE_PUBLISH), measured
+                        first when the job tunes; NULL: none */
+  int not_kept;      /* a check of it ended with ERR_NOT_KEPT: done, not failed */
+  int rerun;         /* a request joined after that, while the process ended:
+                        the job runs again for it */
   nfd_kernel *final_k; /* this phase's final kernel once delivered (a
                           reference): a request joining while the job
                           process exits is answered with it */
@@ -152,8 +157,18 @@ static void sub_remove(nfd_job *j, nfd_req *r) {
 
 static int wants_tune(const nfd_job *j) {
   for (nfd_req *r = j->subs; r; r = r->next_in_job)
-    if (r->mode == NEOFLOW__MODE__MODE_TUNE) return 1;
+    if (r->mode == NEOFLOW__MODE__MODE_TUNE || r->mode == NEOFLOW__MODE__MODE_PUBLISH) return 1;
   return 0;
+}
+
+/* Only a node's published schedule is to be checked (no client asked for
+ * a tuning): the job measures it, the default and the kept kernel, and
+ * nothing else. */
+static int check_only(const nfd_job *j) {
+  if (!j->published) return 0;
+  for (nfd_req *r = j->subs; r; r = r->next_in_job)
+    if (r->mode == NEOFLOW__MODE__MODE_TUNE) return 0;
+  return 1;
 }
 
 static void send_progress(nfd_job *j, int state) {
@@ -351,6 +366,14 @@ static void deliver(nfd_job *j, nfd_kernel *k, int final) {
     if (!j->counted_done) S->jobs_done++;
     j->counted_done = 1;
     flush_records(j);
+    if (j->published && j->phase == PH_TUNING && !more) {
+      int kept = k->schedule && !strcmp(k->schedule, j->published);
+      if (kept) S->published_kept++;
+      NFD_INFO("job %s: the schedule a node published %s (%.4g ms here, the default %.4g ms)",
+               j->name[0] ? j->name : "(unnamed)",
+               kept ? "is kept: the fastest here" : "was not the fastest here: not kept",
+               k->time_ms, k->default_ms);
+    }
     {
       nf_cache_entry e;
       memset(&e, 0, sizeof e);
@@ -424,6 +447,13 @@ static void on_event(nfd_job *j, const Neoflow__JobEvent *ev) {
         }
       }
       j->got_error = 1;
+      if (ev->error->code == NEOFLOW__ERROR_CODE__ERR_NOT_KEPT) {
+        /* a check of a published schedule that lost: what is kept stays */
+        j->not_kept = 1;
+        NFD_INFO("job %s: %s", j->name[0] ? j->name : "(unnamed)", ev->error->message);
+        fail_all(j, NEOFLOW__ERROR_CODE__ERR_NOT_KEPT, ev->error->message);
+        break;
+      }
       NFD_WARN("job %.16s…: %s", j->name[0] ? j->name : "(unnamed)", ev->error->message);
       /* what does not change until the key or the check does */
       if (j->phase == PH_TUNING &&
@@ -432,6 +462,17 @@ static void on_event(nfd_job *j, const Neoflow__JobEvent *ev) {
         remember_failure(j, ev->error->message);
       fail_all(j, ev->error->code ? (int)ev->error->code : NEOFLOW__ERROR_CODE__ERR_INTERNAL,
                ev->error->message);
+      break;
+    case NEOFLOW__JOB_EVENT__MSG_PUBLISHED:
+      j->S->upstream_published++;
+      if (ev->published->kept)
+        NFD_INFO("job %s: its tuned schedule, published to the upstream %s, is kept there "
+                 "(%.4g ms on its machine)", j->name[0] ? j->name : "(unnamed)",
+                 j->S->cfg.upstream_address, ev->published->time_ms);
+      else
+        NFD_INFO("job %s: its tuned schedule, published to the upstream %s, is not kept there: "
+                 "what it keeps is as fast or faster on its machine",
+                 j->name[0] ? j->name : "(unnamed)", j->S->cfg.upstream_address);
       break;
     case NEOFLOW__JOB_EVENT__MSG_DONE: break;
     default: break;
@@ -497,6 +538,7 @@ static void phase_over(nfd_job *j) {
    * a detached tuning gave its slot to another job) did not fail */
   if (!ok && (j->orphaned || (j->detached && j->killed_why == NEOFLOW__ERROR_CODE__ERR_BUSY)))
     S->jobs_cancelled++;
+  else if (!ok && j->not_kept && !j->counted_done) S->jobs_done++;
   else if (!ok) S->jobs_failed++;
   if (ok && j->phase == PH_TUNING && j->more_trials > 0 && j->subs && !S->shutting_down) {
     /* the second pass, queued behind every first one (pick) */
@@ -507,6 +549,15 @@ static void phase_over(nfd_job *j) {
     j->final_k = NULL;
     j->why[0] = 0;
     j->got_final = j->got_error = j->killed_why = 0;
+    j->running = j->exit_seen = 0;
+    j->trial = j->failures = j->n_phase_records = 0;
+    send_progress(j, NEOFLOW__JOB_STATE__JOB_QUEUED);
+  } else if (j->rerun && j->subs && !S->shutting_down) {
+    j->phase = PH_QUEUED_TUNE;
+    j->rerun = j->not_kept = 0;
+    j->why[0] = 0;
+    j->got_final = j->got_error = j->killed_why = 0;
+    j->counted_done = 0;
     j->running = j->exit_seen = 0;
     j->trial = j->failures = j->n_phase_records = 0;
     send_progress(j, NEOFLOW__JOB_STATE__JOB_QUEUED);
@@ -846,20 +897,55 @@ static int start_job(nfd_job *j) {
   rq.threads = ncpu > 0 ? (uint32_t)ncpu : 1;
   rq.cuda_sm = (uint32_t)j->target.cuda_sm;
   rq.cuda_name = j->target.cuda_name;
-  /* a compile for this CPU asks the team's upstream first */
-  if (!tune && !j->target.cuda_sm && S->cfg.upstream_address[0]) {
+  /* a compile for this CPU asks the team's upstream first; a tuning
+   * publishes its result there (not a check of what a node published:
+   * a schedule goes one level up, so that two daemons naming each other
+   * never send one back and forth) */
+  int check = tune && check_only(j);
+  int publish = tune && !check && S->cfg.upstream_publish;
+  if ((!tune || publish) && !j->target.cuda_sm && S->cfg.upstream_address[0]) {
     rq.upstream_address = S->cfg.upstream_address;
     rq.upstream_key_file = S->cfg.upstream_key_file;
     rq.upstream_public_key = S->cfg.upstream_public_key;
     rq.upstream_timeout_ms = (uint32_t)S->cfg.upstream_timeout_ms;
+    rq.upstream_publish = publish;
   }
   nf_cache_record *prior = NULL, *tr = NULL, *co = NULL;
   size_t n_prior = 0, n_tr = 0, n_co = 0;
   Neoflow__Record *arr_tr = NULL, *arr_co = NULL;
-  if (tune) add_prior(j, &rq, &prior, &n_prior);
-  if (tune) add_shared(j, &rq, &tr, &n_tr, &co, &n_co, &arr_tr, &arr_co);
+  if (tune && !check) add_prior(j, &rq, &prior, &n_prior);
+  if (tune && !check) add_shared(j, &rq, &tr, &n_tr, &co, &n_co, &arr_tr, &arr_co);
+  /* a published schedule is measured first: a check (rq.published)
+   * against the default and the key's tuned schedule, which it must beat
+   * to be kept; a tuning a client asked for starts from it */
+  Neoflow__Record **own_transfer = rq.transfer, **xlist = NULL, xf;
+  char *kept = NULL;
+  if (check) {
+    rq.published = j->published;
+    nf_cache_entry e;
+    if (job_entry(j, &e) == NF_OK) {
+      if (nfd_entry_tuned(&e) && e.schedule) kept = strdup(e.schedule);
+      nf_cache_entry_free(&e);
+    }
+  }
+  if (kept || (tune && j->published && !check)) {
+    size_t n = 1 + rq.n_transfer;
+    if (n > NF_WIRE_MAX_TRANSFER) n = NF_WIRE_MAX_TRANSFER;
+    xlist = calloc(n, sizeof *xlist);
+    if (xlist) {
+      neoflow__record__init(&xf);
+      xf.schedule = kept ? kept : j->published;
+      xlist[0] = &xf;
+      for (size_t i = 0, k = 1; k < n; i++) xlist[k++] = rq.transfer[i];
+      rq.transfer = xlist;
+      rq.n_transfer = n;
+    }
+  }
   nf_buf b = NF_BUF_INIT;
   int rc = nf_wire_pack(&rq.base, NF_WIRE_JOB_FRAME_MAX, &b);
+  free(xlist);
+  free(kept);
+  rq.transfer = own_transfer;
   if (rq.n_prior) {
     free(rq.prior[0]);
     free(rq.prior);
@@ -942,6 +1028,7 @@ static nfd_job *find_job(nfd_server *S, const uint8_t key[32]) {
 
 static void job_destroy(nfd_job *j) {
   nfd_server *S = j->S;
+  free(j->published);
   if (j->final_k) nfd_kernel_unref(j->final_k);
   if (j->best_k) nfd_kernel_unref(j->best_k);
   if (j->first_k) nfd_kernel_unref(j->first_k);
@@ -961,15 +1048,26 @@ static void job_destroy(nfd_job *j) {
 
 int nfd_job_subscribe(nfd_server *S, nfd_req *r, const uint8_t graph_hash[32],
                       const char *graph_name, const uint8_t *graph_pb, size_t graph_len,
-                      const nfd_shape *shape, int have_tier1, int max_trials, int max_seconds) {
+                      const nfd_shape *shape, int have_tier1, int max_trials, int max_seconds,
+                      const char *published) {
   nfd_job *j = find_job(S, r->key);
+  int was_tuning = j && wants_tune(j);
+  char *pub = published ? strdup(published) : NULL;
+  if (published && !pub) return NF_ENOMEM;
   if (!j) {
-    if (S->n_jobs >= S->cfg.max_queued_jobs) return NF_ELIMIT;
+    if (S->n_jobs >= S->cfg.max_queued_jobs) {
+      free(pub);
+      return NF_ELIMIT;
+    }
     j = calloc(1, sizeof *j);
-    if (!j) return NF_ENOMEM;
+    if (!j) {
+      free(pub);
+      return NF_ENOMEM;
+    }
     j->graph_pb = malloc(graph_len ? graph_len : 1);
     if (!j->graph_pb) {
       free(j);
+      free(pub);
       return NF_ENOMEM;
     }
     memcpy(j->graph_pb, graph_pb, graph_len);
@@ -999,13 +1097,27 @@ int nfd_job_subscribe(nfd_server *S, nfd_req *r, const uint8_t graph_hash[32],
     r->got_ms = j->final_k->time_ms;
     nfd_conn_send_kernel(r->conn, r->id, j->final_k, 1);
     nfd_req_finish(r);
+    free(pub);
     return NF_OK;
-  } else if (r->mode == NEOFLOW__MODE__MODE_TUNE) {
+  } else if (r->mode == NEOFLOW__MODE__MODE_TUNE || r->mode == NEOFLOW__MODE__MODE_PUBLISH) {
     if (!j->shape.ok && shape) j->shape = *shape;
-    /* the largest budget asked for wins */
-    if (max_trials > j->max_trials) j->max_trials = max_trials;
-    if (max_seconds > j->max_seconds) j->max_seconds = max_seconds;
+    /* the largest budget asked for wins (a compile's budget is no ask) */
+    if (max_trials > j->max_trials || !was_tuning) j->max_trials = max_trials;
+    if (max_seconds > j->max_seconds || !was_tuning) j->max_seconds = max_seconds;
   }
+  if (j->not_kept && !j->got_final) {
+    /* a check that lost, its process ending: this request's is run anew */
+    j->rerun = 1;
+    free(j->published);
+    j->published = pub;
+    pub = NULL;
+  }
+  /* measured first when the job tunes (a running tuning answers for it) */
+  if (pub && !j->published && j->phase != PH_TUNING) {
+    j->published = pub;
+    pub = NULL;
+  }
+  free(pub);
   if (j->detached) {
     j->detached = 0;
     NFD_INFO("job %s: taken back by a request for its key", j->name[0] ? j->name : "(unnamed)");

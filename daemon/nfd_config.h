@@ -80,6 +80,8 @@ typedef struct nfd_config {
   char upstream_public_key[4096]; /* public_key = ed25519:HEX or a file: the only
                                      signer whose kernels are taken */
   int upstream_timeout_ms;        /* timeout_ms = 1000: a lookup's bound */
+  int upstream_publish;           /* publish = yes: a tuning's result is
+                                     published upstream (MODE_PUBLISH) */
   /* [jobs] */
   int compile_jobs;        /* min(online CPUs, 8) */
   int tune_jobs;           /* 1 */

@@ -161,11 +161,14 @@ void nfd_req_finish(nfd_req *r);
  * (single flight).  tuned_in_cache: the cache holds a tier-1 entry, so a
  * new job starts at the tuning phase.  graph_pb: the packed wire graph
  * (copied when a job is created); shape (may be NULL): the graph's, stored
- * with the key when tuning starts and used to find similar subgraphs.  NF_OK, NF_ELIMIT (queue full),
+ * with the key when tuning starts and used to find similar subgraphs;
+ * published (MODE_PUBLISH, else NULL): the schedule a node published,
+ * measured first when the job tunes.  NF_OK, NF_ELIMIT (queue full),
  * NF_ENOMEM. */
 int nfd_job_subscribe(nfd_server *S, nfd_req *r, const uint8_t graph_hash[32],
                       const char *graph_name, const uint8_t *graph_pb, size_t graph_len,
-                      const nfd_shape *shape, int have_tier1, int max_trials, int max_seconds);
+                      const nfd_shape *shape, int have_tier1, int max_trials, int max_seconds,
+                      const char *published);
 /* Removes r from its job (if any); a job left without subscribers is
  * dropped (a running job process is killed; its records so far are kept). */
 void nfd_job_unsubscribe(nfd_req *r);
@@ -265,6 +268,9 @@ struct nfd_server {
   uint64_t hits, misses, jobs_done, jobs_failed, jobs_cancelled, refused;
   uint64_t lookups_missed; /* MODE_LOOKUP requests the cache could not answer */
   uint64_t upstream_kernels; /* kernels taken from the team's upstream daemon */
+  uint64_t upstream_published; /* tuned schedules published to the upstream */
+  uint64_t published_received, published_kept; /* MODE_PUBLISH requests; of
+                                                  them, schedules kept here */
   uint64_t timeouts;      /* connections closed by a deadline (handshake, a
                              stalled or too slow frame, idle, slow reader) */
   uint64_t emfile;        /* accepts that failed for lack of descriptors

@@ -528,13 +528,20 @@ static void on_submit(nfd_conn *c, const Neoflow__Submit *s) {
                    "submit: %d requests are open in this session (max_requests)", c->n_reqs);
     return;
   }
-  /* (a lookup only reads the cache: another node's target is asked for
-   * the kernels published for it) */
+  /* (a lookup only reads the cache: a node of another CPU is answered
+   * ERR_NOT_FOUND, nothing being compiled here for its target, and
+   * compiles itself) */
   if (!c->target_ok && s->mode != NEOFLOW__MODE__MODE_LOOKUP) {
     nfd_conn_error(c, id, NEOFLOW__ERROR_CODE__ERR_UNSUPPORTED_TARGET, 0,
                    "submit: this daemon compiles for %s or a GPU it has NVRTC for, not for "
                    "the client's target (see the daemon's log for the handshake)",
                    S->target.description);
+    return;
+  }
+  int publish = s->mode == NEOFLOW__MODE__MODE_PUBLISH;
+  if (publish && c->target.cuda_sm) {
+    nfd_conn_error(c, id, NEOFLOW__ERROR_CODE__ERR_UNSUPPORTED_TARGET, 0,
+                   "submit: schedules are published for this daemon's CPU only, not for a GPU");
     return;
   }
   if (!s->graph) {
@@ -552,7 +559,7 @@ static void on_submit(nfd_conn *c, const Neoflow__Submit *s) {
    * (only then: a compile never looks) */
   nfd_shape shape;
   memset(&shape, 0, sizeof shape);
-  if (rc == NF_OK && s->mode == NEOFLOW__MODE__MODE_TUNE &&
+  if (rc == NF_OK && (s->mode == NEOFLOW__MODE__MODE_TUNE || publish) &&
       nf_search_shape(g, shape.sig, shape.desc, NF_CACHE_DESC, &shape.n_desc) == NF_OK)
     shape.ok = 1;
   if (rc != NF_OK) {
@@ -633,6 +640,17 @@ static void on_submit(nfd_conn *c, const Neoflow__Submit *s) {
   int retune = s->slower_sha256.len && tuned && retune_wanted(c, s, key, &e, trials);
   int lookup = s->mode == NEOFLOW__MODE__MODE_LOOKUP;
   int done = hit && (lookup || s->mode == NEOFLOW__MODE__MODE_COMPILE || (tuned && !retune));
+  if (publish) {
+    /* a node's tuned schedule is measured here against the default and
+     * the key's tuned kernel: two trials at most (the published one, the
+     * kept one), unless it joins a tuning asked for more */
+    S->published_received++;
+    trials = 2;
+    done = hit && tuned && e.schedule && !strcmp(e.schedule, s->schedule);
+    NFD_INFO("session %llu (%s): publishes a tuned schedule for %.*s: %s", (unsigned long long)c->session,
+             c->name, NF_WIRE_NAME_MAX, s->graph->name ? s->graph->name : "(unnamed)",
+             done ? "already the one kept here" : "measured here against what is kept");
+  }
   if (hit) S->hits++;
   else S->misses++;
   if (lookup && !hit) { /* (a lookup starts no job) */
@@ -674,7 +692,8 @@ static void on_submit(nfd_conn *c, const Neoflow__Submit *s) {
   uint8_t *pb = malloc(protobuf_c_message_get_packed_size(&s->graph->base) + 1);
   size_t pb_len = pb ? protobuf_c_message_pack(&s->graph->base, pb) : 0;
   rc = pb ? nfd_job_subscribe(S, r, ghash, s->graph->name, pb, pb_len, &shape, hit, trials,
-                              clampi((int)s->max_seconds, S->cfg.default_seconds, S->cfg.max_seconds))
+                              clampi((int)s->max_seconds, S->cfg.default_seconds, S->cfg.max_seconds),
+                              publish ? s->schedule : NULL)
           : NF_ENOMEM;
   free(pb);
   if (rc != NF_OK) {
@@ -731,6 +750,9 @@ static void on_status(nfd_conn *c) {
   st.upstream = S->cfg.upstream_address;
   st.upstream_kernels = S->upstream_kernels;
   st.lookups_missed = S->lookups_missed;
+  st.upstream_published = S->upstream_published;
+  st.published_received = S->published_received;
+  st.published_kept = S->published_kept;
   st.cache_misses = S->misses;
   st.jobs_done = S->jobs_done;
   st.jobs_failed = S->jobs_failed;

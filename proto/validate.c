@@ -356,6 +356,11 @@ static int v_submit(vctx *v, const Neoflow__Submit *s) {
     return rc;
   if (s->slower_ratio > 0 && !s->slower_sha256.len)
     return fail(v, "slower_ratio", "a ratio without the kernel's slower_sha256");
+  if ((rc = check_text(v, "schedule", s->schedule, NF_WIRE_SCHEDULE_MAX, 1))) return rc;
+  int publish = s->mode == NEOFLOW__MODE__MODE_PUBLISH;
+  if (publish != (s->schedule && s->schedule[0]))
+    return fail(v, "schedule", publish ? "MODE_PUBLISH without the schedule it publishes"
+                                       : "a schedule is sent only with MODE_PUBLISH");
   SUB(v, "graph", s->graph, v_graph);
   return NF_OK;
 }
@@ -536,6 +541,14 @@ static int v_record(vctx *v, const Neoflow__Record *r) {
   return NF_OK;
 }
 
+static int v_job_published(vctx *v, const Neoflow__JobPublished *p) {
+  int rc;
+  if ((rc = check_enum(v, "tier", &neoflow__tier__descriptor, (int)p->tier)) ||
+      (rc = check_time(v, "time_ms", p->time_ms)))
+    return rc;
+  return NF_OK;
+}
+
 static int v_job_kernel(vctx *v, const Neoflow__JobKernel *k) {
   int rc;
   if ((rc = check_enum(v, "tier", &neoflow__tier__descriptor, (int)k->tier)) ||
@@ -559,7 +572,8 @@ int nf_wire_validate_job_request(const Neoflow__JobRequest *m, nf_wire_err *e) {
       (rc = check_text(&v, "cuda_name", m->cuda_name, NF_WIRE_DESCRIPTION_MAX, 0)) ||
       (rc = check_text(&v, "upstream_address", m->upstream_address, 4096, 0)) ||
       (rc = check_text(&v, "upstream_key_file", m->upstream_key_file, 4096, 0)) ||
-      (rc = check_text(&v, "upstream_public_key", m->upstream_public_key, 4096, 0)))
+      (rc = check_text(&v, "upstream_public_key", m->upstream_public_key, 4096, 0)) ||
+      (rc = check_text(&v, "published", m->published, NF_WIRE_SCHEDULE_MAX, 1)))
     return rc;
   if (m->n_prior && !m->prior) return missing(&v, "prior");
   if (m->n_transfer && !m->transfer) return missing(&v, "transfer");
@@ -588,6 +602,9 @@ int nf_wire_validate_job_event(const Neoflow__JobEvent *m, nf_wire_err *e) {
   case NEOFLOW__JOB_EVENT__MSG_RECORD: SUB(&v, "record", m->record, v_record); break;
   case NEOFLOW__JOB_EVENT__MSG_ERROR: SUB(&v, "error", m->error, v_error); break;
   case NEOFLOW__JOB_EVENT__MSG_DONE: SUB(&v, "done", m->done, v_goodbye); break;
+  case NEOFLOW__JOB_EVENT__MSG_PUBLISHED:
+    SUB(&v, "published", m->published, v_job_published);
+    break;
   default: return fail(&v, "msg", "no message set (oneof case %d)", (int)m->msg_case);
   }
   return NF_OK;

@@ -514,7 +514,7 @@ START_TEST(dunits_config_example) {
       "idle_timeout_s", "signing_key", "output_soft_limit",
       "output_hard_limit", "output_soft_seconds", "log_level", "cache", "allow_network_fs",
       "sync", "soft_cap_mb", "hard_cap_mb", "listen", "key_file", "address", "key_file",
-      "public_key", "timeout_ms", "compile_jobs", "tune_jobs",
+      "public_key", "timeout_ms", "publish", "compile_jobs", "tune_jobs",
       "max_queued_jobs", "default_trials", "max_trials", "default_seconds", "max_seconds",
       "compile_timeout_s", "measure_timeout_ms", "worker_memory_mb", "max_elements",
       "max_gflops", "share_budget", "min_trials", "min_seconds", "similar_records",

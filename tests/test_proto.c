@@ -301,6 +301,7 @@ typedef struct fixtures {
   Neoflow__JobRequest jr;
   uint8_t binary[3000];
   Neoflow__JobKernel jk;
+  Neoflow__JobPublished jp;
   Neoflow__JobEvent je;
 } fixtures;
 
@@ -1044,8 +1045,8 @@ START_TEST(proto_unknown_enum_rejected) {
   f->w.s[1].red = (Neoflow__RedOp)5;
   expect_reject(K_CLIENT, &f->cm.base, "submit.graph.stmts[1].red: unknown value 5");
   fx_server(f, 7);
-  f->error.code = (Neoflow__ErrorCode)20;
-  expect_reject(K_SERVER, &f->sm.base, "error.code: unknown value 20");
+  f->error.code = (Neoflow__ErrorCode)21;
+  expect_reject(K_SERVER, &f->sm.base, "error.code: unknown value 21");
   fx_server(f, 1);
   f->target.kind = (Neoflow__TargetKind)2;
   expect_reject(K_SERVER, &f->sm.base, "welcome.target.kind: unknown value 2");
@@ -1156,6 +1157,12 @@ static const char *const field_cases[] = {
     "welcome.daemon_version: invalid UTF-8 at byte 1",
     "hello.client_name: invalid UTF-8 at byte 0",
     "hello.client_name: a control character at byte 0",
+    "submit.schedule: MODE_PUBLISH without the schedule it publishes",
+    "submit.schedule: a schedule is sent only with MODE_PUBLISH",
+    "submit.schedule: a control character at byte 1",
+    "published.time_ms: nan is not a finite time",
+    "published.tier: unknown value 7",
+    "published: 65537 bytes, at most 65536",
 };
 
 START_TEST(proto_invalid_fields) {
@@ -1247,6 +1254,31 @@ START_TEST(proto_invalid_fields) {
   case 36: kind = K_SERVER; fx_server(f, 1); f->welcome.daemon_version = "v\xc0\xaf"; break;
   case 37: fx_client(f, 0); f->hello.client_name = "\xf4\x90\x80\x80"; break;
   case 38: fx_client(f, 0); f->hello.client_name = "\xc2\x85"; break; /* C1 NEL */
+  case 39: fx_client(f, 2); f->submit.mode = NEOFLOW__MODE__MODE_PUBLISH; break;
+  case 40: fx_client(f, 2); f->submit.schedule = "tile i 8\n"; break;
+  case 41:
+    fx_client(f, 2);
+    f->submit.mode = NEOFLOW__MODE__MODE_PUBLISH;
+    f->submit.schedule = "t\x01";
+    break;
+  case 42:
+  case 43:
+    kind = K_JOB_EVENT;
+    fx_job_event(f, 0);
+    neoflow__job_published__init(&f->jp);
+    f->jp.time_ms = _i == 42 ? NAN : 1;
+    f->jp.tier = _i == 43 ? (Neoflow__Tier)7 : NEOFLOW__TIER__TIER_TUNED;
+    f->je.msg_case = NEOFLOW__JOB_EVENT__MSG_PUBLISHED;
+    f->je.published = &f->jp;
+    break;
+  case 44:
+    kind = K_JOB_REQUEST;
+    fx_job_request(f);
+    big = malloc(NF_WIRE_SCHEDULE_MAX + 2);
+    memset(big, 'n', NF_WIRE_SCHEDULE_MAX + 1);
+    big[NF_WIRE_SCHEDULE_MAX + 1] = 0;
+    f->jr.published = (char *)big;
+    break;
   }
   const ProtobufCMessage *m = kind == K_CLIENT   ? &f->cm.base
                               : kind == K_SERVER ? &f->sm.base

@@ -65,14 +65,16 @@ static void print_status(const Neoflow__StatusReply *s, int json) {
            "\"connections_refused\":%llu,"
            "\"timeouts\":%llu,\"emfile_closes\":%llu,\"quarantined\":%llu,\"cache_busy\":%llu,"
            "\"slower_reports\":%llu,\"retunes\":%llu,\"upstream_kernels\":%llu,"
-           "\"lookups_missed\":%llu,\"upstream\":",
+           "\"lookups_missed\":%llu,\"upstream_published\":%llu,\"published_received\":%llu,"
+           "\"published_kept\":%llu,\"upstream\":",
            (unsigned long long)s->jobs_done, (unsigned long long)s->jobs_failed,
            (unsigned long long)s->jobs_cancelled, (unsigned long long)s->connections_refused,
            (unsigned long long)s->timeouts,
            (unsigned long long)s->emfile_closes, (unsigned long long)s->quarantined,
            (unsigned long long)s->cache_busy, (unsigned long long)s->slower_reports,
            (unsigned long long)s->retunes, (unsigned long long)s->upstream_kernels,
-           (unsigned long long)s->lookups_missed);
+           (unsigned long long)s->lookups_missed, (unsigned long long)s->upstream_published,
+           (unsigned long long)s->published_received, (unsigned long long)s->published_kept);
     json_str(stdout, s->upstream ? s->upstream : "");
     printf(",\"clients\":[");
     for (size_t i = 0; i < s->n_clients; i++) {
@@ -106,11 +108,15 @@ static void print_status(const Neoflow__StatusReply *s, int json) {
          (unsigned long long)s->jobs_done, (unsigned long long)s->jobs_failed,
          (unsigned long long)s->jobs_cancelled, (unsigned long long)s->connections_refused);
   if (s->upstream && s->upstream[0])
-    printf("team tier: upstream %s: %llu kernels taken from it instead of compiling\n",
-           s->upstream, (unsigned long long)s->upstream_kernels);
-  if (s->lookups_missed)
-    printf("lookups from other daemons this cache could not answer: %llu\n",
-           (unsigned long long)s->lookups_missed);
+    printf("team tier: upstream %s: %llu kernels taken from it instead of compiling, %llu tuned "
+           "schedules published to it\n",
+           s->upstream, (unsigned long long)s->upstream_kernels,
+           (unsigned long long)s->upstream_published);
+  if (s->lookups_missed || s->published_received)
+    printf("team tier, as an upstream: %llu lookups from nodes not answered (a miss); %llu "
+           "schedules published by nodes, %llu of them kept as the fastest here\n",
+           (unsigned long long)s->lookups_missed, (unsigned long long)s->published_received,
+           (unsigned long long)s->published_kept);
   if (s->slower_reports)
     printf("kernels slower than a client's fallback: %llu reported, %llu searched further\n",
            (unsigned long long)s->slower_reports, (unsigned long long)s->retunes);
