@@ -7,6 +7,7 @@
 #include "nf_config.h"
 #include "nf_dist.h"
 #include "nf_env.h"
+#include "nf_nccl.h"
 #include "session_int.h"
 
 #if NF_HAVE_MPI
@@ -31,6 +32,11 @@ struct nf__dist {
   double wait_ms;          /* spent waiting for exchanges, in all */
   int64_t hb_send[MAX_NAMED], hb_got[MAX_NAMED];
   MPI_Request hb_req[MAX_NAMED];
+  /* a GPU session: the buckets are averaged on the device by NCCL, queued
+   * after the ops that complete them (nf__device.after_ops) */
+  nf_nccl *nccl;
+  uint64_t dG;             /* the gradients' device address */
+  int *bucket_ops;         /* scratch: a bucket's last ops */
 };
 
 static int finalize_registered;
@@ -86,20 +92,50 @@ int nf__dist_open(nf_session *s) {
   d->timeout_s = t && atof(t) > 0 ? atof(t) : 300;
   for (int r = 0; r < MAX_NAMED; r++) d->hb_req[r] = MPI_REQUEST_NULL;
   s->dist = d;
-  /* what every rank must have alike: the CPU (a GPU on some rank refuses
-   * the job on all), and a flat vector MPI's counts take */
-  int bad = s->gpu ? 1 : s->n_flat > INT32_MAX ? 2 : 0;
+  /* what every rank must have alike: the kind of device (every rank on
+   * a GPU, with NCCL, or every rank on the CPU), and on the CPU a flat
+   * vector MPI's counts take */
+  nf_buf why = NF_BUF_INIT;
+  int no_nccl = 0;
+  if (s->gpu && nf_nccl_load(s->kt.dev->cuda_rt(s), &d->nccl, &why) != NF_OK) no_nccl = 1;
+  int v[4] = {s->gpu ? 1 : 0, s->gpu ? 0 : 1, !s->gpu && s->n_flat > INT32_MAX, no_nccl};
   MPI_Request r;
-  MPI_Iallreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, d->comm, &r);
+  MPI_Iallreduce(MPI_IN_PLACE, v, 4, MPI_INT, MPI_MAX, d->comm, &r);
   wait_or_abort(s, &r, 1, "opening the session on every rank");
-  if (bad) {
-    nf_buf_printf(&s->err, bad == 1 ? "data-parallel training on a GPU (NCCL) is not done yet: "
-                                      "run the ranks on the CPU (--device cpu), or one rank"
-                                    : "data-parallel training: more than 2^31 parameters");
+  if ((v[0] && v[1]) || v[2] || v[3]) {
+    if (v[0] && v[1])
+      nf_buf_printf(&s->err, "data-parallel training: some ranks opened a GPU and others the "
+                             "CPU (a rank whose GPU failed trains on the CPU: see its log); "
+                             "every rank trains on the same kind of device");
+    else if (v[2])
+      nf_buf_printf(&s->err, "data-parallel training: more than 2^31 parameters");
+    else
+      nf_buf_printf(&s->err, "data-parallel training on GPUs needs NCCL on every rank: %s",
+                    no_nccl ? nf_buf_str(&why) : "another rank could not load it (see its log)");
+    nf_buf_free(&why);
     nf__dist_close(s);
     return NF_EUNSUPPORTED;
   }
-  nf__slog_msg(&s->log, NEOFLOW_LOG_INFO, "data-parallel: rank %d of %d", d->rank, d->size);
+  nf_buf_free(&why);
+  if (d->nccl) {
+    /* the communicator: rank 0's identifier to every rank by MPI */
+    uint8_t id[NF_NCCL_ID_BYTES];
+    memset(id, 0, sizeof id);
+    int bad = d->rank == 0 && nf_nccl_unique_id(d->nccl, id, &s->err) != NF_OK;
+    MPI_Request q[2];
+    MPI_Ibcast(id, NF_NCCL_ID_BYTES, MPI_BYTE, 0, d->comm, &q[0]);
+    MPI_Iallreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, d->comm, &q[1]);
+    wait_or_abort(s, q, 2, "the NCCL identifier's broadcast");
+    if (bad || nf_nccl_init(d->nccl, d->size, d->rank, id, &s->err) != NF_OK) {
+      if (bad && !s->err.len) nf_buf_printf(&s->err, "rank 0 could not make an NCCL identifier");
+      nf__dist_abort(s, "NCCL's communicator");
+    }
+    d->dG = s->kt.dev->addr(s, s->G, (size_t)s->n_flat * sizeof(float));
+    if (!d->dG) nf__dist_abort(s, "the gradients have no device memory");
+  }
+  nf__slog_msg(&s->log, NEOFLOW_LOG_INFO, "data-parallel: rank %d of %d%s%s", d->rank, d->size,
+               d->nccl ? ", gradients averaged on the GPU by NCCL " : "",
+               d->nccl ? nf_nccl_version(d->nccl) : "");
   return NF_OK;
 }
 
@@ -118,9 +154,16 @@ void nf__dist_abort(nf_session *s, const char *why) {
 void nf__dist_bcast_params(nf_session *s) {
   nf__dist *d = s->dist;
   if (!d) return;
-  MPI_Request r;
-  MPI_Ibcast(s->P, (int)s->n_flat, MPI_FLOAT, 0, d->comm, &r);
-  wait_or_abort(s, &r, 1, "the parameters' broadcast");
+  /* (once per session or load: through the host, in MPI's int counts) */
+  size_t bytes = (size_t)s->n_flat * sizeof(float);
+  if (s->gpu && nf__dev_pull(s, s->P, bytes) != NF_OK) nf__dist_abort(s, "reading the parameters");
+  for (int64_t at = 0; at < s->n_flat; at += INT32_MAX) {
+    int64_t n = s->n_flat - at < INT32_MAX ? s->n_flat - at : INT32_MAX;
+    MPI_Request r;
+    MPI_Ibcast(s->P + at, (int)n, MPI_FLOAT, 0, d->comm, &r);
+    wait_or_abort(s, &r, 1, "the parameters' broadcast");
+  }
+  if (s->gpu && nf__dev_push(s, s->P, bytes) != NF_OK) nf__dist_abort(s, "writing the parameters");
 }
 
 int nf__dist_start(nf_session *s) {
@@ -131,7 +174,9 @@ int nf__dist_start(nf_session *s) {
   d->ready = calloc((size_t)s->n_params + 1, 1);
   d->sent = calloc((size_t)s->n_params + 1, 1);
   d->req = malloc(sizeof(MPI_Request) * ((size_t)s->n_params + 1));
-  if (!d->last_op || !d->ready || !d->sent || !d->req) nf__dist_abort(s, "out of memory");
+  d->bucket_ops = malloc(sizeof(int) * ((size_t)s->n_params + 1));
+  if (!d->last_op || !d->ready || !d->sent || !d->req || !d->bucket_ops)
+    nf__dist_abort(s, "out of memory");
   for (int p = 0; p < s->n_params; p++) d->last_op[p] = -1;
   /* the last op writing into each parameter's gradient (through its slot
    * or a temporary sharing the gradient's memory) */
@@ -165,12 +210,44 @@ void nf__dist_close(nf_session *s) {
     for (int q = 0; q < d->n_req; q++) MPI_Request_free(&d->req[q]);
     MPI_Comm_free(&d->comm);
   }
+  nf_nccl_close(d->nccl);
+  free(d->bucket_ops);
   free(d->last_op);
   free(d->ready);
   free(d->sent);
   free(d->req);
   free(d);
   s->dist = NULL;
+}
+
+/* A GPU bucket, parameters p..q (gradient floats lo..hi): NCCL's mean
+ * queued after the ops that wrote them. */
+typedef struct mean_args {
+  nf_nccl *nccl;
+  uint64_t dptr;
+  size_t count;
+} mean_args;
+
+static int queue_mean(void *ctx, nf_buf *err) {
+  const mean_args *a = ctx;
+  return nf_nccl_mean(a->nccl, a->dptr, a->count, err);
+}
+
+static void gpu_bucket(nf_session *s, int p, int q, int64_t lo, int64_t hi) {
+  nf__dist *d = s->dist;
+  int n = 0, last = -1;
+  for (int k = p; k <= q; k++) {
+    int o = d->last_op[k];
+    if (o < 0) continue;
+    if (o > last) last = o;
+    int seen = 0;
+    for (int j = 0; j < n && !seen; j++) seen = d->bucket_ops[j] == o;
+    if (!seen) d->bucket_ops[n++] = o;
+  }
+  mean_args a = {d->nccl, d->dG + (uint64_t)lo * sizeof(float), (size_t)(hi - lo)};
+  int rc = last < 0 ? queue_mean(&a, &s->err)
+                    : s->kt.dev->after_ops(s, last, d->bucket_ops, n, queue_mean, &a);
+  if (rc != NF_OK) nf__dist_abort(s, "queueing a gradient bucket's mean (NCCL)");
 }
 
 /* Starts the allreduce of every run of consecutive parameters whose
@@ -189,8 +266,12 @@ static void send_ready(nf_session *s, int all) {
     int64_t lo = s->params[p].offset;
     int64_t hi = q + 1 < d->n_params ? s->params[q + 1].offset : s->n_flat;
     if (all || (hi - lo) * 4 >= BUCKET_BYTES) {
-      MPI_Iallreduce(MPI_IN_PLACE, s->G + lo, (int)(hi - lo), MPI_FLOAT, MPI_SUM, d->comm,
-                     &d->req[d->n_req++]);
+      if (d->nccl) {
+        gpu_bucket(s, p, q, lo, hi);
+      } else {
+        MPI_Iallreduce(MPI_IN_PLACE, s->G + lo, (int)(hi - lo), MPI_FLOAT, MPI_SUM, d->comm,
+                       &d->req[d->n_req++]);
+      }
       for (int k = p; k <= q; k++) d->sent[k] = 1;
     }
     p = q + 1;
@@ -281,24 +362,63 @@ static void missing_ranks(nf__dist *d, char *buf, size_t n) {
   }
 }
 
+/* This step's heartbeats from every rank (sent before their exchange:
+ * they are here). */
+static void recv_heartbeats(nf__dist *d) {
+  for (int r = 0; r < d->size && d->size <= MAX_NAMED; r++)
+    while (r != d->rank && d->hb_got[r] < d->step)
+      MPI_Recv(&d->hb_got[r], 1, MPI_INT64_T, r, HB_TAG, d->comm, MPI_STATUS_IGNORE);
+}
+
 int nf__dist_grads(nf_session *s) {
   nf__dist *d = s->dist;
   if (!d) return NF_OK;
   for (int p = 0; p < d->n_params; p++)
     if (d->last_op[p] >= 0) d->ready[p] = 1;
   send_ready(s, 1);
-  wait_or_abort(s, d->req, d->n_req, "the gradient exchange");
-  d->n_req = 0;
   memset(d->ready, 0, (size_t)d->n_params);
   memset(d->sent, 0, (size_t)d->n_params);
+  if (d->nccl) return NF_OK; /* queued: the means on the device (nf__dist_step_end) */
+  wait_or_abort(s, d->req, d->n_req, "the gradient exchange");
+  d->n_req = 0;
   /* the mean, not the sum */
   float inv = 1.0f / (float)d->size;
   for (int64_t k = 0; k < s->n_flat; k++) s->G[k] *= inv;
-  /* this step's heartbeats from every rank (sent before their exchange:
-   * they are here) */
-  for (int r = 0; r < d->size && d->size <= MAX_NAMED; r++)
-    while (r != d->rank && d->hb_got[r] < d->step)
-      MPI_Recv(&d->hb_got[r], 1, MPI_INT64_T, r, HB_TAG, d->comm, MPI_STATUS_IGNORE);
+  recv_heartbeats(d);
+  return NF_OK;
+}
+
+int nf__dist_step_end(nf_session *s) {
+  nf__dist *d = s->dist;
+  if (!d || !d->nccl) return NF_OK;
+  /* the step's device work, NCCL's means with it, waited for without
+   * blocking: a rank that hangs or died is named within the timeout */
+  double until = now_s() + d->timeout_s;
+  int idle = 0, rc = NF_OK;
+  while (rc == NF_OK && !idle) {
+    rc = nf_cuda_rt_idle(s->kt.dev->cuda_rt(s), &idle, &s->err);
+    if (rc == NF_OK && !idle) rc = nf_nccl_check(d->nccl, &s->err);
+    if (rc == NF_OK && !idle && now_s() > until) {
+      nf_buf_printf(&s->err, "step %lld: the gradients' exchange on the GPUs did not finish "
+                             "within %.0f s", (long long)d->step, d->timeout_s);
+      rc = NF_EIO;
+    }
+    if (rc == NF_OK && !idle) {
+      struct timespec ts = {0, 200000};
+      nanosleep(&ts, NULL);
+    }
+  }
+  if (rc == NF_OK) rc = nf_nccl_check(d->nccl, &s->err);
+  /* (not counted in wait_ms: this waits for the step's device work too) */
+  if (rc != NF_OK) {
+    nf_nccl_abort(d->nccl); /* (its kernels return) */
+    char who[600];
+    missing_ranks(d, who, sizeof who);
+    if (who[0] && who[0] != '(')
+      nf_buf_printf(&s->err, "; no answer from rank %s (it hung or died)", who);
+    nf__dist_abort(s, "the gradients' exchange failed");
+  }
+  recv_heartbeats(d);
   return NF_OK;
 }
 
@@ -370,6 +490,10 @@ int nf__dist_op_done(nf_session *s, int i) {
   return NF_OK;
 }
 int nf__dist_grads(nf_session *s) {
+  (void)s;
+  return NF_OK;
+}
+int nf__dist_step_end(nf_session *s) {
   (void)s;
   return NF_OK;
 }

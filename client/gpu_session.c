@@ -192,9 +192,15 @@ static const char *gpu_tier0_name(const nf_session *s, const nf__kent *k) {
 
 /* Which device the options name: -1 for the CPU, else the GPU's index;
  * -2 for a string that names neither. */
+/* "cuda" is the first device; under mpirun, the rank's on its node
+ * (Open MPI's local rank): one GPU per rank, as NCCL wants. */
 static int device_index(const char *d) {
   if (!d || !*d || !strcmp(d, "cpu")) return -1;
-  if (!strcmp(d, "cuda")) return 0;
+  if (!strcmp(d, "cuda")) {
+    const char *lr = nf_env(NF_ENV_OMPI_LOCAL_RANK);
+    long v = lr ? strtol(lr, NULL, 10) : 0;
+    return v > 0 && v < 1024 ? (int)v : 0;
+  }
   if (!strncmp(d, "cuda:", 5)) {
     char *end = NULL;
     long v = strtol(d + 5, &end, 10);
@@ -803,6 +809,42 @@ static int gpu_op_end(nf_session *s, int i, int kernel, int rc) {
   return rc;
 }
 
+/* ---- for data-parallel sessions (dist.c) ---- */
+
+static nf_cuda_rt *gpu_rt(const nf_session *s) { return s->gpu->rt; }
+
+static uint64_t gpu_addr(const nf_session *s, const void *host, size_t n) {
+  return dev_of(s->gpu, host, n);
+}
+
+/* Queues fn's device work after op (on its stream: in the loop, after
+ * its op_end) and after ops[0..n) wherever they ran; then op's event is
+ * recorded again, so that what waits for op (the update reading the
+ * gradients) waits for fn's work too (nf__device.after_ops). */
+static int gpu_after_ops(nf_session *s, int op, const int *ops, int n,
+                         int (*fn)(void *ctx, nf_buf *err), void *ctx) {
+  struct nf__gpu *G = s->gpu;
+  if (G->n_streams <= 1) return fn(ctx, &s->err); /* one stream: in order */
+  int st = G->ran_stream[op] >= 0 ? G->ran_stream[op] : G->op_stream[op];
+  nf_cuda_rt_select(G->rt, st);
+  int rc = NF_OK;
+  uint64_t best[NF_CUDA_MAX_STREAMS] = {0};
+  int who[NF_CUDA_MAX_STREAMS] = {0};
+  for (int q = 0; q < n; q++) {
+    int d = ops[q], t = G->ran_stream[d];
+    if (t < 0 || t == st || G->ran_seq[d] <= best[t]) continue;
+    best[t] = G->ran_seq[d];
+    who[t] = d;
+  }
+  for (int t = 0; rc == NF_OK && t < G->n_streams; t++)
+    if (best[t]) rc = nf_cuda_rt_wait(G->rt, who[t], &s->err);
+  if (rc == NF_OK) rc = fn(ctx, &s->err);
+  if (rc == NF_OK) rc = nf_cuda_rt_record(G->rt, op, &s->err);
+  if (rc == NF_OK && G->ran_stream[op] >= 0) G->ran_seq[op] = ++G->seq;
+  nf_cuda_rt_select(G->rt, 0);
+  return rc;
+}
+
 int nf__gpu_streams_used(const nf_session *s) {
   int n = 0;
   for (int t = 0; s->gpu && t < NF_CUDA_MAX_STREAMS; t++) n += s->gpu->used[t];
@@ -938,6 +980,9 @@ const nf__device nf__cuda_device = {
     .tier0_name = gpu_tier0_name,
     .timed = gpu_timed,
     .close = gpu_close,
+    .cuda_rt = gpu_rt,
+    .addr = gpu_addr,
+    .after_ops = gpu_after_ops,
     .host = 0,
     .race_host = 0,
 };

@@ -13,6 +13,14 @@
  * different ranks.  Evaluations exchange nothing (a rank may evaluate
  * alone): they run the kernels the steps agreed on.
  *
+ * On GPUs (every rank on one, each its own: "cuda" is the rank's local
+ * index on its node), the buckets are averaged on the device by NCCL
+ * (nf_nccl.h; its communicator made from rank 0's identifier sent by
+ * MPI), each queued after the ops that complete it, on their stream; the
+ * step's end waits for the device without blocking, so that a hung peer
+ * is named within the timeout too.  Agreements, heartbeats, the loss and
+ * the parameters' broadcast go through MPI on the host.
+ *
  * A rank that stops answering makes the others abort the job within
  * $NEOFLOW_DIST_TIMEOUT seconds (default 300) with a message naming it
  * (heartbeats each rank sends every other at each step's exchange).
@@ -29,8 +37,9 @@ typedef struct nf__dist nf__dist;
 
 /* Joins the job when the program runs under an MPI launcher (or has
  * initialised MPI itself) with more than one rank ($NEOFLOW_DIST=off:
- * never): s->dist.  NF_EUNSUPPORTED on a GPU session (NCCL is not done);
- * messages in s->err. */
+ * never): s->dist.  NF_EUNSUPPORTED when the ranks' devices differ in
+ * kind or a GPU rank cannot load NCCL (on every rank); messages in
+ * s->err. */
 int nf__dist_open(struct nf_session *s);
 /* After the step program is built and the parameters initialised: the
  * gradient buckets, and the parameters from rank 0. */
@@ -56,6 +65,10 @@ void nf__dist_step_begin(struct nf_session *s);
  * timeout. */
 int nf__dist_op_done(struct nf_session *s, int i);
 int nf__dist_grads(struct nf_session *s);
+/* After a step's ops were queued (GPU: waits for the device, the means
+ * with it, within the timeout; aborts the job naming the ranks not heard
+ * from).  NF_OK. */
+int nf__dist_step_end(struct nf_session *s);
 
 /* Agreement: v[0..n) replaced by its mean over the ranks; 1 when ok on
  * every rank; v[i] kept where it is the same on every rank, else 0. */

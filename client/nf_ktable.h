@@ -170,6 +170,15 @@ typedef struct nf__device {
   /* Frees the device's state and puts the CPU's table back (NULL: no
    * state); called when the session ends. */
   void (*close)(struct nf_session *s);
+  /* For data-parallel sessions (dist.c; NULL on the CPU): the CUDA
+   * runtime; the device address of a host buffer's mirror (0: none); fn's
+   * device work queued after op and ops[0..n), wherever they ran, op's
+   * event recorded again after it (so that what waits for op waits for
+   * fn's work). */
+  struct nf_cuda_rt *(*cuda_rt)(const struct nf_session *s);
+  uint64_t (*addr)(const struct nf_session *s, const void *host, size_t n);
+  int (*after_ops)(struct nf_session *s, int op, const int *ops, int n,
+                   int (*fn)(void *ctx, nf_buf *err), void *ctx);
   /* 1: the host's CPU itself.  Its kernels and tier 0 share the cores, so
    * speed verdicts (per thread count, verify.c) are recorded and reused,
    * the daemon is asked for a faster kernel than one that lost to tier 0,

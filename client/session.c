@@ -478,6 +478,7 @@ static int run_program(nf_session *s, const uint8_t *mask) {
   s->run_seq++;
   int rc = d->begin ? d->begin(s) : NF_OK;
   if (rc == NF_OK) rc = d->run_ops ? d->run_ops(s, mask) : nf__kt_run_ops(s, mask);
+  if (rc == NF_OK && s->dist && !mask) rc = nf__dist_step_end(s);
   if (rc == NF_OK && s->loss_slot >= 0)
     rc = nf__dev_pull(s, s->slots[s->loss_slot].ptr, sizeof(float));
   return rc;

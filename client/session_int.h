@@ -261,6 +261,7 @@ int nf__gpu_dnn_entries(const nf_session *s);
 /* How many streams modules ran on during the last step (or evaluation). */
 int nf__gpu_streams_used(const nf_session *s);
 
+
 /* gpu_local.c: nf_gpugen.h */
 
 /* verify.c */

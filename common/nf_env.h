@@ -28,9 +28,11 @@
   X(LIBNVRTC, "NEOFLOW_LIBNVRTC", "the NVRTC library a client loads")                  \
   X(LIBCUBLAS, "NEOFLOW_LIBCUBLAS", "the cuBLAS library to load")                      \
   X(LIBCUDNN, "NEOFLOW_LIBCUDNN", "the cuDNN library to load")                         \
+  X(LIBNCCL, "NEOFLOW_LIBNCCL", "the NCCL library a data-parallel GPU session loads")    \
   X(DIST, "NEOFLOW_DIST", "off: a session under mpirun trains alone")                  \
   X(DIST_TIMEOUT, "NEOFLOW_DIST_TIMEOUT", "seconds an exchange of ranks may take")     \
   X(OMPI_SIZE, "OMPI_COMM_WORLD_SIZE", "Open MPI's launcher started the process")     \
+  X(OMPI_LOCAL_RANK, "OMPI_COMM_WORLD_LOCAL_RANK", "the rank on its node: its GPU")       \
   X(PMIX_RANK, "PMIX_RANK", "a PMIx launcher started the process")                     \
   X(PMI_SIZE, "PMI_SIZE", "a PMI launcher started the process")                        \
   X(NEOFLOWD, "NF_NEOFLOWD", "the neoflowd a client starts when none answers")         \

@@ -228,7 +228,9 @@ static int upstream_submit(const Neoflow__JobRequest *rq, int mode, const char *
                      .key_file = rq->upstream_key_file && rq->upstream_key_file[0]
                                      ? rq->upstream_key_file : NULL,
                      .trust = &tr, .client_name = who,
-                     .timeout_ms = rq->upstream_timeout_ms ? (int)rq->upstream_timeout_ms : 1000};
+                     .timeout_ms = rq->upstream_timeout_ms ? (int)rq->upstream_timeout_ms : 1000,
+                     /* (a GPU's kernels: the upstream keys them by its sm and name) */
+                     .cuda_sm = (int)rq->cuda_sm, .cuda_name = rq->cuda_name};
   if (rc == NF_OK) rc = nf_dconn_open(&o, c, err);
   /* (on TCP the handshake checked the key; on a socket, only the uid) */
   if (rc == NF_OK && !nf_trust_key_ok(&tr, nf_dconn_daemon_key(*c))) {
@@ -255,7 +257,7 @@ static int upstream_submit(const Neoflow__JobRequest *rq, int mode, const char *
  * nf_dconn), emitted as this job's final kernel; 0 on a miss or any
  * failure (the job compiles), with why on stderr (the daemon's log). */
 static int from_upstream(job *J, const Neoflow__JobRequest *rq) {
-  if (!rq->upstream_address || !rq->upstream_address[0] || J->cuda_sm) return 0;
+  if (!rq->upstream_address || !rq->upstream_address[0]) return 0;
   nf_buf err = NF_BUF_INIT;
   int timeout = rq->upstream_timeout_ms ? (int)rq->upstream_timeout_ms : 1000;
   nf_dconn *c = NULL;

@@ -897,13 +897,13 @@ static int start_job(nfd_job *j) {
   rq.threads = ncpu > 0 ? (uint32_t)ncpu : 1;
   rq.cuda_sm = (uint32_t)j->target.cuda_sm;
   rq.cuda_name = j->target.cuda_name;
-  /* a compile for this CPU asks the team's upstream first; a tuning
-   * publishes its result there (not a check of what a node published:
+  /* a compile asks the team's upstream first (for this CPU or a GPU); a
+   * CPU tuning publishes its result there (not a check of what a node published:
    * a schedule goes one level up, so that two daemons naming each other
    * never send one back and forth) */
   int check = tune && check_only(j);
-  int publish = tune && !check && S->cfg.upstream_publish;
-  if ((!tune || publish) && !j->target.cuda_sm && S->cfg.upstream_address[0]) {
+  int publish = tune && !check && S->cfg.upstream_publish && !j->target.cuda_sm;
+  if ((!tune || publish) && S->cfg.upstream_address[0]) {
     rq.upstream_address = S->cfg.upstream_address;
     rq.upstream_key_file = S->cfg.upstream_key_file;
     rq.upstream_public_key = S->cfg.upstream_public_key;

@@ -36,6 +36,9 @@
  * stream's work and before what that stream does next.
  * $NF_EMU_CAPTURE_FAIL=1 makes every capture end invalidated.
  *
+ * cuStreamQuery runs the stream's queued work, so it answers "done".
+ * $NF_EMU_DEVICES devices (default 1), all alike.
+ *
  * The device: compute capability $NF_EMU_SM (default 90), named
  * "NeoFlow CPU emulation of sm_<sm>".  $NF_EMU_FAIL_LAUNCH=N makes the
  * N-th launch (and every later one: the error is sticky) fail with
@@ -126,15 +129,23 @@ CUresult cuInit(unsigned flags) {
   return OK;
 }
 
+/* $NF_EMU_DEVICES devices (default 1), all the same one (data-parallel
+ * tests: each rank opens its own, "cuda" being its local rank) */
+static int n_devices(void) {
+  const char *v = getenv("NF_EMU_DEVICES");
+  int n = v ? atoi(v) : 1;
+  return n >= 1 && n <= 64 ? n : 1;
+}
+
 CUresult cuDeviceGetCount(int *n) {
   if (!g_init) return E_NOT_INITIALIZED;
-  *n = 1;
+  *n = n_devices();
   return OK;
 }
 
 CUresult cuDeviceGet(CUdevice *d, int ordinal) {
   if (!g_init) return E_NOT_INITIALIZED;
-  if (ordinal != 0) return E_INVALID_DEVICE;
+  if (ordinal < 0 || ordinal >= n_devices()) return E_INVALID_DEVICE;
   *d = 0;
   return OK;
 }
@@ -332,6 +343,16 @@ CUresult cuStreamDestroy_v2(void *s) {
 }
 
 CUresult cuStreamSynchronize(void *s) {
+  if (!is_stream(s)) return E_INVALID_HANDLE;
+  if (g_capture) return refuse_in_capture();
+  emu_stream *x = (emu_stream *)s;
+  CUresult r = drain([x] { return x->q.empty(); });
+  return g_broken ? g_broken : r;
+}
+
+/* (work runs when something waits: a query runs the stream's, so the
+ * answer is always "done", or the stream's error) */
+CUresult cuStreamQuery(void *s) {
   if (!is_stream(s)) return E_INVALID_HANDLE;
   if (g_capture) return refuse_in_capture();
   emu_stream *x = (emu_stream *)s;

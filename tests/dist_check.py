@@ -11,7 +11,11 @@ neoflow train`, one thread per rank:
     swaps the same kernels at the same steps (the replicas stay identical);
   - a rank that hangs makes the job abort within the timeout with a
     message naming it; a rank that dies ends the job, named by mpirun; an
-    error on one rank ends the job at once with its message.
+    error on one rank ends the job at once with its message;
+  - on GPUs (the emulated driver, tests/cuda_emu_driver.cc, and emulated
+    NCCL, tests/nccl_emu.cc, when the build has them): the same
+    equivalence with the gradients averaged by NCCL, a hung rank named,
+    and the ranks' devices and NCCL checked alike on every rank.
 
 Exit 77 (skipped) without mpirun or without MPI in this build."""
 
@@ -81,7 +85,7 @@ def train(ranks, batch, extra, save, env=None, timeout=300):
 
 def equivalence(tmp, name, extra, env=None):
     one, two = os.path.join(tmp, name + "-1.params"), os.path.join(tmp, name + "-2.params")
-    r1, _ = train(1, 32, extra + ["--daemon", "none"], one)
+    r1, _ = train(1, 32, extra + ["--daemon", "none"], one, env=env)
     r2, _ = train(2, 16, extra, two, env=env)
     check(r1.returncode == 0 and r2.returncode == 0,
           "%s: both runs train (%s%s)" % (name, r1.stderr[-300:], r2.stderr[-600:]))
@@ -93,6 +97,43 @@ def equivalence(tmp, name, extra, env=None):
     check(e < 1e-5, "%s: 2 ranks x 16 against 1 rank x 32 after 50 steps: relative error %.2e"
           % (name, e))
     return r2
+
+
+def gpu_checks(tmp):
+    drv, nccl = os.environ.get("NF_TEST_CUDA_DRIVER"), os.environ.get("NF_TEST_NCCL")
+    if not drv or not nccl or not os.path.exists(drv) or not os.path.exists(nccl):
+        print("skip  GPU ranks: no emulated driver or NCCL (NF_TEST_CUDA_DRIVER, NF_TEST_NCCL)")
+        return
+    genv = dict(ENV, NEOFLOW_LIBCUDA=drv, NEOFLOW_LIBNCCL=nccl, NF_EMU_DEVICES="2",
+                NEOFLOW_DEVICE="cuda")
+    if os.environ.get("NF_TEST_CUBLAS"):
+        genv["NEOFLOW_LIBCUBLAS"] = os.environ["NF_TEST_CUBLAS"]
+    r = equivalence(tmp, "GPUs, NCCL", ["--steps", "50", "--optim", "sgd", "--lr", "0.05",
+                                        "--daemon", "none"], env=genv)
+    out = r.stdout + r.stderr
+    check("gradients averaged on the GPU by NCCL" in out and "emulated on the CPU" in out,
+          "GPUs: each rank on its GPU, the gradients averaged by NCCL (%s)" % out[-300:])
+    env = dict(genv, NEOFLOW_DIST_TIMEOUT="5", NEOFLOW_FAULT="1:20:hang")
+    r, took = train(2, 16, ["--steps", "50", "--daemon", "none"],
+                    os.path.join(tmp, "gh.params"), env=env, timeout=120)
+    out = r.stdout + r.stderr
+    check(r.returncode != 0 and "no answer from rank 1" in out and took < 60,
+          "GPUs: a hung rank: the job aborts in %.1f s naming rank 1 (%s)" % (took, out[-400:]))
+    # every rank on the same kind of device, with NCCL: else every rank ends
+    # with the reason
+    cmd = [NEOFLOW, "train", MLP, "mlp", "--data", "synthetic", "--batch", "16", "--steps", "5",
+           "--threads", "1", "--daemon", "none"]
+    r = subprocess.run(["mpirun", "--oversubscribe", "-np", "1"] + cmd + ["--device", "cuda", ":",
+                        "-np", "1"] + cmd + ["--device", "cpu"], env=genv, capture_output=True,
+                       text=True, timeout=120)
+    out = r.stdout + r.stderr
+    check(r.returncode != 0 and "some ranks opened a GPU and others the CPU" in out,
+          "GPUs: a GPU on one rank and the CPU on the other is refused (%s)" % out[-400:])
+    r, _ = train(2, 16, ["--steps", "5", "--daemon", "none"], os.path.join(tmp, "gn.params"),
+                 env=dict(genv, NEOFLOW_LIBNCCL="/nonexistent/libnccl.so.2"), timeout=120)
+    out = r.stdout + r.stderr
+    check(r.returncode != 0 and "needs NCCL on every rank" in out and "/nonexistent" in out,
+          "GPUs: without NCCL the job is refused with why (%s)" % out[-400:])
 
 
 def main():
@@ -172,6 +213,7 @@ def main():
         check(r.returncode != 0 and "rank 0: neoflow train failed on this rank" in out
               and took < 30, "an error on rank 0: the job ends in %.1f s with its message (%s)"
               % (took, out[-400:]))
+        gpu_checks(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print("dist: %d failure(s)" % len(failures))

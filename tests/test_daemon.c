@@ -1984,6 +1984,32 @@ START_TEST(daemon_upstream_tier) {
   nf_dkernel_free(&k5);
   submit_publish(c, 9, pg5, ""); /* (a malformed message: the session ends) */
   request_error(c, 9, NEOFLOW__ERROR_CODE__ERR_INVALID_ARGUMENT, "without the schedule");
+  nf_buf why = NF_BUF_INIT;
+  if (nf_cuda_available(&why)) {
+    /* a GPU's kernel too: compiled upstream for an H200's client, taken
+     * by the node for its own H200's client (keyed by sm and name there) */
+    nf_dconn_close(c);
+    nf_dconn_opts og = o;
+    og.cuda_sm = 90;
+    og.cuda_name = "NVIDIA H200";
+    ck_assert_msg(nf_dconn_open(&og, &c, &err) == NF_OK, "%s", nf_buf_str(&err));
+    ck_assert(nf_dconn_same_target(c));
+    submit(c, 11, pg5, NEOFLOW__MODE__MODE_COMPILE, 0);
+    final_kernel(c, 11, &k5, NULL);
+    nf_dconn *gn = open_gpu_client(&n, 90, "NVIDIA H200");
+    nf_dkernel k6;
+    submit(gn, 12, pg5, NEOFLOW__MODE__MODE_COMPILE, 0);
+    final_kernel(gn, 12, &k6, NULL);
+    ck_assert_uint_eq(k6.len, k5.len);
+    ck_assert(memcmp(k6.binary, k5.binary, k5.len) == 0);
+    st = status_of(gn, &hold);
+    ck_assert_uint_eq(st->upstream_kernels, 2); /* the CPU's earlier, this GPU's */
+    nf_wire_free_server(hold);
+    nf_dkernel_free(&k5);
+    nf_dkernel_free(&k6);
+    nf_dconn_close(gn);
+  }
+  nf_buf_free(&why);
   nf_dkernel_free(&k4);
   nf_wire_graph_free(pg4);
   nf_wire_graph_free(pg5);

@@ -43,6 +43,7 @@ typedef struct drv {
   CUresult (*StreamCreate)(CUstream *, unsigned);
   CUresult (*StreamDestroy)(CUstream);
   CUresult (*StreamSynchronize)(CUstream);
+  CUresult (*StreamQuery)(CUstream); /* NULL: nf_cuda_rt_idle synchronises */
   CUresult (*StreamWaitEvent)(CUstream, CUevent, unsigned);
   CUresult (*MemAlloc)(CUdeviceptr *, size_t);
   CUresult (*MemFree)(CUdeviceptr);
@@ -173,6 +174,7 @@ static int load_driver(drv *d, nf_buf *why) {
   SYM(EventSynchronize, "cuEventSynchronize");
   SYM(EventElapsedTime, "cuEventElapsedTime");
 #undef SYM
+  *(void **)&d->StreamQuery = dlsym(d->lib, "cuStreamQuery");
   *(void **)&d->BeginCapture = dlsym(d->lib, "cuStreamBeginCapture_v2");
   *(void **)&d->EndCapture = dlsym(d->lib, "cuStreamEndCapture");
   *(void **)&d->GraphInstantiate = dlsym(d->lib, "cuGraphInstantiateWithFlags");
@@ -439,6 +441,24 @@ int nf_cuda_rt_download(nf_cuda_rt *rt, void *dst, uint64_t src, size_t n, nf_bu
   if ((rc = check(rt, rt->d.MemcpyDtoHAsync(dst, src, n, rt->stream), "cuMemcpyDtoHAsync", err)))
     return rc;
   return check(rt, rt->d.StreamSynchronize(rt->stream), "cuStreamSynchronize", err);
+}
+
+int nf_cuda_rt_idle(nf_cuda_rt *rt, int *idle, nf_buf *err) {
+  *idle = 0;
+  int rc = usable(rt, err);
+  if (rc) return rc;
+  if (!rt->d.StreamQuery) {
+    rc = nf_cuda_rt_sync(rt, err);
+    *idle = rc == NF_OK;
+    return rc;
+  }
+  for (int i = 0; i < (rt->n_streams > 1 ? rt->n_streams : 1); i++) {
+    CUresult r = rt->d.StreamQuery(rt->n_streams > 1 ? rt->streams[i] : rt->stream);
+    if (r == 600) return NF_OK; /* CUDA_ERROR_NOT_READY: work queued still runs */
+    if ((rc = check(rt, r, "cuStreamQuery", err)) != NF_OK) return rc;
+  }
+  *idle = 1;
+  return NF_OK;
 }
 
 int nf_cuda_rt_sync(nf_cuda_rt *rt, nf_buf *err) {

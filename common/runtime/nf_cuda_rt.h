@@ -60,6 +60,10 @@ int nf_cuda_rt_upload(nf_cuda_rt *rt, uint64_t dst, const void *src, size_t n, n
 int nf_cuda_rt_download(nf_cuda_rt *rt, void *dst, uint64_t src, size_t n, nf_buf *err);
 /* Waits for everything queued on the runtime's streams. */
 int nf_cuda_rt_sync(nf_cuda_rt *rt, nf_buf *err);
+/* Without waiting: *idle 1 when every stream's queued work is done (a
+ * driver without cuStreamQuery: after waiting for it).  NF_OK, or the
+ * error the work ended with. */
+int nf_cuda_rt_idle(nf_cuda_rt *rt, int *idle, nf_buf *err);
 
 /* Several streams.  nf_cuda_rt_set_streams makes n in all (at most
  * NF_CUDA_MAX_STREAMS; stream 0 is the one libraries use);
