@@ -13,11 +13,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "nf_arena.h"
 #include "nf_autodiff.h"
 #include "nf_interp.h"
 #include "nf_plan.h"
 #include "nf_ptrmap.h"
 #include "nf_stack.h"
+#include "nf_wire.h"
 #include "session_int.h"
 
 #define ALIGN_ELEMS 16 /* each parameter starts on a 64-byte boundary */
@@ -59,6 +61,31 @@ int nf__session_find_param(const nf_session *s, const char *name) {
   return -1;
 }
 
+/* The name an entry's graph goes by with the daemon (its log, status)
+ * and in the report: the model's graph, the entry's number and the
+ * tensor its heaviest statement writes ("mlp_grad#4 L.Z"), at most
+ * NF_WIRE_NAME_MAX bytes, cut on a character boundary.  Names are not
+ * hashed: the key is unchanged. */
+static void name_entry(nf_graph *g, int index) {
+  const char *base = g->name && *g->name ? g->name : "graph";
+  int at = g->n_stmts ? (int)g->n_stmts - 1 : -1;
+  for (uint32_t i = 0; i < g->n_stmts; i++)
+    if (g->stmts[i].red != NF_RED_NONE) {
+      at = (int)i;
+      break;
+    }
+  const char *out = at >= 0 ? g->tensors[g->stmts[at].out].name : NULL;
+  char label[NF_WIRE_NAME_MAX + 1];
+  int n = snprintf(label, sizeof label, "%s#%d%s%s", base, index, out ? " " : "", out ? out : "");
+  if (n >= (int)sizeof label) {
+    size_t k = sizeof label - 1;
+    while (k > 0 && ((unsigned char)label[k] & 0xc0) == 0x80) k--;
+    label[k] = 0;
+  }
+  char *name = nf_arena_strdup(nf_ir_ctx_arena(g->ctx), label);
+  if (name) g->name = name;
+}
+
 static int kent_for(nf_session *s, const nf_subgraph *sg, int alias) {
   for (int i = 0; i < s->kt.n_kents; i++)
     if (!memcmp(s->kt.kents[i].key, sg->key, 32) && s->kt.kents[i].alias == alias) {
@@ -72,6 +99,7 @@ static int kent_for(nf_session *s, const nf_subgraph *sg, int alias) {
   memset(k, 0, sizeof *k);
   memcpy(k->key, sg->key, 32);
   k->g = sg->g;
+  name_entry(sg->g, s->kt.n_kents);
   k->n_ops = 1;
   k->alias = alias;
   for (uint32_t i = 0; i < sg->g->n_stmts; i++) k->flops += nf_stmt_flops(sg->g, i);

@@ -18,4 +18,9 @@
  * pow 16; the others 1 (see flops.c). */
 int64_t nf_stmt_flops(const nf_graph *g, uint32_t stmt);
 
+/* What g computes, in a few words, for people: its notable operations in
+ * order of first use ("matmul+max, 3 stmts"; "sum+exp+log, 7 stmts"),
+ * into out[n] (truncated to fit). */
+void nf_graph_summary(const nf_graph *g, char *out, size_t n);
+
 #endif

@@ -65,6 +65,8 @@ struct nfd_job {
   uint8_t key[32], graph_hash[32];
   nfd_target target;
   char name[NF_WIRE_NAME_MAX + 1];
+  char summary[NFD_SUMMARY_MAX]; /* what it computes (nf_graph_summary) */
+  char label[NF_WIRE_NAME_MAX + NFD_SUMMARY_MAX + 16]; /* "name (summary)": the log's */
   uint8_t *graph_pb;
   size_t graph_len;
   int phase;
@@ -122,6 +124,10 @@ struct nfd_job {
 };
 
 static void job_destroy(nfd_job *j);
+
+/* How the log names a job: its graph's name (the client's: model, entry,
+ * tensor) and what it computes. */
+static const char *jname(const nfd_job *j) { return j->label; }
 
 static double clamp_pos(double v) { return v > 0 && v < 1e12 ? v : 0; }
 
@@ -274,7 +280,7 @@ static void remember_failure(nfd_job *j, const char *why) {
       e.trials = j->n_phase_records > 1 ? (int)j->n_phase_records - 1 : 1;
       nfd_writer_put(S, &e);
       NFD_INFO("job %s: remembered as not tunable until the code generator or the check "
-               "changes (%d trials)", j->name[0] ? j->name : "(unnamed)", e.trials);
+               "changes (%d trials)", jname(j), e.trials);
     }
   }
   nf_cache_entry_free(&e);
@@ -290,7 +296,7 @@ static void on_kernel(nfd_job *j, const Neoflow__JobKernel *jk) {
     j->S->upstream_kernels++;
     j->from_upstream = 1;
     NFD_INFO("job %s: kernel from the upstream %s (tier %d%s): not compiled here",
-             j->name[0] ? j->name : "(unnamed)", j->S->cfg.upstream_address, tier,
+             jname(j), j->S->cfg.upstream_address, tier,
              jk->trials ? ", tuned there" : "");
   }
   int trials = (int)jk->trials + (j->phase == PH_TUNING ? j->trials_before : 0);
@@ -370,7 +376,7 @@ static void deliver(nfd_job *j, nfd_kernel *k, int final) {
       int kept = k->schedule && !strcmp(k->schedule, j->published);
       if (kept) S->published_kept++;
       NFD_INFO("job %s: the schedule a node published %s (%.4g ms here, the default %.4g ms)",
-               j->name[0] ? j->name : "(unnamed)",
+               jname(j),
                kept ? "is kept: the fastest here" : "was not the fastest here: not kept",
                k->time_ms, k->default_ms);
     }
@@ -438,8 +444,8 @@ static void on_event(nfd_job *j, const Neoflow__JobEvent *ev) {
       if (j->phase == PH_TUNING && j->first_k) {
         /* the second pass failed: the first's kernel is the answer */
         nfd_kernel *f = first_if_better(j, NULL, j->trials_before + (int)j->trial);
-        NFD_WARN("job %.16s…: its second pass failed (%s): the first pass's kernel is final",
-                 j->name[0] ? j->name : "(unnamed)", ev->error->message);
+        NFD_WARN("job %s: its second pass failed (%s): the first pass's kernel is final",
+                 jname(j), ev->error->message);
         if (f) {
           deliver(j, f, 1);
           nfd_kernel_unref(f);
@@ -450,11 +456,11 @@ static void on_event(nfd_job *j, const Neoflow__JobEvent *ev) {
       if (ev->error->code == NEOFLOW__ERROR_CODE__ERR_NOT_KEPT) {
         /* a check of a published schedule that lost: what is kept stays */
         j->not_kept = 1;
-        NFD_INFO("job %s: %s", j->name[0] ? j->name : "(unnamed)", ev->error->message);
+        NFD_INFO("job %s: %s", jname(j), ev->error->message);
         fail_all(j, NEOFLOW__ERROR_CODE__ERR_NOT_KEPT, ev->error->message);
         break;
       }
-      NFD_WARN("job %.16s…: %s", j->name[0] ? j->name : "(unnamed)", ev->error->message);
+      NFD_WARN("job %s: %s", jname(j), ev->error->message);
       /* what does not change until the key or the check does */
       if (j->phase == PH_TUNING &&
           (ev->error->code == NEOFLOW__ERROR_CODE__ERR_NO_VALID_CANDIDATE ||
@@ -467,12 +473,12 @@ static void on_event(nfd_job *j, const Neoflow__JobEvent *ev) {
       j->S->upstream_published++;
       if (ev->published->kept)
         NFD_INFO("job %s: its tuned schedule, published to the upstream %s, is kept there "
-                 "(%.4g ms on its machine)", j->name[0] ? j->name : "(unnamed)",
+                 "(%.4g ms on its machine)", jname(j),
                  j->S->cfg.upstream_address, ev->published->time_ms);
       else
         NFD_INFO("job %s: its tuned schedule, published to the upstream %s, is not kept there: "
                  "what it keeps is as fast or faster on its machine",
-                 j->name[0] ? j->name : "(unnamed)", j->S->cfg.upstream_address);
+                 jname(j), j->S->cfg.upstream_address);
       break;
     case NEOFLOW__JOB_EVENT__MSG_DONE: break;
     default: break;
@@ -501,12 +507,12 @@ static void phase_over(nfd_job *j) {
   if (!j->got_final && !j->got_error && j->phase == PH_TUNING &&
       j->killed_why == NEOFLOW__ERROR_CODE__ERR_TIMEOUT && finish_with_best(j))
     NFD_WARN("job %s: tuning overran its time budget: the best kernel so far is final",
-             j->name[0] ? j->name : "(unnamed)");
+             jname(j));
   if (!j->got_final && !j->got_error && j->phase == PH_TUNING && j->first_k) {
     nfd_kernel *f = first_if_better(j, NULL, j->trials_before + (int)j->trial);
     if (f) {
       NFD_WARN("job %s: its second pass ended without a result: the first pass's kernel is final",
-               j->name[0] ? j->name : "(unnamed)");
+               jname(j));
       deliver(j, f, 1);
       nfd_kernel_unref(f);
     }
@@ -531,7 +537,7 @@ static void phase_over(nfd_job *j) {
     int code = j->killed_why > 0 ? j->killed_why
                : j->phase == PH_COMPILING ? NEOFLOW__ERROR_CODE__ERR_COMPILE_ERROR
                                           : NEOFLOW__ERROR_CODE__ERR_INTERNAL;
-    NFD_WARN("job %s: %s", j->name[0] ? j->name : "(unnamed)", msg);
+    NFD_WARN("job %s: %s", jname(j), msg);
     fail_all(j, code, msg);
   }
   /* a job stopped because nobody waits for it (its subscribers left, or
@@ -829,7 +835,7 @@ static void add_shared(nfd_job *j, Neoflow__JobRequest *rq, nf_cache_record **tr
   if (*n_tr || *n_co)
     NFD_INFO("job %s: starts from %zu schedules of %d similar subgraphs; the model learns from "
              "%zu records of %u other subgraphs (%.1f ms)",
-             j->name[0] ? j->name : "(unnamed)", *n_tr, n_keys, *n_co, groups,
+             jname(j), *n_tr, n_keys, *n_co, groups,
              (nfd_now() - t0) * 1000);
 }
 
@@ -858,13 +864,13 @@ static int start_job(nfd_job *j) {
     j->more_trials = j->more_seconds = 0;
     NFD_INFO("job %s: tuning resumes for the rest of its budget, %d trials, %d s (%d trials "
              "so far; every queued subgraph has had its first pass)",
-             j->name[0] ? j->name : "(unnamed)", trials, seconds, j->trials_before);
+             jname(j), trials, seconds, j->trials_before);
   } else if (tune) {
     double w = share_weight(j);
     nfd_tune_budget(&S->cfg, w, j->max_trials, j->max_seconds, &trials, &seconds);
     if (w > 0 && S->cfg.share_budget)
       NFD_INFO("job %s: tuning budget %d trials, %d s (its step time is %.2f x its client's mean "
-               "subgraph's; asked %d trials, %d s)%s", j->name[0] ? j->name : "(unnamed)", trials,
+               "subgraph's; asked %d trials, %d s)%s", jname(j), trials,
                seconds, w, j->max_trials, j->max_seconds,
                trials > j->max_trials ? ": the asked budget first, the rest in a second pass" : "");
     if (trials > j->max_trials) {
@@ -1012,7 +1018,7 @@ static int start_job(nfd_job *j) {
     kill_job(j, NEOFLOW__ERROR_CODE__ERR_INTERNAL);
   }
   uv_read_start((uv_stream_t *)&j->out, on_job_alloc, on_job_read);
-  NFD_INFO("job %s: %s started (pid %d, %d waiting)", j->name[0] ? j->name : "(unnamed)",
+  NFD_INFO("job %s: %s started (pid %d, %d waiting)", jname(j),
            tune ? "tuning" : "compile", j->proc.pid, j->n_subs);
   send_progress(j, tune ? NEOFLOW__JOB_STATE__JOB_TUNING : NEOFLOW__JOB_STATE__JOB_COMPILING);
   return NF_OK;
@@ -1077,6 +1083,9 @@ int nfd_job_subscribe(nfd_server *S, nfd_req *r, const uint8_t graph_hash[32],
     j->target = r->target; /* the key covers it: every subscriber's is the same */
     memcpy(j->graph_hash, graph_hash, 32);
     snprintf(j->name, sizeof j->name, "%s", graph_name ? graph_name : "");
+    snprintf(j->summary, sizeof j->summary, "%s", r->summary);
+    snprintf(j->label, sizeof j->label, "%s%s%s%s", j->name[0] ? j->name : "(unnamed)",
+             j->summary[0] ? " (" : "", j->summary, j->summary[0] ? ")" : "");
     j->phase = have_tier1 ? PH_QUEUED_TUNE : PH_QUEUED_COMPILE;
     j->have_tier1 = have_tier1;
     j->max_trials = max_trials;
@@ -1120,7 +1129,7 @@ int nfd_job_subscribe(nfd_server *S, nfd_req *r, const uint8_t graph_hash[32],
   free(pub);
   if (j->detached) {
     j->detached = 0;
-    NFD_INFO("job %s: taken back by a request for its key", j->name[0] ? j->name : "(unnamed)");
+    NFD_INFO("job %s: taken back by a request for its key", jname(j));
   }
   r->job = j;
   r->next_in_job = j->subs;
@@ -1153,9 +1162,9 @@ void nfd_job_unsubscribe(nfd_req *r) {
     j->detached = 1;
     j->more_trials = j->more_seconds = 0; /* no second pass for nobody */
     NFD_INFO("job %s: no one waits for it any more: its search goes on detached while no other "
-             "job needs its slot", j->name[0] ? j->name : "(unnamed)");
+             "job needs its slot", jname(j));
   } else {
-    NFD_INFO("job %s: no one waits for it any more: stopped", j->name[0] ? j->name : "(unnamed)");
+    NFD_INFO("job %s: no one waits for it any more: stopped", jname(j));
     j->orphaned = 1;
     kill_job(j, NEOFLOW__ERROR_CODE__ERR_INTERNAL);
   }
@@ -1221,7 +1230,7 @@ static void stop_detached(nfd_server *S) {
   for (nfd_job *j = S->jobs; j && waiting > free_slots; j = j->next)
     if (j->detached && j->running && !j->killed_why) {
       NFD_INFO("job %s: detached search stopped after %u trials: another job needs its slot",
-               j->name[0] ? j->name : "(unnamed)", j->trial);
+               jname(j), j->trial);
       kill_job(j, NEOFLOW__ERROR_CODE__ERR_BUSY);
       free_slots++;
     }
@@ -1295,6 +1304,7 @@ void nfd_jobs_status(nfd_server *S, Neoflow__StatusReply *st) {
     ji[i].key.data = j->key;
     ji[i].key.len = 32;
     ji[i].graph = j->name;
+    ji[i].summary = j->summary;
     ji[i].state = j->phase == PH_COMPILING ? NEOFLOW__JOB_STATE__JOB_COMPILING
                   : j->phase == PH_TUNING  ? NEOFLOW__JOB_STATE__JOB_TUNING
                                            : NEOFLOW__JOB_STATE__JOB_QUEUED;

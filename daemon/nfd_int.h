@@ -120,12 +120,15 @@ typedef struct nfd_shape {
 } nfd_shape;
 
 /* ---- requests ---- */
+#define NFD_SUMMARY_MAX 96 /* a graph's summary (nf_graph_summary) */
+
 struct nfd_req {
   nfd_req *next_in_conn, *next_in_job;
   nfd_conn *conn;
   nfd_job *job;       /* NULL once finished */
   uint64_t id;
   int mode;           /* Neoflow__Mode */
+  char summary[NFD_SUMMARY_MAX]; /* what its graph computes (a new job's) */
   double step_ms;     /* reported by the client (StepTimes) */
   double step_weight; /* step_ms over the mean of the client's subgraphs in
                          the same report (0: none yet): scales the tuning

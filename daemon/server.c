@@ -34,9 +34,9 @@
 #include <unistd.h>
 
 #include "nf_config.h"
+#include "nf_flops.h"
 #include "nf_ir.h"
 #include "nf_kernel.h"
-#include "nf_nvrtc_link.h"
 #include "nf_nvrtc_link.h"
 #include "nf_search.h"
 #include "nf_wire_auth.h"
@@ -80,6 +80,7 @@ struct nfd_conn {
   nf_wire_box box;                /* TCP: frames after the handshake */
   nf_frame_reader rd;
   double t_connect, t_last_rx, t_last_tx, t_soft_since, t_close;
+  double step_ms; /* the client's step: the sum of its last StepTimes */
   size_t out_pending;
   outq *q_head, *q_tail;
   nfd_req *reqs;
@@ -555,6 +556,8 @@ static void on_submit(nfd_conn *c, const Neoflow__Submit *s) {
   int rc = ctx ? nf_wire_graph_to_ir(s->graph, ctx, &g, &err) : NF_ENOMEM;
   if (rc == NF_OK) rc = check_caps(S, g, &err);
   if (rc == NF_OK) rc = nf_graph_hash(g, ghash);
+  char summary[NFD_SUMMARY_MAX] = "";
+  if (rc == NF_OK) nf_graph_summary(g, summary, sizeof summary);
   /* the shape finds similar subgraphs in the cache when this one is tuned
    * (only then: a compile never looks) */
   nfd_shape shape;
@@ -588,6 +591,7 @@ static void on_submit(nfd_conn *c, const Neoflow__Submit *s) {
   r->conn = c;
   r->id = id;
   r->mode = s->mode;
+  memcpy(r->summary, summary, sizeof summary);
   memcpy(r->key, key, 32);
   r->target = c->target;
   r->next_in_conn = c->reqs;
@@ -731,6 +735,7 @@ static void on_step_times(nfd_conn *c, const Neoflow__StepTimes *m) {
       n++;
     }
   double mean = n ? total / (double)n : 0;
+  c->step_ms = total;
   for (size_t i = 0; i < m->n_request_id; i++) {
     nfd_req *r = find_req(c, m->request_id[i]);
     if (!r) continue;
@@ -791,6 +796,7 @@ static void on_status(nfd_conn *c) {
       ci[i].transport = k->tcp ? (char *)"tcp" : (char *)"unix";
       ci[i].requests = (uint32_t)k->n_reqs;
       ci[i].connected_s = now - k->t_connect;
+      ci[i].step_ms = k->step_ms;
       cp[i] = &ci[i];
       i++;
     }

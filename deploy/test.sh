@@ -11,8 +11,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export NF_WERROR=${NF_WERROR:-1}
 # clang and its runtime build the parser's libFuzzer target; PyTorch is
-# the independent autograd that tests/torch_check.py compares against.
-./deploy/setup.sh clang libclang-rt-14-dev python3-torch python3-pytest python3-venv python3-pip python3-setuptools
+# the independent autograd that tests/torch_check.py compares against;
+# tmux drives `neoflow status --watch` and Chromium renders the training
+# report in their tests (tests/watch_check.py, tests/report_check.py).
+./deploy/setup.sh clang libclang-rt-14-dev python3-torch python3-pytest python3-venv python3-pip python3-setuptools \
+  tmux chromium fonts-dejavu-core
 ninja -C build
 # (the status is meson's, read from PIPESTATUS with errexit and pipefail off:
 # `|| true` after the pipeline would hand PIPESTATUS the `true`'s 0)

@@ -457,7 +457,8 @@ static int v_client_info(vctx *v, const Neoflow__ClientInfo *c) {
   int rc;
   if ((rc = check_name(v, "name", c->name)) ||
       (rc = check_name(v, "transport", c->transport)) ||
-      (rc = check_time(v, "connected_s", c->connected_s)))
+      (rc = check_time(v, "connected_s", c->connected_s)) ||
+      (rc = check_time(v, "step_ms", c->step_ms)))
     return rc;
   return NF_OK;
 }
@@ -465,6 +466,7 @@ static int v_client_info(vctx *v, const Neoflow__ClientInfo *c) {
 static int v_job_info(vctx *v, const Neoflow__JobInfo *j) {
   int rc;
   if ((rc = check_key(v, "key", j->key, 1)) || (rc = check_name(v, "graph", j->graph)) ||
+      (rc = check_text(v, "summary", j->summary, 256, 0)) ||
       (rc = check_enum(v, "state", &neoflow__job_state__descriptor, (int)j->state)) ||
       (rc = check_enum(v, "mode", &neoflow__mode__descriptor, (int)j->mode)) ||
       (rc = check_time(v, "best_ms", j->best_ms)) ||

@@ -14,9 +14,11 @@
 
 static const char status_usage[] =
     "usage: neoflow status [--socket ADDR] [--key FILE] [--trust-key KEY] [--trust-uid USER]\n"
-    "                      [--json]\n"
+    "                      [--json | --watch [--interval SECONDS]]\n"
     "Shows what neoflowd is doing: connected clients, queued and running jobs\n"
     "with their progress, and the tuning cache with its hit rate.\n"
+    "  --watch        redraw the view every second (--interval) as top does, until\n"
+    "                 q or Ctrl-C; the terminal is left as it was\n"
     "  --socket ADDR  a Unix socket path or tcp:HOST:PORT (default: $NEOFLOW_SOCKET,\n"
     "                 else the daemon's default socket)\n"
     "  --key FILE     the key for a daemon on TCP\n"
@@ -49,19 +51,19 @@ static const char *state_name(int s) {
   }
 }
 
-static void print_status(const Neoflow__StatusReply *s, int json) {
+static void print_status(FILE *o, const Neoflow__StatusReply *s, int json) {
   uint64_t looks = s->cache_hits + s->cache_misses;
   double rate = looks ? 100.0 * (double)s->cache_hits / (double)looks : 0;
   if (json) {
-    printf("{\"version\":");
-    json_str(stdout, s->daemon_version);
-    printf(",\"pid\":%u,\"uptime_s\":%.1f,\"cache\":{\"path\":", s->pid, s->uptime_s);
-    json_str(stdout, s->cache_path);
-    printf(",\"entries\":%llu,\"bytes\":%llu,\"hits\":%llu,\"misses\":%llu,\"hit_rate\":%.4f},",
+    fprintf(o, "{\"version\":");
+    json_str(o, s->daemon_version);
+    fprintf(o, ",\"pid\":%u,\"uptime_s\":%.1f,\"cache\":{\"path\":", s->pid, s->uptime_s);
+    json_str(o, s->cache_path);
+    fprintf(o, ",\"entries\":%llu,\"bytes\":%llu,\"hits\":%llu,\"misses\":%llu,\"hit_rate\":%.4f},",
            (unsigned long long)s->cache_entries, (unsigned long long)s->cache_bytes,
            (unsigned long long)s->cache_hits, (unsigned long long)s->cache_misses,
            looks ? (double)s->cache_hits / (double)looks : 0.0);
-    printf("\"jobs_done\":%llu,\"jobs_failed\":%llu,\"jobs_cancelled\":%llu,"
+    fprintf(o, "\"jobs_done\":%llu,\"jobs_failed\":%llu,\"jobs_cancelled\":%llu,"
            "\"connections_refused\":%llu,"
            "\"timeouts\":%llu,\"emfile_closes\":%llu,\"quarantined\":%llu,\"cache_busy\":%llu,"
            "\"slower_reports\":%llu,\"retunes\":%llu,\"upstream_kernels\":%llu,"
@@ -75,76 +77,82 @@ static void print_status(const Neoflow__StatusReply *s, int json) {
            (unsigned long long)s->retunes, (unsigned long long)s->upstream_kernels,
            (unsigned long long)s->lookups_missed, (unsigned long long)s->upstream_published,
            (unsigned long long)s->published_received, (unsigned long long)s->published_kept);
-    json_str(stdout, s->upstream ? s->upstream : "");
-    printf(",\"clients\":[");
+    json_str(o, s->upstream ? s->upstream : "");
+    fprintf(o, ",\"clients\":[");
     for (size_t i = 0; i < s->n_clients; i++) {
       const Neoflow__ClientInfo *c = s->clients[i];
-      printf("%s{\"session\":%llu,\"name\":", i ? "," : "", (unsigned long long)c->session_id);
-      json_str(stdout, c->name);
-      printf(",\"pid\":%u,\"uid\":%u,\"transport\":\"%s\",\"requests\":%u,\"connected_s\":%.1f}",
-             c->pid, c->uid, c->transport, c->requests, c->connected_s);
+      fprintf(o, "%s{\"session\":%llu,\"name\":", i ? "," : "", (unsigned long long)c->session_id);
+      json_str(o, c->name);
+      fprintf(o, ",\"pid\":%u,\"uid\":%u,\"transport\":\"%s\",\"requests\":%u,\"connected_s\":%.1f,"
+              "\"step_ms\":%.6g}",
+             c->pid, c->uid, c->transport, c->requests, c->connected_s, c->step_ms);
     }
-    printf("],\"jobs\":[");
+    fprintf(o, "],\"jobs\":[");
     for (size_t i = 0; i < s->n_jobs; i++) {
       const Neoflow__JobInfo *j = s->jobs[i];
       char k[17];
       hex16(j->key.data, j->key.len, k);
-      printf("%s{\"key\":\"%s\",\"graph\":", i ? "," : "", k);
-      json_str(stdout, j->graph);
-      printf(",\"state\":\"%s\",\"mode\":\"%s\",\"waiters\":%u,\"trial\":%u,\"max_trials\":%u,"
+      fprintf(o, "%s{\"key\":\"%s\",\"graph\":", i ? "," : "", k);
+      json_str(o, j->graph);
+      fprintf(o, ",\"summary\":");
+      json_str(o, j->summary ? j->summary : "");
+      fprintf(o, ",\"state\":\"%s\",\"mode\":\"%s\",\"waiters\":%u,\"trial\":%u,\"max_trials\":%u,"
              "\"best_ms\":%.6g,\"default_ms\":%.6g,\"step_ms\":%.6g,\"age_s\":%.1f}",
              state_name(j->state), j->mode == NEOFLOW__MODE__MODE_TUNE ? "tune" : "compile",
              j->waiters, j->trial, j->max_trials, j->best_ms, j->default_ms, j->step_ms, j->age_s);
     }
-    printf("]}\n");
+    fprintf(o, "]}\n");
     return;
   }
-  printf("neoflowd %s (pid %u), up %.0f s\n", s->daemon_version, s->pid, s->uptime_s);
-  printf("cache %s: %llu entries, %.1f MiB; hit rate %.1f%% (%llu hits, %llu misses)\n",
+  fprintf(o, "neoflowd %s (pid %u), up %.0f s\n", s->daemon_version, s->pid, s->uptime_s);
+  fprintf(o, "cache %s: %llu entries, %.1f MiB; hit rate %.1f%% (%llu hits, %llu misses)\n",
          s->cache_path, (unsigned long long)s->cache_entries, (double)s->cache_bytes / 1048576.0,
          rate, (unsigned long long)s->cache_hits, (unsigned long long)s->cache_misses);
-  printf("jobs: %llu done, %llu failed, %llu cancelled (no one waited); connections refused: "
+  fprintf(o, "jobs: %llu done, %llu failed, %llu cancelled (no one waited); connections refused: "
          "%llu\n",
          (unsigned long long)s->jobs_done, (unsigned long long)s->jobs_failed,
          (unsigned long long)s->jobs_cancelled, (unsigned long long)s->connections_refused);
   if (s->upstream && s->upstream[0])
-    printf("team tier: upstream %s: %llu kernels taken from it instead of compiling, %llu tuned "
+    fprintf(o, "team tier: upstream %s: %llu kernels taken from it instead of compiling, %llu tuned "
            "schedules published to it\n",
            s->upstream, (unsigned long long)s->upstream_kernels,
            (unsigned long long)s->upstream_published);
   if (s->lookups_missed || s->published_received)
-    printf("team tier, as an upstream: %llu lookups from nodes not answered (a miss); %llu "
+    fprintf(o, "team tier, as an upstream: %llu lookups from nodes not answered (a miss); %llu "
            "schedules published by nodes, %llu of them kept as the fastest here\n",
            (unsigned long long)s->lookups_missed, (unsigned long long)s->published_received,
            (unsigned long long)s->published_kept);
   if (s->slower_reports)
-    printf("kernels slower than a client's fallback: %llu reported, %llu searched further\n",
+    fprintf(o, "kernels slower than a client's fallback: %llu reported, %llu searched further\n",
            (unsigned long long)s->slower_reports, (unsigned long long)s->retunes);
-  printf("faults: %llu timeouts, %llu closed for lack of descriptors, %llu quarantined entries, "
+  fprintf(o, "faults: %llu timeouts, %llu closed for lack of descriptors, %llu quarantined entries, "
          "%llu cache lock conflicts\n",
          (unsigned long long)s->timeouts, (unsigned long long)s->emfile_closes,
          (unsigned long long)s->quarantined, (unsigned long long)s->cache_busy);
-  printf("clients (%zu):\n", s->n_clients);
+  fprintf(o, "clients (%zu):\n", s->n_clients);
   if (s->n_clients)
-    printf("  %-8s %-20s %8s %6s %-5s %8s %10s\n", "session", "name", "pid", "uid", "via",
-           "requests", "connected");
+    fprintf(o, "  %-8s %-20s %8s %6s %-5s %8s %10s %10s\n", "session", "name", "pid", "uid", "via",
+           "requests", "connected", "step ms");
   for (size_t i = 0; i < s->n_clients; i++) {
     const Neoflow__ClientInfo *c = s->clients[i];
-    printf("  %-8llu %-20.20s %8u %6u %-5s %8u %9.0fs\n", (unsigned long long)c->session_id,
-           c->name, c->pid, c->uid, c->transport, c->requests, c->connected_s);
+    char sm[32] = "-";
+    if (c->step_ms > 0) snprintf(sm, sizeof sm, "%.3g", c->step_ms);
+    fprintf(o, "  %-8llu %-20.20s %8u %6u %-5s %8u %9.0fs %10s\n", (unsigned long long)c->session_id,
+           c->name, c->pid, c->uid, c->transport, c->requests, c->connected_s, sm);
   }
-  printf("jobs (%zu):\n", s->n_jobs);
+  fprintf(o, "jobs (%zu):\n", s->n_jobs);
   if (s->n_jobs)
-    printf("  %-16s %-20s %-9s %-7s %7s %11s %10s %10s\n", "key", "graph", "state", "mode",
-           "waiters", "trials", "best ms", "default ms");
+    fprintf(o, "  %-16s %-9s %-7s %7s %11s %10s %10s  %s\n", "key", "state", "mode",
+           "waiters", "trials", "best ms", "default ms", "graph (what it computes)");
   for (size_t i = 0; i < s->n_jobs; i++) {
     const Neoflow__JobInfo *j = s->jobs[i];
     char k[17], tr[32];
     hex16(j->key.data, j->key.len, k);
     snprintf(tr, sizeof tr, "%u/%u", j->trial, j->max_trials);
-    printf("  %-16s %-20.20s %-9s %-7s %7u %11s %10.4g %10.4g\n", k, j->graph, state_name(j->state),
+    fprintf(o, "  %-16s %-9s %-7s %7u %11s %10.4g %10.4g  %s%s%s%s\n", k, state_name(j->state),
            j->mode == NEOFLOW__MODE__MODE_TUNE ? "tune" : "compile", j->waiters, tr, j->best_ms,
-           j->default_ms);
+           j->default_ms, j->graph, j->summary && *j->summary ? " (" : "",
+           j->summary ? j->summary : "", j->summary && *j->summary ? ")" : "");
   }
 }
 
@@ -159,13 +167,42 @@ int nf__cli_trust(nf_trust *t, const char *const *keys, int n_keys, const char *
   return rc;
 }
 
+int nf__cli_status_fetch(nf_dconn *c, Neoflow__ServerMessage **out, nf_buf *err) {
+  *out = NULL;
+  Neoflow__StatusRequest sr = NEOFLOW__STATUS_REQUEST__INIT;
+  Neoflow__ClientMessage cm = NEOFLOW__CLIENT_MESSAGE__INIT;
+  cm.msg_case = NEOFLOW__CLIENT_MESSAGE__MSG_STATUS;
+  cm.status = &sr;
+  int rc = nf_dconn_send(c, &cm, err);
+  Neoflow__ServerMessage *m = NULL;
+  while (rc == NF_OK) {
+    rc = nf_dconn_recv(c, 10000, &m, err);
+    if (rc != NF_OK) break;
+    if (m->msg_case == NEOFLOW__SERVER_MESSAGE__MSG_STATUS) break;
+    nf_wire_free_server(m);
+    m = NULL;
+  }
+  if (rc == NF_OK) *out = m;
+  return rc;
+}
+
 int nf__cli_status(int argc, char **argv) {
   const char *addr = NULL, *key = NULL;
   const char *tkeys[16], *tuids[16];
   int n_tk = 0, n_tu = 0;
-  int json = 0;
+  int json = 0, watch = 0;
+  double interval = 1;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--trust-key") && i + 1 < argc && n_tk < 16) tkeys[n_tk++] = argv[++i];
+    else if (!strcmp(argv[i], "--watch")) watch = 1;
+    else if (!strcmp(argv[i], "--interval") && i + 1 < argc) {
+      char *end = NULL;
+      interval = strtod(argv[++i], &end);
+      if (!end || *end || !(interval >= 0.1 && interval <= 3600)) {
+        fprintf(stderr, "neoflow status: --interval %s: seconds from 0.1 to 3600\n", argv[i]);
+        return 2;
+      }
+    }
     else if (!strcmp(argv[i], "--trust-uid") && i + 1 < argc && n_tu < 16) tuids[n_tu++] = argv[++i];
     else if (!strcmp(argv[i], "--json")) json = 1;
     else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -179,31 +216,33 @@ int nf__cli_status(int argc, char **argv) {
       return 2;
     }
   }
+  if (watch && json) {
+    fprintf(stderr, "neoflow status: --watch and --json do not go together\n\n%s", status_usage);
+    return 2;
+  }
   nf_trust tr;
   if (nf__cli_trust(&tr, tkeys, n_tk, tuids, n_tu, "status") != NF_OK) return 1;
   nf_buf err = NF_BUF_INIT;
   nf_dconn *c = NULL;
-  nf_dconn_opts o = {.address = addr, .key_file = key, .client_name = "neoflow status",
+  nf_dconn_opts o = {.address = addr, .key_file = key,
+                     .client_name = watch ? "neoflow status --watch" : "neoflow status",
                      .trust = &tr};
-  if (nf_dconn_open(&o, &c, &err) != NF_OK) {
+  if (watch) return nf__cli_status_watch(&o, (int)(interval * 1000 + 0.5));
+  int orc = nf_dconn_open(&o, &c, &err);
+  if (orc != NF_OK) {
     fprintf(stderr, "neoflow status: %s\n", nf_buf_str(&err));
+    if (orc == NF_EIO) /* nothing answers there */
+      fprintf(stderr,
+              "  No daemon is running there. Start your own with `neoflowd &` (a training "
+              "program also starts it\n  when it needs one), the team's with `systemctl start "
+              "neoflowd` (systemd/neoflowd.service),\n  or name another with --socket ADDR "
+              "(docs/daemon.md).\n");
     nf_buf_free(&err);
     return 1;
   }
-  Neoflow__StatusRequest sr = NEOFLOW__STATUS_REQUEST__INIT;
-  Neoflow__ClientMessage cm = NEOFLOW__CLIENT_MESSAGE__INIT;
-  cm.msg_case = NEOFLOW__CLIENT_MESSAGE__MSG_STATUS;
-  cm.status = &sr;
-  int rc = nf_dconn_send(c, &cm, &err);
   Neoflow__ServerMessage *m = NULL;
-  while (rc == NF_OK) {
-    rc = nf_dconn_recv(c, 10000, &m, &err);
-    if (rc != NF_OK) break;
-    if (m->msg_case == NEOFLOW__SERVER_MESSAGE__MSG_STATUS) break;
-    nf_wire_free_server(m);
-    m = NULL;
-  }
-  if (rc == NF_OK) print_status(m->status, json);
+  int rc = nf__cli_status_fetch(c, &m, &err);
+  if (rc == NF_OK) print_status(stdout, m->status, json);
   else fprintf(stderr, "neoflow status: %s\n", nf_buf_str(&err));
   nf_wire_free_server(m);
   nf_dconn_close(c);

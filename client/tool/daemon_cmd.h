@@ -3,12 +3,19 @@
 #ifndef NF_DAEMON_CMD_H
 #define NF_DAEMON_CMD_H
 
+#include "nf_dconn.h"
 #include "nf_ir.h"
 #include "nf_trust.h"
 
 /* neoflow status [--socket ADDR] [--key FILE] [--json]; argv[0] is
  * "status".  Returns the exit status (0; 1 with a message; 2 usage). */
 int nf__cli_status(int argc, char **argv);
+/* The daemon's status over c: *m (free with nf_wire_free_server) holding
+ * m->status.  NF_OK, or an error in err. */
+int nf__cli_status_fetch(nf_dconn *c, Neoflow__ServerMessage **m, nf_buf *err);
+/* neoflow status --watch (status_watch.c): the view redrawn every
+ * interval_ms until q or a signal; the terminal restored.  Returns 0. */
+int nf__cli_status_watch(const nf_dconn_opts *o, int interval_ms);
 /* The user's trust configuration plus the command's --trust-key and
  * --trust-uid values into *t; NF_OK, or an error printed as "neoflow
  * CMD: ...". */
