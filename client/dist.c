@@ -391,7 +391,24 @@ int nf__dist_grads(nf_session *s) {
 int nf__dist_step_end(nf_session *s) {
   nf__dist *d = s->dist;
   if (!d || !d->nccl) return NF_OK;
-  /* the step's device work, NCCL's means with it, waited for without
+  nf__dist_device_wait(s);
+  recv_heartbeats(d);
+  return NF_OK;
+}
+
+void nf__dist_run_begin(nf_session *s) {
+  nf__dist *d = s->dist;
+  if (!d) return;
+  /* (a run that failed before its exchange, a CUDA graph's capture that
+   * failed and is run again live: its buckets are queued anew) */
+  memset(d->ready, 0, (size_t)d->n_params);
+  memset(d->sent, 0, (size_t)d->n_params);
+}
+
+int nf__dist_device_wait(nf_session *s) {
+  nf__dist *d = s->dist;
+  if (!d || !d->nccl) return nf_cuda_rt_sync(s->kt.dev->cuda_rt(s), &s->err);
+  /* the device's queued work, NCCL's means with it, waited for without
    * blocking: a rank that hangs or died is named within the timeout */
   double until = now_s() + d->timeout_s;
   int idle = 0, rc = NF_OK;
@@ -418,7 +435,6 @@ int nf__dist_step_end(nf_session *s) {
       nf_buf_printf(&s->err, "; no answer from rank %s (it hung or died)", who);
     nf__dist_abort(s, "the gradients' exchange failed");
   }
-  recv_heartbeats(d);
   return NF_OK;
 }
 
@@ -494,6 +510,11 @@ int nf__dist_grads(nf_session *s) {
   return NF_OK;
 }
 int nf__dist_step_end(nf_session *s) {
+  (void)s;
+  return NF_OK;
+}
+void nf__dist_run_begin(nf_session *s) { (void)s; }
+int nf__dist_device_wait(nf_session *s) {
   (void)s;
   return NF_OK;
 }

@@ -37,6 +37,7 @@
 #include "nf_cuda_plan.h"
 #include "nf_cuda_rt.h"
 #include "nf_cudnn.h"
+#include "nf_dist.h"
 #include "session_int.h"
 #include "nf_env.h"
 
@@ -192,12 +193,15 @@ static const char *gpu_tier0_name(const nf_session *s, const nf__kent *k) {
 
 /* Which device the options name: -1 for the CPU, else the GPU's index;
  * -2 for a string that names neither. */
-/* "cuda" is the first device; under mpirun, the rank's on its node
- * (Open MPI's local rank): one GPU per rank, as NCCL wants. */
+/* "cuda" is the first device; under a launcher, the rank's on its node
+ * (Open MPI's, MPICH's or Slurm's local rank): one GPU per rank, as NCCL
+ * wants. */
 static int device_index(const char *d) {
   if (!d || !*d || !strcmp(d, "cpu")) return -1;
   if (!strcmp(d, "cuda")) {
     const char *lr = nf_env(NF_ENV_OMPI_LOCAL_RANK);
+    if (!lr) lr = nf_env(NF_ENV_MPI_LOCALRANKID);
+    if (!lr) lr = nf_env(NF_ENV_SLURM_LOCALID);
     long v = lr ? strtol(lr, NULL, 10) : 0;
     return v > 0 && v < 1024 ? (int)v : 0;
   }
@@ -691,7 +695,15 @@ static int gpu_run(nf_session *s, nf__kent *k, nf__op *op, void *kern) {
   return run_module(s, kern, s->gpu->dargs[op - s->ops], op->n_in + op->n_out, &s->err);
 }
 
-static int gpu_sync(nf_session *s) { return nf_cuda_rt_sync(s->gpu->rt, &s->err); }
+/* Waits for the queued work; in a data-parallel session through the
+ * job's polled wait (NCCL's means may be among it: a hung peer is named
+ * within the timeout rather than waited for forever). */
+static int gpu_wait(nf_session *s, nf_buf *err) {
+  if (s->dist) return nf__dist_device_wait(s);
+  return nf_cuda_rt_sync(s->gpu->rt, err);
+}
+
+static int gpu_sync(nf_session *s) { return gpu_wait(s, &s->err); }
 
 /* Entry k's module is about to be replaced: the graphs, which may launch
  * the old one, go first. */
@@ -739,7 +751,7 @@ static int gpu_canary(nf_session *s, nf__kent *k, nf__op *op, void *kern, void *
   if (rc == NF_OK) {
     double c0 = nf_now_ms();
     *crc = run_module(s, kern, ca, n, e);
-    if (*crc == NF_OK) *crc = nf_cuda_rt_sync(G->rt, e);
+    if (*crc == NF_OK) *crc = gpu_wait(s, e);
     *ms = nf_now_ms() - c0;
     for (uint32_t o = 0; *crc == NF_OK && o < op->n_out; o++) {
       size_t b = buf_bytes(s, op, op->n_in + o);
@@ -805,7 +817,7 @@ static int gpu_op_end(nf_session *s, int i, int kernel, int rc) {
     G->used[st] |= kernel;
     nf_cuda_rt_select(G->rt, 0);
   }
-  if (rc == NF_OK && G->timed) rc = nf_cuda_rt_sync(G->rt, &s->err);
+  if (rc == NF_OK && G->timed) rc = gpu_wait(s, &s->err);
   return rc;
 }
 

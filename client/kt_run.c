@@ -445,6 +445,7 @@ static int dispatch(nf_session *s, nf__kent *k, nf__op *op) {
 int nf__kt_run_ops(nf_session *s, const uint8_t *mask) {
   const nf__device *d = dev(s);
   int rc = NF_OK;
+  if (s->dist && !mask) nf__dist_run_begin(s);
   for (int i = 0; i < s->n_ops && rc == NF_OK; i++) {
     if (mask && !mask[i]) continue;
     nf__op *op = &s->ops[i];

@@ -69,6 +69,14 @@ int nf__dist_grads(struct nf_session *s);
  * with it, within the timeout; aborts the job naming the ranks not heard
  * from).  NF_OK. */
 int nf__dist_step_end(struct nf_session *s);
+/* A step's run of the ops begins (again, after a failed CUDA graph
+ * capture): no bucket is queued yet. */
+void nf__dist_run_begin(struct nf_session *s);
+/* A GPU session's wait for its queued work (gpu_session.c: timed steps,
+ * canaries, races): polled within the timeout, aborting the job naming
+ * the ranks not heard from, when NCCL's work is among it.  NF_OK or the
+ * runtime's error. */
+int nf__dist_device_wait(struct nf_session *s);
 
 /* Agreement: v[0..n) replaced by its mean over the ranks; 1 when ok on
  * every rank; v[i] kept where it is the same on every rank, else 0. */

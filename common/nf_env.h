@@ -33,6 +33,8 @@
   X(DIST_TIMEOUT, "NEOFLOW_DIST_TIMEOUT", "seconds an exchange of ranks may take")     \
   X(OMPI_SIZE, "OMPI_COMM_WORLD_SIZE", "Open MPI's launcher started the process")     \
   X(OMPI_LOCAL_RANK, "OMPI_COMM_WORLD_LOCAL_RANK", "the rank on its node: its GPU")       \
+  X(MPI_LOCALRANKID, "MPI_LOCALRANKID", "the rank on its node (MPICH's Hydra): its GPU")   \
+  X(SLURM_LOCALID, "SLURM_LOCALID", "the task on its node (Slurm's srun): its GPU")        \
   X(PMIX_RANK, "PMIX_RANK", "a PMIx launcher started the process")                     \
   X(PMI_SIZE, "PMI_SIZE", "a PMI launcher started the process")                        \
   X(NEOFLOWD, "NF_NEOFLOWD", "the neoflowd a client starts when none answers")         \

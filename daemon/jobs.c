@@ -90,6 +90,8 @@ struct nfd_job {
   char *published;   /* a schedule a node published (MODE_PUBLISH), measured
                         first when the job tunes; NULL: none */
   int not_kept;      /* a check of it ended with ERR_NOT_KEPT: done, not failed */
+  int checking;      /* the running phase is a check (check_only): its overrun
+                        stores nothing (finish_with_best is for tunings) */
   int rerun;         /* a request joined after that, while the process ended:
                         the job runs again for it */
   nfd_kernel *final_k; /* this phase's final kernel once delivered (a
@@ -454,10 +456,25 @@ static void on_event(nfd_job *j, const Neoflow__JobEvent *ev) {
       }
       j->got_error = 1;
       if (ev->error->code == NEOFLOW__ERROR_CODE__ERR_NOT_KEPT) {
-        /* a check of a published schedule that lost: what is kept stays */
+        /* a check of a published schedule that lost: what is kept stays.
+         * The publishers get the verdict; a client that asked for a
+         * tuning meanwhile gets one (the job runs again for it) */
         j->not_kept = 1;
         NFD_INFO("job %s: %s", jname(j), ev->error->message);
-        fail_all(j, NEOFLOW__ERROR_CODE__ERR_NOT_KEPT, ev->error->message);
+        nfd_req *next;
+        for (nfd_req *r = j->subs; r; r = next) {
+          next = r->next_in_job;
+          if (r->mode != NEOFLOW__MODE__MODE_PUBLISH) continue;
+          sub_remove(j, r);
+          nfd_conn_error(r->conn, r->id, NEOFLOW__ERROR_CODE__ERR_NOT_KEPT, 0, "%s",
+                         ev->error->message);
+          nfd_req_finish(r);
+        }
+        if (j->subs) {
+          j->rerun = 1;
+          free(j->published);
+          j->published = NULL;
+        }
         break;
       }
       NFD_WARN("job %s: %s", jname(j), ev->error->message);
@@ -505,7 +522,7 @@ static void phase_over(nfd_job *j) {
   if (j->phase == PH_COMPILING) S->n_running_compile--;
   else S->n_running_tune--;
   if (!j->got_final && !j->got_error && j->phase == PH_TUNING &&
-      j->killed_why == NEOFLOW__ERROR_CODE__ERR_TIMEOUT && finish_with_best(j))
+      j->killed_why == NEOFLOW__ERROR_CODE__ERR_TIMEOUT && !j->checking && finish_with_best(j))
     NFD_WARN("job %s: tuning overran its time budget: the best kernel so far is final",
              jname(j));
   if (!j->got_final && !j->got_error && j->phase == PH_TUNING && j->first_k) {
@@ -559,8 +576,13 @@ static void phase_over(nfd_job *j) {
     j->trial = j->failures = j->n_phase_records = 0;
     send_progress(j, NEOFLOW__JOB_STATE__JOB_QUEUED);
   } else if (j->rerun && j->subs && !S->shutting_down) {
+    /* a first pass of its own (not the lost check's second) */
     j->phase = PH_QUEUED_TUNE;
     j->rerun = j->not_kept = 0;
+    j->pass = j->more_trials = j->more_seconds = j->trials_before = 0;
+    if (j->best_k) nfd_kernel_unref(j->best_k);
+    if (j->first_k) nfd_kernel_unref(j->first_k);
+    j->best_k = j->first_k = NULL;
     j->why[0] = 0;
     j->got_final = j->got_error = j->killed_why = 0;
     j->counted_done = 0;
@@ -908,7 +930,11 @@ static int start_job(nfd_job *j) {
    * a schedule goes one level up, so that two daemons naming each other
    * never send one back and forth) */
   int check = tune && check_only(j);
-  int publish = tune && !check && S->cfg.upstream_publish && !j->target.cuda_sm;
+  /* (the last pass publishes, none followed by a second: the upstream
+   * keeps the faster of what it had and this) */
+  int publish = tune && !check && S->cfg.upstream_publish && !j->target.cuda_sm &&
+                j->more_trials == 0;
+  j->checking = check;
   if ((!tune || publish) && S->cfg.upstream_address[0]) {
     rq.upstream_address = S->cfg.upstream_address;
     rq.upstream_key_file = S->cfg.upstream_key_file;

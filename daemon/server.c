@@ -579,6 +579,28 @@ static void on_submit(nfd_conn *c, const Neoflow__Submit *s) {
     nf_ir_ctx_free(ctx);
     return;
   }
+  /* a published schedule in its canonical text (so that it compares with
+   * the kept one), or refused at once when it does not apply */
+  char *canon = NULL;
+  if (publish) {
+    S->published_received++;
+    nf_schedule *sc = NULL;
+    nf_buf t = NF_BUF_INIT;
+    int arc = nf_search_adapt(g, s->schedule, &sc, &err);
+    if (arc == NF_OK) nf_schedule_print(sc, &t);
+    nf_schedule_free(sc);
+    if (arc == NF_OK && !(canon = strdup(nf_buf_str(&t)))) arc = NF_ENOMEM;
+    nf_buf_free(&t);
+    if (arc != NF_OK) {
+      nfd_conn_error(c, id, arc == NF_ENOMEM ? NEOFLOW__ERROR_CODE__ERR_INTERNAL
+                                             : NEOFLOW__ERROR_CODE__ERR_NOT_KEPT,
+                     0, "the published schedule does not apply to this graph: %s",
+                     err.len ? nf_buf_str(&err) : nf_strerror(arc));
+      nf_buf_free(&err);
+      nf_ir_ctx_free(ctx);
+      return;
+    }
+  }
   nf_ir_ctx_free(ctx);
   nf_cache_make_key(ghash, c->target.fingerprint, c->target.codegen, key);
 
@@ -586,6 +608,7 @@ static void on_submit(nfd_conn *c, const Neoflow__Submit *s) {
   if (!r) {
     nfd_conn_error(c, id, NEOFLOW__ERROR_CODE__ERR_INTERNAL, 0, "submit: out of memory");
     nf_buf_free(&err);
+    free(canon);
     return;
   }
   r->conn = c;
@@ -648,15 +671,14 @@ static void on_submit(nfd_conn *c, const Neoflow__Submit *s) {
     /* a node's tuned schedule is measured here against the default and
      * the key's tuned kernel: two trials at most (the published one, the
      * kept one), unless it joins a tuning asked for more */
-    S->published_received++;
     trials = 2;
-    done = hit && tuned && e.schedule && !strcmp(e.schedule, s->schedule);
+    done = hit && tuned && e.schedule && !strcmp(e.schedule, canon);
     NFD_INFO("session %llu (%s): publishes a tuned schedule for %.*s: %s", (unsigned long long)c->session,
              c->name, NF_WIRE_NAME_MAX, s->graph->name ? s->graph->name : "(unnamed)",
              done ? "already the one kept here" : "measured here against what is kept");
   }
-  if (hit) S->hits++;
-  else S->misses++;
+  if (hit && !publish) S->hits++; /* (a publication is not a client's look-up) */
+  else if (!publish) S->misses++;
   if (lookup && !hit) { /* (a lookup starts no job) */
     S->lookups_missed++;
     nfd_conn_error(c, id, NEOFLOW__ERROR_CODE__ERR_NOT_FOUND, 0,
@@ -670,12 +692,13 @@ static void on_submit(nfd_conn *c, const Neoflow__Submit *s) {
     nfd_kernel *k = nfd_kernel_new(key, e.tier, e.schedule, e.time_ms, e.default_ms, e.trials,
                                    e.binary, e.binary_len);
     if (k) memcpy(k->sig, e.sig.sig, 64);
-    count_hit(S, key);
+    if (!publish) count_hit(S, key);
     nf_cache_entry_free(&e);
     if (!k) {
       nfd_conn_error(c, id, NEOFLOW__ERROR_CODE__ERR_INTERNAL, 0, "out of memory");
       nfd_req_finish(r);
       nf_buf_free(&err);
+      free(canon);
       return;
     }
     r->got_tier = k->tier;
@@ -684,11 +707,13 @@ static void on_submit(nfd_conn *c, const Neoflow__Submit *s) {
     nfd_kernel_unref(k);
     if (c->state == ST_CLOSING || c->doomed) {
       nf_buf_free(&err);
+      free(canon);
       return;
     }
     if (done) {
       nfd_req_finish(r);
       nf_buf_free(&err);
+      free(canon);
       return;
     }
   }
@@ -697,9 +722,10 @@ static void on_submit(nfd_conn *c, const Neoflow__Submit *s) {
   size_t pb_len = pb ? protobuf_c_message_pack(&s->graph->base, pb) : 0;
   rc = pb ? nfd_job_subscribe(S, r, ghash, s->graph->name, pb, pb_len, &shape, hit, trials,
                               clampi((int)s->max_seconds, S->cfg.default_seconds, S->cfg.max_seconds),
-                              publish ? s->schedule : NULL)
+                              canon)
           : NF_ENOMEM;
   free(pb);
+  free(canon);
   if (rc != NF_OK) {
     nfd_conn_error(c, id,
                    rc == NF_ELIMIT ? NEOFLOW__ERROR_CODE__ERR_BUSY : NEOFLOW__ERROR_CODE__ERR_INTERNAL,

@@ -135,6 +135,8 @@ void nf_nccl_close(nf_nccl *n) {
   nf_buf e = NF_BUF_INIT;
   if (n->comm && nf_cuda_rt_current(n->rt, &e) == NF_OK && nf_cuda_rt_sync(n->rt, &e) == NF_OK)
     n->CommDestroy(n->comm);
+  else if (n->comm)
+    n->CommAbort(n->comm); /* (work that cannot finish: a broken context, a peer gone) */
   nf_buf_free(&e);
   free(n);
 }
