@@ -15,6 +15,7 @@
  * meanwhile training goes on with the kernels it has. */
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <poll.h>
 #include <signal.h>
 #include <sodium.h>
@@ -190,7 +191,8 @@ static void drop(dlink *L, const char *why) {
   if (L->c) {
     nf_dconn_close(L->c);
     L->c = NULL;
-    if (!L->idle_closed)
+    /* (the session ending cancels a wait: nothing was lost) */
+    if (!L->idle_closed && !__atomic_load_n(&L->stop, __ATOMIC_RELAXED))
       nf__slog_warn(kt->log, "lost the daemon connection (%s); training goes on, reconnecting", why);
   }
   pthread_mutex_lock(&kt->mu);
@@ -295,8 +297,25 @@ static int handle(dlink *L, const Neoflow__ServerMessage *m) {
     case NEOFLOW__SERVER_MESSAGE__MSG_PROGRESS:
       pthread_mutex_lock(&kt->mu);
       if ((k = kent_of(kt, m->progress->request_id)) >= 0) {
-        kt->kents[k].trial = m->progress->trial;
-        kt->kents[k].max_trials = m->progress->max_trials;
+        nf__kent *e = &kt->kents[k];
+        e->trial = m->progress->trial;
+        e->max_trials = m->progress->max_trials;
+        /* the tuning curve (the report): each new best */
+        double best = m->progress->best_ms;
+        if (m->progress->default_ms > 0) e->tune_default = m->progress->default_ms;
+        if (best > 0 && isfinite(best) &&
+            (e->n_tune == 0 || best < e->tune_y[e->n_tune - 1] ||
+             m->progress->trial > e->tune_x[e->n_tune - 1] + 16)) {
+          if (e->n_tune == NF_TUNE_POINTS) {
+            for (int i = 0; i < NF_TUNE_POINTS / 2; i++) {
+              e->tune_x[i] = e->tune_x[2 * i + 1];
+              e->tune_y[i] = e->tune_y[2 * i + 1];
+            }
+            e->n_tune = NF_TUNE_POINTS / 2;
+          }
+          e->tune_x[e->n_tune] = (float)m->progress->trial;
+          e->tune_y[e->n_tune++] = (float)best;
+        }
       }
       pthread_mutex_unlock(&kt->mu);
       return 0;

@@ -48,6 +48,7 @@ static void promote(nf_session *s, nf__kent *k) {
   k->prefer_t0 = 0;
   k->probe = 0;
   s->swaps++;
+  nf__report_swap(s, k);
 }
 
 

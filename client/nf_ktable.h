@@ -30,6 +30,9 @@ enum { DK_NONE = 0, DK_SUBMITTED, DK_ACCEPTED, DK_FINAL, DK_FAILED };
  * interpreter) and a compiled kernel (even: half each). */
 #define NF_RACE_RUNS 6
 
+/* Points of an entry's tuning curve kept for the training report. */
+#define NF_TUNE_POINTS 64
+
 /* One distinct subgraph (by canonical key): the kernels that run it. */
 typedef struct nf__kent {
   uint8_t key[32];      /* nf_graph_hash of g */
@@ -91,6 +94,12 @@ typedef struct nf__kent {
   uint8_t dkey[32];     /* the key the daemon accepted it under */
   uint32_t trial, max_trials;
   double share_ms;      /* step time share to report */
+  /* under mu: the tuning curve as the daemon reported its search (the
+   * training report): best ms at trial, at most NF_TUNE_POINTS points
+   * (every other one dropped when full), and the default's time */
+  uint16_t n_tune;
+  float tune_x[NF_TUNE_POINTS], tune_y[NF_TUNE_POINTS];
+  double tune_default;
 } nf__kent;
 
 /* ---- the device interface ----

@@ -381,6 +381,9 @@ nf_session *nf_session_new_def(nf_model *m, const char *def, const nf_session_op
 
 void nf_session_free(nf_session *s) {
   if (!s) return;
+  if (nf__report_has_path(s) && nf_session_report(s, NULL) != NF_OK) /* its last state */
+    nf__slog_warn(&s->log, "the training report: %s", nf_buf_str(&s->err));
+  nf__report_free(s);
   nf__dist_close(s);
   nf__dlink_stop(s->link);
   s->link = NULL;
@@ -540,6 +543,7 @@ int nf_session_step(nf_session *s, double *loss) {
     s->prof_steps++;
   }
   pthread_mutex_unlock(&s->kt.mu);
+  if (!s->fn_n_in) nf__report_step(s); /* (a training step: the report's history) */
   return NF_OK;
 }
 

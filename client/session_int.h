@@ -150,6 +150,7 @@ struct nf_session {
   /* the link */
   struct nf__dlink *link; /* the daemon link (nf_dlink.h), or NULL */
   struct nf__dist *dist;  /* the data-parallel job (nf_dist.h), or NULL: alone */
+  struct nf__report *rep; /* the training report's history (report.c), or NULL */
   nf__slog log;          /* messages for the program's log callback */
 };
 
@@ -260,6 +261,15 @@ int nf__gpu_blas_entries(const nf_session *s);
 int nf__gpu_dnn_entries(const nf_session *s);
 /* How many streams modules ran on during the last step (or evaluation). */
 int nf__gpu_streams_used(const nf_session *s);
+
+/* report.c: the training report (nf_session_report_to).  A step ended
+ * (its point of the history; the page rewritten every period when a path
+ * is set); a kernel was swapped in; the page written to path; freed. */
+void nf__report_step(nf_session *s);
+void nf__report_swap(nf_session *s, const nf__kent *k);
+int nf__report_write(nf_session *s, const char *path, nf_buf *err);
+void nf__report_free(nf_session *s);
+int nf__report_has_path(const nf_session *s);
 
 
 /* gpu_local.c: nf_gpugen.h */

@@ -1280,6 +1280,79 @@ static void write_file(const char *path, const uint8_t *data, size_t len) {
   ck_assert_int_eq(fclose(f), 0);
 }
 
+/* The training report (client/report.c): written every period while the
+ * session steps, atomically; its history bounded (a point stands for
+ * several steps once there are more than its points); metrics noted; a
+ * path that cannot be written said, the session unharmed; the last state
+ * written when the session is freed. */
+static char *slurp(const char *path) {
+  FILE *f = fopen(path, "r");
+  if (!f) return NULL;
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *t = malloc((size_t)n + 1);
+  if (t && fread(t, 1, (size_t)n, f) != (size_t)n) n = 0;
+  if (t) t[n] = 0;
+  fclose(f);
+  return t;
+}
+
+START_TEST(session_report) {
+  char dir[] = "/tmp/nf_report_XXXXXX";
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  char path[256], tmp[300], bad[300];
+  snprintf(path, sizeof path, "%s/r.html", dir);
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  snprintf(bad, sizeof bad, "%s/no/such/dir/r.html", dir);
+  nf_model *m = load_text("save.nf", save_model_a);
+  nf_session_opts o = {.optim = {.kind = NF_OPTIM_SGD, .lr = 0.01}, .seed = 3, .daemon = "none"};
+  nf_session *s = open_def(m, "m", &o);
+  float X[12], y[4];
+  rng_seed(5);
+  fill_gauss(X, 12);
+  fill_gauss(y, 4);
+  feed(s, "X", X, sizeof X);
+  feed(s, "y", y, sizeof y);
+  ck_assert_int_eq(nf_session_report_to(s, path, 0.05), NF_OK);
+  for (int i = 0; i < 40; i++) {
+    step(s);
+    struct timespec ts = {0, 5000000};
+    nanosleep(&ts, NULL);
+  }
+  char *t = slurp(path); /* written during the run, by the period */
+  ck_assert_msg(t && strstr(t, "id=\"step-time\""), "no report during the run");
+  ck_assert(access(tmp, F_OK) != 0); /* (renamed over the path: no temporary left) */
+  free(t);
+  ck_assert_int_eq(nf_session_note(s, "test accuracy", 0.5), NF_OK);
+  ck_assert_int_eq(nf_session_note(s, "", 1), NF_EINVAL);
+  ck_assert_int_eq(nf_session_note(s, "x", NAN), NF_EINVAL);
+  /* more steps than the history holds points: a point stands for 2+ */
+  for (int i = 0; i < 4200; i++) step(s);
+  ck_assert_int_eq(nf_session_note(s, "test accuracy", 0.75), NF_OK);
+  ck_assert_int_eq(nf_session_report(s, NULL), NF_OK);
+  t = slurp(path);
+  ck_assert_ptr_nonnull(t);
+  ck_assert_msg(strstr(t, "a point stands for 4 steps"), "the history is not bounded");
+  ck_assert(strstr(t, ">test accuracy<") && strstr(t, "Last: 0.75 at step 4240"));
+  ck_assert(strstr(t, "id=\"graph\"") && strstr(t, "id=\"profile\"") && strstr(t, "</html>"));
+  free(t);
+  /* a path that cannot be written: said, the session goes on */
+  ck_assert_int_eq(nf_session_report(s, bad), NF_EIO);
+  ck_assert_msg(strstr(nf_session_error(s), "cannot write"), "%s", nf_session_error(s));
+  step(s);
+  /* the last state when the session is freed */
+  ck_assert_int_eq(unlink(path), 0);
+  nf_session_free(s);
+  t = slurp(path);
+  ck_assert_msg(t && strstr(t, "step 4241"), "the report is not written at the end");
+  free(t);
+  unlink(path);
+  rmdir(dir);
+  nf_model_free(m);
+}
+END_TEST
+
 START_TEST(session_save_load) {
   char dir[] = "/tmp/nf_params_XXXXXX";
   ck_assert_ptr_nonnull(mkdtemp(dir));
@@ -2102,6 +2175,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, session_fast_kernel_verdict);
   tcase_add_test(tc, session_corrupted_kernel_rejected);
   tcase_add_test(tc, session_save_load);
+  tcase_add_test(tc, session_report);
   tcase_add_test(tc, session_bad_input);
   if (getenv("NF_NEOFLOWD")) {
     tcase_add_test(tc, session_daemon_killed_and_back);

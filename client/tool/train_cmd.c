@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "daemon_cmd.h"
@@ -69,7 +70,11 @@ static const char train_usage[] =
     "  --json                one JSON object per logged step\n"
     "  --profile             at the end, the time of each kernel entry per step\n"
     "                        (over the steps since the kernels last changed)\n"
-    "  --save FILE, --load FILE  parameters after / before training\n";
+    "  --save FILE, --load FILE  parameters after / before training\n"
+    "  --report DIR          write DIR/report.html: step time with the tier mix and\n"
+    "                        kernel arrivals, loss and test accuracy, the partitioned\n"
+    "                        graph, tuning curves, the profile (every minute and at\n"
+    "                        the end; docs/report.md)\n";
 
 /* The session's messages on stderr (the library never prints itself). */
 static void log_stderr(void *user, int level, const char *message) {
@@ -354,7 +359,9 @@ static void print_phases(const double *ms, const unsigned char *ph, long n, int6
 }
 
 int nf__cli_train(int argc, char **argv) {
-  const char *file = NULL, *def = NULL, *data = NULL, *daemon = NULL, *save = NULL, *load = NULL;
+  const char *file = NULL, *def = NULL, *data = NULL, *daemon = NULL, *save = NULL, *load = NULL,
+             *report_dir = NULL;
+  char *report_path = NULL;
   const char *data_dir = NULL, *device = NULL;
   long epochs = -1;
   long steps = -1, batch = -1, classes = 10, samples = 2048, log_every = -1, until_tuned = -1;
@@ -399,7 +406,8 @@ int nf__cli_train(int argc, char **argv) {
         "--trust-key", "--trust-uid", "--device", "--data-dir", "--save", "--load", "--optim",
         "--param", "--shape", "--params", "--lr", "--momentum", "--weight-decay",
         "--wait-kernels", "--steps", "--epochs", "--batch", "--threads", "--seed", "--classes",
-        "--samples", "--tune-trials", "--tune-seconds", "--log-every", "--until-tuned"};
+        "--samples", "--tune-trials", "--tune-seconds", "--log-every", "--until-tuned",
+        "--report"};
     int is_known = 0;
     for (size_t j = 0; j < sizeof known / sizeof known[0]; j++) is_known |= !strcmp(known[j], a);
     if (!is_known) {
@@ -426,6 +434,7 @@ int nf__cli_train(int argc, char **argv) {
     else if (!strcmp(a, "--device")) device = v;
     else if (!strcmp(a, "--data-dir")) data_dir = v;
     else if (!strcmp(a, "--save")) save = v;
+    else if (!strcmp(a, "--report")) report_dir = v;
     else if (!strcmp(a, "--load")) load = v;
     else if (!strcmp(a, "--optim")) {
       if (!strcmp(v, "sgd")) ok = NF_OPTIM_SGD;
@@ -592,6 +601,23 @@ int nf__cli_train(int argc, char **argv) {
   if (load && nranks > 1) nf__dist_bcast_params(s);
   if (rank != 0) json = 0, profile = 0;
   int says = rank == 0;
+  /* the training report (rank 0's) */
+  if (report_dir && says) {
+    if (mkdir(report_dir, 0777) != 0 && errno != EEXIST) {
+      fprintf(stderr, "neoflow train: error: --report %s: cannot make the directory: %s\n",
+              report_dir, strerror(errno));
+      goto out;
+    }
+    size_t pl = strlen(report_dir) + 16;
+    report_path = malloc(pl);
+    if (!report_path) goto out;
+    snprintf(report_path, pl, "%s/report.html", report_dir);
+    if (nf_session_report_to(s, report_path, 60) != NF_OK ||
+        nf_session_report(s, NULL) != NF_OK) { /* (a directory we cannot write: said now) */
+      fprintf(stderr, "neoflow train: error: --report: %s\n", nf_session_error(s));
+      goto out;
+    }
+  }
   /* the synthetic pool */
   nf = nf_session_n_inputs(s);
   f = calloc((size_t)nf + 1, sizeof *f);
@@ -766,6 +792,8 @@ train:
       }
       double ev_ms = nf_now_ms() - t0;
       double tr_acc = seen ? (double)correct / (double)seen : NAN;
+      if (ds.logits) nf_session_note(s, "test accuracy", acc);
+      nf_session_note(s, "test loss", tl);
       if (json && ds.logits)
         printf("{\"epoch\":%.4g,\"step\":%ld,\"train_accuracy\":%.6f,\"test_accuracy\":%.6f,"
                "\"test_loss\":%.6g,\"eval_ms\":%.1f}\n",
@@ -821,6 +849,14 @@ train:
     if (steps > 1) print_phases(step_ms, step_ph, steps, bdim * nranks);
   }
   if (profile) nf__session_profile(s, stdout, 0);
+  if (report_path) {
+    if (nf_session_report(s, NULL) != NF_OK) {
+      fprintf(stderr, "neoflow train: error: --report: %s\n", nf_session_error(s));
+      goto out;
+    }
+    nf_session_report_to(s, NULL, 0); /* (written: not again when the session ends) */
+    printf("report: %s\n", report_path);
+  }
   status = isfinite(loss) || steps == 0 ? 0 : 1;
   if (status) fprintf(stderr, "neoflow train: error: the loss is not finite (%g)\n", loss);
 out:
@@ -828,6 +864,7 @@ out:
   if (status && s && nf__dist_size(s) > 1) nf__dist_abort(s, "neoflow train failed on this rank");
   free(step_ms);
   free(step_ph);
+  free(report_path);
   nf_dataset_free(&ds.train);
   nf_dataset_free(&ds.test);
   free(ds.perm);

@@ -298,6 +298,24 @@ typedef struct nf_session_stats {
 
 NF_API int nf_session_stats_get(const nf_session *s, nf_session_stats *st);
 
+/* The training report (docs/report.md): one self-contained HTML page
+ * (inline SVG, no script, nothing fetched) with the step time over the
+ * run, its tier mix and each kernel's arrival, the loss and the noted
+ * metrics, the partitioned training graph, each entry's tuning curve and
+ * the per-kernel profile.  The session keeps what it shows as it runs,
+ * in bounded memory, from its first step on.
+ *
+ * nf_session_report_to: the page is written to path (NULL: no longer)
+ * every every_s seconds (<= 0: 60) at the end of a step, and when the
+ * session is freed.  nf_session_report: written now, to path (NULL: the
+ * one set), atomically (a temporary file renamed over it); NEOFLOW_EIO
+ * with the reason in nf_session_error.  nf_session_note: value of metric
+ * (at most 47 bytes, e.g. "test accuracy") at the current step, shown as
+ * a chart of its own (up to 8 metrics). */
+NF_API int nf_session_report_to(nf_session *s, const char *path, double every_s);
+NF_API int nf_session_report(nf_session *s, const char *path);
+NF_API int nf_session_note(nf_session *s, const char *metric, double value);
+
 /* The size in bytes of this library's nf_session_opts ("opts"),
  * nf_session_stats ("stats"), nf_optimizer ("optimizer") or nf_view
  * ("view"); 0 for another name.  For bindings that mirror the structures (the Python package
