@@ -297,6 +297,20 @@ void nfd_writer_stop(nfd_server *S) {
   if (w->failed || w->dropped)
     NFD_WARN("cache writer: %llu writes, %llu failed, %llu dropped", (unsigned long long)w->done,
              (unsigned long long)w->failed, (unsigned long long)w->dropped);
+  /* a clean stop leaves the database file whole: the log copied into it
+   * and truncated (docs/daemon.md, "Backing up the cache") */
+  if (w->cache) {
+    nf_buf err = NF_BUF_INIT;
+    int complete = 0;
+    if (nf_cache_checkpoint(w->cache, &complete, &err) != NF_OK)
+      NFD_WARN("cache: checkpoint at stop: %s", nf_buf_str(&err));
+    else if (!complete)
+      NFD_WARN("cache: checkpoint at stop left part of the log (a reader held it): copy %s-wal "
+               "with the database when backing up", nf_cache_path(w->cache));
+    else
+      NFD_INFO("cache: checkpointed at stop: %s holds everything", nf_cache_path(w->cache));
+    nf_buf_free(&err);
+  }
   nf_cache_close(w->cache);
   pthread_mutex_destroy(&w->mu);
   pthread_cond_destroy(&w->cv);

@@ -467,6 +467,29 @@ START_TEST(daemon_compile_then_hit_and_restart) {
   nf_wire_free_server(hold);
   nf_dconn_close(c);
   ck_assert_int_eq(dm_stop(&d, SIGTERM), 0);
+  /* a clean stop leaves the database file whole: its log checkpointed
+   * into it and truncated (a backup that copies the .db loses nothing) */
+  char wal[600];
+  snprintf(wal, sizeof wal, "%s-wal", d.cache);
+  struct stat wst;
+  ck_assert_msg(stat(wal, &wst) != 0 || wst.st_size == 0, "%s holds %lld bytes after SIGTERM",
+                wal, (long long)wst.st_size);
+  ck_assert_msg(log_has(&d, "checkpointed at stop"), "see %s", d.log);
+  {
+    nf_cache *cc = NULL; /* the .db alone, copied, holds the entry */
+    char copy[600], cmd[1400];
+    snprintf(copy, sizeof copy, "%s/copy.db", d.dir);
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s'", d.cache, copy);
+    ck_assert_int_eq(system(cmd), 0);
+    nf_buf cerr = NF_BUF_INIT;
+    nf_cache_opts co = {.read_only = 1};
+    ck_assert_msg(nf_cache_open(copy, &co, &cc, &cerr) == NF_OK, "%s", nf_buf_str(&cerr));
+    nf_cache_stats cs;
+    ck_assert_int_eq(nf_cache_stats_get(cc, &cs, &cerr), NF_OK);
+    ck_assert_int_ge(cs.entries, 1);
+    nf_cache_close(cc);
+    nf_buf_free(&cerr);
+  }
   /* a restart keeps it */
   dm_start(&d);
   c = open_client(&d, "third");

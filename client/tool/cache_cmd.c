@@ -337,6 +337,16 @@ typedef struct list_state {
   int64_t n;
 } list_state;
 
+/* v (> 0) to three significant digits in plain decimals ("0.000123",
+ * "1.50", "12.3", "1234"): fast kernels stay apart, columns stay plain. */
+static void sig3(char *o, size_t n, double v) {
+  int mag = (int)floor(log10(v));
+  int dec = 2 - mag;
+  if (dec < 0) dec = 0;
+  if (dec > 12) dec = 12;
+  snprintf(o, n, "%.*f", dec, v);
+}
+
 static int list_one(void *user, const nf_cache_entry *e) {
   list_state *l = user;
   char key[65];
@@ -378,8 +388,8 @@ static int list_one(void *user, const nf_cache_entry *e) {
       printf("%-16s  %4s  %10s  %10s  %7s  %10s  %6s  %-16s  %s  %s\n", "KEY", "TIER", "TIME_MS",
              "DEFAULT_MS", "SPEEDUP", "BINARY", "HITS", "LAST_USED", "GRAPH", "CODEGEN");
     char t[32] = "-", d[32] = "-", sp[32] = "-", sz[32], when[32] = "-", graph[128], cg[128];
-    if (e->time_ms > 0) snprintf(t, sizeof t, "%.4f", e->time_ms);
-    if (e->default_ms > 0) snprintf(d, sizeof d, "%.4f", e->default_ms);
+    if (e->time_ms > 0) sig3(t, sizeof t, e->time_ms);
+    if (e->default_ms > 0) sig3(d, sizeof d, e->default_ms);
     if (has_speedup) snprintf(sp, sizeof sp, "%.2fx", speedup);
     human_size((int64_t)e->binary_len, sz, sizeof sz);
     time_t lu = (time_t)e->last_used;

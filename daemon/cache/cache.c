@@ -791,6 +791,20 @@ static int writable(nf_cache *c, const char *what, nf_buf *err) {
   return NF_OK;
 }
 
+int nf_cache_checkpoint(nf_cache *c, int *complete, nf_buf *err) {
+  *complete = 0;
+  int rc = writable(c, "checkpoint", err);
+  if (rc != NF_OK) return rc;
+  int log = 0, done = 0;
+  int r = sqlite3_wal_checkpoint_v2(c->db, NULL, SQLITE_CHECKPOINT_TRUNCATE, &log, &done);
+  if (r == SQLITE_BUSY) return NF_OK; /* a reader in the middle of a read: not complete */
+  if (r != SQLITE_OK)
+    return nf__cache_fail(err, NF_EIO, c->path, "checkpoint: %s", sqlite3_errmsg(c->db));
+  *complete = 1;
+  return NF_OK;
+}
+
+
 /* ---- quarantine ---- */
 
 int nf__cache_quarantine_tx(nf_cache *c, const uint8_t *key, int64_t rowid, const char *reason,

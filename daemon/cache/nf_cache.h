@@ -102,6 +102,11 @@ int nf_cache_recover(nf_cache *c, const char *src, nf_cache_import_report *r, nf
  * message goes to err.  *out is NULL on failure. */
 int nf_cache_open(const char *path, const nf_cache_opts *o, nf_cache **out, nf_buf *err);
 void nf_cache_close(nf_cache *c);
+/* Copies the write-ahead log into the database file and truncates it
+ * (a clean stop: the .db alone then holds everything, for a backup that
+ * copies it).  *complete 0 when a reader kept it from finishing (not an
+ * error).  NF_OK, or NF_EIO / NF_EINVAL (read-only) with err. */
+int nf_cache_checkpoint(nf_cache *c, int *complete, nf_buf *err);
 /* The path given to nf_cache_open (owned by c). */
 const char *nf_cache_path(const nf_cache *c);
 
