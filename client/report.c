@@ -273,6 +273,7 @@ typedef struct axis {
   double lo, hi;
   int log;
   double p0, p1; /* pixels of lo and hi */
+  int integer;   /* ticks at whole numbers only (steps, trials) */
 } axis;
 
 static double ax_px(const axis *a, double v) {
@@ -299,6 +300,7 @@ static int ticks(const axis *a, double *t, int max) {
   if (raw / mag > 5) step = 10 * mag;
   else if (raw / mag > 2) step = 5 * mag;
   else if (raw / mag > 1) step = 2 * mag;
+  if (a->integer && step < 1) step = 1;
   for (double v = ceil(a->lo / step) * step; v <= a->hi + step * 1e-6 && n < max; v += step)
     t[n++] = fabs(v) < step * 1e-9 ? 0 : v;
   return n;
@@ -382,9 +384,9 @@ static void step_chart(nf_buf *b, nf_session *s, const struct nf__report *r) {
   if (!(hi > lo)) hi = lo * 2;
   const double W = 900, H = 300, L = 70, T = 20, STRIP = 36;
   axis x = {xs[0] > 1 ? (double)xs[0] : 1, (double)xs[n - 1] > 1 ? (double)xs[n - 1] : 2, 0, L,
-            W - 20};
+            W - 20, 1};
   if (!(x.hi > x.lo)) x.hi = x.lo + 1;
-  axis y = {hi / lo > 20 ? lo * 0.8 : 0, hi * 1.05, hi / lo > 20, T + H - 60, T};
+  axis y = {hi / lo > 20 ? lo * 0.8 : 0, hi * 1.05, hi / lo > 20, T + H - 60, T, 0};
   nf_buf_printf(b, "<p>ms per step%s (a point stands for %lld step%s: their mean); below, the "
                    "entries on each tier; a mark for each kernel that arrived (its title names it)."
                    "</p>\n<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
@@ -451,9 +453,9 @@ static void series_chart(nf_buf *b, const char *id, const char *title, const cha
   double pad = (hi - lo) * 0.05;
   if (!(pad > 0)) pad = fabs(hi) * 0.05 + 1e-6;
   const double W = 900, H = 240, L = 70;
-  axis x = {(double)xs[0], (double)xs[n - 1], 0, L, W - 20};
+  axis x = {(double)xs[0], (double)xs[n - 1], 0, L, W - 20, 1};
   if (!(x.hi > x.lo)) x.lo -= 1, x.hi += 1;
-  axis y = {lo - pad, hi + pad, 0, H - 40, 14};
+  axis y = {lo - pad, hi + pad, 0, H - 40, 14, 0};
   nf_buf_printf(b, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
                    "viewBox=\"0 0 %.0f %.0f\" role=\"img\" aria-label=\"%s\">\n", W, H, W, H, id);
   frame(b, &x, &y, "step", ylabel);
@@ -623,8 +625,8 @@ static void tuning_view(nf_buf *b, nf_session *s) {
       if (ys[i] > hi) hi = ys[i];
     }
     const double W = 280, H = 170;
-    axis x = {0, xs[e->n_tune - 1] > 0 ? (double)xs[e->n_tune - 1] : 1, 0, 50, W - 10};
-    axis y = {0, hi * 1.1 > 0 ? hi * 1.1 : 1, 0, H - 34, 26};
+    axis x = {0, xs[e->n_tune - 1] > 0 ? (double)xs[e->n_tune - 1] : 1, 0, 50, W - 10, 1};
+    axis y = {0, hi * 1.1 > 0 ? hi * 1.1 : 1, 0, H - 34, 26, 0};
     nf_buf_printf(b, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
                      "viewBox=\"0 0 %.0f %.0f\" role=\"img\" aria-label=\"tuning\">\n"
                      "<text x=\"6\" y=\"14\" class=\"bname\">", W, H, W, H);
