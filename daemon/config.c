@@ -628,6 +628,8 @@ int nfd_config_load(nfd_config *c, const char *path, nf_buf *err) {
     nf_buf_printf(err, "%s: path too long\n", path);
     rc = NF_EINVAL;
   }
+  _Static_assert(N_KEYS <= NFD_CONFIG_KEYS, "nfd_config.key_line holds every key");
+  for (size_t i = 0; i < N_KEYS; i++) tmp->key_line[i] = ps.seen[i];
   if (rc == NF_OK) rc = apply_env(tmp, err);
   if (rc == NF_OK) *c = *tmp;
   free(tmp);
@@ -646,10 +648,24 @@ static int64_t field_value(const nfd_config *c, const key_def *k) {
   }
 }
 
+/* "PATH:LINE: " where [sec] name was set, "PATH: " where it was not (a
+ * default, the environment), nothing without a file. */
+static void where(const nfd_config *c, const char *sec, const char *name, nf_buf *err) {
+  if (!c->config_path[0]) return;
+  for (size_t i = 0; i < N_KEYS; i++)
+    if (!strcmp(keys[i].section, sec) && !strcmp(keys[i].name, name) && c->key_line[i] > 0) {
+      nf_buf_printf(err, "%s:%d: ", c->config_path, c->key_line[i]);
+      return;
+    }
+  nf_buf_printf(err, "%s: ", c->config_path);
+}
+
 int nfd_config_check(const nfd_config *c, nf_buf *err) {
   int bad = 0;
-#define REFUSE(...)                                                                         \
+/* each refusal names where the key was set (file and line) */
+#define REFUSE_K(sec, name, ...)                                                            \
   do {                                                                                      \
+    where(c, sec, name, err);                                                               \
     nf_buf_printf(err, __VA_ARGS__);                                                        \
     nf_buf_putc(err, '\n');                                                                 \
     bad++;                                                                                  \
@@ -660,40 +676,48 @@ int nfd_config_check(const nfd_config *c, nf_buf *err) {
     int64_t v = field_value(c, k);
     if (k->kind == K_MIB) {
       if (v < k->lo * MIB || v > k->hi * MIB)
-        REFUSE("[%s] %s: %lld bytes is out of range (%lld..%lld MiB)", k->section, k->name,
+        REFUSE_K(k->section, k->name,
+                 "[%s] %s: %lld bytes is out of range (%lld..%lld MiB)", k->section, k->name,
                (long long)v, (long long)k->lo, (long long)k->hi);
     } else if (v < k->lo || v > k->hi) {
-      REFUSE("[%s] %s = %lld is out of range (%lld..%lld)", k->section, k->name, (long long)v,
+      REFUSE_K(k->section, k->name,
+               "[%s] %s = %lld is out of range (%lld..%lld)", k->section, k->name, (long long)v,
              (long long)k->lo, (long long)k->hi);
     }
   }
   if (c->n_allowed_uids < 0 || c->n_allowed_uids > NFD_MAX_ALLOWED_UIDS)
-    REFUSE("[daemon] allowed_uids: %d entries (at most %d)", c->n_allowed_uids,
+    REFUSE_K("daemon", "allowed_uids",
+             "[daemon] allowed_uids: %d entries (at most %d)", c->n_allowed_uids,
            NFD_MAX_ALLOWED_UIDS);
 
   size_t slen = strnlen(c->socket_path, sizeof c->socket_path);
   if (slen == 0)
-    REFUSE("[daemon] socket: no socket path (NEOFLOW_SOCKET or XDG_RUNTIME_DIR too long?)");
+    REFUSE_K("daemon", "socket",
+             "[daemon] socket: no socket path (NEOFLOW_SOCKET or XDG_RUNTIME_DIR too long?)");
   else if (slen >= sizeof c->socket_path)
-    REFUSE("[daemon] socket: path too long (at most %zu bytes)", sizeof c->socket_path - 1);
+    REFUSE_K("daemon", "socket",
+             "[daemon] socket: path too long (at most %zu bytes)", sizeof c->socket_path - 1);
   else if (c->socket_path[0] != '/')
-    REFUSE("[daemon] socket: '%s' is not an absolute path", c->socket_path);
+    REFUSE_K("daemon", "socket", "[daemon] socket: '%s' is not an absolute path", c->socket_path);
   else if (c->socket_path[slen - 1] == '/')
-    REFUSE("[daemon] socket: '%s' names a directory", c->socket_path);
+    REFUSE_K("daemon", "socket", "[daemon] socket: '%s' names a directory", c->socket_path);
   if (strnlen(c->cache_path, sizeof c->cache_path) == 0)
-    REFUSE("[cache] cache: no cache path (set it, or NEOFLOW_CACHE)");
+    REFUSE_K("cache", "cache", "[cache] cache: no cache path (set it, or NEOFLOW_CACHE)");
 
   if (c->output_soft_limit > c->output_hard_limit)
-    REFUSE("[daemon] output_soft_limit (%lld bytes) is above output_hard_limit (%lld bytes)",
+    REFUSE_K("daemon", "output_soft_limit",
+             "[daemon] output_soft_limit (%lld bytes) is above output_hard_limit (%lld bytes)",
            (long long)c->output_soft_limit, (long long)c->output_hard_limit);
   if (c->default_trials > c->max_trials)
-    REFUSE("[jobs] default_trials (%d) is above max_trials (%d)", c->default_trials,
+    REFUSE_K("jobs", "default_trials",
+             "[jobs] default_trials (%d) is above max_trials (%d)", c->default_trials,
            c->max_trials);
   if (c->default_seconds > c->max_seconds)
-    REFUSE("[jobs] default_seconds (%d) is above max_seconds (%d)", c->default_seconds,
+    REFUSE_K("jobs", "default_seconds",
+             "[jobs] default_seconds (%d) is above max_seconds (%d)", c->default_seconds,
            c->max_seconds);
   if (c->cache_soft_cap && c->cache_hard_cap && c->cache_soft_cap > c->cache_hard_cap)
-    REFUSE("[cache] soft_cap_mb (%lld) is above hard_cap_mb (%lld)",
+    REFUSE_K("cache", "soft_cap_mb", "[cache] soft_cap_mb (%lld) is above hard_cap_mb (%lld)",
            (long long)(c->cache_soft_cap / MIB), (long long)(c->cache_hard_cap / MIB));
 
   if (c->upstream_address[0]) {
@@ -703,29 +727,32 @@ int nfd_config_check(const nfd_config *c, nf_buf *err) {
     memset(&tr, 0, sizeof tr);
     nf_buf why = NF_BUF_INIT;
     if (!c->upstream_public_key[0])
-      REFUSE("[upstream] address = %s without public_key: the upstream's kernels are taken only "
+      REFUSE_K("upstream", "address",
+               "[upstream] address = %s without public_key: the upstream's kernels are taken only "
              "under its signing key (`neoflowd --public-key` on the upstream)",
              c->upstream_address);
     else if (nf_trust_add_key(&tr, c->upstream_public_key, &why) != NF_OK)
-      REFUSE("[upstream] public_key: %s", nf_buf_str(&why));
+      REFUSE_K("upstream", "public_key", "[upstream] public_key: %s", nf_buf_str(&why));
     if (!strncmp(c->upstream_address, "tcp:", 4) && !c->upstream_key_file[0])
-      REFUSE("[upstream] address = %s without key_file: a daemon on TCP answers only with its "
+      REFUSE_K("upstream", "address",
+               "[upstream] address = %s without key_file: a daemon on TCP answers only with its "
              "[tcp] key_file", c->upstream_address);
     nf_buf_free(&why);
   }
   if (strnlen(c->tcp_listen, sizeof c->tcp_listen) >= sizeof c->tcp_listen) {
-    REFUSE("[tcp] listen: too long");
+    REFUSE_K("tcp", "listen", "[tcp] listen: too long");
   } else if (c->tcp_listen[0]) {
     nf_buf why = NF_BUF_INIT;
     int loopback = 0;
     if (nfd_parse_tcp_spec(c->tcp_listen, NULL, NULL, &loopback, &why) != NF_OK)
-      REFUSE("[tcp] listen: %s", nf_buf_str(&why));
+      REFUSE_K("tcp", "listen", "[tcp] listen: %s", nf_buf_str(&why));
     else if (!loopback && !c->tcp_key_file[0])
-      REFUSE("refusing to listen on %s without [tcp] key_file: anyone who can reach it could "
+      REFUSE_K("tcp", "listen",
+               "refusing to listen on %s without [tcp] key_file: anyone who can reach it could "
              "submit work",
              c->tcp_listen);
     nf_buf_free(&why);
   }
-#undef REFUSE
+#undef REFUSE_K
   return bad ? NF_EINVAL : NF_OK;
 }

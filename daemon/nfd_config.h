@@ -20,6 +20,8 @@
 #ifndef NFD_CONFIG_H
 #define NFD_CONFIG_H
 
+#define NFD_CONFIG_KEYS 64 /* room for every key's line (config.c checks) */
+
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -82,6 +84,8 @@ typedef struct nfd_config {
   int upstream_timeout_ms;        /* timeout_ms = 1000: a lookup's bound */
   int upstream_publish;           /* publish = yes: a tuning's result is
                                      published upstream (MODE_PUBLISH) */
+  int key_line[NFD_CONFIG_KEYS];  /* the line each key was set on (0: not in
+                                     the file): checks name it */
   /* [jobs] */
   int compile_jobs;        /* min(online CPUs, 8) */
   int tune_jobs;           /* 1 */

@@ -560,6 +560,7 @@ START_TEST(dunits_config_example) {
   nfd_config_defaults(&d);
   ck_assert_msg(nfd_config_load(&c, path, &err) == NF_OK, "%s", nf_buf_str(&err));
   snprintf(d.config_path, sizeof d.config_path, "%s", path);
+  memcpy(d.key_line, c.key_line, sizeof d.key_line); /* (where each was set: the file's lines) */
   ck_assert(memcmp(&c, &d, sizeof c) == 0);
   nf_buf_free(&out);
   nf_buf_free(&err);
@@ -672,6 +673,13 @@ START_TEST(dunits_check_limits) {
   nf_buf_reset(&err);
   ck_assert_int_eq(nfd_config_check(&c, &err), NF_EINVAL);
   ck_assert_ptr_nonnull(strstr(nf_buf_str(&err), "default_trials (3000) is above max_trials (2000)"));
+  /* a refusal of what a file set names its file and line */
+  char path[4096];
+  nf_buf_reset(&err);
+  ck_assert_int_eq(load_text(&c, "[daemon]\n\n[jobs]\nmax_trials = 100\ndefault_trials = 500\n",
+                             path, sizeof path, &err), NF_OK);
+  ck_assert_int_eq(nfd_config_check(&c, &err), NF_EINVAL);
+  assert_err_at(&err, path, 5, "[jobs] default_trials (500) is above max_trials (100)");
 
   nfd_config_defaults(&c);
   c.default_seconds = 4000;
