@@ -155,19 +155,24 @@ void nf__report_step(nf_session *s) {
     for (int i = 0; i < r->n_prof; i++) r->prof_ms[i] += s->kt.kents[i].run_ms;
     r->prof_steps++;
   }
-  if (r->path) {
-    double now = nf_now_ms() / 1000;
-    if (r->t_last == 0) r->t_last = now;
-    if (now - r->t_last >= r->every_s) {
-      r->t_last = now;
-      nf_buf err = NF_BUF_INIT;
-      if (nf__report_write(s, r->path, &err) != NF_OK && !r->warned) {
-        r->warned = 1; /* (said once: training goes on) */
-        nf__slog_warn(&s->log, "the training report %s: %s", r->path, nf_buf_str(&err));
-      }
-      nf_buf_free(&err);
-    }
-  }
+}
+
+const char *nf__report_due(nf_session *s) {
+  struct nf__report *r = s->rep;
+  if (!r || !r->path) return NULL;
+  double now = nf_now_ms() / 1000;
+  if (r->t_last == 0) r->t_last = now;
+  if (now - r->t_last < r->every_s) return NULL;
+  r->t_last = now;
+  return r->path;
+}
+
+const char *nf__report_path(const nf_session *s) { return s->rep ? s->rep->path : NULL; }
+
+int nf__report_warn_once(nf_session *s) {
+  if (!s->rep || s->rep->warned) return 0;
+  s->rep->warned = 1;
+  return 1;
 }
 
 void nf__report_swap(nf_session *s, const nf__kent *k) {
@@ -194,19 +199,6 @@ int nf_session_report_to(nf_session *s, const char *path, double every_s) {
   r->every_s = every_s > 0 ? every_s : 60;
   r->t_last = nf_now_ms() / 1000;
   return NF_OK;
-}
-
-int nf_session_report(nf_session *s, const char *path) {
-  if (!s) return NF_EINVAL;
-  nf_buf_reset(&s->err);
-  struct nf__report *r = rep(s);
-  if (!r) return NF_ENOMEM;
-  if (!path || !*path) path = r->path;
-  if (!path) {
-    nf_buf_printf(&s->err, "nf_session_report: no path (and none set by nf_session_report_to)");
-    return NF_EINVAL;
-  }
-  return nf__report_write(s, path, &s->err);
 }
 
 int nf_session_note(nf_session *s, const char *metric, double value) {
@@ -721,11 +713,11 @@ static const char css[] =
     "tr.total td{font-weight:bold}.legend{font-size:13px}dl{display:grid;"
     "grid-template-columns:max-content auto;gap:2px 14px}dt{color:#616161}dd{margin:0}";
 
-int nf__report_write(nf_session *s, const char *path, nf_buf *err) {
+int nf__report_write(nf_session *s, const char *path, const nf_session_stats *stats,
+                     nf_buf *err) {
   struct nf__report *r = rep(s);
   if (!r) return NF_ENOMEM;
-  nf_session_stats st;
-  nf_session_stats_get(s, &st);
+  nf_session_stats st = *stats;
   nf_buf b = NF_BUF_INIT;
   char model[80] = "training";
   if (s->kt.n_kents && s->kt.kents[0].g->name) {

@@ -543,8 +543,33 @@ int nf_session_step(nf_session *s, double *loss) {
     s->prof_steps++;
   }
   pthread_mutex_unlock(&s->kt.mu);
-  if (!s->fn_n_in) nf__report_step(s); /* (a training step: the report's history) */
+  if (!s->fn_n_in) { /* (a training step: the report's history; its page by the period) */
+    nf__report_step(s);
+    const char *due = nf__report_due(s);
+    if (due) {
+      nf_session_stats st;
+      nf_session_stats_get(s, &st);
+      nf_buf err = NF_BUF_INIT;
+      if (nf__report_write(s, due, &st, &err) != NF_OK && nf__report_warn_once(s))
+        nf__slog_warn(&s->log, "the training report %s: %s (training goes on)", due,
+                      nf_buf_str(&err));
+      nf_buf_free(&err);
+    }
+  }
   return NF_OK;
+}
+
+int nf_session_report(nf_session *s, const char *path) {
+  if (!s) return NF_EINVAL;
+  nf_buf_reset(&s->err);
+  if (!path || !*path) path = nf__report_path(s);
+  if (!path) {
+    nf_buf_printf(&s->err, "nf_session_report: no path (and none set by nf_session_report_to)");
+    return NF_EINVAL;
+  }
+  nf_session_stats st;
+  nf_session_stats_get(s, &st);
+  return nf__report_write(s, path, &st, &s->err);
 }
 
 /* The ops the forward outputs (the loss and the def's other outputs) need:

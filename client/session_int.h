@@ -267,9 +267,15 @@ int nf__gpu_streams_used(const nf_session *s);
  * is set); a kernel was swapped in; the page written to path; freed. */
 void nf__report_step(nf_session *s);
 void nf__report_swap(nf_session *s, const nf__kent *k);
-int nf__report_write(nf_session *s, const char *path, nf_buf *err);
+int nf__report_write(nf_session *s, const char *path, const nf_session_stats *st, nf_buf *err);
 void nf__report_free(nf_session *s);
 int nf__report_has_path(const nf_session *s);
+/* The path when the period has passed since the last write (and the
+ * clock restarted), else NULL; the path set (NULL: none); 1 the first
+ * time a failure is to be said (once per session). */
+const char *nf__report_due(nf_session *s);
+const char *nf__report_path(const nf_session *s);
+int nf__report_warn_once(nf_session *s);
 
 
 /* gpu_local.c: nf_gpugen.h */

@@ -20,12 +20,13 @@ Exit 77 (skipped) without the Fashion-MNIST files or the daemon."""
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 import xml.etree.ElementTree as ET
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from private_daemon import PrivateDaemon  # noqa: E402
 
 NEOFLOW, NEOFLOWD = sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else ""
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -53,19 +54,11 @@ def main():
         print("report: skipped: no Fashion-MNIST (Debian's dataset-fashion-mnist)")
         return 77
     tmp = tempfile.mkdtemp(prefix="nf_report_")
-    sock = os.path.join(tmp, "run", "d.sock")
-    conf = os.path.join(tmp, "d.conf")
-    with open(conf, "w") as f:
-        f.write("[daemon]\nsocket = %s\n[cache]\ncache = %s\n" % (sock, os.path.join(tmp, "c.db")))
     env = dict(os.environ, NEOFLOW_LIB=os.path.join(ROOT, "lib"), NEOFLOW_CONFIG="none",
                NEOFLOW_VERIFIED="none")
-    log = open(os.path.join(tmp, "d.log"), "w")
-    d = subprocess.Popen([NEOFLOWD, "--config", conf], stdout=log, stderr=subprocess.STDOUT, env=env)
+    d = PrivateDaemon(NEOFLOWD, tmp, env)
+    sock = d.sock
     try:
-        for _ in range(400):
-            if os.path.exists(sock):
-                break
-            time.sleep(0.025)
         out = os.path.join(tmp, "out")
         r = subprocess.run([NEOFLOW, "train", os.path.join(ROOT, "examples", "fashion_mlp.nf"),
                             "mlp", "--data", "fashion-mnist", "--steps", "20000", "--until-tuned",
@@ -133,10 +126,7 @@ def main():
                 if keep and os.path.exists(shot):
                     shutil.copyfile(shot, keep)
     finally:
-        if d.poll() is None:
-            d.send_signal(signal.SIGTERM)
-            d.wait(timeout=30)
-        log.close()
+        d.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     print("report: %d failure(s)" % len(failures))
     return 1 if failures else 0

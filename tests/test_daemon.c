@@ -166,6 +166,15 @@ static nf_dconn *open_client(dm *d, const char *name) {
   return c;
 }
 
+static void send_submit(nf_dconn *c, Neoflow__Submit *s) {
+  Neoflow__ClientMessage m = NEOFLOW__CLIENT_MESSAGE__INIT;
+  m.msg_case = NEOFLOW__CLIENT_MESSAGE__MSG_SUBMIT;
+  m.submit = s;
+  nf_buf err = NF_BUF_INIT;
+  ck_assert_int_eq(nf_dconn_send(c, &m, &err), NF_OK);
+  nf_buf_free(&err);
+}
+
 /* Submits pg as request id; with slow, saying that kernel ran slower than
  * the client's fallback (Submit.slower_sha256). */
 static void submit_ex(nf_dconn *c, uint64_t id, Neoflow__Graph *pg, int mode, int trials,
@@ -183,12 +192,7 @@ static void submit_ex(nf_dconn *c, uint64_t id, Neoflow__Graph *pg, int mode, in
     s.slower_sha256.len = 32;
     s.slower_ratio = 3.5;
   }
-  Neoflow__ClientMessage m = NEOFLOW__CLIENT_MESSAGE__INIT;
-  m.msg_case = NEOFLOW__CLIENT_MESSAGE__MSG_SUBMIT;
-  m.submit = &s;
-  nf_buf err = NF_BUF_INIT;
-  ck_assert_int_eq(nf_dconn_send(c, &m, &err), NF_OK);
-  nf_buf_free(&err);
+  send_submit(c, &s);
 }
 
 static void submit(nf_dconn *c, uint64_t id, Neoflow__Graph *pg, int mode, int trials) {
@@ -202,12 +206,7 @@ static void submit_publish(nf_dconn *c, uint64_t id, Neoflow__Graph *pg, const c
   s.graph = pg;
   s.mode = NEOFLOW__MODE__MODE_PUBLISH;
   s.schedule = (char *)schedule;
-  Neoflow__ClientMessage m = NEOFLOW__CLIENT_MESSAGE__INIT;
-  m.msg_case = NEOFLOW__CLIENT_MESSAGE__MSG_SUBMIT;
-  m.submit = &s;
-  nf_buf err = NF_BUF_INIT;
-  ck_assert_int_eq(nf_dconn_send(c, &m, &err), NF_OK);
-  nf_buf_free(&err);
+  send_submit(c, &s);
 }
 
 /* Waits for request id's final kernel (skipping non-final ones). */

@@ -17,11 +17,13 @@ Exit 77 (skipped) without tmux or without a daemon in this build."""
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from private_daemon import PrivateDaemon  # noqa: E402
 
 NEOFLOW, NEOFLOWD = sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else ""
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -44,14 +46,10 @@ def main():
     tmp = tempfile.mkdtemp(prefix="nf_watch_")
     server = "nfwatch%d" % os.getpid()
     tmux = ["tmux", "-L", server, "-f", "/dev/null"]
-    sock = os.path.join(tmp, "run", "d.sock")
-    conf = os.path.join(tmp, "d.conf")
-    with open(conf, "w") as f:
-        f.write("[daemon]\nsocket = %s\n[cache]\ncache = %s\n" % (sock, os.path.join(tmp, "c.db")))
     env = dict(os.environ, NEOFLOW_LIB=os.path.join(ROOT, "lib"), NEOFLOW_CONFIG="none",
                NEOFLOW_VERIFIED="none", TERM="xterm-256color")
-    log = open(os.path.join(tmp, "d.log"), "w")
-    d = subprocess.Popen([NEOFLOWD, "--config", conf], stdout=log, stderr=subprocess.STDOUT, env=env)
+    d = PrivateDaemon(NEOFLOWD, tmp, env)
+    sock = d.sock
     train = None
 
     def pane():
@@ -67,10 +65,6 @@ def main():
         return text
 
     try:
-        for _ in range(400):
-            if os.path.exists(sock):
-                break
-            time.sleep(0.025)
         train = subprocess.Popen([NEOFLOW, "train", os.path.join(ROOT, "examples", "mlp.nf"), "mlp",
                                   "--data", "synthetic", "--steps", "1000000", "--threads", "1",
                                   "--daemon", sock, "--no-spawn"], env=env,
@@ -113,8 +107,7 @@ def main():
         rc = open(first).read().strip() if os.path.exists(first) else "(none)"
         check(rc == "0", "q ends the view with status 0 (%s)" % rc)
         # the daemon gone: said so
-        d.send_signal(signal.SIGTERM)
-        d.wait(timeout=30)
+        d.stop()
         text = wait_for(lambda t: "is not answering" in t, 10)
         check("is not answering" in text and "Trying again" in text,
               "a daemon that went away is said so:\n" + text[:300])
@@ -132,10 +125,7 @@ def main():
         if train:
             train.kill()
             train.wait()
-        if d.poll() is None:
-            d.send_signal(signal.SIGTERM)
-            d.wait(timeout=30)
-        log.close()
+        d.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     print("watch: %d failure(s)" % len(failures))
     return 1 if failures else 0

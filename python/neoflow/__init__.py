@@ -467,6 +467,27 @@ class Session(_Handle):
         _check(_c.nf_session_stats_get(self._h, ctypes.byref(st)), "stats")
         return {f: getattr(st, f) for f, _ in st._fields_}
 
+    def report_to(self, path, every_s=60.0):
+        """Writes the training report (docs/report.md) to path every every_s
+        seconds and when the session ends; None: no longer."""
+        rc = _c.nf_session_report_to(self._h, str(path).encode() if path else None,
+                                     float(every_s))
+        if rc != OK:
+            self._fail(rc, "report_to %s" % path)
+
+    def report(self, path=None):
+        """Writes the training report now (to path, else report_to's)."""
+        rc = _c.nf_session_report(self._h, str(path).encode() if path else None)
+        if rc != OK:
+            self._fail(rc, "writing the report")
+
+    def note(self, metric, value):
+        """A metric's value at the current step (e.g. "test accuracy"),
+        charted in the report."""
+        rc = _c.nf_session_note(self._h, str(metric).encode(), float(value))
+        if rc != OK:
+            self._fail(rc, "note %s" % metric)
+
 
 
 def _fill(v, ptr, elem, shape):

@@ -86,6 +86,24 @@ def test_save_load_and_set_param():
         assert np.array_equal(s.read("W1"), W1)
 
 
+def test_the_training_report_from_python():
+    m, s = mlp_session()
+    with s, tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "report.html")
+        s.report_to(path)
+        for X, y in batches(5):
+            s.feed(X=X, labels=y)
+            s.step()
+        s.note("test accuracy", 0.5)
+        s.report()
+        page = open(path, encoding="utf-8").read()
+        for section in ("step-time", "loss", "graph", "tuning", "profile"):
+            assert 'id="%s"' % section in page
+        assert ">test accuracy<" in page
+        with pytest.raises(neoflow.Error):
+            s.report(os.path.join(d, "no", "such", "dir.html"))
+
+
 def test_errors_carry_the_librarys_message():
     with pytest.raises(neoflow.Error) as e:
         neoflow.Model.from_source("def f(X: f32[N]) -> (Y: f32[N]) {\n  Y = exp(Hiden)\n}\n",
