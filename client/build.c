@@ -63,7 +63,8 @@ int nf__session_find_param(const nf_session *s, const char *name) {
 
 /* The name an entry's graph goes by with the daemon (its log, status)
  * and in the report: the model's graph, the entry's number and the
- * tensor its heaviest statement writes ("mlp_grad#4 L.Z"), at most
+ * tensor its first reduction writes, else its last statement
+ * ("mlp_grad#4 L.Z"), at most
  * NF_WIRE_NAME_MAX bytes, cut on a character boundary.  Names are not
  * hashed: the key is unchanged. */
 static void name_entry(nf_graph *g, int index) {
@@ -75,10 +76,10 @@ static void name_entry(nf_graph *g, int index) {
       break;
     }
   const char *out = at >= 0 ? g->tensors[g->stmts[at].out].name : NULL;
-  char label[NF_WIRE_NAME_MAX + 1];
+  char label[NF_WIRE_NAME_MAX + 128];
   int n = snprintf(label, sizeof label, "%s#%d%s%s", base, index, out ? " " : "", out ? out : "");
-  if (n >= (int)sizeof label) {
-    size_t k = sizeof label - 1;
+  if (n > NF_WIRE_NAME_MAX) { /* cut before the character the limit splits */
+    size_t k = NF_WIRE_NAME_MAX;
     while (k > 0 && ((unsigned char)label[k] & 0xc0) == 0x80) k--;
     label[k] = 0;
   }

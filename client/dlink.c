@@ -192,7 +192,10 @@ static void drop(dlink *L, const char *why) {
     nf_dconn_close(L->c);
     L->c = NULL;
     /* (the session ending cancels a wait: nothing was lost) */
-    if (!L->idle_closed && !__atomic_load_n(&L->stop, __ATOMIC_RELAXED))
+    pthread_mutex_lock(&kt->mu);
+    int stopping = L->stop;
+    pthread_mutex_unlock(&kt->mu);
+    if (!L->idle_closed && !stopping)
       nf__slog_warn(kt->log, "lost the daemon connection (%s); training goes on, reconnecting", why);
   }
   pthread_mutex_lock(&kt->mu);
@@ -303,6 +306,8 @@ static int handle(dlink *L, const Neoflow__ServerMessage *m) {
         /* the tuning curve (the report): each new best */
         double best = m->progress->best_ms;
         if (m->progress->default_ms > 0) e->tune_default = m->progress->default_ms;
+        /* a further search counts its trials from 0: its curve starts anew */
+        if (e->n_tune && m->progress->trial < e->tune_x[e->n_tune - 1]) e->n_tune = 0;
         if (best > 0 && isfinite(best) &&
             (e->n_tune == 0 || best < e->tune_y[e->n_tune - 1] ||
              m->progress->trial > e->tune_x[e->n_tune - 1] + 16)) {

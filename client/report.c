@@ -202,14 +202,24 @@ int nf_session_report_to(nf_session *s, const char *path, double every_s) {
 }
 
 int nf_session_note(nf_session *s, const char *metric, double value) {
-  if (!s || !metric || !*metric || strlen(metric) >= 48 || !isfinite(value)) return NF_EINVAL;
+  if (!s) return NF_EINVAL;
+  nf_buf_reset(&s->err);
+  if (!metric || !*metric || strlen(metric) >= 48 || !isfinite(value)) {
+    nf_buf_printf(&s->err, "nf_session_note: a metric's name of 1 to 47 bytes and a finite "
+                           "value, not %s = %g", metric ? metric : "(null)", value);
+    return NF_EINVAL;
+  }
   struct nf__report *r = rep(s);
   if (!r) return NF_ENOMEM;
   rseries *m = NULL;
   for (int i = 0; i < r->n_m && !m; i++)
     if (!strcmp(r->m[i]->name, metric)) m = r->m[i];
   if (!m) {
-    if (r->n_m == NF_REPORT_METRICS) return NF_ELIMIT;
+    if (r->n_m == NF_REPORT_METRICS) {
+      nf_buf_printf(&s->err, "nf_session_note: %s: a report charts at most %d metrics",
+                    metric, NF_REPORT_METRICS);
+      return NF_ELIMIT;
+    }
     if (!(m = calloc(1, sizeof *m))) return NF_ENOMEM;
     snprintf(m->name, sizeof m->name, "%s", metric);
     m->stride = 1;
@@ -454,7 +464,8 @@ static void series_chart(nf_buf *b, const char *id, const char *title, const cha
   polyline(b, &x, &y, xs, ys, n, "line");
   if (n <= 64)
     for (int i = 0; i < n; i++)
-      nf_buf_printf(b, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" class=\"dot\"><title>step %lld: "
+      if (isfinite(ys[i]))
+        nf_buf_printf(b, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" class=\"dot\"><title>step %lld: "
                        "%.6g</title></circle>\n",
                     ax_px(&x, (double)xs[i]), ax_px(&y, ys[i]), (long long)xs[i], ys[i]);
   char last[32];
@@ -495,7 +506,14 @@ static void graph_view(nf_buf *b, nf_session *s, const struct nf__report *r) {
         writes = !oi->alias && a0 < g1 && a1 > g0;
       }
       if (!writes) continue;
-      if (n_edges == cap) break;
+      if (n_edges == cap) {
+        cap *= 2;
+        int *nf = realloc(from, sizeof(int) * (size_t)cap), *nt;
+        if (!nf) goto oom;
+        from = nf;
+        if (!(nt = realloc(to, sizeof(int) * (size_t)cap))) goto oom;
+        to = nt;
+      }
       from[n_edges] = i;
       to[n_edges++] = j;
       if (layer[i] + 1 > layer[j]) layer[j] = layer[i] + 1;
@@ -508,8 +526,8 @@ static void graph_view(nf_buf *b, nf_session *s, const struct nf__report *r) {
           if (oi->slots[q] == oj->slots[a]) src = i;
       }
       if (src < 0) continue;
-      int dup = 0;
-      for (int e = 0; e < n_edges && !dup; e++) dup = from[e] == src && to[e] == j;
+      int dup = 0; /* (j's edges are the last ones added) */
+      for (int e = n_edges - 1; e >= 0 && to[e] == j && !dup; e--) dup = from[e] == src;
       if (dup) continue;
       if (n_edges == cap) {
         cap *= 2;

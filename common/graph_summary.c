@@ -1,6 +1,7 @@
 /* graph_summary.c - nf_graph_summary (nf_flops.h): what a subgraph
  * computes, in a few words, for people (the daemon's log and status, the
  * training report): its notable operations in order of first use. */
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -45,10 +46,30 @@ static const char *op_word(const nf_expr *e) {
   }
 }
 
+#define SEEN_SLOTS 2048 /* distinct nodes a summary looks at, at most half of it */
+
 typedef struct words {
   const char *w[8];
   int n, more;
+  const nf_expr *seen[SEEN_SLOTS]; /* open addressing: each node walked once
+                                      (shared subexpressions: a chain of
+                                      squarings is not 2^n visits) */
+  int n_seen;
 } words;
+
+/* 1 when e was walked before (else it is marked, while there is room:
+ * past SEEN_SLOTS / 2 nodes the summary stops looking). */
+static int seen_before(words *W, const nf_expr *e) {
+  size_t h = ((uintptr_t)e >> 4) & (SEEN_SLOTS - 1);
+  while (W->seen[h]) {
+    if (W->seen[h] == e) return 1;
+    h = (h + 1) & (SEEN_SLOTS - 1);
+  }
+  if (W->n_seen >= SEEN_SLOTS / 2) return 1;
+  W->seen[h] = e;
+  W->n_seen++;
+  return 0;
+}
 
 static void add(words *W, const char *w) {
   for (int i = 0; i < W->n; i++)
@@ -58,14 +79,14 @@ static void add(words *W, const char *w) {
 }
 
 static void walk(words *W, const nf_expr *e, int depth) {
-  if (depth > 64) return;
+  if (depth > 64 || seen_before(W, e)) return;
   const char *w = op_word(e);
   if (w) add(W, w);
   for (int i = 0; i < e->n_args; i++) walk(W, e->args[i], depth + 1);
 }
 
 void nf_graph_summary(const nf_graph *g, char *out, size_t n) {
-  words W;
+  static __thread words W; /* (16 KiB: not on a caller's small stack) */
   memset(&W, 0, sizeof W);
   int elementwise = 0;
   for (uint32_t s = 0; s < g->n_stmts; s++) {

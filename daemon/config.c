@@ -179,9 +179,17 @@ static void default_socket_path(nfd_config *c) {
 /* Applies NEOFLOW_SOCKET and NEOFLOW_CACHE.  A value too long for its
  * field empties the field (refused later by nfd_config_check) and, when
  * err is given, is reported.  NF_OK or NF_EINVAL. */
+static size_t key_index(const char *sec, const char *name) {
+  for (size_t i = 0; i < N_KEYS; i++)
+    if (!strcmp(keys[i].section, sec) && !strcmp(keys[i].name, name)) return i;
+  return 0; /* (not reached: both are keys) */
+}
+
 static int apply_env(nfd_config *c, nf_buf *err) {
   int rc = NF_OK;
   const char *v = env_nonempty(NF_ENV_SOCKET);
+  /* (a value from the environment was not set on a line of the file) */
+  if (v) c->key_line[key_index("daemon", "socket")] = 0;
   if (v && !copy_fit(c->socket_path, sizeof c->socket_path, v)) {
     c->socket_path[0] = 0;
     if (err)
@@ -190,6 +198,7 @@ static int apply_env(nfd_config *c, nf_buf *err) {
     rc = NF_EINVAL;
   }
   v = env_nonempty(NF_ENV_CACHE);
+  if (v) c->key_line[key_index("cache", "cache")] = 0;
   if (v && !copy_fit(c->cache_path, sizeof c->cache_path, v)) {
     c->cache_path[0] = 0;
     if (err)

@@ -761,7 +761,7 @@ static void on_step_times(nfd_conn *c, const Neoflow__StepTimes *m) {
       n++;
     }
   double mean = n ? total / (double)n : 0;
-  c->step_ms = total;
+  c->step_ms = isfinite(total) && total < 1e12 ? total : 0; /* (status must stay valid) */
   for (size_t i = 0; i < m->n_request_id; i++) {
     nfd_req *r = find_req(c, m->request_id[i]);
     if (!r) continue;

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "nf_flops.h"
 #include "nf_ir.h"
 #include "nf_ptrmap.h"
 
@@ -309,6 +310,36 @@ START_TEST(ir_const_float_rounding) {
   ck_assert(nf_e_const_f(c, NF_BF16, 3.0)->u.f == 3.0);
   ck_assert(signbit(nf_e_const_f(c, NF_F16, -0.0)->u.f));
   ck_assert(isnan(nf_e_const_f(c, NF_F32, NAN)->u.f));
+  nf_ir_ctx_free(c);
+}
+END_TEST
+
+/* ---- graph summary ---- */
+
+/* nf_graph_summary names the operations, and walks a shared
+ * subexpression once: a chain of 40 squarings (2^40 paths) is summarised
+ * at once, as the daemon does for every submitted graph. */
+START_TEST(ir_graph_summary) {
+  nf_ir_ctx *c = nf_ir_ctx_new();
+  nf_graph *g = nf_graph_new(c, "g");
+  int64_t sh[1] = {4};
+  int x = nf_graph_add_tensor(g, "x", NF_F32, NF_T_INPUT, 1, sh);
+  int y = nf_graph_add_tensor(g, "y", NF_F32, NF_T_OUTPUT, 1, sh);
+  const nf_expr *idx[1] = {nf_e_var(c, 0)};
+  const nf_expr *e = nf_e_unary(c, NF_OP_EXP, nf_e_access(c, (uint32_t)x, NF_F32, 1, idx));
+  for (int k = 0; k < 40; k++) e = nf_e_binary(c, NF_OP_MUL, e, e);
+  e = nf_e_binary(c, NF_OP_MAX, e, nf_e_const_f(c, NF_F32, 0));
+  nf_stmt st;
+  memset(&st, 0, sizeof st);
+  st.out = (uint32_t)y;
+  st.rhs = e;
+  ck_assert_int_eq(nf_graph_add_stmt(g, &st), NF_OK);
+  char out[96];
+  nf_graph_summary(g, out, sizeof out);
+  ck_assert_str_eq(out, "relu+exp, 1 stmt");
+  char small[8];
+  nf_graph_summary(g, small, sizeof small); /* cut, terminated */
+  ck_assert_uint_lt(strlen(small), sizeof small);
   nf_ir_ctx_free(c);
 }
 END_TEST
@@ -1502,6 +1533,7 @@ static Suite *ir_suite(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, ir_dtype_helpers);
   tcase_add_test(tc, ir_ptrmap);
+  tcase_add_test(tc, ir_graph_summary);
   tcase_add_test(tc, ir_hashcons_identity);
   tcase_add_test(tc, ir_hash_context_independent);
   tcase_add_test(tc, ir_constructor_dtypes);

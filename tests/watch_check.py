@@ -53,7 +53,9 @@ def main():
     train = None
 
     def pane():
-        return subprocess.run(tmux + ["capture-pane", "-p", "-t", "w"], capture_output=True,
+        # (-J: a line the terminal wrapped comes back whole, so one the view
+        # did not cut shows as longer than the window)
+        return subprocess.run(tmux + ["capture-pane", "-p", "-J", "-t", "w"], capture_output=True,
                               text=True, env=env).stdout
 
     def wait_for(pred, secs):

@@ -340,6 +340,10 @@ typedef struct list_state {
 /* v (> 0) to three significant digits in plain decimals ("0.000123",
  * "1.50", "12.3", "1234"): fast kernels stay apart, columns stay plain. */
 static void sig3(char *o, size_t n, double v) {
+  if (v >= 1e9) { /* (a time no kernel takes: a damaged entry, shown whole) */
+    snprintf(o, n, "%.3g", v);
+    return;
+  }
   int mag = (int)floor(log10(v));
   int dec = 2 - mag;
   if (dec < 0) dec = 0;

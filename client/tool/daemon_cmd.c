@@ -167,7 +167,8 @@ int nf__cli_trust(nf_trust *t, const char *const *keys, int n_keys, const char *
   return rc;
 }
 
-int nf__cli_status_fetch(nf_dconn *c, Neoflow__ServerMessage **out, nf_buf *err) {
+int nf__cli_status_fetch(nf_dconn *c, int timeout_ms, Neoflow__ServerMessage **out,
+                         nf_buf *err) {
   *out = NULL;
   Neoflow__StatusRequest sr = NEOFLOW__STATUS_REQUEST__INIT;
   Neoflow__ClientMessage cm = NEOFLOW__CLIENT_MESSAGE__INIT;
@@ -176,7 +177,7 @@ int nf__cli_status_fetch(nf_dconn *c, Neoflow__ServerMessage **out, nf_buf *err)
   int rc = nf_dconn_send(c, &cm, err);
   Neoflow__ServerMessage *m = NULL;
   while (rc == NF_OK) {
-    rc = nf_dconn_recv(c, 10000, &m, err);
+    rc = nf_dconn_recv(c, timeout_ms, &m, err);
     if (rc != NF_OK) break;
     if (m->msg_case == NEOFLOW__SERVER_MESSAGE__MSG_STATUS) break;
     nf_wire_free_server(m);
@@ -231,7 +232,8 @@ int nf__cli_status(int argc, char **argv) {
   int orc = nf_dconn_open(&o, &c, &err);
   if (orc != NF_OK) {
     fprintf(stderr, "neoflow status: %s\n", nf_buf_str(&err));
-    if (orc == NF_EIO) /* nothing answers there */
+    if (orc == NF_EIO && (strstr(nf_buf_str(&err), strerror(ENOENT)) ||
+                          strstr(nf_buf_str(&err), strerror(ECONNREFUSED)))) /* no one there */
       fprintf(stderr,
               "  No daemon is running there. Start your own with `neoflowd &` (a training "
               "program also starts it\n  when it needs one), the team's with `systemctl start "
@@ -241,7 +243,7 @@ int nf__cli_status(int argc, char **argv) {
     return 1;
   }
   Neoflow__ServerMessage *m = NULL;
-  int rc = nf__cli_status_fetch(c, &m, &err);
+  int rc = nf__cli_status_fetch(c, 10000, &m, &err);
   if (rc == NF_OK) print_status(stdout, m->status, json);
   else fprintf(stderr, "neoflow status: %s\n", nf_buf_str(&err));
   nf_wire_free_server(m);

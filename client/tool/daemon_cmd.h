@@ -12,7 +12,7 @@
 int nf__cli_status(int argc, char **argv);
 /* The daemon's status over c: *m (free with nf_wire_free_server) holding
  * m->status.  NF_OK, or an error in err. */
-int nf__cli_status_fetch(nf_dconn *c, Neoflow__ServerMessage **m, nf_buf *err);
+int nf__cli_status_fetch(nf_dconn *c, int timeout_ms, Neoflow__ServerMessage **m, nf_buf *err);
 /* neoflow status --watch (status_watch.c): the view redrawn every
  * interval_ms until q or a signal; the terminal restored.  Returns 0. */
 int nf__cli_status_watch(const nf_dconn_opts *o, int interval_ms);

@@ -5,8 +5,8 @@
  *
  * On a terminal the view takes the alternate screen with the cursor
  * hidden and the keyboard unbuffered (q quits), and gives all of it back
- * when it ends, by q, Ctrl-C, SIGTERM or SIGHUP: the terminal is left as
- * it was found.  Lines are cut to the window's width, the view to its
+ * when it ends, by q, Ctrl-C, Ctrl-\, SIGTERM or SIGHUP, and while Ctrl-Z
+ * stops it: the terminal is left as it was found.  Lines are cut to the window's width, the view to its
  * height (SIGWINCH is followed).  Not on a terminal (a pipe, a log), each
  * view is printed whole after the last, without control sequences.  A
  * daemon that goes away is said so and connected to again every
@@ -25,10 +25,11 @@
 #include "daemon_cmd.h"
 #include "nf_wire.h"
 
-static volatile sig_atomic_t g_stop, g_resized;
+static volatile sig_atomic_t g_stop, g_resized, g_suspend;
 
 static void on_signal(int sig) {
   if (sig == SIGWINCH) g_resized = 1;
+  else if (sig == SIGTSTP) g_suspend = 1;
   else g_stop = 1;
 }
 
@@ -202,9 +203,27 @@ static void wait_key(term *t, int ms) {
       ssize_t n = read(0, ch, sizeof ch);
       for (ssize_t i = 0; i < n; i++)
         if (ch[i] == 'q' || ch[i] == 'Q' || ch[i] == 3) g_stop = 1;
-      if (n == 0) pf.fd = -1; /* end of input: only the clock and signals */
+      if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN))
+        pf.fd = -1; /* end of input: only the clock and signals */
+    } else if (r > 0 && (pf.revents & (POLLHUP | POLLERR | POLLNVAL))) {
+      pf.fd = -1;
     }
+    if (g_suspend) return;
   }
+}
+
+/* Ctrl-Z: the terminal given back, stopped, taken again when continued. */
+static void suspend(term *t) {
+  g_suspend = 0;
+  term_leave(t);
+  signal(SIGTSTP, SIG_DFL);
+  raise(SIGTSTP); /* (stopped here until SIGCONT) */
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTSTP, &sa, NULL);
+  term_enter(t);
 }
 
 int nf__cli_status_watch(const nf_dconn_opts *o, int interval_ms) {
@@ -215,7 +234,9 @@ int nf__cli_status_watch(const nf_dconn_opts *o, int interval_ms) {
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
   sigaction(SIGHUP, &sa, NULL);
+  sigaction(SIGQUIT, &sa, NULL);
   sigaction(SIGWINCH, &sa, NULL);
+  if (isatty(1)) sigaction(SIGTSTP, &sa, NULL);
   term t;
   memset(&t, 0, sizeof t);
   term_enter(&t);
@@ -226,6 +247,7 @@ int nf__cli_status_watch(const nf_dconn_opts *o, int interval_ms) {
   nf_dconn *c = NULL;
   nf_buf err = NF_BUF_INIT;
   while (!g_stop) {
+    if (g_suspend) suspend(&t);
     if (g_resized) {
       g_resized = 0;
       term_size(&t);
@@ -233,7 +255,8 @@ int nf__cli_status_watch(const nf_dconn_opts *o, int interval_ms) {
     nf_buf_reset(&err);
     Neoflow__ServerMessage *m = NULL;
     int rc = c ? NF_OK : nf_dconn_open(o, &c, &err);
-    if (rc == NF_OK) rc = nf__cli_status_fetch(c, &m, &err);
+    /* (a daemon that does not answer holds a view no longer than this) */
+    if (rc == NF_OK) rc = nf__cli_status_fetch(c, interval_ms + 2000, &m, &err);
     char *text = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&text, &len);

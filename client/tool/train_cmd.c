@@ -850,11 +850,10 @@ train:
   }
   if (profile) nf__session_profile(s, stdout, 0);
   if (report_path) {
-    if (nf_session_report(s, NULL) != NF_OK) {
-      fprintf(stderr, "neoflow train: error: --report: %s\n", nf_session_error(s));
-      goto out;
-    }
-    nf_session_report_to(s, NULL, 0); /* (written: not again when the session ends) */
+    int rrc = nf_session_report(s, NULL);
+    if (rrc != NF_OK) fprintf(stderr, "neoflow train: error: --report: %s\n", nf_session_error(s));
+    nf_session_report_to(s, NULL, 0); /* (written, or said: not again when the session ends) */
+    if (rrc != NF_OK) goto out;
     printf("report: %s\n", report_path);
   }
   status = isfinite(loss) || steps == 0 ? 0 : 1;

@@ -102,6 +102,7 @@ def test_the_training_report_from_python():
         assert ">test accuracy<" in page
         with pytest.raises(neoflow.Error):
             s.report(os.path.join(d, "no", "such", "dir.html"))
+        s.report_to(None)  # (its directory goes before the session does)
 
 
 def test_errors_carry_the_librarys_message():
