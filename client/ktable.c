@@ -56,6 +56,13 @@ int nf__kt_offer(nf__ktable *kt, int k, const void *bin, size_t len, const uint8
   return rc;
 }
 
+const char *nf__kent_runs_on(const nf__ktable *kt, const struct nf_session *s, const nf__kent *k) {
+  if (k->cand) return "canary";
+  if (k->cur && !k->prefer_t0)
+    return k->cur_tier == 2 ? "tier 2" : k->cur_tier == 1 ? "tier 1" : "generated";
+  return kt->dev->tier0_name(s, k);
+}
+
 void *nf__kt_take_locked(nf__ktable *kt, nf__kent *k) {
   (void)kt;
   void *obj = k->in_obj;

@@ -234,5 +234,8 @@ int nf__kt_offer(nf__ktable *kt, int k, const void *bin, size_t len, const uint8
  * (NULL: nothing), its tier, digest and time copied to k's candidate
  * fields, the mailbox emptied. */
 void *nf__kt_take_locked(nf__ktable *kt, nf__kent *k);
+/* Where entry k runs now, for people: "canary", "tier 2", "tier 1",
+ * "generated", or its tier 0's name (the profile, the report). */
+const char *nf__kent_runs_on(const nf__ktable *kt, const struct nf_session *s, const nf__kent *k);
 
 #endif

@@ -480,16 +480,37 @@ static double entry_ms(const nf_session *s, const struct nf__report *r, int k) {
   return s->kt.kents[k].share_ms;
 }
 
+/* The graph's edges, growing. */
+typedef struct edges {
+  int *from, *to;
+  int n, cap;
+} edges;
+
+/* Edge i -> j; j's layer below i's.  NF_OK or NF_ENOMEM. */
+static int add_edge(edges *E, int i, int j, int *layer) {
+  if (E->n == E->cap) {
+    int cap = E->cap ? 2 * E->cap : 64;
+    int *f = realloc(E->from, sizeof(int) * (size_t)cap);
+    if (!f) return NF_ENOMEM;
+    E->from = f;
+    int *t = realloc(E->to, sizeof(int) * (size_t)cap);
+    if (!t) return NF_ENOMEM;
+    E->to = t;
+    E->cap = cap;
+  }
+  E->from[E->n] = i;
+  E->to[E->n++] = j;
+  if (layer[i] + 1 > layer[j]) layer[j] = layer[i] + 1;
+  return NF_OK;
+}
+
 static void graph_view(nf_buf *b, nf_session *s, const struct nf__report *r) {
   int n = s->n_ops;
   nf_buf_puts(b, "<section id=\"graph\"><h2>The partitioned training graph</h2>\n");
   int *layer = calloc((size_t)n + 1, sizeof(int));
   int *col = calloc((size_t)n + 1, sizeof(int));
-  int *from = malloc(sizeof(int) * ((size_t)n * 8 + 1)), *to = NULL;
-  int n_edges = 0, cap = n * 8 + 1;
-  if (!layer || !col || !from) goto oom;
-  to = malloc(sizeof(int) * (size_t)cap);
-  if (!to) goto oom;
+  edges E = {0};
+  if (!layer || !col) goto oom;
   /* an edge from the op that last wrote a buffer before j to j, for each
    * buffer j reads (slot by slot: the planner's sharing of bytes between
    * buffers with disjoint lifetimes is not data) */
@@ -506,17 +527,7 @@ static void graph_view(nf_buf *b, nf_session *s, const struct nf__report *r) {
         writes = !oi->alias && a0 < g1 && a1 > g0;
       }
       if (!writes) continue;
-      if (n_edges == cap) {
-        cap *= 2;
-        int *nf = realloc(from, sizeof(int) * (size_t)cap), *nt;
-        if (!nf) goto oom;
-        from = nf;
-        if (!(nt = realloc(to, sizeof(int) * (size_t)cap))) goto oom;
-        to = nt;
-      }
-      from[n_edges] = i;
-      to[n_edges++] = j;
-      if (layer[i] + 1 > layer[j]) layer[j] = layer[i] + 1;
+      if (add_edge(&E, i, j, layer) != NF_OK) goto oom;
     }
     for (uint32_t a = 0; a < oj->n_in; a++) {
       int src = -1;
@@ -527,19 +538,9 @@ static void graph_view(nf_buf *b, nf_session *s, const struct nf__report *r) {
       }
       if (src < 0) continue;
       int dup = 0; /* (j's edges are the last ones added) */
-      for (int e = n_edges - 1; e >= 0 && to[e] == j && !dup; e--) dup = from[e] == src;
+      for (int e = E.n - 1; e >= 0 && E.to[e] == j && !dup; e--) dup = E.from[e] == src;
       if (dup) continue;
-      if (n_edges == cap) {
-        cap *= 2;
-        int *nf = realloc(from, sizeof(int) * (size_t)cap), *nt;
-        if (!nf) goto oom;
-        from = nf;
-        if (!(nt = realloc(to, sizeof(int) * (size_t)cap))) goto oom;
-        to = nt;
-      }
-      from[n_edges] = src;
-      to[n_edges++] = j;
-      if (layer[src] + 1 > layer[j]) layer[j] = layer[src] + 1;
+      if (add_edge(&E, src, j, layer) != NF_OK) goto oom;
     }
   }
   int n_layers = 0, per[4096] = {0}, widest = 1;
@@ -562,8 +563,8 @@ static void graph_view(nf_buf *b, nf_session *s, const struct nf__report *r) {
                    " orient=\"auto-start-reverse\"><path d=\"M 0 0 L 10 5 L 0 10 z\" "
                    "fill=\"#555\"/></marker></defs>\n",
                 n, n_layers, W, H, W, H);
-  for (int e = 0; e < n_edges; e++) {
-    int i = from[e], j = to[e];
+  for (int e = 0; e < E.n; e++) {
+    int i = E.from[e], j = E.to[e];
     double x1 = M + col[i] * (BW + GX) + BW / 2, y1 = M + layer[i] * (BH + GY) + BH;
     double x2 = M + col[j] * (BW + GX) + BW / 2, y2 = M + layer[j] * (BH + GY);
     nf_buf_printf(b, "<path d=\"M %.1f %.1f C %.1f %.1f, %.1f %.1f, %.1f %.1f\" class=\"edge\" "
@@ -603,14 +604,14 @@ static void graph_view(nf_buf *b, nf_session *s, const struct nf__report *r) {
   nf_buf_puts(b, "</svg></div></section>\n");
   free(layer);
   free(col);
-  free(from);
-  free(to);
+  free(E.from);
+  free(E.to);
   return;
 oom:
   free(layer);
   free(col);
-  free(from);
-  free(to);
+  free(E.from);
+  free(E.to);
   nf_buf_puts(b, "<p>(out of memory)</p></section>\n");
 }
 
@@ -694,10 +695,7 @@ static void profile_view(nf_buf *b, nf_session *s, const struct nf__report *r) {
     const nf__kent *k = &s->kt.kents[ord[q]];
     char sum[96], vs[32] = "-";
     nf_graph_summary(k->g, sum, sizeof sum);
-    const char *on = k->cand ? "canary"
-                     : k->cur && !k->prefer_t0
-                         ? (k->cur_tier == 2 ? "tier 2" : k->cur_tier == 1 ? "tier 1" : "generated")
-                         : s->kt.dev->tier0_name(s, k);
+    const char *on = nf__kent_runs_on(&s->kt, s, k);
     if (k->kn_ms > 0 && k->t0_ms > 0) snprintf(vs, sizeof vs, "%.3g", k->kn_ms / k->t0_ms);
     double fl = (double)k->flops * k->n_ops;
     nf_buf_puts(b, "<tr><td>");

@@ -778,10 +778,7 @@ void nf__session_profile(nf_session *s, FILE *f, int reset) {
       nf_hash_hex(k->key, hex);
       hex[16] = 0;
       const char *first = k->g && k->g->n_outputs ? k->g->tensors[k->g->outputs[0]].name : "?";
-      const char *on = k->cand ? "canary"
-                       : k->cur && !k->prefer_t0
-                       ? (k->cur_tier == 2 ? "tier 2" : k->cur_tier == 1 ? "tier 1" : "generated")
-                       : s->kt.dev->tier0_name(s, k);
+      const char *on = nf__kent_runs_on(&s->kt, s, k);
       if (!strcmp(on, "the interpreter")) on = "interp";
       double ms = k->prof_ms / (double)n;
       double fl = (double)k->flops * k->n_ops;

@@ -802,10 +802,11 @@ START_TEST(daemon_tunes_adam) {
   ck_assert(memcmp(k.binary, k2.binary, k.len) == 0);
   Neoflow__ServerMessage *hold;
   Neoflow__StatusReply *st = status_of(c, &hold);
-  /* (a lookup that found the cache locked for a moment, on a loaded
-   * machine, is served from the job's answer and counted as busy) */
-  ck_assert_msg(st->cache_hits == 1 || st->cache_busy > 0, "hits %llu, busy %llu",
-                (unsigned long long)st->cache_hits, (unsigned long long)st->cache_busy);
+  /* (what the daemon counted, should this fail again: it failed once in
+   * a CI run on a loaded machine, cause not found) */
+  ck_assert_msg(st->cache_hits == 1, "hits %llu, misses %llu, busy %llu, quarantined %llu (see %s)",
+                (unsigned long long)st->cache_hits, (unsigned long long)st->cache_misses,
+                (unsigned long long)st->cache_busy, (unsigned long long)st->quarantined, d.log);
   ck_assert_uint_eq(st->jobs_done, 2); /* the compile and the tuning, once */
   ck_assert_uint_eq(st->jobs_failed, 0);
   nf_wire_free_server(hold);

@@ -23,17 +23,10 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from private_daemon import PrivateDaemon  # noqa: E402
+from ui_check_util import PrivateDaemon, check, failures  # noqa: E402
 
 NEOFLOW, NEOFLOWD = sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else ""
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-failures = []
-
-
-def check(ok, what):
-    print(("ok    " if ok else "FAIL  ") + what)
-    if not ok:
-        failures.append(what)
 
 
 def main():

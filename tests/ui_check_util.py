@@ -1,11 +1,21 @@
-"""private_daemon.py - a neoflowd of a test's own (a socket and a cache in
-the test's directory), for the Python-driven tests (watch_check.py,
-report_check.py)."""
+"""ui_check_util.py - what the Python-driven checks of what a person sees
+share (watch_check.py, report_check.py): their ok/FAIL lines and a
+neoflowd of a check's own (a socket and a cache in its directory)."""
 
 import os
 import signal
 import subprocess
 import time
+
+
+failures = []
+
+
+def check(ok, what):
+    """Prints ok or FAIL and what; a failure is remembered in failures."""
+    print(("ok    " if ok else "FAIL  ") + what)
+    if not ok:
+        failures.append(what)
 
 
 class PrivateDaemon:
